@@ -16,17 +16,28 @@ class ConfigError(RetrainError, ValueError):
 
     exit_code = 2
 
-    def __init__(self, problems: list[str] | str, source: str | None = None):
+    def __init__(
+        self, problems: list[str] | str, source: str | None = None, *, head: str | None = None
+    ):
         self.problems = [problems] if isinstance(problems, str) else list(problems)
         self.source = source
-        head = f"invalid configuration{f' in {source}' if source else ''}"
-        if len(self.problems) == 1:
+        if head is None:
+            head = f"invalid configuration{f' in {source}' if source else ''}"
+        if not head:
+            msg = "\n".join(self.problems)
+        elif len(self.problems) == 1:
             msg = f"{head}: {self.problems[0]}"
         else:
             msg = f"{head} ({len(self.problems)} problems):\n" + "\n".join(
                 f"  - {p}" for p in self.problems
             )
         super().__init__(msg)
+
+
+class UsageError(RetrainError):
+    """A command was called wrongly (bad argument, file exists, no TTY)."""
+
+    exit_code = 2
 
 
 class PluginError(RetrainError):

@@ -51,7 +51,9 @@ def import_object(path: str, search_paths: Iterable[str] = ()) -> Any:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise PluginError(f"module {mod_name!r} has no attribute {attr!r} (plugin {path!r})") from None
+            raise PluginError(
+                f"module {mod_name!r} has no attribute {attr!r} (plugin {path!r})"
+            ) from None
     return obj
 
 

@@ -1,0 +1,29 @@
+"""Configuration: schema (one dataclass per TOML table), loading and validation."""
+
+from retrain.config.load import (
+    DEFAULT_CONFIG,
+    config_from_dict,
+    flag_table,
+    load_config,
+    load_dotenv,
+    parse_overrides,
+    read_toml,
+)
+from retrain.config.schema import TABLES, Config, FieldSpec, all_fields, table_fields
+from retrain.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_CONFIG",
+    "TABLES",
+    "Config",
+    "ConfigError",
+    "FieldSpec",
+    "all_fields",
+    "config_from_dict",
+    "flag_table",
+    "load_config",
+    "load_dotenv",
+    "parse_overrides",
+    "read_toml",
+    "table_fields",
+]

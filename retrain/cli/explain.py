@@ -1,0 +1,284 @@
+"""`retrain explain [PATH] [--json]`: load and validate a config and say what it would do.
+
+Never imports torch: everything here comes from the config, the registries and the
+static backend capability tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from retrain.backends.base import IGNORED_SECTIONS, backend_info
+from retrain.cli.run import is_standalone_squeeze, split_path
+from retrain.config import Config, load_config, load_dotenv
+from retrain.config.validate import token_varying
+from retrain.errors import ConfigError, PluginError
+
+STANDARD_CONDITIONS = (
+    ("grpo", "none"),
+    ("maxrl", "none"),
+    ("maxrl", "gtpo"),
+    ("maxrl", "gtpo_hicra"),
+    ("maxrl", "gtpo_sepa"),
+)
+
+
+def campaign_conditions(config: Config) -> list[str]:
+    conds = config.campaign.conditions if config.campaign else []
+    pairs = [(c["advantage_mode"], c["transform_mode"]) for c in conds] or list(STANDARD_CONDITIONS)
+    return [f"{a}+{t}" for a, t in pairs]
+
+
+def uses_sepa(config: Config) -> bool:
+    algo = config.algorithm
+    return (algo.algorithm_mode or algo.transform_mode).endswith("sepa")
+
+
+def sepa_summary(config: Config) -> str:
+    if not uses_sepa(config):
+        return f"not used by {config.condition}"
+    s = config.sepa
+    if s.steps == 0:
+        ramp = f"lambda jumps to 1 at step {s.delay_steps}"
+    else:
+        ramp = f"lambda 0 until step {s.delay_steps}, rises linearly to 1 at step {s.delay_steps + s.steps}"
+    if s.schedule == "auto":
+        ramp += f"; auto: after {s.warmup} warmup steps lambda also follows the decay of execution-uncertainty variance (threshold {s.var_threshold}, EMA {s.ema_decay})"
+    gate = (
+        f"gate: opens once a batch correct rate >= {s.correct_rate_gate} (sticky)"
+        if s.correct_rate_gate > 0
+        else "no correctness gate"
+    )
+    if config.training.max_steps <= s.delay_steps and s.schedule == "linear":
+        ramp += f" (never reached: max_steps is {config.training.max_steps})"
+    return f"{s.schedule}: {ramp}; {gate}"
+
+
+def checkpoint_steps(max_steps: int, save_every: int) -> list[int]:
+    """Steps after which a periodic checkpoint is written (the final one comes on top)."""
+    if save_every <= 0:
+        return []
+    return [s for s in range(save_every, max_steps + 1, save_every)]
+
+
+def data_summary(config: Config) -> str:
+    env = config.environment
+    if env.provider:
+        return f"{env.provider} environment {env.id!r} (args {env.args})"
+    d = config.data
+    if d.source == "reasoning_gym":
+        return (
+            f"reasoning_gym task {d.task!r} ({d.size} problems, data seed {d.seed}, args {d.args})"
+        )
+    if d.source == "jsonl":
+        return f"jsonl {d.path} (prompt={d.prompt_field!r}, answer={d.answer_field!r})"
+    if d.source == "math":
+        where = f"local copy {d.path}" if d.path else "EleutherAI/hendrycks_math from the hub"
+        return f"MATH, five subjects, {where}"
+    return f"plugin {d.source}"
+
+
+def build_report(config: Config, path: str) -> dict[str, Any]:
+    warnings: list[str] = []
+    errors: list[str] = []
+    report: dict[str, Any] = {"config": path}
+    if is_standalone_squeeze(config):
+        sq = config.squeeze
+        report.update(
+            kind="squeeze",
+            adapter_path=sq.adapter_path,
+            min_variance_retention=sq.min_variance_retention,
+            target_ranks=sq.target_ranks or "powers of two up to the source rank",
+            output_path=sq.output_path or None,
+            compress_to=sq.compress_to or "recommended",
+            warnings=warnings,
+            errors=errors,
+        )
+        return report
+
+    t = config.training
+    try:
+        info = backend_info(config.backend.backend, tuple(config.plugins.search_paths))
+    except PluginError as exc:
+        errors.append(str(exc))
+        info = backend_info(config.backend.backend, import_plugins=False)
+    caps = info.capabilities
+    if not caps.preserves_token_advantages and token_varying(config):
+        errors.append(
+            f'backend {info.name!r} does not preserve token-level advantages; {config.condition} would be silently aggregated (use transform_mode = "none")'
+        )
+    unc = config.algorithm.uncertainty_kind
+    if unc == "shannon_entropy" and not (
+        info.name == "local" and config.inference.engine == "pytorch"
+    ):
+        warnings.append(
+            "uncertainty_kind = shannon_entropy needs per-token entropies, which only the local backend with the pytorch engine returns: training will stop at preflight"
+        )
+    if t.seed == -1:
+        warnings.append(
+            "[training] seed = -1: the run is not reproducible; set a seed to compare conditions"
+        )
+    if (
+        config.algorithm.transform_mode.startswith("gtpo")
+        and config.gtpo.beta == 0
+        and not config.algorithm.algorithm_mode
+    ):
+        warnings.append("[gtpo] beta = 0: GTPO weighting is off, the transform reduces to its base")
+    if config.algorithm.transform_mode == "gtpo_hicra" and config.hicra.alpha == 0:
+        warnings.append("[hicra] alpha = 0: gtpo_hicra behaves exactly like gtpo")
+    if config.reward.type == "gym" and config.data.source != "reasoning_gym":
+        warnings.append(
+            "[reward] type = gym scores with reasoning-gym's task scorer; it needs [data] source = reasoning_gym"
+        )
+    if config.data.source == "reasoning_gym" and config.reward.type == "math":
+        warnings.append(
+            "reasoning-gym answers are plain strings: reward 'match' or 'gym' fits them better than 'math'"
+        )
+
+    ignored = list(IGNORED_SECTIONS.get(info.name, ()))
+    completions = t.batch_size * t.group_size
+    max_steps = config.campaign.max_steps if config.campaign is not None else t.max_steps
+    ckpts = checkpoint_steps(max_steps, t.save_every)
+    report.update(
+        kind="campaign" if config.campaign is not None else "run",
+        condition=config.condition,
+        backend={
+            "name": info.name,
+            "source": info.source,
+            "capabilities": caps.as_dict(),
+            "ignored_sections": ignored,
+        },
+        model={
+            "model": config.model.model,
+            "lora_rank": config.model.lora_rank,
+            "lora_alpha": config.lora.alpha or 2 * config.model.lora_rank,
+        },
+        data=data_summary(config),
+        reward=config.reward.type,
+        uncertainty_kind=unc,
+        per_step={
+            "batch_size": t.batch_size,
+            "group_size": t.group_size,
+            "completions": completions,
+            "max_new_tokens_per_completion": t.max_tokens,
+            "sampled_token_upper_bound": completions * t.max_tokens,
+        },
+        total_steps=max_steps,
+        checkpoints={
+            "every": t.save_every,
+            "periodic": len(ckpts),
+            "final": True,
+            "adapter_path": config.backend.adapter_path,
+        },
+        sepa=sepa_summary(config),
+        backpressure=(
+            f"on: batch size adapts within [{config.backpressure.min_batch_size}, {config.backpressure.max_batch_size}] after {config.backpressure.warmup_steps} warmup steps"
+            if config.backpressure.enabled
+            else "off"
+        ),
+        log_dir=config.logging.log_dir,
+        resume_from=config.resume.from_ or None,
+        wandb=config.logging.wandb_project or None,
+    )
+    if config.campaign is not None:
+        conds = campaign_conditions(config)
+        seeds = list(config.campaign.seeds)
+        runs = len(conds) * len(seeds)
+        report["campaign"] = {
+            "conditions": conds,
+            "seeds": seeds,
+            "runs": runs,
+            "max_steps_per_run": config.campaign.max_steps,
+            "total_steps": runs * config.campaign.max_steps,
+            "executor": "ray"
+            if config.campaign.executor == "ray"
+            else ("parallel" if config.campaign.parallel else "sequential"),
+            "max_workers": (config.campaign.max_workers or runs) if config.campaign.parallel else 1,
+            "auto_squeeze": config.squeeze is not None,
+            "matrix": [f"{c}_s{s}" for c in conds for s in seeds],
+        }
+        report["total_steps"] = runs * config.campaign.max_steps
+    report["warnings"] = warnings
+    report["errors"] = errors
+    return report
+
+
+def render(report: dict[str, Any]) -> str:
+    if report["kind"] == "squeeze":
+        lines = [
+            f"Config: {report['config']}  (standalone LoRA-Squeeze)",
+            f"Adapter: {report['adapter_path']}",
+            f"Keep >= {report['min_variance_retention']:.0%} of the variance; ranks: {report['target_ranks']}",
+            f"Compress: {'to ' + str(report['compress_to']) + ' -> ' + report['output_path'] if report['output_path'] else 'no (analysis only)'}",
+        ]
+        return "\n".join(lines)
+    b = report["backend"]
+    caps = ", ".join(
+        f"{k}={str(v).lower()}" for k, v in b["capabilities"].items() if k != "token_data"
+    )
+    ps = report["per_step"]
+    ck = report["checkpoints"]
+    lines = [
+        f"Config:      {report['config']}",
+        f"Condition:   {report['condition']}",
+        f"Backend:     {b['name']} ({b['source']}): {caps}",
+    ]
+    if b["ignored_sections"]:
+        lines.append(
+            f"Ignored:     {', '.join(b['ignored_sections'])} (not used by the {b['name']} backend)"
+        )
+    lines += [
+        f"Model:       {report['model']['model']} (LoRA rank {report['model']['lora_rank']}, alpha {report['model']['lora_alpha']})",
+        f"Data:        {report['data']}",
+        f"Reward:      {report['reward']}   uncertainty: {report['uncertainty_kind']}",
+        f"Per step:    {ps['batch_size']} prompts x {ps['group_size']} completions = {ps['completions']} completions, <= {ps['sampled_token_upper_bound']:,} sampled tokens ({ps['max_new_tokens_per_completion']} per completion)",
+        f"Steps:       {report['total_steps']:,}",
+        f"Checkpoints: {('every ' + str(ck['every']) + ' steps (' + str(ck['periodic']) + ') + final') if ck['every'] else 'final only'} -> {ck['adapter_path']}",
+        f"SEPA:        {report['sepa']}",
+        f"Backpressure: {report['backpressure']}",
+        f"Logs:        {report['log_dir']}"
+        + (f"   wandb: {report['wandb']}" if report["wandb"] else ""),
+    ]
+    if report.get("resume_from"):
+        lines.append(f"Resume:      from {report['resume_from']}")
+    camp = report.get("campaign")
+    if camp:
+        lines += [
+            "",
+            f"Campaign:    {len(camp['conditions'])} conditions x {len(camp['seeds'])} seeds = {camp['runs']} runs x {camp['max_steps_per_run']} steps = {camp['total_steps']:,} steps ({camp['executor']}"
+            + (f", {camp['max_workers']} workers)" if camp["executor"] != "sequential" else ")"),
+            f"Seeds:       {', '.join(map(str, camp['seeds']))}",
+        ]
+        lines += [f"  - {c}" for c in camp["conditions"]]
+        if camp["auto_squeeze"]:
+            lines.append(
+                "Auto-squeeze: the first run's final adapter is analysed; the recommendation goes into manifest.json"
+            )
+    for w in report["warnings"]:
+        lines.append(f"WARNING: {w}")
+    for e in report["errors"]:
+        lines.append(f"ERROR: {e}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="retrain explain",
+        description="Dry run: validate a config and say what it would do.",
+        add_help=True,
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    known, rest = parser.parse_known_args(argv)
+    path, flags = split_path(rest)
+    load_dotenv()
+    try:
+        config = load_config(path, flags)
+    except ConfigError as exc:
+        if known.json:
+            print(json.dumps({"config": path, "errors": exc.problems}, indent=2))
+        raise
+    report = build_report(config, path)
+    print(json.dumps(report, indent=2) if known.json else render(report))
+    return 2 if report["errors"] else 0

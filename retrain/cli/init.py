@@ -1,0 +1,144 @@
+"""`retrain init`: write a starter TOML from a bundled template."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib import resources
+from pathlib import Path
+
+from retrain.errors import UsageError
+
+TEMPLATE_DIR = "config/templates"
+
+
+def templates() -> dict[str, str]:
+    """Template name -> its TOML text, read from the package data."""
+    root = resources.files("retrain").joinpath(TEMPLATE_DIR)
+    return {
+        p.name.removesuffix(".toml"): p.read_text(encoding="utf-8")
+        for p in sorted(root.iterdir(), key=lambda p: p.name)
+        if p.name.endswith(".toml")
+    }
+
+
+def description(text: str) -> str:
+    first = text.splitlines()[0] if text else ""
+    return (
+        first.removeprefix("# description:").strip() if first.startswith("# description:") else ""
+    )
+
+
+def _write(path: Path, text: str, force: bool) -> None:
+    if path.exists() and not force:
+        raise UsageError(
+            f"{path} already exists; pass --force to overwrite it, or --output another path"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def _ask(prompt: str, default: str, choices: tuple[str, ...] = ()) -> str:
+    hint = f" [{'/'.join(choices)}]" if choices else ""
+    while True:
+        answer = input(f"{prompt}{hint} (default: {default}): ").strip() or default
+        if not choices or answer in choices:
+            return answer
+        print(f"  please answer one of: {', '.join(choices)}")
+
+
+def _interactive() -> str:
+    """Ask for model, algorithm, steps and backend; returns TOML text."""
+    from retrain.config import config_from_dict
+    from retrain.config.toml_writer import value_to_toml
+
+    model = _ask("Model (hub id, local dir or .gguf)", "HuggingFaceTB/SmolLM2-135M-Instruct")
+    condition = _ask(
+        "Algorithm",
+        "maxrl+gtpo_sepa",
+        ("grpo+none", "maxrl+none", "maxrl+gtpo", "maxrl+gtpo_hicra", "maxrl+gtpo_sepa"),
+    )
+    while True:
+        steps = _ask("Training steps", "100")
+        if steps.isdigit() and int(steps) > 0:
+            break
+        print("  please answer a positive integer")
+    backend = _ask("Backend", "local", ("local", "tinker"))
+    adv, transform = condition.split("+")
+    base = templates()["quickstart"] if "SmolLM2" in model else templates()["experiment"]
+    lines = [
+        "# written by `retrain init --interactive`",
+        "[backend]",
+        f"backend = {value_to_toml(backend)}",
+        "",
+        "[model]",
+        f"model = {value_to_toml(model)}",
+        "",
+        "[algorithm]",
+        f"advantage_mode = {value_to_toml(adv)}",
+        f"transform_mode = {value_to_toml(transform)}",
+        "",
+        "[training]",
+        f"max_steps = {int(steps)}",
+        "",
+    ]
+    text = "\n".join(lines)
+    # Keep the template's data/reward sections so the config runs as written.
+    tail = base[base.index("[data]") :] if "[data]" in base else ""
+    text += "\n" + tail
+    import tomllib
+
+    config_from_dict(tomllib.loads(text))  # validate before writing
+    return text
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="retrain init", description="Write a starter retrain TOML."
+    )
+    parser.add_argument("--template", "-t", default=None, help="quickstart | experiment | campaign")
+    parser.add_argument(
+        "--output",
+        "-o",
+        default=None,
+        help="where to write (default ./retrain.toml, or ./campaign.toml for the campaign template)",
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite an existing file")
+    parser.add_argument("--list", action="store_true", help="list the templates")
+    parser.add_argument(
+        "--interactive", "-i", action="store_true", help="ask a few questions (needs a terminal)"
+    )
+    args = parser.parse_args(argv)
+
+    available = templates()
+    if args.list:
+        width = max(map(len, available))
+        for name, text in available.items():
+            print(f"{name.ljust(width)}  {description(text)}")
+        return 0
+    if args.interactive:
+        if not sys.stdin.isatty():
+            print(
+                "retrain init --interactive needs a terminal (stdin is not a TTY); use --template NAME instead",
+                file=sys.stderr,
+            )
+            return 2
+        text = _interactive()
+        out = Path(args.output or "retrain.toml")
+        _write(out, text, args.force)
+        print(f"Wrote {out}. Next: retrain explain {out} && retrain {out}")
+        return 0
+    name = args.template or "quickstart"
+    if name not in available:
+        from retrain.registry import suggest
+
+        raise UsageError(
+            f"unknown template {name!r}{suggest(name, available)}; available: {', '.join(available)}"
+        )
+    out = Path(args.output or ("campaign.toml" if name == "campaign" else "retrain.toml"))
+    _write(out, available[name], args.force)
+    run_hint = (
+        f"retrain {out}" if out.name != "retrain.toml" or out.parent != Path(".") else "retrain"
+    )
+    print(f"Wrote {out} (template {name!r}). Next: retrain explain {out} && {run_hint}")
+    return 0

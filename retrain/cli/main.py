@@ -1,0 +1,99 @@
+"""`retrain` entry point: dispatch to a command module, print errors without tracebacks."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+from retrain import __version__
+from retrain.errors import RetrainError
+
+# command -> (module:function, one-line description). Modules are imported on use, so
+# `retrain --help` never imports torch.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "explain": ("retrain.cli.explain:main", "dry run: what a config would do (no torch)"),
+    "init": ("retrain.cli.init:main", "write a starter TOML from a template"),
+    "status": ("retrain.cli.status:main", "summarise runs and campaigns under a log dir"),
+    "compare": ("retrain.cli.compare:main", "compare conditions across seeds with CIs and plots"),
+    "squeeze": ("retrain.cli.squeeze:main", "LoRA-Squeeze: analyse/compress an adapter's rank"),
+    "man": ("retrain.cli.man:main", "the bundled manual"),
+    "doctor": ("retrain.cli.doctor:main", "check the installation and environment"),
+    "backends": ("retrain.cli.backends:main", "backends, capabilities and options"),
+    "plugins": ("retrain.cli.plugins:main", "built-in and discovered plugins"),
+    "init-plugin": ("retrain.cli.init_plugin:main", "scaffold a plugin (+ test)"),
+}
+
+USAGE = """\
+usage: retrain [CONFIG] [--flag value ...]     train (default config: ./retrain.toml)
+       retrain COMMAND [options]
+
+retrain: TOML-first reinforcement learning with verifiable rewards for LLMs.
+A TOML with a [campaign] table runs conditions x seeds; one with only
+[squeeze] adapter_path runs LoRA-Squeeze.
+
+commands:
+{commands}
+
+Every config key can be overridden: --{{table}}-{{key}} VALUE (e.g. --training-lr 1e-4),
+or the short form --{{key}} when it is unambiguous (e.g. --lr 1e-4, --seed 42,
+--resume LOGDIR). `retrain --help-flags` lists them all.
+
+  retrain init --template quickstart && retrain     a first run on CPU
+  retrain explain                                   what the config would do
+  retrain --version
+"""
+
+
+def usage() -> str:
+    width = max(len(c) for c in COMMANDS)
+    return USAGE.format(
+        commands="\n".join(f"  {name.ljust(width)}  {desc}" for name, (_, desc) in COMMANDS.items())
+    )
+
+
+def flags_help() -> str:
+    from retrain.config.load import iter_flag_help
+
+    lines = ["Config flags (defaults < TOML < flags); values are checked like TOML values:", ""]
+    current = None
+    for names, spec in iter_flag_help():
+        if spec.table != current:
+            current = spec.table
+            lines.append(f"[{current}]")
+        default = repr(spec.default) if spec.type == "str" else str(spec.default)
+        lines.append(f"  {names}  ({spec.type}, default {default})")
+        lines.append(f"      {spec.help}")
+    return "\n".join(lines)
+
+
+def _call(target: str, argv: list[str]) -> int:
+    module, _, func = target.partition(":")
+    return int(getattr(importlib.import_module(module), func)(argv) or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if args and args[0] in ("-h", "--help", "help"):
+            print(usage())
+            return 0
+        if args and args[0] == "--help-flags":
+            print(flags_help())
+            return 0
+        if args and args[0] in ("-V", "--version"):
+            print(f"retrain {__version__}")
+            return 0
+        if args and args[0] in COMMANDS:
+            return _call(COMMANDS[args[0]][0], args[1:])
+        return _call("retrain.cli.run:main", args)
+    except RetrainError as exc:
+        print(f"retrain: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("retrain: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

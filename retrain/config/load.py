@@ -1,0 +1,495 @@
+"""Loading a Config: TOML file + `.env` + CLI flags, type-checked and validated.
+
+Precedence: schema defaults < TOML < CLI flags. Every problem is collected and
+reported together in one ConfigError, each naming the key, the file and line (or
+the flag), what was wrong and a fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retrain import registry
+from retrain.config.schema import OPTIONAL_TABLES, TABLES, Config, FieldSpec, table_fields
+from retrain.config.validate import cross_checks
+from retrain.errors import ConfigError
+
+DEFAULT_CONFIG = "retrain.toml"
+
+# Keys shared by several tables get their bare `--key` flag from one preferred owner;
+# the others are reachable as `--{table}-{key}`.
+_PREFERRED_OWNER = {
+    "seed": "training",
+    "max_steps": "training",
+    "model": "model",
+    "adapter_path": "backend",
+    "ema_decay": "backpressure",
+}
+# Bare names too vague to stand alone as flags (reachable qualified or by alias).
+_NO_BARE_FLAG = {
+    "from",
+    "type",
+    "options",
+    "enabled",
+    "id",
+    "path",
+    "size",
+    "split",
+    "strict",
+    "device",
+    "detector",
+    "source",
+    "task",
+    "provider",
+    "schedule",
+    "steps",
+    "timeout",
+    "threshold",
+    "args",
+    "warmup",
+    "conditions",
+    "seeds",
+    "parallel",
+    "executor",
+}
+# Short flags the spec documents that are not `--{key}` of their field.
+_ALIASES = {"--resume": ("resume", "from")}
+
+
+# ---------------------------------------------------------------- .env
+
+
+def load_dotenv(path: str | Path = ".env") -> list[str]:
+    """Load KEY=VALUE lines into os.environ without overriding variables already set.
+    Returns the names loaded (never the values)."""
+    p = Path(path)
+    if not p.is_file():
+        return []
+    loaded = []
+    for raw in p.read_text(encoding="utf-8", errors="replace").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export ") :].lstrip()
+        name, sep, value = line.partition("=")
+        name = name.strip()
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        elif " #" in value:
+            value = value.split(" #", 1)[0].rstrip()
+        if name not in os.environ:
+            os.environ[name] = value
+            loaded.append(name)
+    return loaded
+
+
+# ---------------------------------------------------------------- locating keys
+
+
+def locate_keys(text: str) -> dict[tuple[str, str], int]:
+    """Map (table, key) -> 1-based line number, by a light scan of the TOML text.
+    Sub-tables `[data.args]` and `[[campaign.conditions]]` map to (data, args) etc.;
+    table headers themselves map to (table, "")."""
+    where: dict[tuple[str, str], int] = {}
+    table = ""
+    header = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\]?\s*(#.*)?$")
+    keyline = re.compile(r"^\s*([A-Za-z0-9_\-\"']+(?:\s*\.\s*[A-Za-z0-9_\-\"']+)*)\s*=")
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        m = header.match(line)
+        if m:
+            parts = [p.strip().strip("\"'") for p in m.group(1).split(".")]
+            table = parts[0]
+            where.setdefault((table, ""), lineno)
+            if len(parts) > 1:
+                where.setdefault((table, parts[1]), lineno)
+                table = f"{parts[0]}.{parts[1]}"  # keys below belong to the sub-table
+            continue
+        m = keyline.match(line)
+        if m:
+            parts = [p.strip().strip("\"'") for p in m.group(1).split(".")]
+            if "." in table:  # inside [data.args]: report against the parent key
+                top, sub = table.split(".", 1)
+                where.setdefault((top, sub), lineno)
+            elif table:
+                where.setdefault((table, parts[0]), lineno)
+            elif len(parts) > 1:
+                where.setdefault((parts[0], parts[1]), lineno)
+            else:
+                where.setdefault(("", parts[0]), lineno)
+    return where
+
+
+@dataclass
+class _Origin:
+    """Where values came from, for error messages."""
+
+    source: str | None = None
+    lines: dict[tuple[str, str], int] | None = None
+    flags: dict[tuple[str, str], str] | None = None
+
+    def of(self, table: str, key: str = "") -> str:
+        if self.flags and (table, key) in self.flags:
+            return f" (from {self.flags[(table, key)]})"
+        if self.source and self.lines is not None:
+            line = self.lines.get((table, key)) or self.lines.get((table, ""))
+            return f" ({self.source}:{line})" if line else f" ({self.source})"
+        return ""
+
+
+# ---------------------------------------------------------------- type checks
+
+
+def _describe(value: Any) -> str:
+    kind = {
+        bool: "bool",
+        int: "int",
+        float: "float",
+        str: "string",
+        list: "array",
+        dict: "table",
+    }.get(type(value), type(value).__name__)
+    shown = json.dumps(value) if isinstance(value, str) else repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return f"{kind} {shown}"
+
+
+def _coerce(spec: FieldSpec, value: Any) -> tuple[Any, str | None]:
+    """Type-check a raw TOML value for `spec`; returns (value, error)."""
+    t = spec.type
+    if t == "bool":
+        if isinstance(value, bool):
+            return value, None
+        hint = " (write true or false without quotes)" if isinstance(value, str) else ""
+        return value, f"expected a bool, got {_describe(value)}{hint}"
+    if t == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value, None
+        return value, f"expected an integer, got {_describe(value)}"
+    if t == "float":
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if isinstance(value, float) and not math.isfinite(value):
+                return value, f"expected a finite number, got {value!r}"
+            return float(value), None
+        return value, f"expected a number, got {_describe(value)}"
+    if t == "str":
+        if isinstance(value, str):
+            return value, None
+        return value, f"expected a string, got {_describe(value)}"
+    if t == "dict":
+        if isinstance(value, dict):
+            return value, None
+        return value, f"expected a table, got {_describe(value)}"
+    if t == "list":
+        if not isinstance(value, list):
+            return value, f"expected an array, got {_describe(value)}"
+        item = spec.meta.get("item")
+        expected = {"int": int, "str": str, "dict": dict}.get(item or "")
+        if expected:
+            for v in value:
+                if not isinstance(v, expected) or isinstance(v, bool):
+                    return value, f"expected an array of {item}s, got an element {_describe(v)}"
+        return value, None
+    # "any": environment.args accepts a table or a JSON string holding an object.
+    if spec.table == "environment" and spec.key == "args":
+        if isinstance(value, dict):
+            return value, None
+        if isinstance(value, str):
+            if not value.strip():
+                return {}, None
+            try:
+                parsed = json.loads(value)
+            except json.JSONDecodeError as exc:
+                return value, f"not valid JSON ({exc.msg} at char {exc.pos})"
+            if isinstance(parsed, dict):
+                return parsed, None
+            return value, "the JSON string must hold an object"
+        return value, f"expected a table or a JSON string, got {_describe(value)}"
+    return value, None
+
+
+def _range_and_choice(spec: FieldSpec, value: Any) -> str | None:
+    meta = spec.meta
+    if meta["gt"] is not None and not value > meta["gt"]:
+        return f"must be > {meta['gt']}, got {value!r}"
+    if meta["ge"] is not None and not value >= meta["ge"]:
+        return f"must be >= {meta['ge']}, got {value!r}"
+    if meta["le"] is not None and not value <= meta["le"]:
+        return f"must be <= {meta['le']}, got {value!r}"
+    if meta["choices"] is not None and value not in meta["choices"]:
+        valid = ", ".join(repr(c) for c in meta["choices"])
+        return f"unknown value {value!r}{registry.suggest(str(value), meta['choices'])}; valid: {valid}"
+    if meta["registry"] and not (meta["registry"] == "algorithm_mode" and value == ""):
+        problem = registry.ALL_REGISTRIES[_REGISTRY_KEYS[meta["registry"]]].check(value)
+        if problem:
+            return problem
+    if meta["check"] is not None:
+        return meta["check"](value)
+    return None
+
+
+_REGISTRY_KEYS = {
+    "advantage_mode": "advantage_mode",
+    "transform_mode": "transform_mode",
+    "algorithm_mode": "algorithm_mode",
+    "uncertainty_kind": "uncertainty_kind",
+    "planning_detector": "planning_detector",
+    "reward": "reward",
+    "data_source": "data_source",
+    "backend": "backend",
+    "engine": "engine",
+}
+
+
+def _unknown_key_message(table: str, key: str) -> str:
+    own = [s.key for s in table_fields(table)]
+    hint = registry.suggest(key, own)
+    if not hint:
+        elsewhere = [t for t in TABLES if t != table and key in {s.key for s in table_fields(t)}]
+        if elsewhere:
+            hint = f" (it belongs to [{elsewhere[0]}]: did you mean [{elsewhere[0]}] {key}?)"
+    return f"unknown key{hint}; valid keys in [{table}]: {', '.join(own)}"
+
+
+# ---------------------------------------------------------------- building Config
+
+
+def build_config(raw: Mapping[str, Any], origin: _Origin | None = None) -> Config:
+    """Validate a raw TOML-shaped mapping into a Config, reporting every problem."""
+    origin = origin or _Origin()
+    problems: list[str] = []
+    tables: dict[str, Any] = {}
+    for name, value in raw.items():
+        if name not in TABLES:
+            owners = [t for t in TABLES if name in {s.key for s in table_fields(t)}]
+            if owners and not isinstance(value, dict):
+                problems.append(
+                    f"top-level key {name!r}{origin.of('', name)}: keys belong in a table; did you mean [{owners[0]}] {name}?"
+                )
+            else:
+                problems.append(
+                    f"unknown table [{name}]{origin.of(name)}{registry.suggest(name, TABLES)}; valid tables: {', '.join(TABLES)}"
+                )
+            continue
+        if not isinstance(value, dict):
+            problems.append(f"[{name}]{origin.of(name)}: expected a table, got {_describe(value)}")
+            continue
+        kwargs: dict[str, Any] = {}
+        specs = {s.key: s for s in table_fields(name)}
+        for key, val in value.items():
+            spec = specs.get(key)
+            label = f"[{name}] {key}"
+            if spec is None:
+                problems.append(f"{label}{origin.of(name, key)}: {_unknown_key_message(name, key)}")
+                continue
+            val, error = _coerce(spec, val)
+            if error is None:
+                error = _range_and_choice(spec, val)
+            if error:
+                fix = spec.meta["fix"]
+                problems.append(
+                    f"{label}{origin.of(name, key)}: {error}{f'. Fix: {fix}' if fix else ''}"
+                )
+                continue
+            kwargs[spec.attr] = val
+        tables[name] = TABLES[name](**kwargs)
+    for name in TABLES:
+        if name not in tables and name not in OPTIONAL_TABLES:
+            tables[name] = TABLES[name]()
+    config = Config(**tables)
+    problems.extend(
+        f"{label}{origin.of(*_split(label))}: {msg}" for label, msg in cross_checks(config, raw)
+    )
+    if problems:
+        raise ConfigError(problems, source=origin.source)
+    return config
+
+
+def _split(label: str) -> tuple[str, str]:
+    table, _, key = label.partition("] ")
+    return table.lstrip("["), key
+
+
+# ---------------------------------------------------------------- CLI flags
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def flag_table() -> dict[str, FieldSpec]:
+    """Every CLI flag -> its field, derived from the schema: `--{table}-{key}` for all
+    fields, plus `--{key}` when the key name is unique or has a preferred owner."""
+    owners: dict[str, list[FieldSpec]] = {}
+    flags: dict[str, FieldSpec] = {}
+    for table in TABLES:
+        for spec in table_fields(table):
+            owners.setdefault(spec.key, []).append(spec)
+            flags[f"--{_kebab(table)}-{_kebab(spec.key)}"] = spec
+    for key, specs in owners.items():
+        if key in _NO_BARE_FLAG:
+            continue
+        preferred = _PREFERRED_OWNER.get(key)
+        chosen = next((s for s in specs if s.table == preferred), None) if preferred else None
+        if chosen is None and len(specs) == 1:
+            chosen = specs[0]
+        if chosen is not None:
+            flags.setdefault(f"--{_kebab(key)}", chosen)
+    for alias, (table, key) in _ALIASES.items():
+        flags[alias] = next(s for s in table_fields(table) if s.key == key)
+    return flags
+
+
+def _parse_cli_value(spec: FieldSpec, text: str) -> Any:
+    """Turn a flag's text into the value TOML would give, so it is type-checked alike."""
+    if spec.type == "str" or (spec.type == "any" and not text.lstrip().startswith("{")):
+        return text
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        if spec.type == "list":  # convenience: comma-separated items
+            items = [i.strip() for i in text.split(",") if i.strip()]
+            parsed = []
+            for item in items:
+                try:
+                    parsed.append(tomllib.loads(f"v = {item}")["v"])
+                except tomllib.TOMLDecodeError:
+                    parsed.append(item)
+            return parsed
+        if spec.type == "dict":
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError:
+                pass
+        return text  # left as a string: the type check reports it
+
+
+def parse_overrides(
+    argv: Sequence[str],
+) -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], str], list[str]]:
+    """Parse `--flag value` / `--flag=value` tokens into a raw overlay.
+    Returns (overlay, origin flags, problems)."""
+    flags = flag_table()
+    overlay: dict[str, dict[str, Any]] = {}
+    origins: dict[tuple[str, str], str] = {}
+    problems: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if not token.startswith("--"):
+            problems.append(f"unexpected argument {token!r}: flags look like --lr 1e-4")
+            continue
+        name, eq, value = token.partition("=")
+        spec = flags.get(name)
+        if spec is None:
+            problems.append(
+                f"unknown flag {name}{registry.suggest(name, flags)}; run `retrain --help` for the list"
+            )
+            if not eq and i < len(argv) and not argv[i].startswith("--"):
+                i += 1
+            continue
+        if not eq:
+            if i >= len(argv):
+                problems.append(f"flag {name} needs a value ({spec.label}, {spec.type})")
+                continue
+            value = argv[i]
+            i += 1
+        overlay.setdefault(spec.table, {})[spec.key] = _parse_cli_value(spec, value)
+        origins[(spec.table, spec.key)] = name
+    return overlay, origins, problems
+
+
+def _merge(base: dict[str, Any], overlay: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    for table, values in overlay.items():
+        target = merged.setdefault(table, {})
+        if isinstance(target, dict):
+            target.update(values)
+    return merged
+
+
+# ---------------------------------------------------------------- public entry point
+
+
+def read_toml(path: str | Path) -> tuple[dict[str, Any], str]:
+    """Parse a TOML file; a missing file or a syntax error is a ConfigError."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(
+            f"config file not found: {p}. Create one with `retrain init --template quickstart` "
+            "(then run `retrain`), or pass the path of an existing TOML file.",
+            head="",
+        )
+    if p.is_dir():
+        raise ConfigError(f"{p} is a directory, not a TOML file", head="")
+    text = p.read_text(encoding="utf-8")
+    try:
+        return tomllib.loads(text), text
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: TOML syntax error: {exc}", head="") from None
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Sequence[str] | Mapping[str, Any] = (),
+) -> Config:
+    """Load and validate a Config.
+
+    `path`: the TOML file (default ./retrain.toml). `overrides`: CLI-style tokens
+    (`["--lr", "1e-4", "--seed=3"]`) or a mapping of dotted keys
+    (`{"training.lr": 1e-4}`). Raises ConfigError listing every problem.
+    """
+    source = str(path if path is not None else DEFAULT_CONFIG)
+    raw, text = read_toml(source)
+    overlay, flag_origins, problems = _overrides_to_overlay(overrides)
+    if problems:
+        raise ConfigError(problems, source=source)
+    origin = _Origin(source=source, lines=locate_keys(text), flags=flag_origins)
+    return build_config(_merge(raw, overlay), origin)
+
+
+def config_from_dict(
+    raw: Mapping[str, Any], overrides: Sequence[str] | Mapping[str, Any] = ()
+) -> Config:
+    """Like load_config, for an already-parsed TOML mapping (tests, campaigns)."""
+    overlay, flag_origins, problems = _overrides_to_overlay(overrides)
+    if problems:
+        raise ConfigError(problems)
+    return build_config(_merge(dict(raw), overlay), _Origin(flags=flag_origins))
+
+
+def _overrides_to_overlay(
+    overrides: Sequence[str] | Mapping[str, Any],
+) -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], str], list[str]]:
+    if isinstance(overrides, Mapping):
+        overlay: dict[str, dict[str, Any]] = {}
+        for dotted, value in overrides.items():
+            table, _, key = dotted.partition(".")
+            overlay.setdefault(table, {})[key] = value
+        return overlay, {}, []
+    return parse_overrides(list(overrides))
+
+
+def iter_flag_help(flags: Mapping[str, FieldSpec] | None = None) -> Iterable[tuple[str, FieldSpec]]:
+    """Flags grouped by table, shortest name first (for --help)."""
+    flags = flags or flag_table()
+    by_spec: dict[tuple[str, str], list[str]] = {}
+    for name, spec in flags.items():
+        by_spec.setdefault((spec.table, spec.key), []).append(name)
+    for table in TABLES:
+        for spec in table_fields(table):
+            names = sorted(by_spec.get((table, spec.key), []), key=len)
+            yield ", ".join(names), spec

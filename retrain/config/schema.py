@@ -1,0 +1,575 @@
+"""The configuration schema: one dataclass per TOML table, nested under `Config`.
+
+Each field carries its documentation and its checks in `metadata`, so validation,
+CLI flags, `retrain man`'s reference block and `Config.to_toml()` all derive from
+this one place. Defaults follow the product specification.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+from retrain import registry
+
+Check = Any  # callable(value) -> error text or None
+
+
+def opt(
+    default: Any,
+    help: str,
+    *,
+    choices: tuple[str, ...] | None = None,
+    registry_name: str | None = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    check: Check | None = None,
+    fix: str = "",
+    secret: bool = False,
+    key: str | None = None,
+    item: str | None = None,
+) -> Any:
+    """A schema field. `registry_name` validates against a registry in retrain.registry;
+    `check(value)` returns an error text or None; `fix` is appended to any error."""
+    meta = {
+        "help": help,
+        "choices": choices,
+        "registry": registry_name,
+        "ge": ge,
+        "gt": gt,
+        "le": le,
+        "check": check,
+        "fix": fix,
+        "secret": secret,
+        "key": key,
+        "item": item,  # element type of a list: "int", "str" or "dict"
+    }
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda d=default: _copy(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    return value
+
+
+_DEVICE = re.compile(r"^(cpu|gpu:\d+|cuda:\d+|mps)$")
+
+
+def _check_devices(value: str) -> str | None:
+    parts = [p.strip() for p in value.split(",")]
+    bad = [p for p in parts if not _DEVICE.match(p)]
+    if not value.strip() or bad:
+        return f"malformed device list {value!r} (bad part: {bad[0] if bad else '<empty>'!r})"
+    if len(set(parts)) != len(parts):
+        return f"device list {value!r} repeats a device"
+    return None
+
+
+def _non_empty(value: str) -> str | None:
+    return None if value.strip() else "must not be empty"
+
+
+def _positive_ints(value: list) -> str | None:
+    if any(v < 1 for v in value):
+        return f"every entry must be >= 1, got {value}"
+    return None
+
+
+def _unique(value: list) -> str | None:
+    return (
+        None if len(set(map(str, value))) == len(value) else f"entries must be unique, got {value}"
+    )
+
+
+def _few_shot(value: list) -> str | None:
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or set(item) != {"user", "assistant"}:
+            return f"entry {i} must be a table with exactly the keys 'user' and 'assistant'"
+        if not all(isinstance(v, str) for v in item.values()):
+            return f"entry {i}: 'user' and 'assistant' must be strings"
+    return None
+
+
+def _conditions(value: list) -> str | None:
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            return f"entry {i} must be a table with advantage_mode and transform_mode"
+        unknown = set(item) - {"advantage_mode", "transform_mode"}
+        if unknown:
+            return f"entry {i} has unknown key(s) {sorted(unknown)}; valid: advantage_mode, transform_mode"
+        for key, reg in (
+            ("advantage_mode", registry.ADVANTAGE_MODES),
+            ("transform_mode", registry.TRANSFORM_MODES),
+        ):
+            name = item.get(key)
+            if not isinstance(name, str):
+                return f"entry {i} needs a string {key}"
+            problem = reg.check(name)
+            if problem:
+                return f"entry {i}: {problem}"
+    return None
+
+
+@dataclass
+class BackendConfig:
+    backend: str = opt(
+        "local",
+        "Training backend: local (PyTorch/PEFT), tinker (remote service), prime_rl, or a dotted path",
+        registry_name="backend",
+    )
+    devices: str = opt(
+        "gpu:0",
+        "Comma-separated devices (gpu:N or cpu). Two or more enable split mode: inference on the first, training on the last",
+        check=_check_devices,
+        fix="use e.g. 'gpu:0', 'gpu:0,gpu:1' or 'cpu'",
+    )
+    adapter_path: str = opt(
+        "/tmp/retrain_adapter",
+        "Directory for LoRA adapter checkpoints (checkpoint_step_N/, final/)",
+        check=_non_empty,
+    )
+    options: dict = opt(
+        {},
+        "Backend-specific options ([backend.options]); each backend documents its own schema (retrain backends)",
+    )
+    max_concurrent: int = opt(
+        4, "Max concurrent Tinker API calls across parallel campaign workers", ge=1
+    )
+    throttle_dir: str = opt(
+        "",
+        "Directory for the file-based Tinker throttle. Empty = {campaign_dir}/tinker_throttle in campaigns, off otherwise",
+    )
+
+
+@dataclass
+class ModelConfig:
+    model: str = opt(
+        "Qwen/Qwen3-4B-Instruct-2507",
+        "Hugging Face model id, local directory, or .gguf file",
+        check=_non_empty,
+    )
+    base_url: str = opt("", "Tinker service URL (tinker backend only). Empty = SDK default")
+    lora_rank: int = opt(32, "LoRA rank", ge=1)
+
+
+@dataclass
+class AlgorithmConfig:
+    advantage_mode: str = opt(
+        "maxrl",
+        "Episode-level advantage: grpo, maxrl, or a dotted path fn(rewards[, params])",
+        registry_name="advantage_mode",
+    )
+    transform_mode: str = opt(
+        "gtpo_sepa",
+        "Token-level transform: none, gtpo, gtpo_hicra, gtpo_sepa, or a dotted path fn(ctx)",
+        registry_name="transform_mode",
+    )
+    algorithm_mode: str = opt(
+        "",
+        "Replaces the whole advantage pipeline (built-in name or dotted path). Empty = advantage_mode + transform_mode",
+        registry_name="algorithm_mode",
+    )
+    uncertainty_kind: str = opt(
+        "surprisal",
+        "Per-token uncertainty: surprisal, predictive_variance, shannon_entropy, or a dotted path",
+        registry_name="uncertainty_kind",
+    )
+    advantage_params: dict = opt(
+        {}, "Parameters passed to a dotted-path advantage_mode ([algorithm.advantage_params])"
+    )
+    transform_params: dict = opt(
+        {}, "Parameters passed to a dotted-path transform/algorithm ([algorithm.transform_params])"
+    )
+
+
+@dataclass
+class TrainingConfig:
+    seed: int = opt(-1, "RNG seed. -1 disables seeding", ge=-1)
+    max_steps: int = opt(500, "Total training steps", ge=1)
+    batch_size: int = opt(8, "Prompts per step", ge=1)
+    group_size: int = opt(
+        16,
+        "Completions sampled per prompt",
+        ge=2,
+        fix="GRPO-style advantages need at least 2 completions per prompt",
+    )
+    max_tokens: int = opt(2048, "Max new tokens per completion", ge=1)
+    temperature: float = opt(0.7, "Sampling temperature", gt=0.0)
+    lr: float = opt(4e-5, "Learning rate", gt=0.0, fix="use a positive learning rate such as 4e-5")
+    weight_decay: float = opt(0.0, "AdamW weight decay", ge=0.0)
+    max_examples: int = opt(0, "Limit dataset size. 0 = use all", ge=0)
+    save_every: int = opt(20, "Checkpoint every N steps (0 = only at the end)", ge=0)
+
+
+@dataclass
+class OptimizerConfig:
+    beta1: float = opt(0.9, "AdamW beta1", ge=0.0, le=0.999999)
+    beta2: float = opt(0.95, "AdamW beta2", ge=0.0, le=0.999999)
+    eps: float = opt(1e-8, "AdamW epsilon", gt=0.0)
+    max_grad_norm: float = opt(0.0, "Clip the gradient norm to this value. 0 = no clipping", ge=0.0)
+
+
+@dataclass
+class LoraConfig:
+    alpha: int = opt(0, "LoRA alpha. 0 = auto (2 x rank)", ge=0)
+    dropout: float = opt(0.0, "LoRA dropout rate", ge=0.0, le=1.0)
+    target_modules: list = opt(
+        [],
+        "Module names to adapt. [] = all attention and MLP projections",
+        check=_unique,
+        item="str",
+    )
+
+
+@dataclass
+class DataConfig:
+    source: str = opt(
+        "math",
+        "Data source: math, reasoning_gym, jsonl, or a dotted path (ignored when [environment] is set)",
+        registry_name="data_source",
+    )
+    path: str = opt(
+        "",
+        "jsonl: the file to read; math: a local copy of the dataset (directory of parquet/jsonl files)",
+    )
+    task: str = opt("", "reasoning_gym: task name, e.g. chain_sum or basic_arithmetic")
+    args: dict = opt({}, "reasoning_gym: task options ([data.args]), e.g. min_terms = 2")
+    size: int = opt(1000, "reasoning_gym: number of generated problems", ge=1)
+    seed: int = opt(
+        0,
+        "Seed of the generated dataset (reasoning_gym). Kept apart from [training] seed so every run sees the same problems",
+        ge=0,
+    )
+    split: str = opt("train", "Dataset split to load")
+    prompt_field: str = opt("question", "jsonl: field holding the question", check=_non_empty)
+    answer_field: str = opt("answer", "jsonl: field holding the reference answer", check=_non_empty)
+    shuffle: bool = opt(
+        True, "Shuffle the example order (from [training] seed); reshuffled each epoch"
+    )
+    system_prompt: str = opt(
+        "", "System message for the chat template. Empty = the model template's default"
+    )
+    instruction: str = opt(
+        "Put your final answer in \\boxed{}.", "Appended to every question. Empty = none"
+    )
+    few_shot: list = opt(
+        [],
+        "Worked exchanges placed before the question ([[data.few_shot]] with user and assistant)",
+        check=_few_shot,
+        item="dict",
+    )
+
+
+@dataclass
+class EnvironmentConfig:
+    provider: str = opt(
+        "", "Optional environment provider: '' or 'verifiers'", choices=("", "verifiers")
+    )
+    id: str = opt("", "Environment id (e.g. primeintellect/gsm8k)")
+    args: Any = opt({}, "Environment kwargs as a TOML table (or a JSON string)")
+    max_turns: int = opt(-1, "Multi-turn safety cap. -1 = environment default", ge=-1)
+    auto_install: bool = opt(False, "Install a missing Prime Hub environment automatically")
+
+
+@dataclass
+class PlanningConfig:
+    detector: str = opt(
+        "regex", "Planning token detector: regex or semantic", registry_name="planning_detector"
+    )
+    model: str = opt(
+        "all-MiniLM-L6-v2", "Sentence-transformer model for the semantic detector", check=_non_empty
+    )
+    threshold: float = opt(0.02, "Semantic detector threshold", ge=0.0, le=1.0)
+
+
+@dataclass
+class GtpoConfig:
+    beta: float = opt(0.1, "Entropy weighting strength. 0 disables GTPO weighting", ge=0.0)
+
+
+@dataclass
+class HicraConfig:
+    alpha: float = opt(0.2, "Planning token amplification. 0 disables HICRA", ge=0.0)
+
+
+@dataclass
+class SepaConfig:
+    steps: int = opt(500, "Ramp duration of the linear schedule (steps)", ge=0)
+    schedule: str = opt(
+        "linear",
+        "linear ramps lambda 0->1; auto adapts to the decay of execution-uncertainty variance",
+        choices=("linear", "auto"),
+    )
+    delay_steps: int = opt(50, "Steps before the linear ramp begins", ge=0)
+    correct_rate_gate: float = opt(
+        0.1, "Min batch correct rate that opens SEPA (sticky). 0 = no gate", ge=0.0, le=1.0
+    )
+    warmup: int = opt(50, "auto: steps whose variance EMA fixes the reference variance var_0", ge=1)
+    ema_decay: float = opt(
+        0.99, "auto: EMA decay of the execution-uncertainty variance", ge=0.0, le=1.0
+    )
+    var_threshold: float = opt(
+        0.2, "auto: lambda = 1 - min(var_ema / var_0 / var_threshold, 1)", gt=0.0
+    )
+
+
+@dataclass
+class InferenceConfig:
+    engine: str = opt(
+        "pytorch",
+        "Inference engine: pytorch, max, vllm, sglang, trtllm, mlx, openai, or a dotted path",
+        registry_name="engine",
+    )
+    url: str = opt("", "Server URL for non-PyTorch engines")
+    attention_kernel: str = opt(
+        "default",
+        "Attention implementation",
+        choices=("default", "flash", "triton", "tk", "cutlass"),
+    )
+    dtype: str = opt("auto", "Inference dtype", choices=("auto", "bf16", "fp8", "fp4"))
+    kv_cache_dtype: str = opt("auto", "KV cache dtype", choices=("auto", "bf16", "fp8", "int8"))
+    prefix_caching: bool = opt(True, "Share the prompt KV cache across a group's completions")
+
+
+@dataclass
+class RewardConfig:
+    type: str = opt(
+        "match",
+        "Reward: match, math, judge, custom, or gym (reasoning-gym's own scorer)",
+        registry_name="reward",
+    )
+    judge_model: str = opt("", "Judge LLM. Empty = gpt-4o-mini")
+    judge_base_url: str = opt(
+        "", "OpenAI-compatible base URL for the judge. Empty = $OPENAI_BASE_URL or api.openai.com"
+    )
+    judge_api_key: str = opt(
+        "", "Judge API key. Empty = $OPENAI_API_KEY. Never logged", secret=True
+    )
+    custom_module: str = opt("", "Python module (or .py file) holding the custom reward")
+    custom_function: str = opt(
+        "score",
+        "Function name in custom_module: fn(response, reference) -> float",
+        check=_non_empty,
+    )
+    timeout: float = opt(5.0, "Seconds allowed per verification or judge request", gt=0.0)
+    max_concurrency: int = opt(8, "Concurrent judge requests", ge=1)
+    max_retries: int = opt(4, "Judge retries on 429/5xx/timeouts", ge=0)
+
+
+@dataclass
+class BackpressureConfig:
+    enabled: bool = opt(False, "Enable USL adaptive batch sizing")
+    warmup_steps: int = opt(10, "Steps exploring batch sizes before fitting the USL model", ge=0)
+    ema_decay: float = opt(0.9, "EMA decay for throughput tracking", ge=0.0, le=1.0)
+    throttle_margin: float = opt(
+        0.85, "Target fraction of the optimal concurrency p*", gt=0.0, le=1.0
+    )
+    increase_margin: float = opt(0.5, "Hysteresis gap for batch size increases", gt=0.0, le=1.0)
+    min_batch_size: int = opt(1, "Floor for the adaptive batch size", ge=1)
+    max_batch_size: int = opt(64, "Ceiling for the adaptive batch size", ge=1)
+    peak_gflops: float = opt(0.0, "Hardware peak GFLOPS for roofline hints. 0 = skip", ge=0.0)
+    peak_bw_gb_s: float = opt(0.0, "Hardware peak memory bandwidth (GB/s)", ge=0.0)
+
+
+@dataclass
+class SqueezeConfig:
+    min_variance_retention: float = opt(0.95, "Minimum variance fraction to retain", gt=0.0, le=1.0)
+    adapter_path: str = opt("", "Adapter to analyse. Required standalone, auto-filled in campaigns")
+    source_rank: int = opt(0, "Expected source rank. 0 = detect from the adapter", ge=0)
+    target_ranks: list = opt(
+        [],
+        "Ranks to evaluate. [] = powers of two up to the source rank",
+        check=_positive_ints,
+        item="int",
+    )
+    output_path: str = opt("", "Directory for the compressed adapter. Empty = analyse only")
+    compress_to: int = opt(0, "Target rank for compression. 0 = the recommended rank", ge=0)
+    device: str = opt("cpu", "Torch device for the SVDs")
+
+
+@dataclass
+class ResumeConfig:
+    from_: str = opt("", "Log directory holding trainer_state.json to resume from", key="from")
+
+
+@dataclass
+class LoggingConfig:
+    log_dir: str = opt(
+        "logs/train",
+        "Directory for metrics.jsonl, emergence/ and trainer_state.json",
+        check=_non_empty,
+    )
+    wandb_project: str = opt("", "wandb project. Set to enable wandb")
+    wandb_run_name: str = opt("", "wandb run name. Empty = the condition label")
+    wandb_entity: str = opt("", "wandb entity / team")
+    wandb_group: str = opt("", "wandb group")
+    wandb_tags: str = opt("", "Comma-separated wandb tags")
+    strategic_grams: str = opt("", "Planning grams as a JSON array or CSV. Empty = the 18 defaults")
+    group_lines: int = opt(2, "How many 'group: k/n correct' lines to print per step", ge=0)
+
+
+@dataclass
+class CampaignConfig:
+    seeds: list = opt(
+        [42, 101, 202, 303, 404, 505, 606, 707],
+        "Seeds to run for every condition",
+        check=_unique,
+        item="int",
+    )
+    max_steps: int = opt(500, "Steps per run (overrides [training] max_steps)", ge=1)
+    parallel: bool = opt(False, "Run conditions x seeds in parallel subprocess workers")
+    max_workers: int = opt(0, "Max parallel workers. 0 = all runs at once", ge=0)
+    stagger_seconds: float = opt(0.0, "Delay between worker launches", ge=0.0)
+    executor: str = opt(
+        "local", "local (sequential or subprocess workers) or ray", choices=("local", "ray")
+    )
+    ray_address: str = opt("", "Ray cluster address. Empty = start a local Ray instance")
+    ray_num_cpus: float = opt(1.0, "CPUs requested per run (ray executor)", ge=0.0)
+    ray_num_gpus: float = opt(0.0, "GPUs requested per run (ray executor)", ge=0.0)
+    conditions: list = opt(
+        [],
+        "[[campaign.conditions]] with advantage_mode + transform_mode. [] = the five standard conditions",
+        check=_conditions,
+        item="dict",
+    )
+
+
+@dataclass
+class PluginsConfig:
+    search_paths: list = opt(
+        ["plugins"], "Directories added to sys.path before resolving dotted paths", item="str"
+    )
+    strict: bool = opt(
+        True, "Fail when a plugin cannot be imported (false: warn and skip in `retrain plugins`)"
+    )
+
+
+@dataclass
+class Config:
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
+    planning: PlanningConfig = field(default_factory=PlanningConfig)
+    gtpo: GtpoConfig = field(default_factory=GtpoConfig)
+    hicra: HicraConfig = field(default_factory=HicraConfig)
+    sepa: SepaConfig = field(default_factory=SepaConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    backpressure: BackpressureConfig = field(default_factory=BackpressureConfig)
+    resume: ResumeConfig = field(default_factory=ResumeConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    plugins: PluginsConfig = field(default_factory=PluginsConfig)
+    # Optional tables: their presence changes what `retrain` does.
+    squeeze: SqueezeConfig | None = None  # standalone squeeze, or auto-squeeze in a campaign
+    campaign: CampaignConfig | None = None  # conditions x seeds sweep
+
+    @property
+    def condition(self) -> str:
+        """The condition label, e.g. `maxrl+gtpo_sepa` (or the algorithm_mode when set)."""
+        if self.algorithm.algorithm_mode:
+            return self.algorithm.algorithm_mode
+        return f"{self.algorithm.advantage_mode}+{self.algorithm.transform_mode}"
+
+    def to_toml(self) -> str:
+        from retrain.config.toml_writer import config_to_toml
+
+        return config_to_toml(self)
+
+
+# Table name -> record class, in documentation order (a test checks it matches Config).
+TABLES: dict[str, type] = {
+    "backend": BackendConfig,
+    "model": ModelConfig,
+    "algorithm": AlgorithmConfig,
+    "training": TrainingConfig,
+    "optimizer": OptimizerConfig,
+    "lora": LoraConfig,
+    "data": DataConfig,
+    "environment": EnvironmentConfig,
+    "planning": PlanningConfig,
+    "gtpo": GtpoConfig,
+    "hicra": HicraConfig,
+    "sepa": SepaConfig,
+    "inference": InferenceConfig,
+    "reward": RewardConfig,
+    "backpressure": BackpressureConfig,
+    "resume": ResumeConfig,
+    "logging": LoggingConfig,
+    "plugins": PluginsConfig,
+    "squeeze": SqueezeConfig,
+    "campaign": CampaignConfig,
+}
+OPTIONAL_TABLES = frozenset({"squeeze", "campaign"})
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """Everything known about one TOML key."""
+
+    table: str
+    key: str  # the TOML key
+    attr: str  # the dataclass attribute
+    type: str  # "str" | "int" | "float" | "bool" | "list" | "dict" | "any"
+    default: Any
+    meta: dict
+
+    @property
+    def label(self) -> str:
+        return f"[{self.table}] {self.key}"
+
+    @property
+    def help(self) -> str:
+        return self.meta["help"]
+
+
+def _type_name(annotation: Any) -> str:
+    text = (
+        annotation
+        if isinstance(annotation, str)
+        else getattr(annotation, "__name__", str(annotation))
+    )
+    return {
+        "str": "str",
+        "int": "int",
+        "float": "float",
+        "bool": "bool",
+        "list": "list",
+        "dict": "dict",
+    }.get(text, "any")
+
+
+def _default(f: Any) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    return f.default_factory()
+
+
+def table_fields(table: str) -> list[FieldSpec]:
+    cls = TABLES[table]
+    return [
+        FieldSpec(
+            table,
+            f.metadata.get("key") or f.name,
+            f.name,
+            _type_name(f.type),
+            _default(f),
+            dict(f.metadata),
+        )
+        for f in fields(cls)
+    ]
+
+
+def all_fields() -> list[FieldSpec]:
+    return [spec for table in TABLES for spec in table_fields(table)]
