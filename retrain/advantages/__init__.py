@@ -1,0 +1,80 @@
+"""The advantage pipeline: episode advantages (GRPO, MaxRL), token transforms (GTPO,
+HICRA, SEPA), uncertainty kinds and planning-token detection. Pure numpy: no torch, no
+config. See :mod:`retrain.advantages.pipeline` for the order of the steps."""
+
+from retrain.advantages.context import AlgorithmContext, TransformContext, TransformOutput
+from retrain.advantages.episode import grpo, maxrl
+from retrain.advantages.pipeline import (
+    AdvantageStats,
+    BatchAdvantages,
+    algorithm_maxrl_gtpo,
+    algorithm_maxrl_gtpo_hicra,
+    algorithm_maxrl_gtpo_sepa,
+    compute_batch_advantages,
+    compute_token_advantages,
+)
+from retrain.advantages.planning import (
+    DEFAULT_STRATEGIC_GRAMS,
+    PlanningDetector,
+    RegexPlanningDetector,
+    SemanticPlanningDetector,
+    make_detector,
+    parse_grams,
+)
+from retrain.advantages.transforms import (
+    Segments,
+    gtpo_weights,
+    sepa_pool,
+    token_advantages_flat,
+    transform_gtpo,
+    transform_gtpo_hicra,
+    transform_gtpo_sepa,
+    transform_none,
+)
+from retrain.advantages.uncertainty import (
+    SURPRISAL_CAP,
+    UncertaintyUnavailableError,
+    compute_uncertainty,
+    predictive_variance,
+    requires_entropies,
+    resolve_uncertainty,
+    shannon_entropy,
+    surprisal,
+)
+
+__all__ = [
+    "DEFAULT_STRATEGIC_GRAMS",
+    "SURPRISAL_CAP",
+    "AdvantageStats",
+    "AlgorithmContext",
+    "BatchAdvantages",
+    "PlanningDetector",
+    "RegexPlanningDetector",
+    "Segments",
+    "SemanticPlanningDetector",
+    "TransformContext",
+    "TransformOutput",
+    "UncertaintyUnavailableError",
+    "algorithm_maxrl_gtpo",
+    "algorithm_maxrl_gtpo_hicra",
+    "algorithm_maxrl_gtpo_sepa",
+    "compute_batch_advantages",
+    "compute_token_advantages",
+    "compute_uncertainty",
+    "grpo",
+    "gtpo_weights",
+    "make_detector",
+    "maxrl",
+    "parse_grams",
+    "predictive_variance",
+    "requires_entropies",
+    "resolve_uncertainty",
+    "sepa_pool",
+    "shannon_entropy",
+    "surprisal",
+    "token_advantages_flat",
+    "transform_gtpo",
+    "transform_gtpo_hicra",
+    "transform_gtpo_sepa",
+    "transform_none",
+]

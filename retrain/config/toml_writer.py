@@ -23,9 +23,9 @@ def _key(k: str) -> str:
 
 
 def _string(s: str) -> str:
-    # JSON string escapes are valid TOML basic-string escapes, except that TOML has
-    # no \/ (json.dumps never emits it) and needs non-ASCII kept as is.
-    return json.dumps(s, ensure_ascii=False)
+    # JSON's escapes are valid TOML basic-string escapes; TOML additionally forbids a
+    # raw DEL (0x7f), which json.dumps leaves alone.
+    return json.dumps(s, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def value_to_toml(value: Any) -> str:
