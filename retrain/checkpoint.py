@@ -1,0 +1,106 @@
+"""Trainer state: what `trainer_state.json` holds and how it is written and read.
+
+The backend writes the weights (+ optimizer) to a checkpoint directory first; only then
+is `trainer_state.json` replaced atomically to point at it. A crash at any moment leaves
+the previous state file and the checkpoint it names intact.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from retrain.errors import CheckpointError
+from retrain.logs.jsonl import write_json_atomic
+
+STATE_FILE = "trainer_state.json"
+STATE_VERSION = 1
+
+
+@dataclass
+class TrainerState:
+    step: int  # steps completed; the next step to run
+    model: str
+    lora_rank: int
+    condition: str
+    batch_size: int
+    group_size: int
+    data: dict[str, Any]
+    counters: dict[str, float]
+    sepa: dict[str, Any]
+    checkpoint: dict[str, Any]  # what the backend needs to restore (adapter path, ...)
+    backpressure: dict[str, Any] | None = None
+    rng: dict[str, Any] = field(default_factory=dict)
+    finished: bool = False
+    saved_at: float = field(default_factory=time.time)
+    version: int = STATE_VERSION
+
+
+def capture_rng() -> dict[str, Any]:
+    """Python's and numpy's global RNG states, as JSON (torch's live with the backend)."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    if "python" in state:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "numpy" in state:
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def save_state(log_dir: str | Path, state: TrainerState) -> Path:
+    path = Path(log_dir) / STATE_FILE
+    write_json_atomic(path, asdict(state))
+    return path
+
+
+def load_state(resume_dir: str | Path) -> TrainerState:
+    d = Path(resume_dir)
+    path = d / STATE_FILE if d.is_dir() or not d.name.endswith(".json") else d
+    if not d.exists():
+        raise CheckpointError(f"[resume] from: {d} does not exist")
+    if not path.exists():
+        raise CheckpointError(
+            f"[resume] from: {path} not found. A resumable log dir holds the trainer_state.json "
+            "that runs write at every save_every checkpoint and at the end."
+        )
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is not readable JSON: {exc}") from exc
+    if raw.get("version") != STATE_VERSION:
+        raise CheckpointError(
+            f"{path}: state version {raw.get('version')!r}, this retrain reads version {STATE_VERSION}"
+        )
+    try:
+        return TrainerState(**raw)
+    except TypeError as exc:
+        raise CheckpointError(f"{path} is missing fields: {exc}") from exc
+
+
+def check_compatible(state: TrainerState, model: str, lora_rank: int, source: Path | str) -> None:
+    """Refuse to resume into a different model or LoRA shape, naming the difference."""
+    diffs = []
+    if state.model != model:
+        diffs.append(f"[model] model: checkpoint {state.model!r}, config {model!r}")
+    if state.lora_rank != lora_rank:
+        diffs.append(f"[model] lora_rank: checkpoint {state.lora_rank}, config {lora_rank}")
+    if diffs:
+        raise CheckpointError(
+            f"cannot resume from {source}: "
+            + "; ".join(diffs)
+            + ". Fix: resume with the settings the run was started with."
+        )

@@ -1,0 +1,157 @@
+"""The `pytorch` inference engine: batched sampling with the KV cache from the model the
+local backend trains.
+
+Each prompt is prefilled once (left-padded across prompts, with position ids counted
+from the first real token) and its cache is repeated for the group's completions, then
+tokens are sampled step by step at the configured temperature with no top-k/top-p, so the
+recorded logprobs are exactly those of the distribution sampled from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from retrain.backends.base import Sample, SamplingParams
+
+
+@dataclass
+class _Batch:
+    input_ids: torch.Tensor  # (R, L) left-padded
+    attention_mask: torch.Tensor  # (R, L)
+    position_ids: torch.Tensor  # (R, L)
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> _Batch:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return _Batch(ids.to(device), mask.to(device), positions.to(device))
+
+
+class PyTorchEngine:
+    """Samples from an in-process transformers model (the one being trained)."""
+
+    name = "pytorch"
+
+    def __init__(
+        self,
+        model,
+        eos_ids: set[int],
+        pad_id: int,
+        device: torch.device,
+        *,
+        prefix_caching: bool = True,
+        prompt_batch: int = 0,
+    ):
+        self.model = model
+        self.eos_ids = sorted(eos_ids)
+        self.pad_id = pad_id
+        self.device = device
+        self.prefix_caching = prefix_caching
+        self.prompt_batch = prompt_batch
+
+    @torch.inference_mode()
+    def sample(
+        self, prompts_B: list[list[int]], n: int, params: SamplingParams
+    ) -> list[list[Sample]]:
+        generator = torch.Generator(device=self.device)
+        if params.seed is not None:
+            generator.manual_seed(params.seed)
+        else:
+            generator.seed()
+        chunk = self.prompt_batch or len(prompts_B)
+        out: list[list[Sample]] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(prompts_B), chunk):
+                out.extend(
+                    self._sample_chunk(prompts_B[start : start + chunk], n, params, generator)
+                )
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def _sample_chunk(
+        self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator
+    ) -> list[list[Sample]]:
+        from transformers import DynamicCache
+
+        if self.prefix_caching:
+            batch = left_pad(prompts, self.pad_id, self.device)
+        else:  # every completion prefills its own copy of the prompt
+            batch = left_pad([p for p in prompts for _ in range(n)], self.pad_id, self.device)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        logits = out.logits[:, -1, :]
+        mask = batch.attention_mask
+        position = batch.position_ids[:, -1:]
+        if self.prefix_caching:
+            cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, dim=0)
+            mask = mask.repeat_interleave(n, dim=0)
+            position = position.repeat_interleave(n, dim=0)
+        rows = logits.shape[0]
+        eos = torch.tensor(self.eos_ids, device=self.device)
+        tokens = torch.empty((rows, params.max_tokens), dtype=torch.long, device=self.device)
+        logprobs = torch.zeros((rows, params.max_tokens), dtype=torch.float32, device=self.device)
+        entropies = (
+            torch.zeros((rows, params.max_tokens), dtype=torch.float32, device=self.device)
+            if params.return_entropy
+            else None
+        )
+        lengths = torch.full((rows,), params.max_tokens, dtype=torch.long, device=self.device)
+        finished = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        steps = 0
+        for t in range(params.max_tokens):
+            logp = torch.log_softmax(logits.float() / params.temperature, dim=-1)
+            token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+            tokens[:, t] = token
+            logprobs[:, t] = logp.gather(-1, token[:, None]).squeeze(-1)
+            if entropies is not None:
+                entropies[:, t] = -(logp.exp() * logp).sum(-1)
+            steps = t + 1
+            hit = torch.isin(token, eos) & ~finished
+            lengths = torch.where(hit, t + 1, lengths)
+            finished |= hit
+            if bool(finished.all()) or t + 1 == params.max_tokens:
+                break
+            # Finished rows keep decoding (their tokens are discarded) so shapes stay fixed.
+            mask = torch.cat([mask, mask.new_ones((rows, 1))], dim=1)
+            position = position + 1
+            out = self.model(
+                input_ids=token[:, None],
+                attention_mask=mask,
+                position_ids=position,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1, :]
+        tokens_l = tokens[:, :steps].tolist()
+        logprobs_l = logprobs[:, :steps].tolist()
+        entropies_l = entropies[:, :steps].tolist() if entropies is not None else None
+        lengths_l = lengths.tolist()
+        finished_l = finished.tolist()
+        samples = [
+            Sample(
+                token_ids=tokens_l[r][: lengths_l[r]],
+                logprobs=logprobs_l[r][: lengths_l[r]],
+                stop_reason="eos" if finished_l[r] else "length",
+                entropies=entropies_l[r][: lengths_l[r]] if entropies_l is not None else None,
+            )
+            for r in range(rows)
+        ]
+        return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]

