@@ -67,7 +67,8 @@ def _check_devices(value: str) -> str | None:
     bad = [p for p in parts if not _DEVICE.match(p)]
     if not value.strip() or bad:
         return f"malformed device list {value!r} (bad part: {bad[0] if bad else '<empty>'!r})"
-    if len(set(parts)) != len(parts):
+    gpus = [p for p in parts if p != "cpu"]
+    if len(set(gpus)) != len(gpus):  # cpu may repeat: split mode on one CPU (tests, debugging)
         return f"device list {value!r} repeats a device"
     return None
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from retrain.backends.base import Sample, SamplingParams
+from retrain.errors import BackendError
 
 
 @dataclass
@@ -117,6 +118,10 @@ class PyTorchEngine:
         finished = torch.zeros(rows, dtype=torch.bool, device=self.device)
         steps = 0
         for t in range(params.max_tokens):
+            if not bool(torch.isfinite(logits).all()):
+                raise BackendError(
+                    "the model produced non-finite logits while sampling (have the weights diverged? try a lower [training] lr)"
+                )
             logp = torch.log_softmax(logits.float() / params.temperature, dim=-1)
             token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
             tokens[:, t] = token

@@ -51,6 +51,7 @@ BAD_INPUTS = [
     ("[backpressure]\nenabled = 1\n", "[backpressure] enabled"),
     ('[backend]\ndevices = "gpu0"\n', "[backend] devices"),
     ('[backend]\ndevices = "gpu:0,gpu:0"\n', "[backend] devices"),
+    ('[backend]\ndevices = "gpu:0,tpu:1"\n', "[backend] devices"),
     ('[backend]\ndevices = ""\n', "[backend] devices"),
     ('[backend]\nbackend = "tinkr"\n', "[backend] backend"),
     ('[algorithm]\nadvantage_mode = "grpp"\n', "[algorithm] advantage_mode"),
