@@ -24,6 +24,7 @@ from retrain.advantages.planning import (
 from retrain.advantages.transforms import (
     Segments,
     gtpo_weights,
+    release_workspace,
     sepa_pool,
     token_advantages_flat,
     transform_gtpo,
@@ -67,6 +68,7 @@ __all__ = [
     "maxrl",
     "parse_grams",
     "predictive_variance",
+    "release_workspace",
     "requires_entropies",
     "resolve_uncertainty",
     "sepa_pool",

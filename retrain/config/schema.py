@@ -297,7 +297,7 @@ class GtpoConfig:
 
 @dataclass
 class HicraConfig:
-    alpha: float = opt(0.2, "Planning token amplification. 0 disables HICRA", ge=0.0)
+    alpha: float = opt(0.2, "Planning token amplification. 0 disables HICRA; at most 1 so no advantage flips sign", ge=0.0, le=1.0)
 
 
 @dataclass

@@ -69,6 +69,7 @@ BAD_INPUTS = [
     ("[lora]\ndropout = 1.5\n", "[lora] dropout"),
     ("[gtpo]\nbeta = -0.1\n", "[gtpo] beta"),
     ("[hicra]\nalpha = -1\n", "[hicra] alpha"),
+    ("[hicra]\nalpha = 1.5\n", "[hicra] alpha"),
     ("[model]\nlora_rank = 0\n", "[model] lora_rank"),
     ("[optimizer]\neps = 0\n", "[optimizer] eps"),
     ('[reward]\ntype = "custom"\n', "[reward] custom_module"),

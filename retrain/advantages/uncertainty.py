@@ -1,0 +1,156 @@
+"""Per-token uncertainty h_t, the signal GTPO weights tokens by.
+
+Every kind is an element-wise function over a flat array holding the tokens of many
+completions: ``fn(logprobs_T, entropies_T=None) -> h_T`` (float64, same length).
+
+- ``surprisal`` (default): h = -logprob of the sampled token, capped at 50.
+- ``predictive_variance`` (aliases ``pred_var``, ``bernoulli_variance``): h = p (1 - p)
+  with p = exp(logprob), the Bernoulli variance of "the sampled token is drawn".
+- ``shannon_entropy``: -sum_v p_v log p_v over the whole vocabulary at each position.
+  It cannot be rebuilt from the sampled token's logprob, so it is taken from the
+  per-token entropies the backend returned (today only the local backend with the
+  pytorch engine does). Asking for it without them raises
+  :class:`UncertaintyUnavailableError`; there is never a silent fallback.
+- a dotted path ``pkg.mod.fn``: ``fn(logprobs)`` or ``fn(logprobs, entropies)``; its
+  output is checked (length, finiteness) and a malformed one is a PluginError.
+
+Names are resolved through ``retrain.registry.UNCERTAINTY_KINDS``, the same registry
+that config validation and ``retrain plugins`` use.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from retrain.errors import PluginError, RetrainError
+
+SURPRISAL_CAP = 50.0
+
+UncertaintyFn = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]
+
+
+class UncertaintyUnavailableError(RetrainError, ValueError):
+    """The configured uncertainty kind needs data the backend did not return."""
+
+
+def surprisal(
+    logprobs_T: np.ndarray, entropies_T: np.ndarray | None = None, *, out: np.ndarray | None = None
+) -> np.ndarray:
+    """-logprob of each sampled token, capped at 50 (so -inf logprobs stay finite).
+    `out` (built-ins only) receives the result and may be `logprobs_T` itself."""
+    lp = np.asarray(logprobs_T, dtype=np.float64)
+    h = np.negative(lp, out=out)
+    return np.minimum(h, SURPRISAL_CAP, out=h)
+
+
+def predictive_variance(
+    logprobs_T: np.ndarray, entropies_T: np.ndarray | None = None, *, out: np.ndarray | None = None
+) -> np.ndarray:
+    """p (1 - p) with p = exp(logprob) of each sampled token; in [0, 0.25]."""
+    p = np.exp(np.asarray(logprobs_T, dtype=np.float64), out=out)
+    return np.multiply(p, 1.0 - p, out=p)
+
+
+def shannon_entropy(
+    logprobs_T: np.ndarray, entropies_T: np.ndarray | None = None, *, out: np.ndarray | None = None
+) -> np.ndarray:
+    """The full-vocabulary entropy at each position, as supplied by the backend."""
+    if entropies_T is None:
+        raise UncertaintyUnavailableError(
+            "uncertainty_kind 'shannon_entropy' needs the full-vocabulary entropy of every "
+            "sampled position, and the backend returned none. Only the local backend with "
+            'the pytorch inference engine provides it ([backend] backend = "local", '
+            '[inference] engine = "pytorch"); otherwise use uncertainty_kind = '
+            '"surprisal" or "predictive_variance".'
+        )
+    ent = np.asarray(entropies_T, dtype=np.float64)
+    lp = np.asarray(logprobs_T)
+    if ent.shape != lp.shape:
+        raise ValueError(
+            f"entropies have shape {ent.shape} but logprobs have shape {lp.shape}; "
+            "the backend must return one entropy per sampled token"
+        )
+    if out is not None:
+        np.copyto(out, ent)
+        return out
+    return ent
+
+
+def requires_entropies(kind: str) -> bool:
+    """True when `kind` can only be computed from backend-supplied entropies."""
+    from retrain.registry import UNCERTAINTY_KINDS
+
+    return UNCERTAINTY_KINDS.canonical(kind) == "shannon_entropy"
+
+
+def positional_arity(fn: Callable) -> int:
+    """How many positional arguments `fn` can take (2 means 'two or more')."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return 2
+    n = 0
+    for p in sig.parameters.values():
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:
+            return 2
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            n += 1
+    return min(n, 2)
+
+
+def resolve_uncertainty(kind: str, search_paths: Iterable[str] = ()) -> UncertaintyFn:
+    """The function behind an uncertainty kind: a built-in name or alias, or a dotted path.
+
+    The returned callable always has the signature ``(logprobs_T, entropies_T) -> h_T``
+    (built-ins also take ``out=``). A plugin's output is validated, and problems raise
+    PluginError naming the plugin.
+    """
+    from retrain.registry import UNCERTAINTY_KINDS
+
+    fn = UNCERTAINTY_KINDS.resolve(kind, search_paths)
+    if UNCERTAINTY_KINDS.is_builtin(kind):
+        return fn
+    if not callable(fn):
+        raise PluginError(f"uncertainty_kind plugin {kind!r} is not callable")
+    arity = positional_arity(fn)
+
+    def plugin(logprobs_T: np.ndarray, entropies_T: np.ndarray | None = None) -> np.ndarray:
+        try:
+            out = fn(logprobs_T, entropies_T) if arity >= 2 else fn(logprobs_T)
+        except RetrainError:
+            raise
+        except Exception as exc:
+            raise PluginError(
+                f"uncertainty_kind plugin {kind!r} raised {type(exc).__name__}: {exc}"
+            ) from exc
+        try:
+            h = np.asarray(out, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise PluginError(
+                f"uncertainty_kind plugin {kind!r} must return numbers, got {type(out).__name__}"
+            ) from exc
+        n = len(logprobs_T)
+        if h.shape != (n,):
+            raise PluginError(
+                f"uncertainty_kind plugin {kind!r} returned shape {h.shape}, expected ({n},): "
+                "one value per token"
+            )
+        if not np.all(np.isfinite(h)):
+            raise PluginError(f"uncertainty_kind plugin {kind!r} returned NaN or infinite values")
+        return h
+
+    plugin.__name__ = f"uncertainty_plugin[{kind}]"
+    return plugin
+
+
+def compute_uncertainty(
+    kind: str,
+    logprobs_T: np.ndarray,
+    entropies_T: np.ndarray | None = None,
+    search_paths: Iterable[str] = (),
+) -> np.ndarray:
+    """Resolve `kind` and apply it to a flat token array."""
+    return resolve_uncertainty(kind, search_paths)(logprobs_T, entropies_T)

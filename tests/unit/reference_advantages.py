@@ -1,0 +1,129 @@
+"""A plain, per-token Python reference of the advantage pipeline (spec section 1).
+
+Deliberately written the slow, obvious way (lists, loops, math) so that the vectorised
+implementation in retrain.advantages can be checked against it, and so the benchmark
+can show the speed-up. Not used by retrain itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+CAP = 50.0
+MAXRL_EPS = 1e-6
+GTPO_MIN_MEAN = 1e-7
+
+
+def ref_grpo(rewards):
+    mean = sum(rewards) / len(rewards)
+    return [r - mean for r in rewards]
+
+
+def ref_maxrl(rewards):
+    mean = sum(rewards) / len(rewards)
+    if mean <= MAXRL_EPS:
+        return [0.0 for _ in rewards]
+    return [(r - mean) / (mean + MAXRL_EPS) for r in rewards]
+
+
+def ref_uncertainty(kind, logprobs, entropies=None):
+    out = []
+    for t, lp in enumerate(logprobs):
+        if kind == "surprisal":
+            out.append(min(-lp, CAP))
+        elif kind in ("predictive_variance", "pred_var", "bernoulli_variance"):
+            p = math.exp(lp)
+            out.append(p * (1.0 - p))
+        elif kind == "shannon_entropy":
+            out.append(float(entropies[t]))
+        else:
+            raise ValueError(kind)
+    return out
+
+
+def ref_gtpo(adv, h, beta):
+    if not h:
+        return []
+    m = sum(h) / len(h)
+    if beta == 0 or m < GTPO_MIN_MEAN:
+        return [adv for _ in h]
+    return [adv * max(0.0, 1.0 + beta * (x / m - 1.0)) for x in h]
+
+
+def ref_hicra(token_adv, plan, alpha):
+    return [a + alpha * abs(a) * (1.0 if p else 0.0) for a, p in zip(token_adv, plan)]
+
+
+def ref_sepa_pool(h, plan, lam):
+    execs = [x for x, p in zip(h, plan) if not p]
+    if not execs or lam == 0:
+        return list(h)
+    mean_exec = sum(execs) / len(execs)
+    return [x if p else lam * mean_exec + (1.0 - lam) * x for x, p in zip(h, plan)]
+
+
+def ref_token_advantages(
+    rewards,
+    logprobs_G_T,
+    planning_G_T,
+    *,
+    advantage_mode="maxrl",
+    transform_mode="gtpo_sepa",
+    gtpo_beta=0.1,
+    hicra_alpha=0.2,
+    sepa_lambda=0.0,
+    uncertainty_kind="surprisal",
+    entropies_G_T=None,
+):
+    rewards = [float(r) for r in rewards]
+    episode = ref_grpo(rewards) if advantage_mode == "grpo" else ref_maxrl(rewards)
+    out = []
+    for i, a in enumerate(episode):
+        lps = [float(x) for x in logprobs_G_T[i]]
+        plan = (
+            [bool(x) for x in planning_G_T[i]] if planning_G_T is not None else [False] * len(lps)
+        )
+        ents = entropies_G_T[i] if entropies_G_T is not None else None
+        h = ref_uncertainty(uncertainty_kind, lps, ents)
+        if transform_mode == "none":
+            toks = [a for _ in lps]
+        elif transform_mode == "gtpo":
+            toks = ref_gtpo(a, h, gtpo_beta)
+        elif transform_mode == "gtpo_hicra":
+            toks = ref_hicra(ref_gtpo(a, h, gtpo_beta), plan, hicra_alpha)
+        elif transform_mode == "gtpo_sepa":
+            toks = ref_gtpo(a, ref_sepa_pool(h, plan, sepa_lambda), gtpo_beta)
+        else:
+            raise ValueError(transform_mode)
+        out.append(toks)
+    return out
+
+
+def ref_batch_advantages(groups, **kwargs):
+    """Per group: None when all rewards are equal, else the token advantages."""
+    result = []
+    for rewards, logprobs, planning in groups:
+        if all(r == rewards[0] for r in rewards):
+            result.append(None)
+        else:
+            result.append(ref_token_advantages(rewards, logprobs, planning, **kwargs))
+    return result
+
+
+def ref_exec_plan_stats(groups, uncertainty_kind="surprisal"):
+    """(exec_mean, exec_var, plan_mean, plan_var) over the tokens of kept groups."""
+    ex, pl = [], []
+    for rewards, logprobs, planning in groups:
+        if all(r == rewards[0] for r in rewards):
+            continue
+        for lps, plan in zip(logprobs, planning):
+            for h, p in zip(ref_uncertainty(uncertainty_kind, list(lps)), plan):
+                (pl if p else ex).append(h)
+
+    def mv(xs):
+        if not xs:
+            return math.nan, math.nan
+        m = sum(xs) / len(xs)
+        return m, sum((x - m) ** 2 for x in xs) / len(xs)
+
+    return (*mv(ex), *mv(pl))

@@ -1,0 +1,237 @@
+"""Property-based tests (hypothesis) of the advantage pipeline and the SEPA scheduler."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reference_advantages import ref_token_advantages  # noqa: E402
+
+from retrain.advantages import (  # noqa: E402
+    Segments,
+    compute_token_advantages,
+    grpo,
+    gtpo_weights,
+    maxrl,
+)
+from retrain.sepa import SEPAScheduler  # noqa: E402
+
+settings.register_profile("retrain", max_examples=80, deadline=None)
+settings.load_profile("retrain")
+
+reward = st.floats(-10, 10, allow_nan=False, allow_infinity=False)
+logprob = st.floats(-60.0, 0.0, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def groups(draw, min_g=1, max_g=8, max_t=25, binary=False):
+    g = draw(st.integers(min_g, max_g))
+    if binary:
+        rewards = draw(st.lists(st.sampled_from([0.0, 1.0]), min_size=g, max_size=g))
+    else:
+        rewards = draw(st.lists(reward, min_size=g, max_size=g))
+    lps, plans = [], []
+    for _ in range(g):
+        t = draw(st.integers(0, max_t))
+        lps.append(draw(st.lists(logprob, min_size=t, max_size=t)))
+        plans.append(draw(st.lists(st.booleans(), min_size=t, max_size=t)))
+    return rewards, lps, plans
+
+
+@given(st.lists(reward, min_size=1, max_size=64))
+def test_grpo_sums_to_zero(rewards):
+    adv = grpo(rewards)
+    assert abs(adv.sum()) <= 1e-9 * max(1.0, np.abs(rewards).max()) * len(rewards)
+
+
+@given(st.integers(1, 64))
+def test_maxrl_all_zero_rewards_give_zeros(g):
+    assert not maxrl([0.0] * g).any()
+
+
+@given(st.lists(st.sampled_from([0.0, 1.0]), min_size=1, max_size=64))
+def test_maxrl_is_grpo_over_success_rate(rewards):
+    mean = sum(rewards) / len(rewards)
+    if mean > 0:
+        np.testing.assert_allclose(maxrl(rewards), grpo(rewards) / (mean + 1e-6), rtol=1e-12)
+
+
+@given(
+    st.lists(
+        st.lists(st.floats(-5, 60, allow_nan=False), min_size=0, max_size=30),
+        min_size=1,
+        max_size=6,
+    ),
+    st.floats(-5, 20, allow_nan=False),
+)
+def test_gtpo_weights_are_non_negative(hs, beta):
+    seg = Segments.from_lengths([len(h) for h in hs])
+    flat = np.array([x for h in hs for x in h], dtype=float)
+    assert (gtpo_weights(flat, seg, beta) >= 0).all()
+
+
+@given(groups())
+def test_gtpo_beta_zero_is_identity(group):
+    rewards, lps, plans = group
+    ep = grpo(rewards)
+    out = compute_token_advantages(
+        rewards, lps, plans, advantage_mode="grpo", transform_mode="gtpo", gtpo_beta=0.0
+    )
+    for a, toks in zip(ep, out):
+        assert (toks == a).all()
+
+
+@given(
+    groups(),
+    st.floats(0, 1, exclude_max=True, allow_nan=False),
+    st.floats(0, 3, allow_nan=False),
+)
+def test_hicra_never_flips_sign_and_leaves_execution_tokens(group, alpha, beta):
+    rewards, lps, plans = group
+    kw = dict(advantage_mode="grpo", gtpo_beta=beta)
+    gtpo = compute_token_advantages(rewards, lps, plans, transform_mode="gtpo", **kw)
+    hicra = compute_token_advantages(
+        rewards, lps, plans, transform_mode="gtpo_hicra", hicra_alpha=alpha, **kw
+    )
+    for g, h, p in zip(gtpo, hicra, plans):
+        p = np.array(p, dtype=bool)
+        assert (np.sign(g) == np.sign(h)).all()
+        assert (g[~p] == h[~p]).all()
+        assert (np.abs(h[p]) <= np.abs(g[p]) * (1 + alpha) + 1e-12).all()
+
+
+@given(groups(), st.floats(0, 3, allow_nan=False))
+def test_sepa_lambda_zero_is_gtpo(group, beta):
+    rewards, lps, plans = group
+    a = compute_token_advantages(
+        rewards, lps, plans, transform_mode="gtpo_sepa", sepa_lambda=0.0, gtpo_beta=beta
+    )
+    b = compute_token_advantages(rewards, lps, plans, transform_mode="gtpo", gtpo_beta=beta)
+    for x, y in zip(a, b):
+        assert x.tolist() == y.tolist()
+
+
+@given(groups(binary=True), st.floats(0, 3, allow_nan=False))
+def test_sepa_lambda_one_gives_execution_tokens_one_weight(group, beta):
+    rewards, lps, plans = group
+    out = compute_token_advantages(
+        rewards,
+        lps,
+        plans,
+        advantage_mode="grpo",
+        transform_mode="gtpo_sepa",
+        sepa_lambda=1.0,
+        gtpo_beta=beta,
+    )
+    for toks, p in zip(out, plans):
+        execs = toks[~np.array(p, dtype=bool)]
+        if execs.size:
+            assert np.ptp(execs) <= 1e-12 * max(1.0, np.abs(execs).max())
+
+
+@given(
+    groups(max_t=40),
+    st.sampled_from(["grpo", "maxrl"]),
+    st.sampled_from(["none", "gtpo", "gtpo_hicra", "gtpo_sepa"]),
+    st.floats(0, 1),
+    st.floats(0, 3),
+    st.floats(-1, 1),
+    st.sampled_from(["surprisal", "predictive_variance"]),
+)
+def test_fast_path_equals_reference(group, adv, tr, lam, beta, alpha, kind):
+    rewards, lps, plans = group
+    kw = dict(
+        advantage_mode=adv,
+        transform_mode=tr,
+        sepa_lambda=lam,
+        gtpo_beta=beta,
+        hicra_alpha=alpha,
+        uncertainty_kind=kind,
+    )
+    fast = compute_token_advantages(rewards, lps, plans, **kw)
+    ref = ref_token_advantages(rewards, lps, plans, **kw)
+    for f, r in zip(fast, ref):
+        np.testing.assert_allclose(f, r, rtol=1e-9, atol=1e-9)
+
+
+# ------------------------------------------------------------------ SEPA scheduler
+
+observations = st.lists(
+    st.tuples(st.floats(0, 1), st.one_of(st.none(), st.floats(0, 100), st.just(float("nan")))),
+    min_size=1,
+    max_size=60,
+)
+sched_args = st.fixed_dictionaries(
+    {
+        "steps": st.integers(0, 50),
+        "schedule": st.sampled_from(["linear", "auto"]),
+        "delay_steps": st.integers(0, 30),
+        "correct_rate_gate": st.floats(0, 1),
+        "ema_decay": st.floats(0, 0.999),
+        "var_threshold": st.floats(0.01, 5),
+        "warmup": st.integers(1, 10),
+    }
+)
+
+
+@given(sched_args, observations)
+def test_scheduler_lambda_in_unit_interval(args, obs):
+    s = SEPAScheduler(**args)
+    for step, (rate, var) in enumerate(obs):
+        lam = s.update(step, rate, var)
+        assert 0.0 <= lam <= 1.0 and lam == s.lam
+
+
+@given(sched_args, observations)
+def test_scheduler_linear_is_monotone(args, obs):
+    s = SEPAScheduler(**{**args, "schedule": "linear"})
+    prev = 0.0
+    for step, (rate, var) in enumerate(obs):
+        lam = s.update(step, rate, var)
+        assert lam >= prev
+        prev = lam
+
+
+@given(sched_args, observations)
+def test_scheduler_is_zero_while_gate_shut(args, obs):
+    s = SEPAScheduler(**args)
+    opened = args["correct_rate_gate"] <= 0
+    for step, (rate, var) in enumerate(obs):
+        opened = opened or rate >= args["correct_rate_gate"]
+        lam = s.update(step + 1000, rate, var)
+        assert s.gate_open == opened
+        if not opened:
+            assert lam == 0.0
+
+
+@given(sched_args, observations, observations)
+def test_scheduler_state_round_trip(args, before, after):
+    a = SEPAScheduler(**args)
+    for step, (rate, var) in enumerate(before):
+        a.update(step, rate, var)
+    b = SEPAScheduler(**args)
+    b.load_state_dict(a.state_dict())
+    assert b.state_dict() == a.state_dict()
+    for step, (rate, var) in enumerate(after, start=len(before)):
+        assert a.update(step, rate, var) == b.update(step, rate, var)
+
+
+@given(
+    st.lists(st.lists(reward, min_size=1, max_size=9), min_size=1, max_size=8),
+    st.sampled_from(["grpo", "maxrl"]),
+)
+def test_grouped_episode_advantages_equal_per_group_ones(groups_, mode):
+    from retrain.advantages import episode
+
+    per_group = getattr(episode, mode)
+    flat = np.array([r for g in groups_ for r in g])
+    sizes = np.array([len(g) for g in groups_])
+    grouped = per_group.grouped(flat, sizes)
+    expected = np.concatenate([per_group(g) for g in groups_])
+    assert grouped.tolist() == expected.tolist()
