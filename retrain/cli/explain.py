@@ -11,24 +11,15 @@ import json
 from typing import Any
 
 from retrain.backends.base import IGNORED_SECTIONS, backend_info
+from retrain.campaign.expand import condition_label, condition_pairs
 from retrain.cli.run import is_standalone_squeeze, split_path
 from retrain.config import Config, load_config, load_dotenv
 from retrain.config.validate import token_varying
 from retrain.errors import ConfigError, PluginError
 
-STANDARD_CONDITIONS = (
-    ("grpo", "none"),
-    ("maxrl", "none"),
-    ("maxrl", "gtpo"),
-    ("maxrl", "gtpo_hicra"),
-    ("maxrl", "gtpo_sepa"),
-)
-
 
 def campaign_conditions(config: Config) -> list[str]:
-    conds = config.campaign.conditions if config.campaign else []
-    pairs = [(c["advantage_mode"], c["transform_mode"]) for c in conds] or list(STANDARD_CONDITIONS)
-    return [f"{a}+{t}" for a, t in pairs]
+    return [condition_label(a, t) for a, t in condition_pairs(config)]
 
 
 def uses_sepa(config: Config) -> bool:

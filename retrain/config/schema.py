@@ -297,7 +297,12 @@ class GtpoConfig:
 
 @dataclass
 class HicraConfig:
-    alpha: float = opt(0.2, "Planning token amplification. 0 disables HICRA; at most 1 so no advantage flips sign", ge=0.0, le=1.0)
+    alpha: float = opt(
+        0.2,
+        "Planning token amplification. 0 disables HICRA; at most 1 so no advantage flips sign",
+        ge=0.0,
+        le=1.0,
+    )
 
 
 @dataclass
@@ -397,7 +402,11 @@ class SqueezeConfig:
 
 @dataclass
 class ResumeConfig:
-    from_: str = opt("", "Log directory holding trainer_state.json to resume from", key="from")
+    from_: str = opt(
+        "",
+        "Log directory holding trainer_state.json to resume from (in a campaign TOML: the campaign directory holding manifest.json)",
+        key="from",
+    )
 
 
 @dataclass

@@ -1,0 +1,236 @@
+"""`retrain status` on a tree of runs and a campaign, with a torn line and a stale run."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from retrain.cli.main import main as cli_main
+from retrain.cli.status import main as status_main
+from retrain.errors import UsageError
+from retrain.logs.status import collect, discover, read_campaign, read_run, render
+
+NOW = 1_700_000_000.0  # fixed and in the past: runs read as stale on the real clock
+
+
+def write_run(
+    d: Path,
+    *,
+    rates,
+    status=None,
+    heartbeat=None,
+    max_steps=10,
+    step_time=2.0,
+    finished=False,
+    condition="grpo+none",
+    torn=False,
+):
+    d.mkdir(parents=True, exist_ok=True)
+    rows = []
+    done = 0
+    for i, rate in enumerate(rates):
+        done += rate
+        rows.append(
+            {
+                "step": i,
+                "condition": condition,
+                "correct_rate": rate,
+                "running_correct_rate": done / (i + 1),
+                "mean_reward": rate,
+                "step_time_s": step_time + i,  # median = step_time + (n-1)/2
+            }
+        )
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    if torn:
+        text += '{"step": 99, "correct_r'
+    (d / "metrics.jsonl").write_text(text)
+    if status is not None:
+        (d / "run.json").write_text(
+            json.dumps(
+                {
+                    "status": status,
+                    "pid": 1,
+                    "condition": condition,
+                    "max_steps": max_steps,
+                    "started_at": NOW - 1000,
+                    "heartbeat": NOW - 10 if heartbeat is None else heartbeat,
+                    "step": len(rates),
+                }
+            )
+        )
+    if finished or status == "running":
+        (d / "trainer_state.json").write_text(
+            json.dumps({"step": len(rates), "finished": finished, "condition": condition})
+        )
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "logs"
+    write_run(root / "done", rates=[0.0, 0.5, 1.0], status="finished", finished=True, max_steps=3)
+    write_run(root / "live", rates=[0.25, 0.5, 0.5, 0.75], status="running", max_steps=10)
+    write_run(root / "ghost", rates=[0.5], status="running", heartbeat=NOW - 3600)
+    write_run(root / "torn", rates=[0.5, 0.25], status="failed", torn=True)
+    # a campaign: 2 conditions x 2 seeds, one still pending
+    camp = root / "campaign_20250101_000000"
+    entries = []
+    for cond, seed, final in (("grpo+none", 1, 0.5), ("grpo+none", 2, 0.7), ("maxrl+gtpo", 1, 0.4)):
+        name = f"{cond}_s{seed}"
+        write_run(
+            camp / "runs" / name,
+            rates=[0.1, final],
+            status="finished",
+            finished=True,
+            max_steps=2,
+            condition=cond,
+        )
+        entries.append(
+            {
+                "name": name,
+                "condition": cond,
+                "seed": seed,
+                "status": "finished",
+                "exit_code": 0,
+                "log_dir": str(camp / "runs" / name),
+            }
+        )
+    entries.append(
+        {
+            "name": "maxrl+gtpo_s2",
+            "condition": "maxrl+gtpo",
+            "seed": 2,
+            "status": "pending",
+            "log_dir": str(camp / "runs" / "maxrl+gtpo_s2"),
+        }
+    )
+    (camp / "manifest.json").write_text(
+        json.dumps(
+            {
+                "status": "running",
+                "max_steps": 2,
+                "runs": entries,
+                "squeeze": {"recommended_rank": 4, "source_rank": 16, "run": "grpo+none_s1"},
+            }
+        )
+    )
+    return root
+
+
+def test_discover_finds_runs_and_campaigns_not_campaign_internals(tree):
+    runs, campaigns = discover(tree)
+    assert [p.name for p in runs] == ["done", "ghost", "live", "torn"]
+    assert [p.name for p in campaigns] == ["campaign_20250101_000000"]
+
+
+def test_run_states_rates_and_eta(tree):
+    done = read_run(tree / "done", now=NOW)
+    assert done.state == "finished" and done.steps_done == 3 and done.max_steps == 3
+    assert done.last_correct_rate == 1.0 and done.running_correct_rate == pytest.approx(0.5)
+    assert done.mean_reward == pytest.approx(0.5) and done.eta_s == 0.0
+
+    live = read_run(tree / "live", now=NOW)
+    assert live.state == "running" and live.steps_done == 4 and live.max_steps == 10
+    assert live.median_step_s == pytest.approx(3.5)  # 2, 3, 4, 5
+    assert live.eta_s == pytest.approx(3.5 * 6)
+    assert live.heartbeat_age_s == pytest.approx(10)
+
+    ghost = read_run(tree / "ghost", now=NOW)
+    assert ghost.state == "stale" and ghost.eta_s is None
+    # an explicit threshold wins over the default (>= 300 s)
+    assert read_run(tree / "live", now=NOW, stale_after=5).state == "stale"
+    assert read_run(tree / "ghost", now=NOW, stale_after=7200).state == "running"
+
+
+def test_default_stale_threshold_follows_step_time(tmp_path):
+    slow = tmp_path / "slow"
+    write_run(slow, rates=[0.5], status="running", heartbeat=NOW - 500, step_time=200.0)
+    assert read_run(slow, now=NOW).state == "running"  # 500 s < 3 x 200 s
+    write_run(slow, rates=[0.5], status="running", heartbeat=NOW - 700, step_time=200.0)
+    assert read_run(slow, now=NOW).state == "stale"
+
+
+def test_torn_last_line_is_skipped_and_reported(tree):
+    torn = read_run(tree / "torn", now=NOW)
+    assert torn.state == "failed" and torn.steps_done == 2
+    assert torn.last_correct_rate == 0.25
+    assert torn.corrupt_lines == {str(tree / "torn" / "metrics.jsonl"): [3]}
+    assert "skipped 1 corrupt line(s)" in torn.warnings[0]
+
+
+def test_partial_and_unreadable_files(tmp_path):
+    only_metrics = tmp_path / "m"
+    write_run(only_metrics, rates=[0.5, 0.5])  # no run.json: heartbeat from the file time
+    st = read_run(only_metrics)
+    assert st.state == "running" and st.steps_done == 2 and st.max_steps is None
+    assert read_run(only_metrics, now=time.time() + 10_000).state == "stale"
+
+    broken = tmp_path / "b"
+    broken.mkdir()
+    (broken / "run.json").write_text('{"status": "runn')
+    (broken / "metrics.jsonl").write_text("not json\n")
+    st = read_run(broken, now=NOW)
+    assert st.steps_done == 0 and st.corrupt_lines
+    assert any("cannot read" in w for w in st.warnings)
+
+
+def test_campaign_grouped_by_condition(tree):
+    c = read_campaign(tree / "campaign_20250101_000000", now=NOW)
+    assert [r.name for r in c.runs] == [
+        "grpo+none_s1",
+        "grpo+none_s2",
+        "maxrl+gtpo_s1",
+        "maxrl+gtpo_s2",
+    ]
+    assert c.runs[-1].state == "pending" and c.runs[0].seed == 1
+    by = {s.condition: s for s in c.conditions}
+    assert by["grpo+none"].mean == pytest.approx(0.6)
+    assert by["grpo+none"].std == pytest.approx(0.1414213, rel=1e-5)
+    assert by["grpo+none"].finished == 2
+    assert by["maxrl+gtpo"].mean == pytest.approx(0.4) and by["maxrl+gtpo"].std == 0.0
+    assert by["maxrl+gtpo"].runs == 2 and by["maxrl+gtpo"].finished == 1
+    assert c.squeeze["recommended_rank"] == 4
+
+
+def test_render_table(tree):
+    text = render(collect(tree, now=NOW))
+    assert "Runs under" in text and "Campaign campaign_20250101_000000" in text
+    for part in (
+        "finished",
+        "running",
+        "stale (1h00m ago)",
+        "failed",
+        "4/10",
+        "25.0%",
+        "grpo+none: 2/2 finished, final correct 60.0% +- 14.1% (n=2)",
+        "squeeze: recommended rank 4",
+        "skipped 1 corrupt line(s)",
+    ):
+        assert part in text, part
+    (tree.parent / "empty").mkdir()
+    assert render(collect(tree.parent / "empty")).startswith("No runs or campaigns")
+
+
+def test_cli_json_and_text(tree, capsys):
+    assert status_main([str(tree), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    states = {Path(r["path"]).name: r["state"] for r in data["runs"]}
+    # on the real clock the fixture's heartbeats are years old: running runs read as stale
+    assert states["done"] == "finished" and states["torn"] == "failed"
+    assert states["ghost"] == "stale"
+    assert data["campaigns"][0]["conditions"][0]["condition"] == "grpo+none"
+    assert any("corrupt" in w for w in data["warnings"])
+    assert cli_main(["status", str(tree), "--stale-after", "1e12"]) == 0
+    out = capsys.readouterr().out
+    assert "ghost" in out and "stale" not in out.split("Campaign")[0]
+
+
+def test_cli_errors(tmp_path):
+    with pytest.raises(UsageError, match="does not exist"):
+        status_main([str(tmp_path / "missing")])
+    with pytest.raises(UsageError, match="stale-after"):
+        status_main([str(tmp_path), "--stale-after", "0"])
+    with pytest.raises(UsageError):
+        status_main(["--bogus"])
