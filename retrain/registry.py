@@ -221,12 +221,12 @@ ENGINES = Registry(
     },
     descriptions={
         "pytorch": "shares the training model in-process (default)",
-        "max": "Modular MAX server over HTTP",
-        "vllm": "vLLM server over HTTP (LoRA hot-load)",
-        "sglang": "SGLang server over HTTP (LoRA hot-load)",
-        "trtllm": "TensorRT-LLM server over HTTP",
-        "mlx": "MLX-LM server over HTTP",
-        "openai": "any OpenAI-compatible /v1/completions server",
+        "max": "Modular MAX server over HTTP; not available in this build (use pytorch)",
+        "vllm": "vLLM server over HTTP (LoRA hot-load); not available in this build (use pytorch)",
+        "sglang": "SGLang server over HTTP (LoRA hot-load); not available in this build (use pytorch)",
+        "trtllm": "TensorRT-LLM server over HTTP; not available in this build (use pytorch)",
+        "mlx": "MLX-LM server over HTTP; not available in this build (use pytorch)",
+        "openai": "any OpenAI-compatible /v1/completions server; not available in this build (use pytorch)",
     },
 )
 

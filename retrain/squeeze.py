@@ -178,15 +178,22 @@ class SqueezeResult:
 # Reading adapters
 
 
+def _fetch_tinker(tinker_path: str) -> Path:
+    """A `tinker://` checkpoint fetched through the Tinker SDK as a local PEFT adapter (the
+    sampler weights of that checkpoint, cached under the retrain cache). The service is
+    TINKER_BASE_URL (else the SDK default); the key is TINKER_API_KEY."""
+    from retrain.backends.tinker import fetch_adapter
+    from retrain.errors import BackendError
+
+    try:
+        return fetch_adapter(tinker_path)
+    except BackendError as e:
+        raise SqueezeError(f"cannot fetch the adapter {tinker_path}: {e}") from e
+
+
 def _check_local(adapter_path: str | Path) -> Path:
     text = str(adapter_path)
-    if text.startswith("tinker://"):
-        raise SqueezeError(
-            f"cannot read {text} directly: LoRA-Squeeze works on a local PEFT adapter "
-            "directory; fetch it with the tinker backend first (download the checkpoint) "
-            "and point adapter_path at the downloaded directory"
-        )
-    path = Path(text).expanduser()
+    path = _fetch_tinker(text) if text.startswith("tinker://") else Path(text).expanduser()
     if not path.is_dir():
         raise SqueezeError(f"adapter directory not found: {path}")
     if not (path / CONFIG_NAME).is_file():
