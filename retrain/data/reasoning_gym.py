@@ -1,0 +1,109 @@
+"""`[data] source = "reasoning_gym"`: procedural problems from any reasoning-gym task.
+
+    [data]
+    source = "reasoning_gym"
+    task = "chain_sum"
+    size = 1000
+    seed = 0
+    [data.args]        # the task's own config options
+    min_terms = 2
+
+`reasoning_gym.create_dataset(task, size=size, seed=seed, **args)` generates the items;
+the same (task, args, size, seed) always gives the same examples. Each Example keeps the
+entry in `meta` so the `gym` reward can call the task's own `score_answer`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from retrain.data.base import DataSource
+from retrain.errors import DataError
+from retrain.types import Example
+
+
+def _import_reasoning_gym():
+    try:
+        import reasoning_gym
+    except ImportError as exc:
+        raise DataError(
+            "[data] source = 'reasoning_gym' needs reasoning-gym: pip install 'retrain[gym]'"
+        ) from exc
+    return reasoning_gym
+
+
+def task_names() -> list[str]:
+    _import_reasoning_gym()
+    from reasoning_gym.factory import DATASETS
+
+    return sorted(DATASETS)
+
+
+def load_gym_examples(
+    task: str, args: dict[str, Any] | None = None, size: int = 1000, seed: int = 0
+) -> list[Example]:
+    rg = _import_reasoning_gym()
+    if not task:
+        raise DataError(
+            "[data] task is required for source = 'reasoning_gym' (for example task = 'chain_sum')"
+        )
+    names = task_names()
+    if task not in names:
+        close = difflib.get_close_matches(task, names, n=3)
+        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+        raise DataError(
+            f"[data] task: unknown reasoning-gym task {task!r}{hint}; "
+            f"{len(names)} tasks exist, e.g. {', '.join(names[:8])}"
+        )
+    if size < 1:
+        raise DataError(f"[data] size must be >= 1, got {size}")
+    args = dict(args or {})
+    try:
+        dataset = rg.create_dataset(task, size=int(size), seed=int(seed), **args)
+    except TypeError as exc:
+        raise DataError(
+            f"[data.args] invalid option for reasoning-gym task {task!r}: {exc}"
+        ) from exc
+    except (ValueError, AssertionError) as exc:
+        raise DataError(f"[data.args] rejected by reasoning-gym task {task!r}: {exc}") from exc
+    examples = []
+    for i in range(len(dataset)):
+        entry = dataset[i]
+        examples.append(
+            Example(
+                prompt=str(entry["question"]),
+                reference=str(entry["answer"]),
+                meta={"source": "reasoning_gym", "task": task, "args": args, "entry": entry},
+            )
+        )
+    return examples
+
+
+class ReasoningGymSource(DataSource):
+    name = "reasoning_gym"
+    reward_hint = "gym"
+
+    def __init__(
+        self,
+        *,
+        task: str = "",
+        args: dict[str, Any] | None = None,
+        size: int = 1000,
+        seed: int = 0,
+        max_examples: int = 0,
+        shuffle: bool = True,
+        shuffle_seed: int | None = None,
+        **_options,
+    ) -> None:
+        examples = load_gym_examples(task, args, size, seed)
+        super().__init__(
+            examples,
+            name=f"reasoning_gym:{task}",
+            max_examples=max_examples,
+            shuffle=shuffle,
+            shuffle_seed=shuffle_seed,
+            seed=seed,
+        )
+        self.task = task
+        self.args = dict(args or {})

@@ -1,0 +1,239 @@
+"""The `judge` reward against a real HTTP server on 127.0.0.1.
+
+The server speaks the OpenAI chat-completions shape and judges with a fixed rule (the
+candidate's boxed answer equals the reference -> "yes"); marker words in the candidate
+make it misbehave: RATE_LIMIT_ONCE (429 once, then fine), ALWAYS_500, SLOW (answers
+after 2 s), GARBAGE (a reply with no verdict), BAD_REQUEST (400).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from retrain.rewards import build_reward
+from retrain.rewards.boxed import extract_boxed
+from retrain.rewards.judge import JudgeReward, parse_verdict
+from retrain.types import Example
+
+SECRET = "sk-test-SECRET-123"
+
+
+class JudgeServer:
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.auth: list[str | None] = []
+        self.seen: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output quiet
+                pass
+
+            def _reply(self, status, body, headers=None):
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                # The client may have given up already (the timeout test).
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(data)
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length", 0))
+                payload = json.loads(self.rfile.read(n))
+                with outer.lock:
+                    outer.requests.append(payload)
+                    outer.auth.append(self.headers.get("Authorization"))
+                    outer.in_flight += 1
+                    outer.max_in_flight = max(outer.max_in_flight, outer.in_flight)
+                try:
+                    self._handle(payload)
+                finally:
+                    with outer.lock:
+                        outer.in_flight -= 1
+
+            def _handle(self, payload):
+                if self.path != "/v1/chat/completions":
+                    return self._reply(404, {"error": "not found"})
+                user = payload["messages"][-1]["content"]
+                ref = re.search(r"Reference answer:\n(.*?)\n\n", user, re.S).group(1)
+                cand = re.search(r"Candidate response:\n(.*?)\n\n", user, re.S).group(1)
+                with outer.lock:
+                    count = outer.seen.get(cand, 0)
+                    outer.seen[cand] = count + 1
+                if "RATE_LIMIT_ONCE" in cand and count == 0:
+                    return self._reply(429, {"error": "slow down"}, {"Retry-After": "0"})
+                if "ALWAYS_500" in cand:
+                    return self._reply(500, {"error": "boom"})
+                if "BAD_REQUEST" in cand:
+                    return self._reply(400, {"error": "bad"})
+                if "SLOW" in cand:
+                    time.sleep(2.0)
+                time.sleep(0.05)  # long enough for concurrent requests to overlap
+                verdict = "yes" if extract_boxed(cand) == ref.strip() else "no"
+                if "GARBAGE" in cand:
+                    verdict = "I cannot decide."
+                self._reply(
+                    200,
+                    {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "choices": [
+                            {"index": 0, "message": {"role": "assistant", "content": verdict}}
+                        ],
+                    },
+                )
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    s = JudgeServer()
+    yield s
+    s.close()
+
+
+def _judge(server, **kw):
+    opts = dict(
+        judge_base_url=server.url,
+        judge_api_key=SECRET,
+        timeout=1.0,
+        max_retries=2,
+        backoff=0.01,
+    )
+    opts.update(kw)
+    return build_reward("judge", **opts)
+
+
+def _ex(ref, prompt="What is it?"):
+    return Example(prompt=prompt, reference=ref)
+
+
+def test_parse_verdict():
+    assert parse_verdict("Yes.") == 1.0
+    assert parse_verdict("no") == 0.0
+    assert parse_verdict("  YES, they match") == 1.0
+    assert parse_verdict("maybe") is None
+    assert parse_verdict("nope") is None  # whole words only
+
+
+def test_judge_scores_through_the_server(server):
+    r = _judge(server, judge_model="tiny-judge")
+    out = r.score_batch(
+        ["so \\boxed{7}", "\\boxed{8}", "seven"], [_ex("7"), _ex("7"), _ex("7", prompt="")]
+    )
+    r.close()
+    assert out.rewards == [1.0, 0.0, 0.0]
+    assert out.errors == 0 and out.timeouts == 0
+    assert out.no_answer == 1
+    assert len(server.requests) == 3
+    assert {p["model"] for p in server.requests} == {"tiny-judge"}
+    assert all(a == f"Bearer {SECRET}" for a in server.auth)
+    users = [p["messages"][-1]["content"] for p in server.requests]
+    # The question is sent when the example has one, and omitted when it does not.
+    assert sum("Problem:\nWhat is it?" in u for u in users) == 2
+    assert sum("Problem:" not in u for u in users) == 1
+
+
+def test_default_model_and_env_config(server, monkeypatch):
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "env-key")
+    r = build_reward("judge", timeout=1.0)
+    assert r.model == "gpt-4o-mini"
+    assert r.score("\\boxed{1}", "1") == 1.0
+    assert server.auth[-1] == "Bearer env-key"
+    monkeypatch.delenv("OPENAI_API_KEY")
+    r2 = build_reward("judge", timeout=1.0)
+    assert r2.score("\\boxed{1}", "1") == 1.0
+    assert server.auth[-1] is None  # no key: no Authorization header (local servers)
+
+
+def test_429_then_success_is_retried(server):
+    r = _judge(server)
+    out = r.score_batch(["RATE_LIMIT_ONCE \\boxed{3}"], [_ex("3")])
+    assert out.rewards == [1.0]
+    assert out.errors == 0
+    assert len(server.requests) == 2  # one 429, one success
+
+
+def test_persistent_5xx_fails_after_retries_and_is_counted(server, caplog):
+    r = _judge(server, max_retries=2)
+    with caplog.at_level(logging.WARNING, logger="retrain.rewards"):
+        out = r.score_batch(
+            ["ALWAYS_500 \\boxed{3}", "\\boxed{3}", "ALWAYS_500 again \\boxed{3}"], [_ex("3")] * 3
+        )
+    assert out.rewards == [0.0, 1.0, 0.0]
+    assert out.errors == 2
+    assert sum("ALWAYS_500" in p["messages"][-1]["content"] for p in server.requests) == 6
+    # One traceback logged for the run, and the key never appears in the logs.
+    assert len([rec for rec in caplog.records if "raised" in rec.getMessage()]) == 1
+    assert SECRET not in caplog.text
+    assert SECRET not in repr(r)
+
+
+def test_client_errors_are_not_retried(server):
+    r = _judge(server)
+    out = r.score_batch(["BAD_REQUEST \\boxed{1}"], [_ex("1")])
+    assert out.rewards == [0.0] and out.errors == 1
+    assert len(server.requests) == 1
+
+
+def test_timeouts_score_zero_and_are_counted(server):
+    r = _judge(server, timeout=0.3, max_retries=1)
+    t0 = time.monotonic()
+    out = r.score_batch(["SLOW \\boxed{1}", "\\boxed{1}"], [_ex("1"), _ex("1")])
+    assert time.monotonic() - t0 < 2.0  # two 0.3 s attempts, not two 2 s waits
+    assert out.rewards == [0.0, 1.0]
+    assert out.timeouts == 1 and out.errors == 0
+
+
+def test_unreadable_verdict_is_an_error(server):
+    r = _judge(server)
+    out = r.score_batch(["GARBAGE \\boxed{1}"], [_ex("1")])
+    assert out.rewards == [0.0] and out.errors == 1
+
+
+def test_concurrency_is_limited(server):
+    r = _judge(server, max_concurrency=3)
+    n = 12
+    out = r.score_batch([f"\\boxed{{{i}}}" for i in range(n)], [_ex(str(i)) for i in range(n)])
+    assert out.rewards == [1.0] * n
+    assert 2 <= server.max_in_flight <= 3
+
+
+def test_unreachable_server_is_counted_not_raised():
+    r = JudgeReward(
+        judge_base_url="http://127.0.0.1:9/v1", timeout=0.5, max_retries=1, backoff=0.01
+    )
+    out = r.score_batch(["\\boxed{1}"], [_ex("1")])
+    assert out.rewards == [0.0] and out.errors == 1
+
+
+def test_bad_base_url_is_a_config_error():
+    from retrain.errors import RewardError
+
+    with pytest.raises(RewardError, match="http"):
+        JudgeReward(judge_base_url="localhost:8000")
