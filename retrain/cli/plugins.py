@@ -1,0 +1,431 @@
+"""`retrain plugins [--json] [--config PATH] [--search-path DIR]`: built-in names of every
+pluggable kind, and the plugins found on `[plugins] search_paths`.
+
+Discovery imports each top-level module of each search-path directory (files named
+`test_*`, `conftest.py` and `_*` are skipped) and classifies the public functions and
+classes defined there by their signatures:
+
+- ``fn(ctx: TransformContext)`` (or a first parameter named ``ctx``) -> transform
+- ``fn(ctx: AlgorithmContext)`` -> algorithm
+- ``fn(rewards[, params])`` -> advantage mode
+- ``fn(response, reference)`` -> custom reward
+- ``fn(logprobs[, entropies])`` -> uncertainty kind
+- a class with ``sample`` and ``train_step`` methods, or backend capability hooks -> backend
+- a DataSource subclass -> data source
+
+A module may state kinds explicitly, which wins over the guess:
+``RETRAIN_PLUGINS = {"my_fn": "transform", "MySource": "data_source"}``.
+Dotted paths named in the config are resolved and listed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from retrain import registry
+from retrain.errors import ConfigError
+
+KINDS = (
+    "advantage_mode",
+    "transform_mode",
+    "algorithm_mode",
+    "uncertainty_kind",
+    "planning_detector",
+    "reward",
+    "data_source",
+    "backend",
+    "engine",
+)
+# Accepted spellings in RETRAIN_PLUGINS -> the kind key used here.
+KIND_ALIASES = {
+    "advantage": "advantage_mode",
+    "advantage_mode": "advantage_mode",
+    "transform": "transform_mode",
+    "transform_mode": "transform_mode",
+    "algorithm": "algorithm_mode",
+    "algorithm_mode": "algorithm_mode",
+    "uncertainty": "uncertainty_kind",
+    "uncertainty_kind": "uncertainty_kind",
+    "reward": "reward",
+    "data": "data_source",
+    "data_source": "data_source",
+    "backend": "backend",
+    "engine": "engine",
+    "planning_detector": "planning_detector",
+}
+KIND_TITLES = {
+    "advantage_mode": "Advantage modes ([algorithm] advantage_mode)",
+    "transform_mode": "Transforms ([algorithm] transform_mode)",
+    "algorithm_mode": "Algorithms ([algorithm] algorithm_mode)",
+    "uncertainty_kind": "Uncertainty kinds ([algorithm] uncertainty_kind)",
+    "planning_detector": "Planning detectors ([planning] detector)",
+    "reward": "Rewards ([reward] type)",
+    "data_source": "Data sources ([data] source)",
+    "backend": "Backends ([backend] backend)",
+    "engine": "Inference engines ([inference] engine)",
+}
+TOML_KEYS = {
+    "advantage_mode": ("algorithm", "advantage_mode"),
+    "transform_mode": ("algorithm", "transform_mode"),
+    "algorithm_mode": ("algorithm", "algorithm_mode"),
+    "uncertainty_kind": ("algorithm", "uncertainty_kind"),
+    "planning_detector": ("planning", "detector"),
+    "data_source": ("data", "source"),
+    "backend": ("backend", "backend"),
+    "engine": ("inference", "engine"),
+}
+_SKIP_FILES = ("conftest.py", "setup.py")
+
+
+def toml_snippet(kind: str, module: str, attr: str) -> str:
+    """How to select a plugin in a TOML."""
+    if kind == "reward":
+        return f'[reward] type = "custom", custom_module = "{module}", custom_function = "{attr}"'
+    table, key = TOML_KEYS[kind]
+    return f'[{table}] {key} = "{module}.{attr}"'
+
+
+def _annotation_text(param: inspect.Parameter) -> str:
+    ann = param.annotation
+    if ann is inspect.Parameter.empty:
+        return ""
+    return ann if isinstance(ann, str) else getattr(ann, "__name__", str(ann))
+
+
+def classify(obj: Any) -> str | None:
+    """Guess the plugin kind of a function or class (None: not a plugin)."""
+    if inspect.isclass(obj):
+        from retrain.backends.base import CAPABILITY_HOOKS, OPTION_SCHEMA_HOOKS
+
+        if any(hasattr(obj, h) for h in (*CAPABILITY_HOOKS, *OPTION_SCHEMA_HOOKS)) or (
+            callable(getattr(obj, "sample", None)) and callable(getattr(obj, "train_step", None))
+        ):
+            return "backend"
+        try:
+            from retrain.data.base import DataSource
+        except ImportError:  # pragma: no cover - data package always present
+            return None
+        if issubclass(obj, DataSource):
+            return "data_source"
+        return None
+    if not inspect.isfunction(obj):
+        return None
+    try:
+        params = [
+            p
+            for p in inspect.signature(obj).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        return None
+    if not params:
+        return None
+    first = params[0]
+    ann = _annotation_text(first)
+    if "AlgorithmContext" in ann:
+        return "algorithm_mode"
+    if "TransformContext" in ann or first.name in ("ctx", "context"):
+        return "transform_mode"
+    names = [p.name for p in params]
+    if names[0] in ("rewards", "rewards_G") and len(names) <= 2:
+        return "advantage_mode"
+    if (
+        len(names) >= 2
+        and names[0] in ("response", "completion", "text")
+        and names[1] in ("reference", "answer", "ground_truth")
+    ):
+        return "reward"
+    if names[0] in ("logprobs", "logprobs_T") and len(names) <= 2:
+        return "uncertainty_kind"
+    return None
+
+
+def _first_doc_line(obj: Any) -> str:
+    doc = inspect.getdoc(obj) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def _modules_in(directory: Path) -> list[tuple[str, Path]]:
+    out = []
+    for path in sorted(directory.iterdir()):
+        if path.is_file() and path.suffix == ".py":
+            name = path.stem
+            if (
+                name.startswith(("_", "test_"))
+                or path.name in _SKIP_FILES
+                or name.endswith("_test")
+            ):
+                continue
+            out.append((name, path))
+        elif path.is_dir() and (path / "__init__.py").is_file() and path.name.isidentifier():
+            if path.name.startswith(("_", "test")):
+                continue
+            out.append((path.name, path / "__init__.py"))
+    return [(n, p) for n, p in out if n.isidentifier()]
+
+
+def _same_file(module: Any, path: Path) -> bool:
+    file = getattr(module, "__file__", None)
+    try:
+        return file is not None and Path(file).resolve() == path.resolve()
+    except OSError:
+        return False
+
+
+def discover(
+    search_paths: Iterable[str], kinds: set[str] | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Plugins defined in the modules of each search-path directory.
+    Returns (plugins, problems); a problem is {"module", "file", "error"}."""
+    found: list[dict[str, Any]] = []
+    problems: list[dict[str, str]] = []
+    for raw in search_paths:
+        directory = Path(raw)
+        if not raw or not directory.is_dir():
+            continue
+        absolute = str(directory.resolve())
+        if absolute not in sys.path:
+            sys.path.insert(0, absolute)
+        importlib.invalidate_caches()  # files may have appeared since the last import
+        for mod_name, path in _modules_in(directory):
+            existing = sys.modules.get(mod_name)
+            if existing is not None and not _same_file(existing, path):
+                problems.append(
+                    {
+                        "module": mod_name,
+                        "file": str(path),
+                        "error": f"the name is taken by the already-imported module {getattr(existing, '__file__', None) or mod_name!r}; rename the file",
+                    }
+                )
+                continue
+            try:
+                module = importlib.import_module(mod_name)
+            except Exception as exc:  # a broken plugin must not hide the others
+                problems.append(
+                    {
+                        "module": mod_name,
+                        "file": str(path),
+                        "error": f"import failed: {type(exc).__name__}: {exc}",
+                    }
+                )
+                continue
+            if not _same_file(module, path):
+                problems.append(
+                    {
+                        "module": mod_name,
+                        "file": str(path),
+                        "error": f"`import {mod_name}` finds {getattr(module, '__file__', '?')} instead; rename the file",
+                    }
+                )
+                continue
+            declared = getattr(module, "RETRAIN_PLUGINS", None)
+            declared = dict(declared) if isinstance(declared, dict) else {}
+            for attr, obj in sorted(vars(module).items()):
+                foreign = (
+                    attr.startswith("_") or getattr(obj, "__module__", None) != module.__name__
+                )
+                if foreign and attr not in declared:
+                    continue
+                kind = KIND_ALIASES.get(str(declared[attr])) if attr in declared else classify(obj)
+                if attr in declared and kind is None:
+                    problems.append(
+                        {
+                            "module": mod_name,
+                            "file": str(path),
+                            "error": f"RETRAIN_PLUGINS[{attr!r}] = {declared[attr]!r} is not a kind; use one of {', '.join(sorted(KIND_ALIASES))}",
+                        }
+                    )
+                    continue
+                if kind is None or (kinds is not None and kind not in kinds):
+                    continue
+                found.append(
+                    {
+                        "kind": kind,
+                        "name": f"{mod_name}.{attr}",
+                        "module": mod_name,
+                        "attr": attr,
+                        "file": str(path),
+                        "doc": _first_doc_line(obj),
+                        "toml": toml_snippet(kind, mod_name, attr),
+                        "source": "search_path",
+                    }
+                )
+    return found, problems
+
+
+def configured(config: Any) -> list[tuple[str, str]]:
+    """(kind, dotted path) of every plugin a config names."""
+    a = config.algorithm
+    out = []
+    for kind, value in (
+        ("advantage_mode", a.advantage_mode),
+        ("transform_mode", a.transform_mode),
+        ("algorithm_mode", a.algorithm_mode),
+        ("uncertainty_kind", a.uncertainty_kind),
+        ("data_source", config.data.source),
+        ("backend", config.backend.backend),
+        ("engine", config.inference.engine),
+    ):
+        reg = registry.ALL_REGISTRIES[kind]
+        if value and not reg.is_builtin(value):
+            out.append((kind, value))
+    if config.reward.type == "custom" and config.reward.custom_module:
+        out.append(("reward", config.reward.custom_module))
+    return out
+
+
+def builtins() -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for kind in KINDS:
+        reg = registry.ALL_REGISTRIES[kind]
+        out[kind] = [
+            {
+                "name": name,
+                "description": reg.descriptions.get(name, ""),
+                "aliases": sorted(a for a, c in reg.aliases.items() if c == name),
+                "target": target,
+            }
+            for name, target in reg.builtins.items()
+        ]
+    return out
+
+
+def _load_config(path: str | None) -> tuple[Any | None, list[str]]:
+    from retrain.config import load_config
+
+    p = Path(path or "retrain.toml")
+    if not path and not p.is_file():
+        return None, []
+    try:
+        return load_config(p), []
+    except ConfigError as exc:
+        if path:
+            raise
+        return None, [f"{p}: not used ({exc.problems[0]})"]
+
+
+def collect(config_path: str | None = None, extra_paths: Iterable[str] = ()) -> dict[str, Any]:
+    """The JSON payload of `retrain plugins`."""
+    config, warnings = _load_config(config_path)
+    search_paths = list(config.plugins.search_paths) if config is not None else ["plugins"]
+    strict = config.plugins.strict if config is not None else True
+    search_paths += [p for p in extra_paths if p not in search_paths]
+    found, problems = discover(search_paths)
+    if config is not None:
+        known = {(p["kind"], p["name"]) for p in found}
+        known |= {("reward", p["module"]) for p in found if p["kind"] == "reward"}
+        for kind, name in configured(config):
+            if (kind, name) in known:
+                continue
+            entry: dict[str, Any] = {
+                "kind": kind,
+                "name": name,
+                "module": name.rpartition(".")[0] if kind != "reward" else name,
+                "attr": name.rpartition(".")[2]
+                if kind != "reward"
+                else config.reward.custom_function,
+                "file": "",
+                "doc": "",
+                "toml": "",
+                "source": "config",
+            }
+            try:
+                if kind == "reward":
+                    from retrain.rewards.custom import load_custom_function
+
+                    obj = load_custom_function(name, config.reward.custom_function, search_paths)
+                else:
+                    obj = registry.ALL_REGISTRIES[kind].resolve(name, search_paths)
+                entry["doc"] = _first_doc_line(obj)
+                entry["file"] = str(inspect.getsourcefile(obj) or "") if callable(obj) else ""
+            except Exception as exc:
+                problems.append(
+                    {
+                        "module": name,
+                        "file": "",
+                        "error": f"configured {kind} cannot be loaded: {exc}",
+                    }
+                )
+                continue
+            found.append(entry)
+    return {
+        "builtin": builtins(),
+        "discovered": found,
+        "problems": problems,
+        "search_paths": search_paths,
+        "strict": strict,
+        "warnings": warnings,
+    }
+
+
+def render(payload: dict[str, Any]) -> str:
+    lines: list[str] = []
+    discovered = payload["discovered"]
+    for kind in KINDS:
+        lines.append(KIND_TITLES[kind])
+        entries = payload["builtin"][kind]
+        width = max(
+            [len(e["name"]) for e in entries]
+            + [len(p["name"]) for p in discovered if p["kind"] == kind]
+            + [4]
+        )
+        for e in entries:
+            alias = f" (aliases: {', '.join(e['aliases'])})" if e["aliases"] else ""
+            lines.append(f"  {e['name'].ljust(width)}  {e['description']}{alias}")
+        if kind == "engine":
+            lines.append(
+                "  (in this build only pytorch is implemented; the server engines are listed for configuration but not available yet)"
+            )
+        for p in discovered:
+            if p["kind"] == kind:
+                where = p["file"] or p["source"]
+                lines.append(
+                    f"  {p['name'].ljust(width)}  plugin ({where}){': ' + p['doc'] if p['doc'] else ''}"
+                )
+                if p["toml"]:
+                    lines.append(f"  {''.ljust(width)}  use: {p['toml']}")
+        lines.append("")
+    paths = ", ".join(payload["search_paths"]) or "(none)"
+    lines.append(
+        f"Plugin search paths: {paths}  ([plugins] search_paths; relative to the working directory)"
+    )
+    lines.append(
+        "Scaffold a new one: retrain init-plugin --kind transform|advantage|algorithm|reward --name NAME --with-test"
+    )
+    for w in payload["warnings"]:
+        lines.append(f"warning: {w}")
+    for prob in payload["problems"]:
+        level = "error" if payload["strict"] else "warning (skipped)"
+        lines.append(f"{level}: plugin module {prob['module']}: {prob['error']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="retrain plugins",
+        description="List built-in advantage modes, transforms, algorithms, rewards, data sources, backends and engines, and the plugins found on [plugins] search_paths.",
+    )
+    p.add_argument("--json", action="store_true", help="print the payload as JSON")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="config whose [plugins] and dotted paths to use (default ./retrain.toml if present)",
+    )
+    p.add_argument(
+        "--search-path",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also search DIR (repeatable)",
+    )
+    args = p.parse_args(argv)
+    payload = collect(args.config, args.search_path)
+    print(json.dumps(payload, indent=2) if args.json else render(payload))
+    return 1 if payload["problems"] and payload["strict"] else 0

@@ -1,0 +1,310 @@
+"""`retrain backends` and `retrain plugins`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from retrain import registry
+from retrain.backends.base import BUILTIN_CAPABILITIES, BUILTIN_OPTIONS
+from retrain.cli import plugins as plugins_cli
+from retrain.cli.main import main
+
+
+def run(args, capsys):
+    code = main(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A project directory as cwd, with an empty plugins/ folder; sys.path restored after."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    # a relative search path ("plugins") caches its finder per process: start afresh here
+    monkeypatch.setattr(sys, "path_importer_cache", dict(sys.path_importer_cache))
+    sys.path_importer_cache.pop("plugins", None)
+    (tmp_path / "plugins").mkdir()
+    return tmp_path
+
+
+HOOKED_BACKEND = '''
+from retrain.backends.base import BackendCapabilities, BackendOptionSpec
+
+class HookedBackend:
+    """A backend that describes itself."""
+    retrain_backend_capabilities = staticmethod(lambda: BackendCapabilities(True, True, False, False))
+    RETRAIN_BACKEND_OPTION_SCHEMA = {
+        "endpoint": {"type": str, "default": "http://x", "help": "where"},
+        "retries": BackendOptionSpec("int", 3, "how often"),
+    }
+    def __init__(self, config, tokenizer, say=print): pass
+    def sample(self, prompts_B, n, params): return []
+    def train_step(self, datums, hyper): return None
+
+class PlainBackend:
+    def __init__(self, config, tokenizer, say=print): pass
+    def sample(self, prompts_B, n, params): return []
+    def train_step(self, datums, hyper): return None
+'''
+
+MODULE_CAPS_BACKEND = """
+RETRAIN_BACKEND_CAPABILITIES = {"reports_sync_loss": False, "preserves_token_advantages": True,
+                                "supports_checkpoint_resume": True, "resume_runtime_dependent": False}
+
+class Backend:
+    def sample(self, prompts_B, n, params): return []
+    def train_step(self, datums, hyper): return None
+"""
+
+
+# ---------------------------------------------------------------- backends
+
+
+def test_backends_text_lists_builtins_capabilities_and_hooks(project, capsys):
+    code, out, _ = run(["backends"], capsys)
+    assert code == 0
+    for name in ("local", "tinker", "prime_rl"):
+        assert f"{name}  (source=builtin" in out
+    assert "preserves_token_advantages=no" in out  # prime_rl
+    for hook in (
+        "retrain_backend_capabilities",
+        "RETRAIN_BACKEND_CAPABILITIES",
+        "retrain_backend_option_schema",
+        "RETRAIN_BACKEND_OPTION_SCHEMA",
+    ):
+        assert hook in out
+    assert "pip install 'retrain[local]'" in out
+    assert "micro_batch_tokens" in out and "strict_advantages" in out
+    assert "source=plugin/default" in out
+
+
+def test_backends_json_matches_the_builtin_tables(project, capsys):
+    code, out, _ = run(["backends", "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    by_name = {b["name"]: b for b in data["backends"]}
+    assert set(BUILTIN_CAPABILITIES) <= set(by_name)
+    for name, caps in BUILTIN_CAPABILITIES.items():
+        entry = by_name[name]
+        assert entry["source"] == "builtin"
+        assert entry["capabilities"] == caps.as_dict()
+        assert set(entry["options"]) == set(BUILTIN_OPTIONS[name])
+        assert entry["dependency_hint"]
+        assert isinstance(entry["installed"], bool)
+    assert by_name["prime_rl"]["options"]["transport"]["choices"] == ["filesystem", "zmq"]
+    assert data["hooks"] == {
+        "capabilities": ["retrain_backend_capabilities", "RETRAIN_BACKEND_CAPABILITIES"],
+        "option_schema": ["retrain_backend_option_schema", "RETRAIN_BACKEND_OPTION_SCHEMA"],
+    }
+    assert data["plugin_default"]["preserves_token_advantages"] is False
+    assert set(data["capability_fields"]) >= {"reports_sync_loss", "resume_runtime_dependent"}
+
+
+def test_dotted_backend_with_and_without_hooks(project, capsys):
+    mod = unique("mybackends")
+    (project / "plugins" / f"{mod}.py").write_text(HOOKED_BACKEND)
+    code, out, _ = run(["backends", "--json"], capsys)  # discovered on plugins/
+    assert code == 0
+    by_name = {b["name"]: b for b in json.loads(out)["backends"]}
+    hooked = by_name[f"{mod}.HookedBackend"]
+    assert hooked["source"] == "plugin"
+    assert hooked["capabilities"]["reports_sync_loss"] is True
+    assert hooked["capabilities"]["supports_checkpoint_resume"] is False
+    assert hooked["options"]["endpoint"]["type"] == "str"
+    assert hooked["options"]["retries"]["default"] == 3
+    plain = by_name[f"{mod}.PlainBackend"]
+    assert plain["source"] == "plugin/default"
+    assert plain["capabilities"]["preserves_token_advantages"] is False
+    code, out, _ = run(["backends"], capsys)
+    assert f"{mod}.PlainBackend  (source=plugin/default)" in out
+
+
+def test_module_level_hook_and_explicit_name(project, capsys, tmp_path):
+    mod = unique("modcaps")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / f"{mod}.py").write_text(MODULE_CAPS_BACKEND)
+    sys.path.insert(0, str(elsewhere))
+    code, out, _ = run(["backends", f"{mod}.Backend", "--json"], capsys)
+    assert code == 0
+    entry = next(b for b in json.loads(out)["backends"] if b["name"] == f"{mod}.Backend")
+    assert entry["source"] == "plugin"
+    assert entry["capabilities"]["preserves_token_advantages"] is True
+
+
+def test_configured_backend_is_reported_and_bad_name_is_an_error(project, capsys):
+    mod = unique("cfgbackend")
+    (project / "plugins" / f"{mod}.py").write_text(HOOKED_BACKEND)
+    (project / "retrain.toml").write_text(f'[backend]\nbackend = "{mod}.PlainBackend"\n')
+    code, out, _ = run(["backends", "--json"], capsys)
+    assert code == 0
+    assert f"{mod}.PlainBackend" in {b["name"] for b in json.loads(out)["backends"]}
+    code, out, _ = run(["backends", "nosuchmod_xyz.Backend", "--json"], capsys)
+    assert code == 1
+    entry = next(b for b in json.loads(out)["backends"] if b["name"] == "nosuchmod_xyz.Backend")
+    assert entry["error"] and entry["source"] == "plugin/default"
+
+
+# ---------------------------------------------------------------- plugins
+
+
+def test_plugins_lists_every_builtin_kind(project, capsys):
+    code, out, _ = run(["plugins"], capsys)
+    assert code == 0
+    for kind in plugins_cli.KINDS:
+        assert plugins_cli.KIND_TITLES[kind] in out
+        for name in registry.ALL_REGISTRIES[kind].names():
+            assert f"  {name} " in out
+    assert "only pytorch is implemented" in out
+    code, out, _ = run(["plugins", "--json"], capsys)
+    data = json.loads(out)
+    for kind in (
+        "advantage_mode",
+        "transform_mode",
+        "algorithm_mode",
+        "reward",
+        "data_source",
+        "backend",
+        "engine",
+    ):
+        assert [e["name"] for e in data["builtin"][kind]] == registry.ALL_REGISTRIES[kind].names()
+    assert data["search_paths"] == ["plugins"] and data["discovered"] == []
+
+
+PLUGIN_MODULE = '''
+import numpy as np
+from retrain.advantages import AlgorithmContext, TransformContext, TransformOutput
+from retrain.data.base import DataSource
+
+def my_transform(ctx: TransformContext) -> TransformOutput:
+    """Doubles everything."""
+    return TransformOutput([2 * a * np.ones(len(lp)) for a, lp in zip(ctx.episode_advantages_G, ctx.logprobs_G_T)])
+
+def my_algorithm(ctx: AlgorithmContext):
+    return [np.zeros(len(lp)) for lp in ctx.logprobs_G_T]
+
+def my_advantage(rewards, params):
+    return [r - sum(rewards) / len(rewards) for r in rewards]
+
+def my_reward(response, reference):
+    return float(reference in response)
+
+def my_uncertainty(logprobs):
+    return -logprobs
+
+class MySource(DataSource):
+    pass
+
+def helper(x, y, z):
+    return x
+
+def declared_thing(a):
+    return a
+
+RETRAIN_PLUGINS = {"declared_thing": "transform"}
+'''
+
+
+def test_plugins_discovers_and_classifies(project, capsys):
+    mod = unique("myplugins")
+    (project / "plugins" / f"{mod}.py").write_text(PLUGIN_MODULE)
+    (project / "plugins" / f"test_{mod}.py").write_text(
+        "raise RuntimeError('tests are not imported')\n"
+    )
+    code, out, _ = run(["plugins", "--json"], capsys)
+    assert code == 0, out
+    data = json.loads(out)
+    kinds = {p["attr"]: p["kind"] for p in data["discovered"]}
+    assert kinds == {
+        "my_transform": "transform_mode",
+        "my_algorithm": "algorithm_mode",
+        "my_advantage": "advantage_mode",
+        "my_reward": "reward",
+        "my_uncertainty": "uncertainty_kind",
+        "MySource": "data_source",
+        "declared_thing": "transform_mode",
+    }
+    entry = next(p for p in data["discovered"] if p["attr"] == "my_transform")
+    assert entry["name"] == f"{mod}.my_transform"
+    assert entry["toml"] == f'[algorithm] transform_mode = "{mod}.my_transform"'
+    assert entry["doc"] == "Doubles everything."
+    reward = next(p for p in data["discovered"] if p["kind"] == "reward")
+    assert f'custom_module = "{mod}"' in reward["toml"]
+    code, out, _ = run(["plugins"], capsys)
+    assert (
+        f"{mod}.my_transform" in out
+        and f'use: [algorithm] transform_mode = "{mod}.my_transform"' in out
+    )
+
+
+def test_broken_plugin_strict_and_lenient(project, capsys):
+    mod = unique("broken")
+    (project / "plugins" / f"{mod}.py").write_text("import does_not_exist_anywhere\n")
+    code, out, _ = run(["plugins"], capsys)
+    assert code == 1 and f"error: plugin module {mod}" in out and "does_not_exist_anywhere" in out
+    (project / "retrain.toml").write_text("[plugins]\nstrict = false\n")
+    code, out, _ = run(["plugins"], capsys)
+    assert code == 0 and "warning (skipped)" in out
+
+
+def test_module_shadowing_is_reported(project, capsys):
+    (project / "plugins" / "json.py").write_text(
+        "def score(response, reference):\n    return 1.0\n"
+    )
+    code, out, _ = run(["plugins", "--json"], capsys)
+    data = json.loads(out)
+    assert code == 1
+    assert any(p["module"] == "json" and "rename" in p["error"] for p in data["problems"])
+
+
+def test_configured_dotted_paths_are_resolved(project, capsys, tmp_path):
+    mod = unique("installed")
+    pkg_dir = tmp_path / "site"
+    pkg_dir.mkdir()
+    (pkg_dir / f"{mod}.py").write_text(PLUGIN_MODULE)
+    (project / "retrain.toml").write_text(
+        f'[algorithm]\ntransform_mode = "{mod}.my_transform"\n'
+        f'[plugins]\nsearch_paths = ["{pkg_dir}"]\n'
+    )
+    sys.modules.pop(mod, None)
+    code, out, _ = run(["plugins", "--json"], capsys)
+    data = json.loads(out)
+    assert code == 0
+    names = {(p["kind"], p["name"]) for p in data["discovered"]}
+    assert ("transform_mode", f"{mod}.my_transform") in names
+    (project / "retrain.toml").write_text('[algorithm]\ntransform_mode = "nowhere_mod_q.fn"\n')
+    code, out, _ = run(["plugins", "--json"], capsys)
+    data = json.loads(out)
+    assert code == 1 and any("nowhere_mod_q" in p["module"] for p in data["problems"])
+
+
+def test_search_path_flag(project, capsys, tmp_path):
+    extra = tmp_path / "more"
+    extra.mkdir()
+    mod = unique("extra")
+    (extra / f"{mod}.py").write_text("def adv(rewards):\n    return rewards\n")
+    code, out, _ = run(["plugins", "--json", "--search-path", str(extra)], capsys)
+    data = json.loads(out)
+    assert code == 0 and str(extra) in data["search_paths"]
+    assert any(
+        p["name"] == f"{mod}.adv" and p["kind"] == "advantage_mode" for p in data["discovered"]
+    )
+
+
+def test_classify_ignores_non_plugins():
+    def two(a, b):
+        return a
+
+    assert plugins_cli.classify(two) is None
+    assert plugins_cli.classify(len) is None
+    assert plugins_cli.classify(Path) is None

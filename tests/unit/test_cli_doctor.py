@@ -1,0 +1,227 @@
+"""`retrain doctor`: one OK/WARN/FAIL line per check, exit 1 on a FAIL, no secrets shown."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from retrain.cli import doctor
+from retrain.cli.main import main
+
+SECRET = "sk-very-secret-value-123"
+
+
+def run(args, capsys):
+    code = main(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """An isolated working directory, caches and home; the network is never touched."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RETRAIN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    for name in (
+        "WANDB_API_KEY",
+        "WANDB_MODE",
+        "NETRC",
+        "HF_HUB_OFFLINE",
+        "HF_TOKEN",
+        "OPENAI_API_KEY",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(doctor, "reachable", lambda url, timeout=2.0: False)
+    (tmp_path / "home").mkdir()
+    return tmp_path
+
+
+def checks_by_name(out_json: str) -> dict:
+    data = json.loads(out_json)
+    return {c["name"]: c for c in data["checks"]}
+
+
+def write_config(path: Path, model: str, **logging) -> Path:
+    lines = [
+        "[backend]",
+        'backend = "local"',
+        'devices = "cpu"',
+        "[model]",
+        f'model = "{model}"',
+        "[data]",
+        'source = "jsonl"',
+        'path = "data.jsonl"',
+    ]
+    if logging:
+        lines.append("[logging]")
+        lines += [f'{k} = "{v}"' for k, v in logging.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_every_line_has_a_status_and_fixes_are_shown(env, capsys):
+    code, out, _ = run(["doctor", "--no-network"], capsys)
+    lines = [line for line in out.splitlines() if line and not line.startswith(" ")]
+    body = [line for line in lines[:-1]]
+    assert body and all(line.split()[0] in ("OK", "WARN", "FAIL") for line in body)
+    names = {line.split()[1] for line in body}
+    for name in ("python", "retrain", "config", "torch", "model", "cache", "wandb"):
+        assert name in names, name
+    assert "fix: retrain init --template quickstart" in out  # no retrain.toml here
+    assert code in (0, 1)
+
+
+def test_json_output_and_exit_status(env, capsys):
+    code, out, _ = run(["doctor", "--json", "--no-network"], capsys)
+    data = json.loads(out)
+    assert data["ok"] == (code == 0)
+    assert all(c["status"] in ("OK", "WARN", "FAIL") for c in data["checks"])
+    checks = checks_by_name(out)
+    assert checks["python"]["status"] == "OK"
+    assert "extra [local]" in checks and "extra [plots]" in checks
+    assert checks["cache"]["status"] == "OK" and str(env / "cache") in checks["cache"]["detail"]
+
+
+def test_local_model_directory_ok(env, capsys):
+    model = env / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    cfg = write_config(env / "retrain.toml", str(model))
+    code, out, _ = run(["doctor", str(cfg), "--json", "--no-network"], capsys)
+    checks = checks_by_name(out)
+    assert checks["config"]["status"] == "OK"
+    assert checks["model"]["status"] == "OK" and "local directory" in checks["model"]["detail"]
+
+
+def test_model_in_hf_cache_ok(env, capsys):
+    snap = env / "hf" / "models--org--tiny" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    cfg = write_config(env / "retrain.toml", "org/tiny")
+    code, out, _ = run(["doctor", str(cfg), "--json"], capsys)
+    assert checks_by_name(out)["model"]["detail"].startswith("org/tiny: in the Hugging Face cache")
+
+
+def test_model_in_retrain_cache_ok(env, capsys):
+    converted = env / "cache" / "models" / "org--other" / "safetensors"
+    converted.mkdir(parents=True)
+    (converted / "config.json").write_text("{}")
+    cfg = write_config(env / "retrain.toml", "org/other")
+    code, out, _ = run(["doctor", str(cfg), "--json"], capsys)
+    assert "retrain cache" in checks_by_name(out)["model"]["detail"]
+
+
+def test_unreachable_uncached_model_fails(env, capsys):
+    cfg = write_config(env / "retrain.toml", "org/not-here")
+    code, out, _ = run(["doctor", str(cfg)], capsys)
+    assert code == 1
+    line = next(line for line in out.splitlines() if line.split()[1:2] == ["model"])
+    assert line.startswith("FAIL") and "not reachable" in line
+    assert "fix:" in out
+
+
+def test_reachable_hub_is_ok(env, capsys, monkeypatch):
+    monkeypatch.setattr(doctor, "reachable", lambda url, timeout=2.0: True)
+    cfg = write_config(env / "retrain.toml", "org/not-here")
+    code, out, _ = run(["doctor", str(cfg), "--json"], capsys)
+    model = checks_by_name(out)["model"]
+    assert model["status"] == "OK" and "downloads on first use" in model["detail"]
+
+
+def test_invalid_config_fails(env, capsys):
+    (env / "retrain.toml").write_text("[training]\nlr = -1\n")
+    code, out, _ = run(["doctor", "--no-network"], capsys)
+    assert code == 1
+    line = next(line for line in out.splitlines() if line.split()[1:2] == ["config"])
+    assert line.startswith("FAIL") and "lr" in line
+
+
+def test_missing_config_argument_fails(env, capsys):
+    code, out, _ = run(["doctor", "nope.toml", "--no-network"], capsys)
+    assert code == 1 and "nope.toml not found" in out
+
+
+def test_wandb_login_never_prints_the_key(env, capsys, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", SECRET)
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    cfg = write_config(env / "retrain.toml", "org/x", wandb_project="proj")
+    code, out, err = run(["doctor", str(cfg), "--no-network"], capsys)
+    assert SECRET not in out and SECRET not in err
+    line = next(line for line in out.splitlines() if line.split()[1:2] == ["wandb"])
+    assert line.startswith("OK") and "WANDB_API_KEY is set" in line
+    code, out, _ = run(["doctor", str(cfg), "--json", "--no-network"], capsys)
+    assert SECRET not in out
+    assert "HF_TOKEN" in checks_by_name(out)["secrets"]["detail"]
+
+
+def test_secret_in_dotenv_is_loaded_but_not_shown(env, capsys):
+    (env / ".env").write_text(f"WANDB_API_KEY={SECRET}\n")
+    cfg = write_config(env / "retrain.toml", "org/x", wandb_project="proj")
+    code, out, _ = run(["doctor", str(cfg), "--no-network"], capsys)
+    assert SECRET not in out and "WANDB_API_KEY is set" in out
+    # (the env fixture's monkeypatch restores WANDB_API_KEY, which load_dotenv set)
+
+
+def test_wandb_netrc_and_not_logged_in(env, capsys, monkeypatch):
+    cfg = write_config(env / "retrain.toml", "org/x", wandb_project="proj")
+    code, out, _ = run(["doctor", str(cfg), "--json", "--no-network"], capsys)
+    assert checks_by_name(out)["wandb"]["status"] == "WARN"
+    (env / "home" / ".netrc").write_text(
+        f"machine api.wandb.ai\n  login user\n  password {SECRET}\n"
+    )
+    code, out, _ = run(["doctor", str(cfg), "--json", "--no-network"], capsys)
+    wandb_check = checks_by_name(out)["wandb"]
+    assert wandb_check["status"] == "OK" and ".netrc" in wandb_check["detail"]
+    assert SECRET not in out
+
+
+def test_needed_extra_missing_fails(env, capsys, monkeypatch):
+    real = doctor._version
+    monkeypatch.setattr(doctor, "_version", lambda d: None if d == "wandb" else real(d))
+    cfg = write_config(env / "retrain.toml", "org/x", wandb_project="proj")
+    code, out, _ = run(["doctor", str(cfg), "--json", "--no-network"], capsys)
+    checks = checks_by_name(out)
+    assert checks["extra [wandb]"]["status"] == "FAIL"
+    assert checks["extra [wandb]"]["fix"] == "pip install 'retrain[wandb]'"
+    assert code == 1
+
+
+def test_extras_from_metadata_cover_the_pyproject():
+    extras = doctor.extras()
+    assert {"local", "plots", "wandb"} <= set(extras)
+    assert "torch" in extras["local"] and "scipy" in extras["plots"]
+    assert "dev" not in extras
+
+
+def test_torch_check_reports_cuda_state(env):
+    pytest.importorskip("torch")
+    checks = doctor.check_torch(None)
+    assert checks[0].name == "torch" and checks[0].status == "OK"
+    assert checks[1].name == "cuda"
+
+
+def test_gpu_lines_with_a_faked_cuda(env, monkeypatch):
+    """The CUDA branch, on a machine without a GPU: torch.cuda answers are faked."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from retrain.config import config_from_dict
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda i: SimpleNamespace(name=f"Fake GPU {i}", total_memory=(80 if i == 0 else 8) * 2**30),
+    )
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (40 * 2**30, 80 * 2**30))
+    config = config_from_dict({"backend": {"devices": "gpu:0,gpu:3"}})
+    checks = {c.name: c for c in doctor.check_torch(config)}
+    assert checks["cuda"].status == "OK" and "2 device(s)" in checks["cuda"].detail
+    assert checks["gpu:0"].status == "OK" and "80.0 GiB (40.0 GiB free)" in checks["gpu:0"].detail
+    assert checks["gpu:1"].status == "WARN" and checks["gpu:1"].fix
+    assert checks["devices"].status == "FAIL" and "gpu:3" in checks["devices"].detail

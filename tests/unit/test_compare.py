@@ -1,0 +1,339 @@
+"""`retrain compare` and the statistics in retrain.compare, on synthetic campaigns."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from retrain import compare as cmp
+from retrain.cli.main import main
+
+STEPS = 40
+SEEDS = [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def run(args, capsys):
+    code = main(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def write_run(
+    run_dir: Path,
+    condition: str,
+    seed: int,
+    rates,
+    *,
+    batch=4,
+    group=8,
+    resolved=True,
+    generations=False,
+    sizes=True,
+):
+    run_dir.mkdir(parents=True)
+    n = batch * group
+    with open(run_dir / "metrics.jsonl", "w") as fh:
+        for step, rate in enumerate(rates):
+            correct = int(round(rate * n))
+            row = {
+                "step": step,
+                "condition": condition,
+                "correct_rate": correct / n,
+                "mean_reward": correct / n,
+            }
+            if sizes:
+                row.update(batch_size=batch, group_size=group)
+            fh.write(json.dumps(row) + "\n")
+    if resolved:
+        (run_dir / "config.resolved.toml").write_text(f"[training]\nseed = {seed}\n")
+    if generations:
+        (run_dir / "emergence").mkdir()
+        with open(run_dir / "emergence" / "generations.jsonl", "w") as fh:
+            for step, rate in enumerate(rates):
+                correct = int(round(rate * n))
+                for i in range(n):
+                    fh.write(json.dumps({"step": step, "index": i, "correct": i < correct}) + "\n")
+
+
+def curve(rng, start, end, noise=0.03, steps=STEPS):
+    base = np.linspace(start, end, steps)
+    return np.clip(base + rng.normal(0, noise, size=steps), 0, 1)
+
+
+def make_campaign(root: Path, conditions: dict, seeds=SEEDS, steps=STEPS, rng_seed=0) -> Path:
+    """conditions: name -> (start, end) of a linear learning curve, plus noise."""
+    rng = np.random.default_rng(rng_seed)
+    camp = root / "campaign_20250101_120000"
+    entries = []
+    for cond, (start, end) in conditions.items():
+        for seed in seeds:
+            d = camp / "runs" / f"{cond}_s{seed}"
+            write_run(d, cond, seed, curve(rng, start, end, steps=steps))
+            entries.append(
+                {
+                    "condition": cond,
+                    "seed": seed,
+                    "log_dir": str(d.relative_to(camp)),
+                    "status": "finished",
+                }
+            )
+    camp.mkdir(exist_ok=True)
+    (camp / "manifest.json").write_text(json.dumps({"runs": entries}))
+    return camp
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def test_bootstrap_ci_basic_properties():
+    x = np.arange(10.0)
+    iv = cmp.bootstrap_ci(x, n_resamples=4000, seed=1)
+    assert iv.estimate == pytest.approx(4.5)
+    assert iv.low < 4.5 < iv.high
+    assert iv.low > 2.0 and iv.high < 7.0
+    # more seeds with the same spread: a narrower interval
+    more = cmp.bootstrap_ci(np.tile(x, 4), n_resamples=4000, seed=1)
+    assert (more.high - more.low) < 0.7 * (iv.high - iv.low)
+    assert cmp.bootstrap_ci([3.0]) == cmp.Interval(3.0, 3.0, 3.0)
+    assert math.isnan(cmp.bootstrap_ci([]).estimate)
+    # deterministic given the seed and label
+    assert cmp.bootstrap_ci(x, seed=5, label="a") == cmp.bootstrap_ci(x, seed=5, label="a")
+
+
+def test_bootstrap_diff_ci():
+    rng = np.random.default_rng(0)
+    a = rng.normal(1.0, 0.1, size=8)
+    b = rng.normal(0.0, 0.1, size=8)
+    iv = cmp.bootstrap_diff_ci(a, b, n_resamples=4000)
+    assert iv.estimate == pytest.approx(a.mean() - b.mean())
+    assert iv.low > 0.8 and iv.high < 1.2
+    same = cmp.bootstrap_diff_ci(a, a, n_resamples=4000)
+    assert same.contains(0.0) and same.estimate == 0.0
+
+
+def test_permutation_exact_and_monte_carlo():
+    # 3 vs 3 fully separated: only the observed labelling and its mirror are as extreme
+    assert cmp.permutation_test([4, 5, 6], [1, 2, 3]) == pytest.approx(2 / 20)
+    assert cmp.permutation_test([1, 2, 3], [1, 2, 3]) == pytest.approx(1.0)
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(0.5, 1, 12), rng.normal(0, 1, 12)  # C(24, 12) > limit: Monte Carlo
+    assert math.comb(24, 12) > cmp.EXACT_PERMUTATION_LIMIT
+    p_mc = cmp.permutation_test(a, b, n_permutations=20000, seed=1)
+    assert 0 < p_mc <= 1
+    # compare with scipy's own permutation test
+    stats = pytest.importorskip("scipy.stats")
+    ref = stats.permutation_test(
+        (a, b), lambda x, y: np.mean(x) - np.mean(y), n_resamples=20000, random_state=0
+    ).pvalue
+    assert p_mc == pytest.approx(ref, abs=0.02)
+
+
+def test_fisher_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    odds, p = cmp.fisher_exact_test(30, 100, 15, 100)
+    ref_odds, ref_p = stats.fisher_exact([[30, 70], [15, 85]])
+    assert odds == pytest.approx(ref_odds) and p == pytest.approx(ref_p)
+
+
+def test_fisher_without_scipy_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "scipy.stats", None)
+    with pytest.raises(cmp.RetrainError, match=r"retrain\[plots\]"):
+        cmp.fisher_exact_test(1, 2, 1, 2)
+
+
+def test_holm_and_moving_average():
+    assert cmp.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    adj = cmp.holm([0.5, math.nan])
+    assert adj[0] == pytest.approx(0.5) and math.isnan(adj[1])
+    assert cmp.moving_average(np.array([1.0, 3.0, 5.0, 7.0]), 2).tolist() == [1.0, 2.0, 4.0, 6.0]
+
+
+# ---------------------------------------------------------------- comparisons
+
+
+@pytest.fixture
+def campaign(tmp_path):
+    return make_campaign(
+        tmp_path / "logs",
+        {
+            "grpo+none": (0.30, 0.32),
+            "maxrl+none": (0.30, 0.32),
+            "maxrl+gtpo_sepa": (0.30, 0.60),
+        },
+    )
+
+
+def test_known_difference_is_detected(campaign):
+    warnings: list[str] = []
+    runs, order = cmp.collect_runs([campaign], warnings)
+    assert len(runs) == 24 and order == ["grpo+none", "maxrl+none", "maxrl+gtpo_sepa"]
+    comp = cmp.compare_runs(runs, "correct_rate", order=order, n_resamples=4000)
+    assert comp.baseline == "grpo+none" and comp.horizon == STEPS
+    by = {p.condition: p for p in comp.pairwise}
+    sepa = by["maxrl+gtpo_sepa"]
+    assert sepa.final_diff.low > 0.2  # true difference ~0.28 at the end
+    assert sepa.auc_diff.low > 0  # CI excludes 0
+    assert sepa.final_p < 0.001 and sepa.auc_p < 0.001
+    assert sepa.fisher_p is not None and sepa.fisher_p < 1e-6
+    same = by["maxrl+none"]
+    assert same.final_diff.contains(0.0) and same.auc_diff.contains(0.0)
+    assert same.final_p > 0.05
+    summary = {c.condition: c for c in comp.conditions}
+    assert summary["maxrl+gtpo_sepa"].n == 8
+    assert summary["maxrl+gtpo_sepa"].final.contains(summary["maxrl+gtpo_sepa"].final.estimate)
+
+
+def test_identical_conditions_include_zero(tmp_path):
+    rng = np.random.default_rng(11)
+    camp = tmp_path / "campaign_x"
+    entries = []
+    for seed in range(4):
+        rates = curve(rng, 0.2, 0.4)
+        for cond in ("a+none", "b+none"):
+            d = camp / "runs" / f"{cond}_s{seed}"
+            write_run(d, cond, seed, rates)  # exactly the same data
+            entries.append({"condition": cond, "seed": seed, "log_dir": str(d)})
+    (camp / "manifest.json").write_text(json.dumps({"runs": entries}))
+    runs, order = cmp.collect_runs([camp], [])
+    comp = cmp.compare_runs(runs, "correct_rate", order=order, n_resamples=2000)
+    p = comp.pairwise[0]
+    assert p.final_diff.estimate == 0 and p.final_diff.contains(0.0) and p.auc_diff.contains(0.0)
+    assert p.final_p == pytest.approx(1.0) and p.fisher_p == pytest.approx(1.0)
+
+
+def test_pooled_counts_from_metrics_and_generations(tmp_path):
+    write_run(tmp_path / "a", "x+none", 1, [0.25, 0.5], batch=2, group=4)
+    write_run(
+        tmp_path / "b", "x+none", 2, [0.25, 0.5], batch=2, group=4, sizes=False, generations=True
+    )
+    a = cmp.load_run(tmp_path / "a")
+    b = cmp.load_run(tmp_path / "b")
+    assert a.correct_counts() == (6, 16)
+    assert b.correct_counts() == (6, 16)  # batch/group missing: from generations.jsonl
+    assert a.correct_counts(horizon=1) == (2, 8)
+
+
+def test_run_dirs_seed_and_condition_sources(tmp_path):
+    write_run(tmp_path / "r1", "grpo+none", 7, [0.1, 0.2])
+    write_run(tmp_path / "maxrl+gtpo_s9", "maxrl+gtpo", 0, [0.1, 0.2], resolved=False)
+    r1 = cmp.load_run(tmp_path / "r1")
+    r2 = cmp.load_run(tmp_path / "maxrl+gtpo_s9")
+    assert (r1.condition, r1.seed) == ("grpo+none", 7)
+    assert (r2.condition, r2.seed) == ("maxrl+gtpo", 9)
+
+
+def test_duplicate_steps_keep_the_last_row(tmp_path):
+    d = tmp_path / "r"
+    d.mkdir()
+    rows = [
+        {"step": 0, "correct_rate": 0.1},
+        {"step": 1, "correct_rate": 0.2},
+        {"step": 1, "correct_rate": 0.9},
+    ]
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n{truncated")
+    run_data = cmp.load_run(d)
+    assert run_data.series("correct_rate")[1].tolist() == [0.1, 0.9]
+
+
+def test_different_lengths_use_the_common_horizon(tmp_path):
+    rng = np.random.default_rng(2)
+    for seed in (1, 2):
+        write_run(tmp_path / f"a+none_s{seed}", "a+none", seed, curve(rng, 0.1, 0.2))
+        write_run(
+            tmp_path / f"b+none_s{seed}",
+            "b+none",
+            seed,
+            curve(rng, 0.1, 0.2, steps=25 if seed == 2 else STEPS),
+        )
+    runs, order = cmp.collect_runs([tmp_path], [])
+    comp = cmp.compare_runs(runs, order=order, n_resamples=500)
+    assert comp.horizon == 25
+    assert any("differ in length" in w and "b+none_s2" in w for w in comp.warnings)
+    comp = cmp.compare_runs(runs, order=order, n_resamples=500, horizon=30)
+    assert comp.horizon == 30 and {c.condition: c.n for c in comp.conditions} == {
+        "a+none": 2,
+        "b+none": 1,
+    }
+    assert any("b+none_s2" in w and "skipped" in w for w in comp.warnings)
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_cli_writes_tables_json_and_plots(campaign, tmp_path, capsys):
+    out_dir = tmp_path / "report"
+    code, out, _ = run(
+        ["compare", str(campaign), "--out", str(out_dir), "--resamples", "2000"], capsys
+    )
+    assert code == 0
+    assert "grpo+none (baseline)" in out and "maxrl+gtpo_sepa" in out and "p perm" in out
+    md = (out_dir / "compare.md").read_text()
+    assert "| maxrl+gtpo_sepa |" in md and "curves_correct_rate.png" in md
+    data = json.loads((out_dir / "compare.json").read_text())
+    comp = data["comparisons"][0]
+    assert comp["metric"] == "correct_rate" and comp["baseline"] == "grpo+none"
+    sepa = next(p for p in comp["pairwise"] if p["condition"] == "maxrl+gtpo_sepa")
+    assert sepa["final_diff"]["low"] > 0 and sepa["final_p"] < 0.01
+    assert len(comp["curves"]["grpo+none"]["mean"]) == STEPS
+    for name in ("curves_correct_rate.png", "final_correct_rate.png"):
+        png = out_dir / name
+        assert png.stat().st_size > 5000
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_json_several_metrics_and_baseline(campaign, capsys):
+    code, out, _ = run(
+        [
+            "compare",
+            str(campaign.parent),  # a folder holding the campaign
+            "--metric",
+            "correct_rate,mean_reward",
+            "--baseline",
+            "maxrl+none",
+            "--json",
+            "--resamples",
+            "500",
+        ],
+        capsys,
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert [c["metric"] for c in data["comparisons"]] == ["correct_rate", "mean_reward"]
+    assert all(c["baseline"] == "maxrl+none" for c in data["comparisons"])
+    assert "curves" not in data["comparisons"][0]
+
+
+def test_cli_errors(campaign, tmp_path, capsys):
+    code, _, err = run(["compare", str(campaign), "--baseline", "grpo+nonee"], capsys)
+    assert code == 2 and "did you mean 'grpo+none'" in err
+    code, _, err = run(["compare", str(campaign), "--metric", "nope"], capsys)
+    assert code == 2 and "nope" in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = run(["compare", str(empty)], capsys)
+    assert code == 2 and "no runs to compare" in err
+    code, _, err = run(["compare", str(tmp_path / "missing")], capsys)
+    assert code == 2
+
+
+def test_cli_without_scipy_still_reports(campaign, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "scipy.stats", None)
+    code, out, _ = run(["compare", str(campaign), "--resamples", "500"], capsys)
+    assert code == 0 and "Fisher test skipped" in out and "retrain[plots]" in out
+
+
+def test_campaign_run_without_metrics_is_skipped(campaign, capsys):
+    manifest = json.loads((campaign / "manifest.json").read_text())
+    manifest["runs"].append(
+        {"condition": "grpo+none", "seed": 99, "log_dir": "runs/grpo+none_s99", "status": "pending"}
+    )
+    (campaign / "manifest.json").write_text(json.dumps(manifest))
+    warnings: list[str] = []
+    runs, _ = cmp.collect_runs([campaign], warnings)
+    assert len(runs) == 24
+    assert any("grpo+none_s99" in w and "pending" in w for w in warnings)
