@@ -36,11 +36,17 @@ COLUMNS = [  # (metrics key, title, format); every column is 9 characters wide
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=None, help="TOML to run (default: the quickstart template)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--config", default=None, help="TOML to run (default: the quickstart template)"
+    )
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--json", default="benchmarks/results/step.json")
-    parser.add_argument("flags", nargs="*", help="extra config flags, e.g. --batch-size 2 (after --)")
+    parser.add_argument(
+        "flags", nargs="*", help="extra config flags, e.g. --batch-size 2 (after --)"
+    )
     args = parser.parse_args(argv)
 
     from retrain.cli.init import templates
@@ -53,7 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     config_path = Path(args.config) if args.config else work / "quickstart.toml"
     if not args.config:
         config_path.write_text(templates()["quickstart"])
-    flags = [*args.flags, "--max-steps", str(args.steps), "--save-every", "0", "--log-dir", str(work / "logs"), "--adapter-path", str(work / "adapter")]
+    flags = [
+        *args.flags,
+        "--max-steps",
+        str(args.steps),
+        "--save-every",
+        "0",
+        "--log-dir",
+        str(work / "logs"),
+        "--adapter-path",
+        str(work / "adapter"),
+    ]
     config = load_config(config_path, flags)
 
     started = time.time()
@@ -69,7 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     steady = rows[1:] or rows
     summary = {
         key: statistics.median(r[key] for r in steady)
-        for key in ("time_sampling_s", "time_scoring_s", "time_advantages_s", "time_training_s", "step_time_s", "tokens_per_s")
+        for key in (
+            "time_sampling_s",
+            "time_scoring_s",
+            "time_advantages_s",
+            "time_training_s",
+            "step_time_s",
+            "tokens_per_s",
+        )
     }
     print(
         f"\nmedian over steps 1..{len(rows) - 1}: sample {summary['time_sampling_s']:.2f}s, score {summary['time_scoring_s']:.3f}s, "
@@ -86,7 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         "median": summary,
         "peak_rss_mb": peak_rss_mb,
         "wall_s": wall,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
         "exit_code": code,
     }
     out = Path(args.json)

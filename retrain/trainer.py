@@ -252,7 +252,9 @@ class Trainer:
         self.backend = backend_cls(cfg, self.tokenizer, say=self.say)
         # With back pressure on, the controller picks every batch size (its warmup
         # explores from the bottom of the ladder), [training] batch_size only seeds it.
-        self.batch_size = self.backpressure.batch_size if self.backpressure is not None else t.batch_size
+        self.batch_size = (
+            self.backpressure.batch_size if self.backpressure is not None else t.batch_size
+        )
         self.group_size = t.group_size
         self.start_step = 0
         self.counters: dict[str, float] = {

@@ -108,7 +108,9 @@ def build_report(config: Config, path: str) -> dict[str, Any]:
             "uncertainty_kind = shannon_entropy needs per-token entropies, which only the local backend with the pytorch engine returns: training will stop at preflight"
         )
     if info.name == "local" and config.inference.engine != "pytorch":
-        errors.append(f"[inference] engine = {config.inference.engine!r} is not available in this build of the local backend; use engine = \"pytorch\"")
+        errors.append(
+            f'[inference] engine = {config.inference.engine!r} is not available in this build of the local backend; use engine = "pytorch"'
+        )
     if t.seed == -1:
         warnings.append(
             "[training] seed = -1: the run is not reproducible; set a seed to compare conditions"

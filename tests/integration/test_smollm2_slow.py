@@ -23,7 +23,16 @@ def test_quickstart_steps_on_smollm2(tmp_path):
     cfg.write_text(templates()["quickstart"])
     config = load_config(
         cfg,
-        ["--max-steps", "3", "--save-every", "2", "--log-dir", str(tmp_path / "logs"), "--adapter-path", str(tmp_path / "adapter")],
+        [
+            "--max-steps",
+            "3",
+            "--save-every",
+            "2",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--adapter-path",
+            str(tmp_path / "adapter"),
+        ],
     )
     assert train(config, str(cfg), console=Console(live=False)) == 0
     rows, bad = read_jsonl(tmp_path / "logs" / "metrics.jsonl")
@@ -50,6 +59,8 @@ def test_quickstart_steps_on_smollm2(tmp_path):
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.no_grad():
         base = AutoModelForCausalLM.from_pretrained(path)(ids).logits
-        tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path), final)(ids).logits
+        tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path), final)(
+            ids
+        ).logits
     assert not torch.allclose(base, tuned, atol=1e-5)
     assert Path(final / "adapter_config.json").exists()
