@@ -32,14 +32,22 @@ def suggest(name: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def add_search_paths(search_paths: Iterable[str]) -> None:
+    """Put `[plugins] search_paths` on sys.path, as absolute paths so a later chdir
+    cannot repoint them, and drop import caches so plugin files written since start-up
+    are found."""
+    for p in search_paths:
+        if not p:
+            continue
+        p = os.path.abspath(p)
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    importlib.invalidate_caches()
+
+
 def import_object(path: str, search_paths: Iterable[str] = ()) -> Any:
     """Import `pkg.mod.attr` / `pkg.mod:attr`, adding search_paths to sys.path first."""
-    for p in search_paths:
-        # Absolute, so a later chdir cannot make the entry point somewhere else.
-        p = os.path.abspath(p) if p else p
-        if p and p not in sys.path:
-            sys.path.insert(0, p)
-            importlib.invalidate_caches()  # plugin files written after start-up are found
+    add_search_paths(search_paths)
     if ":" in path:
         mod_name, attr = path.split(":", 1)
     else:

@@ -84,10 +84,7 @@ class Trainer:
         self.say: Callable[[str], None] = self.console.print
         self.log_dir = Path(config.logging.log_dir)
         self.search_paths = tuple(config.plugins.search_paths)
-        for p in self.search_paths:
-            p = os.path.abspath(p)
-            if p not in sys.path:
-                sys.path.insert(0, p)
+        registry.add_search_paths(self.search_paths)
 
     # ------------------------------------------------------------ setup
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain.errors import RewardError
+from retrain.registry import add_search_paths
 from retrain.rewards.base import BatchScore, LoopThread, Reward
 from retrain.rewards.boxed import extract_boxed
 from retrain.types import Example
@@ -77,9 +78,7 @@ def load_custom_function(
         mod = _load_file(found.resolve())
         where = str(found)
     else:
-        for p in search_paths:
-            if p and p not in sys.path:
-                sys.path.insert(0, p)
+        add_search_paths(search_paths)
         try:
             mod = importlib.import_module(module)
         except ImportError as exc:
