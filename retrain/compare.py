@@ -93,6 +93,11 @@ class Interval:
 NAN_INTERVAL = Interval(math.nan, math.nan, math.nan)
 
 
+def _resampled_means(x: np.ndarray, rng: np.random.Generator, n_resamples: int) -> np.ndarray:
+    """Means of `n_resamples` bootstrap resamples (with replacement) of `x`."""
+    return x[rng.integers(0, x.size, size=(n_resamples, x.size))].mean(axis=1)
+
+
 def bootstrap_ci(
     values: Iterable[float],
     *,
@@ -108,8 +113,7 @@ def bootstrap_ci(
     mean = float(x.mean())
     if x.size == 1 or np.ptp(x) == 0:
         return Interval(mean, mean, mean)
-    rng = _rng(seed, "ci:" + label)
-    means = x[rng.integers(0, x.size, size=(n_resamples, x.size))].mean(axis=1)
+    means = _resampled_means(x, _rng(seed, "ci:" + label), n_resamples)
     alpha = (1.0 - confidence) / 2
     low, high = np.quantile(means, [alpha, 1.0 - alpha])
     return Interval(mean, float(min(low, mean)), float(max(high, mean)))
@@ -132,8 +136,8 @@ def bootstrap_diff_ci(
         return NAN_INTERVAL
     diff = float(a.mean() - b.mean())
     rng = _rng(seed, "diff:" + label)
-    ma = a[rng.integers(0, a.size, size=(n_resamples, a.size))].mean(axis=1)
-    mb = b[rng.integers(0, b.size, size=(n_resamples, b.size))].mean(axis=1)
+    ma = _resampled_means(a, rng, n_resamples)
+    mb = _resampled_means(b, rng, n_resamples)
     alpha = (1.0 - confidence) / 2
     low, high = np.quantile(ma - mb, [alpha, 1.0 - alpha])
     return Interval(diff, float(min(low, diff)), float(max(high, diff)))
