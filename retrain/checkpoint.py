@@ -91,6 +91,12 @@ def load_state(resume_dir: str | Path) -> TrainerState:
         raise CheckpointError(f"{path} is missing fields: {exc}") from exc
 
 
+def adapter_location(info: dict[str, Any]) -> str:
+    """Where a checkpoint's adapter can be read (what `retrain squeeze` accepts): a local
+    PEFT directory, or for remote backends a `tinker://` sampler-weights path."""
+    return str(info.get("adapter") or info.get("sampler_path") or info.get("path") or "")
+
+
 def check_compatible(state: TrainerState, model: str, lora_rank: int, source: Path | str) -> None:
     """Refuse to resume into a different model or LoRA shape, naming the difference."""
     diffs = []

@@ -18,6 +18,7 @@ from retrain import registry
 from retrain.backends.base import SamplingParams, TrainHyper, backend_info
 from retrain.checkpoint import (
     TrainerState,
+    adapter_location,
     capture_rng,
     check_compatible,
     load_state,
@@ -590,7 +591,8 @@ class Trainer:
         )
         save_state(self.log_dir, state)
         self.last_saved_step = step
-        where = info.get("adapter") or info.get("path") or ""
+        self.last_adapter = adapter_location(info)
+        where = self.last_adapter
         self.say(
             f"Saved {'final adapter' if final else 'checkpoint'} at step {step}"
             + (f" -> {where}" if where else "")
@@ -668,7 +670,7 @@ class Trainer:
             if first and last
             else ""
         )
-        return f"Done: {self.config.training.max_steps} steps, {trend}logs in {self.log_dir}, adapter in {Path(self.config.backend.adapter_path) / 'final'}"
+        return f"Done: {self.config.training.max_steps} steps, {trend}logs in {self.log_dir}, adapter in {self.last_adapter}"
 
     def _close(self, status: str) -> None:
         for name in ("metrics", "steps_log", "generations"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from retrain import registry
@@ -137,7 +138,12 @@ DEPENDENCY_HINTS = {
 # Sections each built-in backend ignores (explain and startup say so).
 IGNORED_SECTIONS = {
     "local": (),
-    "tinker": ("[inference]", "[backend] devices", "[backend] adapter_path"),
+    "tinker": (
+        "[inference]",
+        "[backend] devices",
+        "[backend] adapter_path",
+        "[lora] alpha/dropout/target_modules",
+    ),
     "prime_rl": ("[inference] engine",),
 }
 
@@ -306,8 +312,11 @@ class Backend(Protocol):
     def train_step(self, datums: list[Datum], hyper: TrainHyper) -> TrainResult:
         """One optimizer step on the datums."""
 
-    def save_checkpoint(self, name: str) -> dict[str, Any]:
-        """Save weights (+ optimizer) under `name`; returns what resume needs."""
+    def save_checkpoint(self, directory: Path) -> dict[str, Any]:
+        """Save weights (+ optimizer) as `directory` (`adapter_path/checkpoint_step_N` or
+        `adapter_path/final`; a remote backend uses its last part as the checkpoint name).
+        Returns what load_checkpoint needs; "adapter" (local dir) or "sampler_path"
+        (remote) says where the adapter can be read."""
 
     def load_checkpoint(self, info: dict[str, Any]) -> None:
         """Restore what save_checkpoint returned."""

@@ -70,6 +70,20 @@ PENDING, RUNNING, FINISHED, FAILED, INTERRUPTED = (
 )
 
 
+def final_adapter(run: RunSpec) -> str:
+    """The finished run's adapter: what its trainer_state.json points at (a tinker://
+    path for remote backends), else the local `adapter_path/final`."""
+    from retrain.checkpoint import adapter_location, load_state
+    from retrain.errors import CheckpointError
+
+    try:
+        return adapter_location(load_state(run.log_dir).checkpoint) or str(
+            Path(run.adapter_path) / "final"
+        )
+    except CheckpointError:
+        return str(Path(run.adapter_path) / "final")
+
+
 class CampaignError(RetrainError):
     """A campaign cannot start or resume (no manifest, unreadable manifest, ...)."""
 
@@ -523,7 +537,7 @@ class Campaign:
     def _squeeze(self, run: RunSpec) -> None:
         sq = self.config.squeeze
         assert sq is not None
-        adapter = Path(run.adapter_path) / "final"
+        adapter = final_adapter(run)
         self.out(f"Auto-squeeze: analysing the final adapter of {run.name} ({adapter})")
         try:
             from retrain.squeeze import squeeze_from_options

@@ -165,7 +165,11 @@ def build_report(config: Config, path: str) -> dict[str, Any]:
             "every": t.save_every,
             "periodic": len(ckpts),
             "final": True,
-            "adapter_path": config.backend.adapter_path,
+            "adapter_path": (
+                "on the backend's service"
+                if "[backend] adapter_path" in ignored
+                else config.backend.adapter_path
+            ),
         },
         sepa=sepa_summary(config),
         backpressure=(

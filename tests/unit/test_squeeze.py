@@ -237,8 +237,17 @@ def test_format_table_marks_the_recommended_row(adapter64):
     assert summary["recommended_rank"] == 2 and len(summary["ranks"]) == 4
 
 
-def test_bad_inputs_raise_clear_errors(tmp_path, adapter64):
-    with pytest.raises(RetrainError, match="fetch it with the tinker backend"):
+def test_bad_inputs_raise_clear_errors(tmp_path, adapter64, monkeypatch):
+    import retrain.backends.tinker as tinker_backend
+    from retrain.errors import BackendError
+
+    def unreachable(*args, **kwargs):  # never touch the network from a unit test
+        raise BackendError("cannot connect to Tinker: no service here")
+
+    monkeypatch.setattr(tinker_backend, "fetch_adapter", unreachable)
+    with pytest.raises(
+        RetrainError, match="cannot fetch the adapter tinker://run-123/weights/final"
+    ):
         analyze_adapter("tinker://run-123/weights/final")
     with pytest.raises(SqueezeError, match="not found"):
         analyze_adapter(tmp_path / "missing")
