@@ -663,7 +663,8 @@ class Trainer:
             rows, _ = read_jsonl(self.log_dir / "metrics.jsonl")
         except RetrainError:
             pass
-        first = [r["correct_rate"] for r in rows[:5]]
+        # A trend needs two disjoint windows: first five vs last five steps of this run.
+        first = [r["correct_rate"] for r in rows[:5]] if len(rows) >= 10 else []
         last = [r["correct_rate"] for r in rows[-5:]]
         trend = (
             f"correct rate {statistics.mean(first):.1%} (first steps) -> {statistics.mean(last):.1%} (last steps); "
