@@ -67,6 +67,12 @@ def check_option(name: str, spec: BackendOptionSpec, value: Any) -> str | None:
     return None
 
 
+def backend_options(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """A built-in backend's `[backend.options]`: its schema's defaults, overridden by the
+    (already validated) values the config gives."""
+    return {**{key: spec.default for key, spec in BUILTIN_OPTIONS[name].items()}, **given}
+
+
 def _positive(value: Any) -> str | None:
     return None if value > 0 else f"must be > 0, got {value!r}"
 

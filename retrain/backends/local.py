@@ -27,12 +27,12 @@ import torch
 
 from retrain.backends.base import (
     BUILTIN_CAPABILITIES,
-    BUILTIN_OPTIONS,
     Datum,
     Sample,
     SamplingParams,
     TrainHyper,
     TrainResult,
+    backend_options,
 )
 from retrain.errors import BackendError, CheckpointError, TrainingError
 from retrain.models import resolve_model
@@ -63,12 +63,6 @@ def parse_devices(spec: str, warn: Callable[[str], None]) -> list[torch.device]:
     return devices
 
 
-def backend_options(config) -> dict[str, Any]:
-    opts = {name: spec.default for name, spec in BUILTIN_OPTIONS["local"].items()}
-    opts.update(config.backend.options)
-    return opts
-
-
 class LocalBackend:
     capabilities = BUILTIN_CAPABILITIES["local"]
 
@@ -77,7 +71,7 @@ class LocalBackend:
         from transformers import AutoModelForCausalLM
 
         self.config = config
-        self.options = backend_options(config)
+        self.options = backend_options("local", config.backend.options)
         if self.options["threads"]:
             torch.set_num_threads(self.options["threads"])
         devices = parse_devices(config.backend.devices, say)

@@ -45,12 +45,12 @@ from typing import Any
 
 from retrain.backends.base import (
     BUILTIN_CAPABILITIES,
-    BUILTIN_OPTIONS,
     Datum,
     Sample,
     SamplingParams,
     TrainHyper,
     TrainResult,
+    backend_options,
 )
 from retrain.errors import BackendError, CheckpointError
 
@@ -91,12 +91,6 @@ def sdk_version(module: Any = None) -> str:
         except ImportError:
             return "not installed"
     return str(getattr(module, "__version__", "unknown"))
-
-
-def backend_options(config) -> dict[str, Any]:
-    opts = {name: spec.default for name, spec in BUILTIN_OPTIONS["tinker"].items()}
-    opts.update(config.backend.options)
-    return opts
 
 
 def redact(text: str) -> str:
@@ -472,7 +466,7 @@ class TinkerBackend:
         self.tokenizer = tokenizer
         self.say = say
         self._sleep = sleep
-        self.options = backend_options(config)
+        self.options = backend_options("tinker", config.backend.options)
         self.timeout_s = float(self.options["timeout_s"])
         self.base_url = config.model.base_url.strip()
         self.model = config.model.model
