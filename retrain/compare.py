@@ -98,6 +98,14 @@ def _resampled_means(x: np.ndarray, rng: np.random.Generator, n_resamples: int) 
     return x[rng.integers(0, x.size, size=(n_resamples, x.size))].mean(axis=1)
 
 
+def _percentile_interval(point: float, samples: np.ndarray, confidence: float) -> Interval:
+    """The central `confidence` percentile interval of bootstrap `samples`, widened to
+    contain the point estimate."""
+    alpha = (1.0 - confidence) / 2
+    low, high = np.quantile(samples, [alpha, 1.0 - alpha])
+    return Interval(point, float(min(low, point)), float(max(high, point)))
+
+
 def bootstrap_ci(
     values: Iterable[float],
     *,
@@ -114,9 +122,7 @@ def bootstrap_ci(
     if x.size == 1 or np.ptp(x) == 0:
         return Interval(mean, mean, mean)
     means = _resampled_means(x, _rng(seed, "ci:" + label), n_resamples)
-    alpha = (1.0 - confidence) / 2
-    low, high = np.quantile(means, [alpha, 1.0 - alpha])
-    return Interval(mean, float(min(low, mean)), float(max(high, mean)))
+    return _percentile_interval(mean, means, confidence)
 
 
 def bootstrap_diff_ci(
@@ -138,9 +144,7 @@ def bootstrap_diff_ci(
     rng = _rng(seed, "diff:" + label)
     ma = _resampled_means(a, rng, n_resamples)
     mb = _resampled_means(b, rng, n_resamples)
-    alpha = (1.0 - confidence) / 2
-    low, high = np.quantile(ma - mb, [alpha, 1.0 - alpha])
-    return Interval(diff, float(min(low, diff)), float(max(high, diff)))
+    return _percentile_interval(diff, ma - mb, confidence)
 
 
 def permutation_test(

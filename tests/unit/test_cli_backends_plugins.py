@@ -26,15 +26,10 @@ def unique(prefix: str) -> str:
 
 
 @pytest.fixture
-def project(tmp_path, monkeypatch):
-    """A project directory as cwd, with an empty plugins/ folder; sys.path restored after."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    # a relative search path ("plugins") caches its finder per process: start afresh here
-    monkeypatch.setattr(sys, "path_importer_cache", dict(sys.path_importer_cache))
-    sys.path_importer_cache.pop("plugins", None)
-    (tmp_path / "plugins").mkdir()
-    return tmp_path
+def project(project):
+    """The shared project directory (tests/unit/conftest.py), with an empty plugins/ folder."""
+    (project / "plugins").mkdir()
+    return project
 
 
 HOOKED_BACKEND = '''

@@ -26,16 +26,6 @@ def unique(kind: str) -> str:
     return f"my_{kind}_{uuid.uuid4().hex[:6]}"
 
 
-@pytest.fixture
-def project(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    # a relative search path ("plugins") caches its finder per process: start afresh here
-    monkeypatch.setattr(sys, "path_importer_cache", dict(sys.path_importer_cache))
-    sys.path_importer_cache.pop("plugins", None)
-    return tmp_path
-
-
 def _group():
     rng = np.random.default_rng(1)
     return {
