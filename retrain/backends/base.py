@@ -327,7 +327,4 @@ class Backend(Protocol):
     def load_checkpoint(self, info: dict[str, Any]) -> None:
         """Restore what save_checkpoint returned."""
 
-    def state_dict(self) -> dict[str, Any]:
-        """Extra backend state for trainer_state.json (RNG etc.)."""
-
     def close(self) -> None: ...

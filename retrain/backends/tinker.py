@@ -734,9 +734,6 @@ class TinkerBackend:
             + ("" if with_optimizer else " (weights only: this SDK does not restore Adam moments)")
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
     # ------------------------------------------------------------ shutdown
 
     def close(self) -> None:
