@@ -12,11 +12,12 @@ import importlib
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from retrain.errors import PluginError
+from retrain.types import BackendCapabilities, OptionSpec
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*([.:][A-Za-z_][\w]*)$")
 
@@ -69,177 +70,358 @@ def import_object(path: str, search_paths: Iterable[str] = ()) -> Any:
     return obj
 
 
+@dataclass(frozen=True)
+class Entry:
+    """The one definition record of a registry entry. Everything the config, the CLI and
+    the trainer need to know about a built-in name lives here; nothing is kept in side
+    tables or as attributes on the target.
+
+    `target` is "module:attr", imported only on resolve. An entry with `not_built` set is
+    listed (so its name gets a precise error) but cannot be used: config validation reports
+    it at load, before any model is loaded."""
+
+    name: str
+    target: str = ""
+    description: str = ""
+    aliases: tuple[str, ...] = ()
+    not_built: str = ""  # set when this name is not usable in this build: the fix to offer
+    requires: tuple[str, ...] = ()  # Python modules needed at run time (doctor, backends)
+    install: str = ""  # how to get `requires`
+    # backends and engines
+    capabilities: BackendCapabilities | None = None
+    options: Mapping[str, OptionSpec] = field(default_factory=dict)
+    ignores: tuple[str, ...] = ()  # config keys/sections this entry does not use
+    # advantage pipeline
+    alias_of: tuple[str, str] | None = None  # algorithm mode = (advantage_mode, transform_mode)
+    kernel: str = ""  # transform mode: name of its vectorised kernel in advantages.transforms
+    grouped: str = ""  # advantage mode: "module:attr" of its form over many groups at once
+    token_varying: bool = False  # transform mode: tokens of one completion can differ
+
+    @property
+    def available(self) -> bool:
+        return not self.not_built
+
+
 @dataclass
 class Registry:
-    """Built-in names for one pluggable kind, plus dotted-path plugins."""
+    """The built-in entries of one pluggable kind, plus dotted-path plugins."""
 
     kind: str
-    builtins: dict[str, str] = field(default_factory=dict)  # name -> "module:attr"
-    aliases: dict[str, str] = field(default_factory=dict)  # alias -> canonical name
-    descriptions: dict[str, str] = field(default_factory=dict)
+    entries: tuple[Entry, ...] = ()
     allow_plugins: bool = True
+    key: str = ""  # the config key that names this kind, for messages
 
-    def names(self) -> list[str]:
-        return list(self.builtins)
+    def __post_init__(self):
+        self._by_name = {e.name: e for e in self.entries}
+        self._aliases = {a: e.name for e in self.entries for a in e.aliases}
+
+    def names(self, *, available_only: bool = False) -> list[str]:
+        return [e.name for e in self.entries if e.available or not available_only]
 
     def canonical(self, name: str) -> str:
-        return self.aliases.get(name, name)
+        return self._aliases.get(name, name)
+
+    def entry(self, name: str) -> Entry | None:
+        """The built-in entry behind `name` (or an alias of it), else None."""
+        return self._by_name.get(self.canonical(name))
 
     def is_builtin(self, name: str) -> bool:
-        return self.canonical(name) in self.builtins
+        return self.entry(name) is not None
 
     def check(self, name: str) -> str | None:
-        """None when `name` is acceptable (built-in or, if allowed, a dotted path);
-        otherwise a message listing the valid names. Never imports anything."""
-        if self.is_builtin(name) or (self.allow_plugins and is_dotted_path(name)):
+        """None when `name` can be used (a built-in of this build or, if allowed, a dotted
+        path); otherwise what is wrong and the valid names. Never imports anything."""
+        entry = self.entry(name)
+        if entry is not None:
+            if entry.available:
+                return None
+            return f"{self.kind} {name!r} is not built in this version of retrain. Fix: {entry.not_built}"
+        if self.allow_plugins and is_dotted_path(name):
             return None
-        valid = ", ".join(self.names())
+        valid = ", ".join(self.names(available_only=True))
         extra = " or a dotted path pkg.module.attr" if self.allow_plugins else ""
-        return f"unknown {self.kind} {name!r}{suggest(name, [*self.builtins, *self.aliases])}; valid: {valid}{extra}"
+        return f"unknown {self.kind} {name!r}{suggest(name, [*self._by_name, *self._aliases])}; valid: {valid}{extra}"
 
     def resolve(self, name: str, search_paths: Iterable[str] = ()) -> Any:
         """The object behind `name`: a built-in, else an imported dotted path."""
         problem = self.check(name)
         if problem:
             raise PluginError(problem)
-        canon = self.canonical(name)
-        if canon in self.builtins:
-            return import_object(self.builtins[canon])
+        entry = self.entry(name)
+        if entry is not None:
+            return import_object(entry.target)
         return import_object(name, search_paths)
 
-    def register(self, name: str, target: str, description: str = "") -> None:
-        self.builtins[name] = target
-        if description:
-            self.descriptions[name] = description
+
+# Built-in entries of every pluggable kind live here, so config validation, `explain`,
+# `backends` and `plugins` can list and check them without importing heavy modules.
 
 
-# Built-in names of every pluggable kind live here, so config validation, `explain`,
-# and `retrain plugins` can list and check them without importing heavy modules.
+def _positive(value: Any) -> str | None:
+    return None if value > 0 else f"must be > 0, got {value!r}"
+
+
+_SERVER_ENGINE = 'sample in-process with engine = "pytorch" (server engines are planned)'
+
 ADVANTAGE_MODES = Registry(
     "advantage_mode",
-    {"grpo": "retrain.advantages.episode:grpo", "maxrl": "retrain.advantages.episode:maxrl"},
-    descriptions={
-        "grpo": "A_i = r_i - mean(r)",
-        "maxrl": "A_i = (r_i - mean(r)) / (mean(r) + eps): inverse success-rate reweighting",
-    },
+    (
+        Entry(
+            "grpo",
+            "retrain.advantages.episode:grpo",
+            "A_i = r_i - mean(r)",
+            grouped="retrain.advantages.episode:grpo_grouped",
+        ),
+        Entry(
+            "maxrl",
+            "retrain.advantages.episode:maxrl",
+            "A_i = (r_i - mean(r)) / (mean(r) + eps): inverse success-rate reweighting",
+            grouped="retrain.advantages.episode:maxrl_grouped",
+        ),
+    ),
+    key="[algorithm] advantage_mode",
 )
 TRANSFORM_MODES = Registry(
     "transform_mode",
-    {
-        "none": "retrain.advantages.transforms:transform_none",
-        "gtpo": "retrain.advantages.transforms:transform_gtpo",
-        "gtpo_hicra": "retrain.advantages.transforms:transform_gtpo_hicra",
-        "gtpo_sepa": "retrain.advantages.transforms:transform_gtpo_sepa",
-    },
-    descriptions={
-        "none": "every token gets its completion's episode advantage",
-        "gtpo": "entropy-weighted token credit (beta = [gtpo] beta)",
-        "gtpo_hicra": "GTPO, then amplify planning tokens (alpha = [hicra] alpha)",
-        "gtpo_sepa": "pool execution-token uncertainty (lambda from [sepa]), then GTPO",
-    },
+    (
+        Entry(
+            "none",
+            "retrain.advantages.transforms:transform_none",
+            "every token gets its completion's episode advantage",
+            kernel="none",
+        ),
+        Entry(
+            "gtpo",
+            "retrain.advantages.transforms:transform_gtpo",
+            "entropy-weighted token credit (beta = [gtpo] beta)",
+            kernel="gtpo",
+            token_varying=True,
+        ),
+        Entry(
+            "gtpo_hicra",
+            "retrain.advantages.transforms:transform_gtpo_hicra",
+            "GTPO, then amplify planning tokens (alpha = [hicra] alpha)",
+            kernel="gtpo_hicra",
+            token_varying=True,
+        ),
+        Entry(
+            "gtpo_sepa",
+            "retrain.advantages.transforms:transform_gtpo_sepa",
+            "pool execution-token uncertainty (lambda from [sepa]), then GTPO",
+            kernel="gtpo_sepa",
+            token_varying=True,
+        ),
+    ),
+    key="[algorithm] transform_mode",
 )
+# Built-in algorithm modes are plain aliases of (advantage_mode, transform_mode) pairs.
 ALGORITHM_MODES = Registry(
     "algorithm_mode",
-    {
-        "maxrl_gtpo": "retrain.advantages.pipeline:algorithm_maxrl_gtpo",
-        "maxrl_gtpo_hicra": "retrain.advantages.pipeline:algorithm_maxrl_gtpo_hicra",
-        "maxrl_gtpo_sepa": "retrain.advantages.pipeline:algorithm_maxrl_gtpo_sepa",
-    },
-    descriptions={
-        "maxrl_gtpo": "maxrl + gtpo as one named algorithm",
-        "maxrl_gtpo_hicra": "maxrl + gtpo_hicra as one named algorithm",
-        "maxrl_gtpo_sepa": "maxrl + gtpo_sepa as one named algorithm",
-    },
+    tuple(
+        Entry(
+            f"maxrl_{tx}",
+            description=f"maxrl + {tx} as one named algorithm",
+            alias_of=("maxrl", tx),
+        )
+        for tx in ("gtpo", "gtpo_hicra", "gtpo_sepa")
+    ),
+    key="[algorithm] algorithm_mode",
 )
 UNCERTAINTY_KINDS = Registry(
     "uncertainty_kind",
-    {
-        "surprisal": "retrain.advantages.uncertainty:surprisal",
-        "predictive_variance": "retrain.advantages.uncertainty:predictive_variance",
-        "shannon_entropy": "retrain.advantages.uncertainty:shannon_entropy",
-    },
-    aliases={"pred_var": "predictive_variance", "bernoulli_variance": "predictive_variance"},
-    descriptions={
-        "surprisal": "-logprob of the sampled token, capped at 50",
-        "predictive_variance": "p(1-p) of the sampled token",
-        "shannon_entropy": "full-vocabulary entropy (local backend + pytorch engine only)",
-    },
+    (
+        Entry(
+            "surprisal",
+            "retrain.advantages.uncertainty:surprisal",
+            "-logprob of the sampled token, capped at 50",
+        ),
+        Entry(
+            "predictive_variance",
+            "retrain.advantages.uncertainty:predictive_variance",
+            "p(1-p) of the sampled token",
+            aliases=("pred_var", "bernoulli_variance"),
+        ),
+        Entry(
+            "shannon_entropy",
+            "retrain.advantages.uncertainty:shannon_entropy",
+            "full-vocabulary entropy (needs a backend whose capabilities include token_data 'entropy')",
+        ),
+    ),
+    key="[algorithm] uncertainty_kind",
 )
 PLANNING_DETECTORS = Registry(
     "planning detector",
-    {
-        "regex": "retrain.advantages.planning:RegexPlanningDetector",
-        "semantic": "retrain.advantages.planning:SemanticPlanningDetector",
-    },
-    descriptions={
-        "regex": "word-bounded, case-insensitive match of strategic grams",
-        "semantic": "sentence-transformer similarity to the strategic grams",
-    },
+    (
+        Entry(
+            "regex",
+            "retrain.advantages.planning:RegexPlanningDetector",
+            "word-bounded, case-insensitive match of strategic grams",
+        ),
+        Entry(
+            "semantic",
+            "retrain.advantages.planning:SemanticPlanningDetector",
+            "sentence-transformer similarity to the strategic grams",
+            requires=("sentence_transformers",),
+            install="pip install 'retrain[semantic]'",
+        ),
+    ),
+    key="[planning] detector",
 )
 REWARDS = Registry(
     "reward type",
-    {
-        "match": "retrain.rewards.match:MatchReward",
-        "math": "retrain.rewards.math:MathReward",
-        "judge": "retrain.rewards.judge:JudgeReward",
-        "custom": "retrain.rewards.custom:CustomReward",
-        "gym": "retrain.rewards.gym:GymReward",
-    },
-    descriptions={
-        "match": "exact string match of the last \\boxed{} answer",
-        "math": "symbolic equivalence with math-verify",
-        "judge": "LLM judge over an OpenAI-compatible chat API",
-        "custom": "your function: [reward] custom_module + custom_function",
-        "gym": "reasoning-gym's own score_answer (partial credit)",
-    },
+    (
+        Entry(
+            "match",
+            "retrain.rewards.match:MatchReward",
+            "exact string match of the last \\boxed{} answer",
+        ),
+        Entry(
+            "math",
+            "retrain.rewards.math:MathReward",
+            "symbolic equivalence with math-verify",
+            requires=("math_verify",),
+            install="pip install 'retrain[math]'",
+        ),
+        Entry(
+            "judge",
+            "retrain.rewards.judge:JudgeReward",
+            "LLM judge over an OpenAI-compatible chat API",
+        ),
+        Entry(
+            "custom",
+            "retrain.rewards.custom:CustomReward",
+            "your function: [reward] custom_module + custom_function",
+        ),
+        Entry(
+            "gym",
+            "retrain.rewards.gym:GymReward",
+            "reasoning-gym's own score_answer (partial credit)",
+            requires=("reasoning_gym",),
+            install="pip install 'retrain[gym]'",
+        ),
+    ),
     allow_plugins=False,
+    key="[reward] type",
 )
 DATA_SOURCES = Registry(
     "data source",
-    {
-        "math": "retrain.data.math:MathSource",
-        "reasoning_gym": "retrain.data.reasoning_gym:ReasoningGymSource",
-        "jsonl": "retrain.data.jsonl:JsonlSource",
-    },
-    descriptions={
-        "math": "hendrycks MATH (EleutherAI/hendrycks_math), five subjects",
-        "reasoning_gym": "procedural reasoning-gym tasks ([data] task, [data.args])",
-        "jsonl": "your JSONL file ([data] path, prompt_field, answer_field)",
-    },
+    (
+        Entry(
+            "math",
+            "retrain.data.math:MathSource",
+            "hendrycks MATH (EleutherAI/hendrycks_math), five subjects",
+        ),
+        Entry(
+            "reasoning_gym",
+            "retrain.data.reasoning_gym:ReasoningGymSource",
+            "procedural reasoning-gym tasks ([data] task, [data.args])",
+            requires=("reasoning_gym",),
+            install="pip install 'retrain[gym]'",
+        ),
+        Entry(
+            "jsonl",
+            "retrain.data.jsonl:JsonlSource",
+            "your JSONL file ([data] path, prompt_field, answer_field)",
+        ),
+    ),
+    key="[data] source",
 )
 BACKENDS = Registry(
     "backend",
-    {
-        "local": "retrain.backends.local:LocalBackend",
-        "tinker": "retrain.backends.tinker:TinkerBackend",
-        "prime_rl": "retrain.backends.prime_rl:PrimeRLBackend",
-    },
-    descriptions={
-        "local": "PyTorch + PEFT on this machine's CPU/GPUs",
-        "tinker": "the Tinker remote training service",
-        "prime_rl": "an external PRIME-RL trainer + inference (experimental)",
-    },
+    (
+        Entry(
+            "local",
+            "retrain.backends.local:LocalBackend",
+            "PyTorch + PEFT on this machine's CPU/GPUs",
+            requires=("torch", "transformers", "peft"),
+            install="pip install 'retrain[local]'  (torch, transformers, peft, safetensors, gguf)",
+            capabilities=BackendCapabilities(
+                reports_sync_loss=True,
+                preserves_token_advantages=True,
+                supports_checkpoint_resume=True,
+                token_data=("entropy",),
+            ),
+            options={
+                "micro_batch_tokens": OptionSpec(
+                    "int",
+                    4096,
+                    "Token budget per forward/backward micro-batch (bounds memory)",
+                    validator=_positive,
+                ),
+                "threads": OptionSpec("int", 0, "torch CPU threads. 0 = torch's default"),
+                "prompt_batch": OptionSpec(
+                    "int",
+                    0,
+                    "Prompts sampled together in one generate call. 0 = all of the step's prompts",
+                ),
+            },
+        ),
+        Entry(
+            "tinker",
+            "retrain.backends.tinker:TinkerBackend",
+            "the Tinker remote training service",
+            requires=("tinker",),
+            install="pip install 'retrain[tinker]'  (the tinker SDK)",
+            capabilities=BackendCapabilities(
+                reports_sync_loss=True,
+                preserves_token_advantages=True,
+                supports_checkpoint_resume=True,
+                resume_runtime_dependent=True,
+            ),
+            options={
+                "max_retries": OptionSpec(
+                    "int", 5, "Attempts per Tinker call before giving up", validator=_positive
+                ),
+                "retry_backoff_s": OptionSpec(
+                    "float", 2.0, "First retry delay; doubles per attempt", validator=_positive
+                ),
+                "timeout_s": OptionSpec(
+                    "float", 600.0, "Seconds to wait for one Tinker call", validator=_positive
+                ),
+                "keepalive_s": OptionSpec(
+                    "float",
+                    60.0,
+                    "Heartbeat period that keeps the session alive during local work. 0 = off",
+                ),
+            },
+            ignores=(
+                "[inference]",
+                "[backend] devices",
+                "[backend] adapter_path",
+                "[lora] alpha/dropout/target_modules",
+            ),
+        ),
+        Entry(
+            "prime_rl",
+            description="an external PRIME-RL trainer + inference server",
+            not_built='use backend = "local" or "tinker" (the PRIME-RL backend is planned)',
+        ),
+    ),
+    key="[backend] backend",
 )
 ENGINES = Registry(
     "inference engine",
-    {
-        "pytorch": "retrain.engines.pytorch:PyTorchEngine",
-        "max": "retrain.engines.http:MaxEngine",
-        "vllm": "retrain.engines.http:VLLMEngine",
-        "sglang": "retrain.engines.http:SGLangEngine",
-        "trtllm": "retrain.engines.http:TRTLLMEngine",
-        "mlx": "retrain.engines.http:MLXEngine",
-        "openai": "retrain.engines.http:OpenAIEngine",
-    },
-    descriptions={
-        "pytorch": "shares the training model in-process (default)",
-        "max": "Modular MAX server over HTTP; not available in this build (use pytorch)",
-        "vllm": "vLLM server over HTTP (LoRA hot-load); not available in this build (use pytorch)",
-        "sglang": "SGLang server over HTTP (LoRA hot-load); not available in this build (use pytorch)",
-        "trtllm": "TensorRT-LLM server over HTTP; not available in this build (use pytorch)",
-        "mlx": "MLX-LM server over HTTP; not available in this build (use pytorch)",
-        "openai": "any OpenAI-compatible /v1/completions server; not available in this build (use pytorch)",
-    },
+    (
+        Entry(
+            "pytorch",
+            "retrain.engines.pytorch:PyTorchEngine",
+            "shares the training model in-process (default)",
+            requires=("torch", "transformers"),
+            install="pip install 'retrain[local]'",
+        ),
+        *(
+            Entry(name, description=desc, not_built=_SERVER_ENGINE)
+            for name, desc in (
+                ("max", "Modular MAX server over HTTP"),
+                ("vllm", "vLLM server over HTTP (LoRA hot-load)"),
+                ("sglang", "SGLang server over HTTP (LoRA hot-load)"),
+                ("trtllm", "TensorRT-LLM server over HTTP"),
+                ("mlx", "MLX-LM server over HTTP"),
+                ("openai", "any OpenAI-compatible /v1/completions server"),
+            )
+        ),
+    ),
+    key="[inference] engine",
 )
 
 ALL_REGISTRIES: dict[str, Registry] = {

@@ -1,9 +1,24 @@
-"""Typed records that cross module boundaries (data -> trainer -> backend -> logs)."""
+"""Typed records that cross module boundaries.
+
+data -> Example -> trainer -> backend.sample -> Sample -> rollout -> GroupRollout
+-> advantages (TokenGroup) -> Datum -> backend.train_step -> TrainResult -> StepResult -> logs.
+
+Per-token fields are numpy arrays from the engine to the backend: no list -> numpy ->
+list -> tensor round trips. Capability and option records describe registry entries
+(see :mod:`retrain.registry`); they live here so config validation, the CLI and the
+backends read them without importing one another. Importing this module is cheap
+(numpy only).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
+
+# ---------------------------------------------------------------- data
 
 
 @dataclass(frozen=True)
@@ -15,3 +30,233 @@ class Example:
     prompt: str
     reference: str
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+# ---------------------------------------------------------------- sampling
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float
+    seed: int | None = None
+    return_entropy: bool = False
+
+
+def _ids(x: Any) -> np.ndarray:
+    return x if isinstance(x, np.ndarray) and x.dtype == np.int64 else np.asarray(x, np.int64)
+
+
+def _floats(x: Any) -> np.ndarray:
+    return x if isinstance(x, np.ndarray) and x.dtype == np.float64 else np.asarray(x, np.float64)
+
+
+@dataclass
+class Sample:
+    """One sampled completion. `logprobs_T[t]` is the sampler's logprob of token t at the
+    sampling temperature (the behaviour policy of the importance ratio)."""
+
+    token_ids: np.ndarray  # int64, (T,)
+    logprobs: np.ndarray  # float64, (T,)
+    stop_reason: str  # "eos" | "length"
+    entropies: np.ndarray | None = None  # float64, (T,): full-vocabulary entropies
+
+    def __post_init__(self):
+        self.token_ids = _ids(self.token_ids)
+        self.logprobs = _floats(self.logprobs)
+        if self.entropies is not None:
+            self.entropies = _floats(self.entropies)
+        if self.logprobs.shape != self.token_ids.shape:
+            raise ValueError(
+                f"a sample has {self.token_ids.size} tokens but {self.logprobs.size} logprobs"
+            )
+
+    def __len__(self) -> int:
+        return int(self.token_ids.size)
+
+
+# Rewards at or above this count as "correct" (correct_rate, the SEPA gate).
+CORRECT_THRESHOLD = 1.0 - 1e-9
+
+
+def is_correct(reward: float) -> bool:
+    return reward >= CORRECT_THRESHOLD
+
+
+@dataclass
+class GroupRollout:
+    """One prompt's completions with their decoded texts and scores."""
+
+    example: Example
+    prompt_ids: list[int]
+    samples: list[Sample]
+    texts: list[str]
+    rewards: list[float]
+    answers: list[str | None]
+
+    @property
+    def num_correct(self) -> int:
+        return sum(is_correct(r) for r in self.rewards)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
+@dataclass
+class TokenGroup:
+    """What the advantage pipeline needs of one group: G rewards and, per completion,
+    its per-token arrays (ragged lengths). `planning_G_T=None` means no planning tokens;
+    `entropies_G_T` is given only when the uncertainty kind needs entropies."""
+
+    rewards_G: np.ndarray
+    logprobs_G_T: list[np.ndarray]
+    planning_G_T: list[np.ndarray] | None = None
+    entropies_G_T: list[np.ndarray] | None = None
+
+
+# ---------------------------------------------------------------- training
+
+
+@dataclass
+class Datum:
+    """One completion ready for training: per-token arrays of equal length."""
+
+    prompt_ids: list[int]
+    completion_ids: np.ndarray  # int64, (T,)
+    sampler_logprobs: np.ndarray  # float64, (T,)
+    advantages: np.ndarray  # float64, (T,)
+
+    def __post_init__(self):
+        self.completion_ids = _ids(self.completion_ids)
+        self.sampler_logprobs = _floats(self.sampler_logprobs)
+        self.advantages = _floats(self.advantages)
+        n = self.completion_ids.size
+        if self.sampler_logprobs.size != n or self.advantages.size != n:
+            raise ValueError(
+                f"a datum has {n} tokens, {self.sampler_logprobs.size} logprobs and "
+                f"{self.advantages.size} advantages"
+            )
+
+
+@dataclass(frozen=True)
+class TrainHyper:
+    lr: float
+    weight_decay: float
+    beta1: float
+    beta2: float
+    eps: float
+    max_grad_norm: float = 0.0
+
+
+@dataclass
+class TrainResult:
+    loss: float
+    num_tokens: int
+    grad_norm: float | None = None
+    # Mean of (trainer logprob - sampler logprob) over the trained tokens: how far the
+    # sampler drifted from the weights being trained.
+    log_ratio_mean: float | None = None
+    log_ratio_max_abs: float | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a backend's save_checkpoint returns and its load_checkpoint takes back.
+
+    `adapter` says where the adapter can be read (a local PEFT directory, or a remote
+    `tinker://` sampler-weights path; what `retrain squeeze` accepts); `state` where the
+    full training state lives (weights + optimizer), which is the same local directory
+    for the local backend. `extra` holds backend-specific details."""
+
+    backend: str
+    adapter: str = ""
+    state: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CheckpointInfo:
+        """Read the record back, including the untyped dicts written before it existed
+        (local: {"adapter": dir}; tinker: {"backend": "tinker", "path": ..., ...})."""
+        if "state" in data or "extra" in data:
+            return cls(
+                backend=str(data.get("backend", "")),
+                adapter=str(data.get("adapter") or ""),
+                state=str(data.get("state") or ""),
+                extra=dict(data.get("extra") or {}),
+            )
+        known = {"backend", "adapter", "path", "sampler_path"}
+        extra = {k: v for k, v in data.items() if k not in known}
+        if "adapter" in data:  # the local backend's old format
+            return cls(
+                str(data.get("backend", "local")), str(data["adapter"]), str(data["adapter"])
+            )
+        return cls(
+            backend=str(data.get("backend", "")),
+            adapter=str(data.get("sampler_path") or ""),
+            state=str(data.get("path") or ""),
+            extra=extra,
+        )
+
+
+# ---------------------------------------------------------------- registry records
+
+
+@dataclass(frozen=True)
+class BackendCapabilities:
+    """What a backend guarantees; the trainer and validation branch on these, never on
+    backend names or hasattr."""
+
+    reports_sync_loss: bool = False
+    preserves_token_advantages: bool = False
+    supports_checkpoint_resume: bool = False
+    resume_runtime_dependent: bool = False
+    # Per-token data the backend returns besides logprobs (e.g. "entropy").
+    token_data: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["token_data"] = list(self.token_data)
+        return d
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One option of a registry entry (e.g. a `[backend.options]` key)."""
+
+    type: str  # "int" | "float" | "bool" | "str"
+    default: Any
+    help: str = ""
+    choices: tuple[Any, ...] | None = None
+    validator: Callable[[Any], str | None] | None = field(default=None, compare=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "default": self.default,
+            "help": self.help,
+            "choices": list(self.choices) if self.choices else None,
+        }
+
+
+_OPTION_TYPES = {"int": int, "float": (int, float), "bool": bool, "str": str}
+
+
+def check_option(name: str, spec: OptionSpec, value: Any) -> str | None:
+    """None when `value` suits `spec`, else what is wrong."""
+    expected = _OPTION_TYPES.get(spec.type)
+    if expected and (
+        not isinstance(value, expected) or (spec.type != "bool" and isinstance(value, bool))
+    ):
+        return f"option {name!r} expects {spec.type}, got {value!r}"
+    if spec.choices is not None and value not in spec.choices:
+        return f"option {name!r} must be one of {list(spec.choices)}, got {value!r}"
+    if spec.validator is not None:
+        return spec.validator(value)
+    return None

@@ -6,71 +6,31 @@ validation read capabilities and option schemas without loading a backend.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from retrain import registry
 from retrain.errors import PluginError
+from retrain.types import (
+    BackendCapabilities,
+    Datum,
+    OptionSpec,
+    Sample,
+    SamplingParams,
+    TrainHyper,
+    TrainResult,
+)
 
-
-@dataclass(frozen=True)
-class BackendCapabilities:
-    """What a backend guarantees; the trainer branches on these, never on hasattr."""
-
-    reports_sync_loss: bool = False
-    preserves_token_advantages: bool = False
-    supports_checkpoint_resume: bool = False
-    resume_runtime_dependent: bool = False
-    # Per-token data the backend returns besides logprobs (e.g. "entropy").
-    token_data: tuple[str, ...] = ()
-
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["token_data"] = list(self.token_data)
-        return d
-
-
-@dataclass(frozen=True)
-class BackendOptionSpec:
-    """One `[backend.options]` key."""
-
-    type: str  # "int" | "float" | "bool" | "str"
-    default: Any
-    help: str = ""
-    choices: tuple[Any, ...] | None = None
-    validator: Callable[[Any], str | None] | None = field(default=None, compare=False)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "default": self.default,
-            "help": self.help,
-            "choices": list(self.choices) if self.choices else None,
-        }
-
-
-_TYPES = {"int": int, "float": (int, float), "bool": bool, "str": str}
-
-
-def check_option(name: str, spec: BackendOptionSpec, value: Any) -> str | None:
-    expected = _TYPES.get(spec.type)
-    if expected and (
-        not isinstance(value, expected) or (spec.type != "bool" and isinstance(value, bool))
-    ):
-        return f"option {name!r} expects {spec.type}, got {value!r}"
-    if spec.choices is not None and value not in spec.choices:
-        return f"option {name!r} must be one of {list(spec.choices)}, got {value!r}"
-    if spec.validator is not None:
-        return spec.validator(value)
-    return None
+BackendOptionSpec = OptionSpec  # TODO(helper A): drop
 
 
 def backend_options(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
     """A built-in backend's `[backend.options]`: its schema's defaults, overridden by the
     (already validated) values the config gives."""
-    return {**{key: spec.default for key, spec in BUILTIN_OPTIONS[name].items()}, **given}
+    options = registry.BACKENDS.entry(name).options
+    return {**{key: spec.default for key, spec in options.items()}, **given}
 
 
 def _positive(value: Any) -> str | None:
@@ -254,56 +214,6 @@ def backend_info(
 
 
 # ---------------------------------------------------------------- the protocol
-
-
-@dataclass
-class SamplingParams:
-    max_tokens: int
-    temperature: float
-    seed: int | None = None
-    return_entropy: bool = False
-
-
-@dataclass
-class Sample:
-    """One sampled completion."""
-
-    token_ids: list[int]
-    logprobs: list[float]  # sampler logprob of each token at the sampling temperature
-    stop_reason: str  # "eos" | "length"
-    entropies: list[float] | None = None
-
-
-@dataclass
-class Datum:
-    """One completion ready for training."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    sampler_logprobs: list[float]
-    advantages: list[float]
-
-
-@dataclass
-class TrainHyper:
-    lr: float
-    weight_decay: float
-    beta1: float
-    beta2: float
-    eps: float
-    max_grad_norm: float = 0.0
-
-
-@dataclass
-class TrainResult:
-    loss: float
-    num_tokens: int
-    grad_norm: float | None = None
-    # Mean of (trainer logprob - sampler logprob) over the trained tokens: how far the
-    # sampler drifted from the weights being trained.
-    log_ratio_mean: float | None = None
-    log_ratio_max_abs: float | None = None
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 @runtime_checkable

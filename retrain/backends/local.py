@@ -25,17 +25,17 @@ from typing import Any
 
 import torch
 
-from retrain.backends.base import (
-    BUILTIN_CAPABILITIES,
+from retrain.backends.base import backend_options
+from retrain.errors import BackendError, CheckpointError, TrainingError
+from retrain.models import resolve_model
+from retrain.registry import BACKENDS
+from retrain.types import (
     Datum,
     Sample,
     SamplingParams,
     TrainHyper,
     TrainResult,
-    backend_options,
 )
-from retrain.errors import BackendError, CheckpointError, TrainingError
-from retrain.models import resolve_model
 
 log = logging.getLogger("retrain.backends.local")
 
@@ -64,7 +64,7 @@ def parse_devices(spec: str, warn: Callable[[str], None]) -> list[torch.device]:
 
 
 class LocalBackend:
-    capabilities = BUILTIN_CAPABILITIES["local"]
+    capabilities = BACKENDS.entry("local").capabilities
 
     def __init__(self, config, tokenizer, *, say: Callable[[str], None] = print, model=None):
         from peft import LoraConfig, get_peft_model

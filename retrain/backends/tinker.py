@@ -43,16 +43,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from retrain.backends.base import (
-    BUILTIN_CAPABILITIES,
+from retrain.backends.base import backend_options
+from retrain.errors import BackendError, CheckpointError
+from retrain.registry import BACKENDS
+from retrain.types import (
     Datum,
     Sample,
     SamplingParams,
     TrainHyper,
     TrainResult,
-    backend_options,
 )
-from retrain.errors import BackendError, CheckpointError
 
 log = logging.getLogger("retrain.backends.tinker")
 
@@ -449,7 +449,7 @@ def ignored_settings(config) -> list[str]:
 
 
 class TinkerBackend:
-    capabilities = BUILTIN_CAPABILITIES["tinker"]
+    capabilities = BACKENDS.entry("tinker").capabilities
 
     def __init__(
         self,
@@ -477,7 +477,7 @@ class TinkerBackend:
         self._sampler_version = -1
         self._sampler: Any = None
         self.keepalive: KeepAlive | None = None
-        from retrain.campaign.throttle import throttle_for
+        from retrain.throttle import throttle_for
 
         self.throttle = throttle_for(config.backend)
 

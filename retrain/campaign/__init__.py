@@ -3,7 +3,7 @@ local subprocess workers or as Ray tasks (run.py), with a file-based throttle sh
 Tinker workers (throttle.py)."""
 
 from retrain.campaign.expand import RunSpec, expand_campaign
-from retrain.campaign.throttle import Throttle, throttle_for
+from retrain.throttle import Throttle, throttle_for
 
 __all__ = ["RunSpec", "Throttle", "expand_campaign", "run_campaign", "throttle_for"]
 

@@ -50,7 +50,7 @@ from retrain.campaign.expand import (
     expand_pairs,
     uses_throttle,
 )
-from retrain.campaign.throttle import ENV_DIR, ENV_MAX
+from retrain.throttle import ENV_DIR, ENV_MAX
 from retrain.config.schema import Config
 from retrain.errors import ConfigError, RetrainError
 from retrain.logs.jsonl import write_json_atomic

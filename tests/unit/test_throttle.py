@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from retrain.campaign.throttle import (
+from retrain.throttle import (
     ENV_DIR,
     ENV_MAX,
     Throttle,

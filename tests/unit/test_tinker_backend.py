@@ -293,7 +293,7 @@ def test_non_transient_errors_fail_at_once():
 
 
 def test_each_attempt_holds_a_throttle_slot_released_while_backing_off(tmp_path):
-    from retrain.campaign.throttle import Throttle
+    from retrain.throttle import Throttle
 
     throttle = Throttle(tmp_path / "throttle", 1)
     seen = []
