@@ -151,10 +151,6 @@ class USLFit:
             return None
         return _finite(usl_throughput(p, self.lam, self.sigma, self.kappa))
 
-    @property
-    def peak_throughput(self) -> float | None:
-        return self.predict(self.p_star) if self.valid else None
-
 
 def _invalid(reason: str, n: int, distinct: int, **fields: float | None) -> USLFit:
     vals = {k: _finite(fields.get(k)) for k in ("sigma", "kappa", "lam", "p_star")}
@@ -507,10 +503,6 @@ class BackPressureController:
         return self._batch_size
 
     @property
-    def in_warmup(self) -> bool:
-        return self._step < self.warmup_steps
-
-    @property
     def roofline_enabled(self) -> bool:
         return self.peak_gflops > 0 and self.peak_bw_gb_s > 0
 
@@ -642,10 +634,6 @@ class BackPressureController:
         )
 
     # -- reporting ----------------------------------------------------------------------------
-    @property
-    def last_decision(self) -> Decision | None:
-        return self._last
-
     def metrics(self) -> dict[str, Any]:
         """The latest decision as ``bp_*`` metrics (all None before the first observation)."""
         if self._last is None:

@@ -18,6 +18,7 @@ import numpy as np
 
 from retrain.errors import CheckpointError
 from retrain.logs.jsonl import write_json_atomic
+from retrain.types import CheckpointInfo
 
 STATE_FILE = "trainer_state.json"
 STATE_VERSION = 1
@@ -34,7 +35,7 @@ class TrainerState:
     data: dict[str, Any]
     counters: dict[str, float]
     sepa: dict[str, Any]
-    checkpoint: dict[str, Any]  # what the backend needs to restore (adapter path, ...)
+    checkpoint: CheckpointInfo  # what the backend needs to restore, and where the adapter is
     backpressure: dict[str, Any] | None = None
     rng: dict[str, Any] = field(default_factory=dict)
     finished: bool = False
@@ -86,20 +87,24 @@ def load_state(resume_dir: str | Path) -> TrainerState:
             f"{path}: state version {raw.get('version')!r}, this retrain reads version {STATE_VERSION}"
         )
     try:
-        return TrainerState(**raw)
+        state = TrainerState(**raw)
     except TypeError as exc:
         raise CheckpointError(f"{path} is missing fields: {exc}") from exc
+    state.checkpoint = CheckpointInfo.from_dict(raw["checkpoint"] or {})
+    return state
 
 
-def adapter_location(info: dict[str, Any]) -> str:
-    """Where a checkpoint's adapter can be read (what `retrain squeeze` accepts): a local
-    PEFT directory, or for remote backends a `tinker://` sampler-weights path."""
-    return str(info.get("adapter") or info.get("sampler_path") or info.get("path") or "")
-
-
-def check_compatible(state: TrainerState, model: str, lora_rank: int, source: Path | str) -> None:
-    """Refuse to resume into a different model or LoRA shape, naming the difference."""
+def check_compatible(
+    state: TrainerState, backend: str, model: str, lora_rank: int, source: Path | str
+) -> None:
+    """Refuse to resume into a different backend, model or LoRA shape, naming the difference."""
     diffs = []
+    saved_by = state.checkpoint.backend
+    if saved_by and saved_by != backend:
+        diffs.append(
+            f"[backend] backend: the checkpoint was saved by the {saved_by!r} backend, the config "
+            f"uses {backend!r} (a checkpoint only loads into the backend that wrote it)"
+        )
     if state.model != model:
         diffs.append(f"[model] model: checkpoint {state.model!r}, config {model!r}")
     if state.lora_rank != lora_rank:

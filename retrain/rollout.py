@@ -1,19 +1,14 @@
-"""Turning a step's samples into what the advantage pipeline and the backend consume."""
+"""One step's rollout: sample the groups, score them, and turn them into what the
+advantage pipeline and the backend consume (TokenGroup, Datum)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from retrain.backends.base import Datum, Sample
-
-CORRECT_THRESHOLD = 1.0 - 1e-9  # a completion is "correct" when its reward reaches 1
-
-
-def is_correct(reward: float) -> bool:
-    return reward >= CORRECT_THRESHOLD
+from retrain.logs.timer import PhaseTimer
+from retrain.types import Datum, Example, GroupRollout, Sample, SamplingParams, TokenGroup
 
 
 class VocabTable:
@@ -40,49 +35,88 @@ class VocabTable:
         ]
 
 
-@dataclass
-class GroupRollout:
-    """One prompt's completions and their scores."""
+def rollout(
+    backend,
+    reward,
+    renderer,
+    examples: Sequence[Example],
+    group_size: int,
+    params: SamplingParams,
+    timer: PhaseTimer,
+) -> tuple[list[GroupRollout], dict[str, float]]:
+    """Sample `group_size` completions per example and score them. Returns the groups
+    and the reward counters (errors, timeouts, no-answer rate) for the metrics row."""
+    prompts = [renderer.encode(e) for e in examples]
+    with timer.phase("sampling"):
+        samples = backend.sample(prompts, group_size, params)
+    with timer.phase("scoring"):
+        tokenizer = renderer.tokenizer
+        texts = [
+            [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in g] for g in samples
+        ]
+        flat_examples = [e for e, g in zip(examples, samples, strict=True) for _ in g]
+        scored = reward.score_batch([t for g in texts for t in g], flat_examples)
+        groups, k = [], 0
+        for example, prompt, group, group_texts in zip(
+            examples, prompts, samples, texts, strict=True
+        ):
+            n = len(group)
+            groups.append(
+                GroupRollout(
+                    example,
+                    prompt,
+                    group,
+                    group_texts,
+                    list(scored.rewards[k : k + n]),
+                    list(scored.answers[k : k + n]),
+                )
+            )
+            k += n
+    return groups, scored.counters()
 
-    prompt_ids: list[int]
-    samples: list[Sample]
-    texts: list[str]
-    rewards: list[float]
-    answers: list[str | None]
 
-    @property
-    def num_correct(self) -> int:
-        return sum(is_correct(r) for r in self.rewards)
+def correct_rate(groups: Sequence[GroupRollout]) -> float:
+    total = sum(len(g) for g in groups)
+    return sum(g.num_correct for g in groups) / total if total else 0.0
 
 
 def planning_masks(detector, vocab: VocabTable, samples: Sequence[Sample]) -> list[np.ndarray]:
-    pieces = [vocab.token_strings(s.token_ids) for s in samples]
+    """Per completion, which tokens belong to a planning phrase."""
+    pieces = [vocab.token_strings(s.token_ids.tolist()) for s in samples]
     texts, offsets = [], []
     for p in pieces:
-        ends = np.cumsum([len(x) for x in p], dtype=np.int64)
-        starts = ends - np.array([len(x) for x in p], dtype=np.int64)
+        lengths = np.array([len(x) for x in p], dtype=np.int64)
+        ends = np.cumsum(lengths)
         texts.append("".join(p))
-        offsets.append(np.stack([starts, ends], axis=1) if p else np.zeros((0, 2), dtype=np.int64))
+        offsets.append(
+            np.stack([ends - lengths, ends], axis=1) if p else np.zeros((0, 2), dtype=np.int64)
+        )
     return detector.detect_many(texts, offsets)
+
+
+def token_groups(
+    groups: Sequence[GroupRollout], planning: Sequence[list[np.ndarray]], with_entropies: bool
+) -> list[TokenGroup]:
+    """The advantage pipeline's view of each group."""
+    return [
+        TokenGroup(
+            rewards_G=np.asarray(g.rewards, dtype=np.float64),
+            logprobs_G_T=[s.logprobs for s in g.samples],
+            planning_G_T=plan,
+            entropies_G_T=[s.entropies for s in g.samples] if with_entropies else None,
+        )
+        for g, plan in zip(groups, planning, strict=True)
+    ]
 
 
 def build_datums(
     groups: Sequence[GroupRollout], advantages: Sequence[list[np.ndarray] | None]
 ) -> list[Datum]:
-    """One Datum per completion of every kept group (skipped groups carry None)."""
-    datums = []
-    for group, adv in zip(groups, advantages, strict=True):
-        if adv is None:
-            continue
-        for sample, a in zip(group.samples, adv, strict=True):
-            if not sample.token_ids:
-                continue
-            datums.append(
-                Datum(
-                    group.prompt_ids,
-                    list(sample.token_ids),
-                    list(sample.logprobs),
-                    [float(x) for x in a],
-                )
-            )
-    return datums
+    """One Datum per non-empty completion of every kept group (skipped groups carry None)."""
+    return [
+        Datum(group.prompt_ids, sample.token_ids, sample.logprobs, adv)
+        for group, adv_G in zip(groups, advantages, strict=True)
+        if adv_G is not None
+        for sample, adv in zip(group.samples, adv_G, strict=True)
+        if len(sample)
+    ]

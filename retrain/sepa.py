@@ -25,7 +25,7 @@ first step whatever the gate, so var_0 measures the start of training.
 Order within a step: the trainer samples and scores (so it knows the correct rate),
 computes the uncertainties and their statistics (so it knows the execution variance),
 then calls ``update(step, correct_rate, exec_var)`` once and uses the returned lambda
-for this same step's advantages (see ``compute_batch_advantages(sepa_lambda=...)``).
+for this same step's advantages (see ``AdvantagePipeline.__call__(sepa_lambda=...)``).
 An exec_var of None or NaN (no execution tokens this step) is ignored.
 
 Pure: numbers in, numbers out; the state is a plain JSON-serialisable dict.

@@ -260,3 +260,35 @@ def check_option(name: str, spec: OptionSpec, value: Any) -> str | None:
     if spec.validator is not None:
         return spec.validator(value)
     return None
+
+
+# ---------------------------------------------------------------- one step
+
+
+@dataclass
+class StepResult:
+    """Everything one training step produced, for the logs and the controllers."""
+
+    step: int
+    groups: list[GroupRollout]
+    reward_counters: dict[str, float]  # reward_errors, reward_timeouts, no_answer_rate
+    planning: list[list[np.ndarray]]  # per group, per completion: planning-token mask
+    advantages: Any  # retrain.advantages.BatchAdvantages (token advantages + stats)
+    num_datums: int
+    train: TrainResult
+    seconds: dict[str, float]  # wall time per phase: sampling, scoring, advantages, training
+    batch_size: int
+    group_size: int
+
+    @property
+    def num_completions(self) -> int:
+        return sum(len(g) for g in self.groups)
+
+    @property
+    def num_correct(self) -> int:
+        return sum(g.num_correct for g in self.groups)
+
+    @property
+    def correct_rate(self) -> float:
+        n = self.num_completions
+        return self.num_correct / n if n else 0.0

@@ -1,16 +1,14 @@
 """The advantage pipeline: episode advantages (GRPO, MaxRL), token transforms (GTPO,
 HICRA, SEPA), uncertainty kinds and planning-token detection. Pure numpy: no torch, no
-config. See :mod:`retrain.advantages.pipeline` for the order of the steps."""
+config. Build an :class:`AdvantagePipeline` once, call it with each step's groups; see
+:mod:`retrain.advantages.pipeline` for the order of the steps."""
 
 from retrain.advantages.context import AlgorithmContext, TransformContext, TransformOutput
 from retrain.advantages.episode import grpo, maxrl
 from retrain.advantages.pipeline import (
+    AdvantagePipeline,
     AdvantageStats,
     BatchAdvantages,
-    algorithm_maxrl_gtpo,
-    algorithm_maxrl_gtpo_hicra,
-    algorithm_maxrl_gtpo_sepa,
-    compute_batch_advantages,
     compute_token_advantages,
 )
 from retrain.advantages.planning import (
@@ -24,8 +22,6 @@ from retrain.advantages.planning import (
 from retrain.advantages.transforms import (
     Segments,
     gtpo_weights,
-    release_workspace,
-    sepa_pool,
     token_advantages_flat,
     transform_gtpo,
     transform_gtpo_hicra,
@@ -46,6 +42,7 @@ from retrain.advantages.uncertainty import (
 __all__ = [
     "DEFAULT_STRATEGIC_GRAMS",
     "SURPRISAL_CAP",
+    "AdvantagePipeline",
     "AdvantageStats",
     "AlgorithmContext",
     "BatchAdvantages",
@@ -56,10 +53,6 @@ __all__ = [
     "TransformContext",
     "TransformOutput",
     "UncertaintyUnavailableError",
-    "algorithm_maxrl_gtpo",
-    "algorithm_maxrl_gtpo_hicra",
-    "algorithm_maxrl_gtpo_sepa",
-    "compute_batch_advantages",
     "compute_token_advantages",
     "compute_uncertainty",
     "grpo",
@@ -68,10 +61,8 @@ __all__ = [
     "maxrl",
     "parse_grams",
     "predictive_variance",
-    "release_workspace",
     "requires_entropies",
     "resolve_uncertainty",
-    "sepa_pool",
     "shannon_entropy",
     "surprisal",
     "token_advantages_flat",

@@ -59,9 +59,9 @@ def maxrl(
     return (r - mean) / (mean + eps)
 
 
-# Batched forms over many groups at once: `rewards` holds every group's rewards
-# concatenated, `sizes` the group sizes (all >= 1). Same results as calling the
-# per-group functions one group at a time (up to summation order).
+# Batched forms over many groups at once (named by the registry entries' `grouped`):
+# `rewards` holds every group's rewards concatenated, `sizes` the group sizes (all >= 1).
+# Bit-for-bit the per-group functions called one group at a time.
 
 
 def _group_means(rewards: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -90,7 +90,3 @@ def maxrl_grouped(
     out = (rewards - np.repeat(mean, sizes)) / np.repeat(np.where(empty, 1.0, mean + eps), sizes)
     out[np.repeat(empty, sizes)] = 0.0
     return out
-
-
-grpo.grouped = grpo_grouped  # type: ignore[attr-defined]
-maxrl.grouped = maxrl_grouped  # type: ignore[attr-defined]

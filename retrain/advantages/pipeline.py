@@ -1,14 +1,15 @@
 """The advantage pipeline: rewards, logprobs and planning masks in, token advantages out.
 
-Two entry points, both pure (numpy only):
+:class:`AdvantagePipeline` is built once from the configured names (at trainer set-up):
+it resolves the advantage mode, the transform, the algorithm plugin and the uncertainty
+kind there, once, so a bad name or a plugin that is not callable is a PluginError
+before any step runs. It is then called with each step's groups
+(:class:`~retrain.types.TokenGroup` records) and returns :class:`BatchAdvantages`
+(advantages per group, plus the step's :class:`AdvantageStats`).
+:func:`compute_token_advantages` is the one-group convenience plugin authors call and
+test with.
 
-- :func:`compute_token_advantages` for one prompt group -> one float64 array of token
-  advantages per completion. This is the function plugin authors call and test with.
-- :func:`compute_batch_advantages` for all the groups of a training step at once ->
-  :class:`BatchAdvantages` (advantages per group, plus the step's
-  :class:`AdvantageStats`). The trainer calls this one.
-
-Steps of the batch form, in order:
+Steps of a call, in order:
 
 1. **Skip** uninformative groups: a group whose rewards are all equal carries no
    signal. It is counted as *all-correct* when the common reward is > 0, otherwise as
@@ -27,14 +28,16 @@ Steps of the batch form, in order:
    before step 6, so the trainer can feed this step's execution variance into the
    scheduler and use the lambda it returns for this same step::
 
-       batch = compute_batch_advantages(
-           groups, ...,
+       batch = pipeline(
+           groups,
            sepa_lambda=lambda stats: sepa.update(step, correct_rate, stats.exec_var),
+           step=step,
        )
 
-6. **Token transform** (``transform_mode``). Built-in transforms run as one vectorised
-   kernel over every token of the batch; a dotted-path transform is called once per
-   kept group with a :class:`~retrain.advantages.context.TransformContext`.
+6. **Token transform** (``transform_mode``). A built-in transform runs as one
+   vectorised kernel (its registry entry's ``kernel``) over every token of the batch;
+   a dotted-path transform is called once per kept group with a
+   :class:`~retrain.advantages.context.TransformContext`.
 
 Plugins (all resolved through :mod:`retrain.registry`, which serves built-ins and dotted
 paths alike):
@@ -47,8 +50,8 @@ paths alike):
 - ``algorithm_mode = "pkg.mod.fn"``: replaces steps 2 and 6:
   ``fn(ctx: AlgorithmContext) -> TransformOutput | list[array]``, once per kept group.
   The skip rule, the uncertainties and the statistics still apply. The built-in
-  algorithm names (``maxrl_gtpo``, ``maxrl_gtpo_hicra``, ``maxrl_gtpo_sepa``) are the
-  matching advantage/transform pairs and run on the vectorised path.
+  algorithm names (``maxrl_gtpo``, ``maxrl_gtpo_hicra``, ``maxrl_gtpo_sepa``) are
+  registry aliases of advantage/transform pairs and run exactly as those pairs.
 
 Every plugin output is checked: the right number of completions, each array as long
 as its completion, every value finite; otherwise a PluginError names the plugin and the
@@ -57,6 +60,7 @@ problem. An exception inside a plugin is re-raised as a PluginError naming it.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -64,15 +68,23 @@ from typing import Any
 
 import numpy as np
 
-from retrain.advantages.context import AlgorithmContext, TransformContext, TransformOutput
+from retrain import registry
+from retrain.advantages.context import AlgorithmContext, TransformContext
+from retrain.advantages.plugins import (
+    builtin_entry,
+    call_plugin,
+    check_token_output,
+    episode_fn,
+    resolve_callable,
+)
 from retrain.advantages.transforms import (
     Segments,
     Workspace,
     check_sepa_lambda,
     token_advantages_flat,
 )
-from retrain.advantages.uncertainty import positional_arity, resolve_uncertainty
-from retrain.errors import PluginError, RetrainError
+from retrain.advantages.uncertainty import requires_entropies, resolve_uncertainty, surprisal
+from retrain.types import TokenGroup
 
 ArrayLike = Sequence[float] | np.ndarray
 LambdaSource = float | Callable[["AdvantageStats"], float]
@@ -118,7 +130,7 @@ class AdvantageStats:
 
 @dataclass
 class BatchAdvantages:
-    """Result of :func:`compute_batch_advantages`: per group, a list with one float64
+    """Result of an :class:`AdvantagePipeline` call: per group, a list with one float64
     array per completion, or None for a skipped group."""
 
     advantages: list[list[np.ndarray] | None]
@@ -130,41 +142,7 @@ class BatchAdvantages:
         return [a is not None for a in self.advantages]
 
 
-@dataclass
-class _Group:
-    rewards: np.ndarray
-    logprobs: list[np.ndarray]
-    planning: list[np.ndarray] | None  # None: no planning tokens
-    entropies: list[np.ndarray] | None
-
-    def planning_masks(self) -> list[np.ndarray]:
-        if self.planning is not None:
-            return self.planning
-        return [np.zeros(x.size, dtype=bool) for x in self.logprobs]
-
-
 # --------------------------------------------------------------------------- input
-
-_FIELDS = (
-    ("rewards_G", "rewards"),
-    ("logprobs_G_T", "logprobs"),
-    ("planning_G_T", "planning"),
-    ("entropies_G_T", "entropies"),
-)
-
-
-def _fields(group: Any) -> list[Any]:
-    """(rewards, logprobs, planning, entropies) of a tuple, mapping or object."""
-    if type(group) in (tuple, list):
-        return [group[i] if i < len(group) else None for i in range(4)]
-    if isinstance(group, Mapping):
-        return [next((group[n] for n in names if n in group), None) for names in _FIELDS]
-    out = []
-    for names in _FIELDS:
-        out.append(next((getattr(group, n) for n in names if hasattr(group, n)), None))
-    if out[0] is None and isinstance(group, Sequence) and not isinstance(group, str | bytes):
-        return [group[i] if i < len(group) else None for i in range(4)]
-    return out
 
 
 def _vectors(
@@ -180,144 +158,97 @@ def _vectors(
     return out
 
 
-def _check_lengths(where: str, logprobs: list[np.ndarray], other: list[np.ndarray], what: str):
-    for i, (a, b) in enumerate(zip(logprobs, other)):
+def _matching(
+    seqs: Sequence[ArrayLike] | None, dtype: type, where: str, what: tuple[str, str], logprobs: list
+) -> list[np.ndarray] | None:
+    """Optional per-token sequences, one per completion, each as long as its logprobs.
+    `what` names a sequence and a token ("planning masks", "planning flags")."""
+    if seqs is None:
+        return None
+    out = _vectors(seqs, dtype, where, what[0], len(logprobs))
+    for i, (a, b) in enumerate(zip(logprobs, out)):
         if a.size != b.size:
-            raise ValueError(f"{where}completion {i} has {a.size} logprobs but {b.size} {what}")
+            raise ValueError(f"{where}completion {i} has {a.size} logprobs but {b.size} {what[1]}")
+    return out
 
 
-def _normalise_group(
-    gi: int,
-    rewards_G: ArrayLike,
-    logprobs_G_T: Sequence[ArrayLike],
-    planning_G_T: Sequence[ArrayLike] | None,
-    entropies_G_T: Sequence[ArrayLike] | None,
-) -> _Group:
-    where = f"group {gi}: " if gi >= 0 else ""
-    rewards = np.asarray(rewards_G, dtype=np.float64)
+_PLANNING = ("planning masks", "planning flags")
+_ENTROPIES = ("entropy sequences", "entropies")
+
+
+def _checked_group(gi: int, group: TokenGroup) -> TokenGroup:
+    """`group` with every field a 1-D numpy array of the right dtype and length."""
+    where = f"group {gi}: "
+    if not isinstance(group, TokenGroup):
+        raise TypeError(f"{where}expected a retrain.types.TokenGroup, got {type(group).__name__}")
+    rewards = np.asarray(group.rewards_G, dtype=np.float64)
     if rewards.ndim != 1 or rewards.size == 0:
         raise ValueError(f"{where}rewards must be a non-empty 1-D sequence")
-    if logprobs_G_T is None:
+    if not np.isfinite(rewards).all():
+        raise ValueError(f"{where}rewards must be finite, got {rewards.tolist()}")
+    if group.logprobs_G_T is None:
         raise ValueError(f"{where}logprobs are missing")
-    n = rewards.size
-    logprobs = _vectors(logprobs_G_T, np.float64, where, "logprob sequences", n)
-    planning = None
-    if planning_G_T is not None:
-        planning = _vectors(planning_G_T, np.bool_, where, "planning masks", n)
-        _check_lengths(where, logprobs, planning, "planning flags")
-    entropies = None
-    if entropies_G_T is not None:
-        entropies = _vectors(entropies_G_T, np.float64, where, "entropy sequences", n)
-        _check_lengths(where, logprobs, entropies, "entropies")
-    return _Group(rewards, logprobs, planning, entropies)
+    logprobs = _vectors(group.logprobs_G_T, np.float64, where, "logprob sequences", rewards.size)
+    return TokenGroup(
+        rewards,
+        logprobs,
+        _matching(group.planning_G_T, np.bool_, where, _PLANNING, logprobs),
+        _matching(group.entropies_G_T, np.float64, where, _ENTROPIES, logprobs),
+    )
 
 
-def _as_group(gi: int, group: Any) -> _Group:
-    if isinstance(group, _Group):
-        return group
-    return _normalise_group(gi, *_fields(group))
+def _planning_masks(group: TokenGroup) -> list[np.ndarray]:
+    if group.planning_G_T is not None:
+        return group.planning_G_T
+    return [np.zeros(x.size, dtype=bool) for x in group.logprobs_G_T]
 
 
-# ------------------------------------------------------------------ plugin calling
+# ------------------------------------------------------------------ steps 1, 3, 4
 
 
-def _call_plugin(kind: str, name: str, fn: Callable, *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except RetrainError:
-        raise
-    except Exception as exc:
-        raise PluginError(f"{kind} plugin {name!r} raised {type(exc).__name__}: {exc}") from exc
+def _skip_reasons(groups: list[TokenGroup], stats: AdvantageStats) -> list[str | None]:
+    """Step 1: per group None (kept), "all_correct" or "all_wrong"; counts into stats."""
+    sizes = np.array([g.rewards_G.size for g in groups], dtype=np.int64)
+    rewards = np.concatenate([g.rewards_G for g in groups])
+    starts = np.zeros(len(groups), dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    lo = np.minimum.reduceat(rewards, starts)
+    equal = lo == np.maximum.reduceat(rewards, starts)
+    positive = lo > 0
+    stats.skipped_all_correct = int(np.count_nonzero(equal & positive))
+    stats.skipped_all_wrong = int(np.count_nonzero(equal & ~positive))
+    return [
+        ("all_correct" if p else "all_wrong") if e else None
+        for e, p in zip(equal.tolist(), positive.tolist())
+    ]
 
 
-def _validate_vector(kind: str, name: str, out: Any, n: int) -> np.ndarray:
-    try:
-        arr = np.asarray(out, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise PluginError(
-            f"{kind} plugin {name!r} must return {n} numbers, got {type(out).__name__}"
-        ) from exc
-    if arr.shape != (n,):
-        raise PluginError(
-            f"{kind} plugin {name!r} returned {arr.size} value(s) (shape {arr.shape}) for a "
-            f"group of {n}; it must return one advantage per completion"
-        )
-    if not np.all(np.isfinite(arr)):
-        raise PluginError(f"{kind} plugin {name!r} returned NaN or infinite advantages")
-    return arr
+@dataclass
+class _Tokens:
+    """Every token of the kept groups, concatenated (steps 3 and 4)."""
+
+    seg: Segments
+    h: np.ndarray  # uncertainty per token (may live in a reused Workspace buffer)
+    plan_index: np.ndarray  # flat indices of the planning tokens
+    segment_sums: np.ndarray  # sum of h per completion
+    total: float  # sum of h
 
 
-def _validate_token_output(kind: str, name: str, out: Any, lengths: Sequence[int]) -> tuple:
-    extra: dict[str, float] = {}
-    if isinstance(out, TransformOutput):
-        arrays, extra = out.token_advantages, dict(out.extra_metrics or {})
-    elif isinstance(out, list | tuple):
-        arrays = out
-    else:
-        raise PluginError(
-            f"{kind} plugin {name!r} must return a TransformOutput (or a list of arrays), "
-            f"got {type(out).__name__}"
-        )
-    if len(arrays) != len(lengths):
-        raise PluginError(
-            f"{kind} plugin {name!r} returned token advantages for {len(arrays)} "
-            f"completion(s); the group has {len(lengths)}"
-        )
-    result = []
-    for i, (a, t) in enumerate(zip(arrays, lengths)):
-        try:
-            arr = np.array(a, dtype=np.float64).reshape(-1)
-        except (TypeError, ValueError) as exc:
-            raise PluginError(
-                f"{kind} plugin {name!r}: completion {i} advantages are not numbers"
-            ) from exc
-        if arr.size != t:
-            raise PluginError(
-                f"{kind} plugin {name!r}: completion {i} has {t} tokens but "
-                f"{arr.size} token advantages"
-            )
-        if not np.all(np.isfinite(arr)):
-            raise PluginError(
-                f"{kind} plugin {name!r}: completion {i} has NaN or infinite token advantages"
-            )
-        result.append(arr)
-    clean_extra: dict[str, float] = {}
-    for k, v in extra.items():
-        try:
-            clean_extra[str(k)] = float(v)
-        except (TypeError, ValueError):
-            raise PluginError(
-                f"{kind} plugin {name!r}: extra_metrics[{k!r}] is not a number"
-            ) from None
-    return result, clean_extra
+def _entropies(kept: list[TokenGroup]) -> np.ndarray | None:
+    have = [g.entropies_G_T is not None for g in kept]
+    if kept and all(have):
+        return np.concatenate([x for g in kept for x in g.entropies_G_T])
+    if any(have):
+        raise ValueError("entropies were given for some groups but not for others")
+    return None
 
 
-def _resolve_advantage(
-    name: str, search_paths: Iterable[str]
-) -> Callable[[np.ndarray, dict], np.ndarray]:
-    from retrain.registry import ADVANTAGE_MODES
-
-    fn = ADVANTAGE_MODES.resolve(name, search_paths)
-    if not callable(fn):
-        raise PluginError(f"advantage_mode plugin {name!r} is not callable")
-    if ADVANTAGE_MODES.is_builtin(name):
-
-        def run_builtin(rewards: np.ndarray, params: dict) -> np.ndarray:
-            return np.asarray(fn(rewards, params), dtype=np.float64)
-
-        run_builtin.grouped = getattr(fn, "grouped", None)  # type: ignore[attr-defined]
-        return run_builtin
-    arity = positional_arity(fn)
-
-    def run(rewards: np.ndarray, params: dict) -> np.ndarray:
-        args = (rewards.tolist(), params) if arity >= 2 else (rewards.tolist(),)
-        out = _call_plugin("advantage_mode", name, fn, *args)
-        return _validate_vector("advantage_mode", name, out, rewards.size)
-
-    return run
-
-
-# ------------------------------------------------------------------------- stats
+def _plan_index(kept: list[TokenGroup], n_tokens: int) -> np.ndarray:
+    if not n_tokens or all(g.planning_G_T is None for g in kept):
+        return np.zeros(0, dtype=np.int64)
+    plan = Workspace.get("planning", n_tokens, np.bool_)
+    np.concatenate([x for g in kept for x in _planning_masks(g)], out=plan)
+    return np.flatnonzero(plan)
 
 
 def _mean_var(x: np.ndarray) -> tuple[float, float]:
@@ -327,24 +258,20 @@ def _mean_var(x: np.ndarray) -> tuple[float, float]:
     return mean, float(np.mean(np.square(x - mean)))
 
 
-def _compute_stats(
-    h: np.ndarray, plan_index: np.ndarray, stats: AdvantageStats, total: float
-) -> None:
-    """Fill the uncertainty statistics; `total` is sum(h).
-
-    Planning tokens are few, so they are gathered; the execution statistics are the
-    totals minus the planning part, with the variance taken about the execution mean
-    (two passes, no large temporaries beyond one reused scratch buffer)."""
-    n = h.size
-    n_plan = int(plan_index.size)
+def _fill_stats(t: _Tokens, stats: AdvantageStats) -> None:
+    """Step 4. Planning tokens are few, so they are gathered; the execution statistics
+    are the totals minus the planning part, with the variance taken about the execution
+    mean (two passes, no large temporaries beyond one reused scratch buffer)."""
+    n = t.h.size
+    n_plan = int(t.plan_index.size)
     n_exec = n - n_plan
     stats.num_planning_tokens = n_plan
     stats.num_exec_tokens = n_exec
-    plan_h = h[plan_index]
+    plan_h = t.h[t.plan_index]
     stats.plan_mean, stats.plan_var = _mean_var(plan_h)
     if n_exec:
-        mean = (total - float(plan_h.sum())) / n_exec
-        dev = np.subtract(h, mean, out=Workspace.get("stats", n))
+        mean = (t.total - float(plan_h.sum())) / n_exec
+        dev = np.subtract(t.h, mean, out=Workspace.get("stats", n))
         # (not np.dot: a BLAS call may wake a thread pool that then spins on a busy CPU)
         sq = float(np.multiply(dev, dev, out=dev).sum())
         if n_plan:
@@ -352,206 +279,224 @@ def _compute_stats(
         stats.exec_mean, stats.exec_var = mean, max(sq / n_exec, 0.0)
 
 
+def _by_group(pieces: list[np.ndarray], kept: list[TokenGroup]) -> list[list[np.ndarray]]:
+    out, k = [], 0
+    for g in kept:
+        n = g.rewards_G.size
+        out.append(pieces[k : k + n])
+        k += n
+    return out
+
+
 # ---------------------------------------------------------------------- pipeline
 
 
-def compute_batch_advantages(
-    groups: Sequence[Any],
-    *,
-    advantage_mode: str = "maxrl",
-    transform_mode: str = "gtpo_sepa",
-    algorithm_mode: str | None = None,
-    gtpo_beta: float = 0.1,
-    hicra_alpha: float = 0.2,
-    sepa_lambda: LambdaSource = 0.0,
-    uncertainty_kind: str = "surprisal",
-    advantage_params: Mapping[str, Any] | None = None,
-    transform_params: Mapping[str, Any] | None = None,
-    step: int = 0,
-    skip_uninformative: bool = True,
-    search_paths: Iterable[str] = (),
-) -> BatchAdvantages:
-    """Token advantages for every group of a step, plus the step's statistics.
+class AdvantagePipeline:
+    """The configured advantage flow, resolved once; call it with each step's groups.
 
-    Each group is a mapping or object with ``rewards_G``, ``logprobs_G_T`` and
-    optionally ``planning_G_T`` / ``entropies_G_T`` (short names ``rewards``,
-    ``logprobs``, ``planning``, ``entropies`` work too), or a tuple in that order.
-    Per-token sequences may be lists or numpy arrays of any (ragged) lengths; missing
-    planning masks mean "no planning tokens". See the module docstring for the steps
-    and for ``sepa_lambda`` as a callable.
+    ``algorithm_mode`` names a built-in alias (replaced by its advantage/transform pair)
+    or an algorithm plugin (which then replaces the advantage and transform steps, and
+    those two names are not resolved). Unknown names and plugins that are not callable
+    raise PluginError here. ``search_paths`` (``[plugins] search_paths``) are put on
+    sys.path while the plugins are resolved, here and never again.
+
+    ``needs_entropies`` is True when the uncertainty kind needs the full-vocabulary
+    entropies, which then must be in every group's ``entropies_G_T``.
     """
-    from retrain.registry import ALGORITHM_MODES, TRANSFORM_MODES, UNCERTAINTY_KINDS
 
-    search_paths = tuple(search_paths)
-    adv_params = dict(advantage_params or {})
-    tr_params = dict(transform_params or {})
-    gs = [_as_group(i, g) for i, g in enumerate(groups)]
-    stats = AdvantageStats(num_groups=len(gs))
-    sizes = np.array([g.rewards.size for g in gs], dtype=np.int64)
-    rewards = np.concatenate([g.rewards for g in gs]) if gs else np.zeros(0)
-    if not np.isfinite(rewards).all():
-        bad = next(i for i, g in enumerate(gs) if not np.isfinite(g.rewards).all())
-        raise ValueError(f"group {bad}: rewards must be finite, got {gs[bad].rewards.tolist()}")
+    def __init__(
+        self,
+        *,
+        advantage_mode: str = "maxrl",
+        transform_mode: str = "gtpo_sepa",
+        algorithm_mode: str | None = "",
+        gtpo_beta: float = 0.1,
+        hicra_alpha: float = 0.2,
+        uncertainty_kind: str = "surprisal",
+        advantage_params: Mapping[str, Any] | None = None,
+        transform_params: Mapping[str, Any] | None = None,
+        skip_uninformative: bool = True,
+        search_paths: Iterable[str] = (),
+    ):
+        paths = tuple(search_paths)
+        self.algorithm_mode = algorithm_mode or ""
+        self.gtpo_beta = gtpo_beta
+        self.hicra_alpha = hicra_alpha
+        self.uncertainty_kind = uncertainty_kind
+        self.advantage_params = dict(advantage_params or {})
+        self.transform_params = dict(transform_params or {})
+        self.skip_uninformative = skip_uninformative
+        self._algorithm: Callable | None = None  # an algorithm plugin
+        self._episode: Callable | None = None  # see plugins.EpisodeFn
+        self._transform: Callable | None = None  # a transform plugin
+        self._kernel = ""  # a built-in transform's vectorised kernel
+        self._token_varying = False  # the kernel's registry entry says so
+        self._varies: bool | None = None  # varies_per_token(), once known
+        if self.algorithm_mode:
+            entry = builtin_entry(registry.ALGORITHM_MODES, self.algorithm_mode)
+            if entry is not None and entry.alias_of:
+                advantage_mode, transform_mode = entry.alias_of
+            else:
+                self._algorithm = resolve_callable(
+                    registry.ALGORITHM_MODES, self.algorithm_mode, paths
+                )
+        self.advantage_mode, self.transform_mode = advantage_mode, transform_mode
+        if self._algorithm is None:
+            self._resolve_transform(paths)
+            self._episode = episode_fn(advantage_mode, paths)
+        self._uncertainty = resolve_uncertainty(uncertainty_kind, paths)
+        self._uncertainty_builtin = registry.UNCERTAINTY_KINDS.is_builtin(uncertainty_kind)
+        self.needs_entropies = requires_entropies(uncertainty_kind)
 
-    # what runs: a built-in algorithm is just an advantage/transform pair
-    algorithm_fn: Callable | None = None
-    if algorithm_mode:
-        fn = ALGORITHM_MODES.resolve(algorithm_mode, search_paths)
-        pair = getattr(fn, "pipeline_modes", None)
-        if ALGORITHM_MODES.is_builtin(algorithm_mode) and pair:
-            advantage_mode, transform_mode = pair
-        elif not callable(fn):
-            raise PluginError(f"algorithm_mode plugin {algorithm_mode!r} is not callable")
+    def _resolve_transform(self, paths: tuple[str, ...]) -> None:
+        entry = builtin_entry(registry.TRANSFORM_MODES, self.transform_mode)
+        if entry is not None and entry.kernel:
+            self._kernel, self._token_varying = entry.kernel, entry.token_varying
         else:
-            algorithm_fn = fn
-    transform_fn = None
-    flat_mode = None
-    grouped_advantage = None
-    if algorithm_fn is None:
-        transform_fn = TRANSFORM_MODES.resolve(transform_mode, search_paths)
-        if TRANSFORM_MODES.is_builtin(transform_mode):
-            flat_mode = getattr(transform_fn, "flat_mode", None)
-        elif not callable(transform_fn):
-            raise PluginError(f"transform_mode plugin {transform_mode!r} is not callable")
-        run_advantage = _resolve_advantage(advantage_mode, search_paths)
-        grouped_advantage = getattr(run_advantage, "grouped", None)
-    uncertainty_fn = resolve_uncertainty(uncertainty_kind, search_paths)
-    uncertainty_builtin = UNCERTAINTY_KINDS.is_builtin(uncertainty_kind)
+            self._transform = resolve_callable(registry.TRANSFORM_MODES, self.transform_mode, paths)
 
-    # 1. skip uninformative groups (all rewards equal)
-    if skip_uninformative and gs:
-        starts = np.zeros(len(gs), dtype=np.int64)
-        np.cumsum(sizes[:-1], out=starts[1:])
-        lo = np.minimum.reduceat(rewards, starts)
-        hi = np.maximum.reduceat(rewards, starts)
-        equal = lo == hi
-        skipped: list[str | None] = [
-            ("all_correct" if lo[i] > 0 else "all_wrong") if equal[i] else None
-            for i in range(len(gs))
-        ]
-        stats.skipped_all_correct = int(np.count_nonzero(equal & (lo > 0)))
-        stats.skipped_all_wrong = int(np.count_nonzero(equal & ~(lo > 0)))
-        keep_mask = ~equal
-    else:
-        skipped = [None] * len(gs)
-        keep_mask = np.ones(len(gs), dtype=bool)
-    kept = [g for g, s in zip(gs, skipped) if s is None]
-    stats.kept_groups = len(kept)
-    kept_sizes = sizes[keep_mask]
+    def __repr__(self) -> str:
+        flow = self.algorithm_mode or f"{self.advantage_mode}+{self.transform_mode}"
+        return f"AdvantagePipeline({flow}, uncertainty={self.uncertainty_kind})"
 
-    # 2. episode advantages, one per completion of the kept groups
-    episode_C = np.zeros(0)
-    if algorithm_fn is None and kept:
-        if grouped_advantage is not None:
-            kept_rewards = np.concatenate([g.rewards for g in kept])
-            episode_C = grouped_advantage(kept_rewards, kept_sizes, adv_params)
+    # ------------------------------------------------------------------ a call
+
+    def __call__(
+        self, groups: Sequence[TokenGroup], *, sepa_lambda: LambdaSource = 0.0, step: int = 0
+    ) -> BatchAdvantages:
+        """Token advantages for every group of a step, plus the step's statistics (see
+        the module docstring for the steps and for `sepa_lambda` as a callable)."""
+        gs = [_checked_group(i, g) for i, g in enumerate(groups)]
+        stats = AdvantageStats(num_groups=len(gs))
+        if self.skip_uninformative and gs:
+            skipped = _skip_reasons(gs, stats)
         else:
-            episode_C = np.concatenate([run_advantage(g.rewards, adv_params) for g in kept])
+            skipped = [None] * len(gs)
+        kept = [g for g, s in zip(gs, skipped) if s is None]
+        stats.kept_groups = len(kept)
+        episode = self._episode_advantages(kept)
+        tokens = self._tokens(kept)
+        _fill_stats(tokens, stats)
+        lam = sepa_lambda(stats) if callable(sepa_lambda) else sepa_lambda
+        stats.sepa_lambda = lam = check_sepa_lambda(lam)
+        if self._kernel:
+            per_group = self._run_kernel(kept, episode, tokens, lam)
+        else:
+            per_group, stats.extra_metrics = self._run_plugin(kept, episode, tokens, lam, step)
+        it = iter(per_group)
+        advantages = [None if s is not None else next(it) for s in skipped]
+        return BatchAdvantages(advantages=advantages, stats=stats, skipped=skipped)
 
-    # 3. uncertainties over every kept token
-    lengths = [x.size for g in kept for x in g.logprobs]
-    seg = Segments.from_lengths(lengths)
-    n_tokens = seg.total
-    entropies = None
-    if kept:
-        have_entropies = [g.entropies is not None for g in kept]
-        if all(have_entropies):
-            entropies = np.concatenate([x for g in kept for x in g.entropies])
-        elif any(have_entropies):
-            raise ValueError("entropies were given for some groups but not for others")
-    if uncertainty_builtin:
-        # built-ins compute in place, in a reused buffer (see transforms.Workspace)
-        logprobs = Workspace.get("logprobs", n_tokens)
-        if n_tokens:
-            np.concatenate([x for g in kept for x in g.logprobs], out=logprobs)
-        h = uncertainty_fn(logprobs, entropies, out=logprobs)
-    else:
-        parts = [x for g in kept for x in g.logprobs]
-        logprobs = np.concatenate(parts) if parts else np.zeros(0)
-        if np.isnan(logprobs).any():
-            raise ValueError("logprobs contain NaN")
-        h = uncertainty_fn(logprobs, entropies)
-    if any(g.planning is not None for g in kept) and n_tokens:
-        plan = Workspace.get("planning", n_tokens, np.bool_)
-        np.concatenate([x for g in kept for x in g.planning_masks()], out=plan)
-        plan_index = np.flatnonzero(plan)
-    else:
-        plan_index = np.zeros(0, dtype=np.int64)
+    def _episode_advantages(self, kept: list[TokenGroup]) -> np.ndarray:
+        """Step 2: one episode advantage per completion of the kept groups."""
+        if self._episode is None or not kept:
+            return np.zeros(0)
+        return self._episode([g.rewards_G for g in kept], dict(self.advantage_params))
 
-    # 4. statistics (the per-completion sums of h are reused by the transforms)
-    segment_sums = seg.sum(h)
-    total = float(segment_sums.sum())
-    if not math.isfinite(total):
-        source = "entropies" if entropies is not None else "logprobs"
-        raise ValueError(f"uncertainties are not finite: the {source} contain NaN or +inf")
-    _compute_stats(h, plan_index, stats, total)
+    def _tokens(self, kept: list[TokenGroup]) -> _Tokens:
+        """Step 3: the uncertainty of every kept token, with the planning-token indices."""
+        parts = [x for g in kept for x in g.logprobs_G_T]
+        seg = Segments.from_lengths([x.size for x in parts])
+        entropies = _entropies(kept)
+        if self._uncertainty_builtin:
+            # built-ins compute in place, in a reused buffer (see transforms.Workspace)
+            logprobs = Workspace.get("logprobs", seg.total)
+            if seg.total:
+                np.concatenate(parts, out=logprobs)
+            h = self._uncertainty(logprobs, entropies, out=logprobs)
+        else:
+            logprobs = np.concatenate(parts) if parts else np.zeros(0)
+            if np.isnan(logprobs).any():
+                raise ValueError("logprobs contain NaN")
+            h = self._uncertainty(logprobs, entropies)
+        plan_index = _plan_index(kept, seg.total)
+        sums = seg.sum(h)
+        total = float(sums.sum())
+        if not math.isfinite(total):
+            source = "entropies" if entropies is not None else "logprobs"
+            raise ValueError(f"uncertainties are not finite: the {source} contain NaN or +inf")
+        return _Tokens(seg, h, plan_index, sums, total)
 
-    # 5. this step's SEPA lambda
-    lam = sepa_lambda(stats) if callable(sepa_lambda) else sepa_lambda
-    lam = check_sepa_lambda(lam)
-    stats.sepa_lambda = lam
-
-    # 6. token advantages
-    per_group: list[list[np.ndarray]] = []
-    if flat_mode is not None:
+    def _run_kernel(
+        self, kept: list[TokenGroup], episode: np.ndarray, t: _Tokens, lam: float
+    ) -> list[list[np.ndarray]]:
+        """Step 6 with a built-in transform: one kernel call over every kept token."""
         flat = token_advantages_flat(
-            flat_mode,
-            episode_C,
-            h,
+            self._kernel,
+            episode,
+            t.h,
             None,
-            seg,
-            gtpo_beta=gtpo_beta,
-            hicra_alpha=hicra_alpha,
+            t.seg,
+            gtpo_beta=self.gtpo_beta,
+            hicra_alpha=self.hicra_alpha,
             sepa_lambda=lam,
-            plan_index=plan_index,
-            segment_sums=segment_sums,
+            plan_index=t.plan_index,
+            segment_sums=t.segment_sums,
         )
-        pieces = seg.split(flat)
-        k = 0
-        for n in kept_sizes.tolist():
-            per_group.append(pieces[k : k + n])
-            k += n
-    else:
-        h_pieces = seg.split(h.copy())  # plugins may keep what they are given
-        metrics: dict[str, list[float]] = {}
-        k = 0
-        for g in kept:
-            n = g.rewards.size
+        return _by_group(t.seg.split(flat), kept)
+
+    def _run_plugin(
+        self, kept: list[TokenGroup], episode: np.ndarray, t: _Tokens, lam: float, step: int
+    ) -> tuple[list[list[np.ndarray]], dict[str, float]]:
+        """Steps 2 + 6 with an algorithm plugin, or 6 with a transform plugin: one call
+        per kept group; returns the advantages and the averaged extra metrics."""
+        h_by_group = _by_group(t.seg.split(t.h.copy()), kept)  # plugins may keep what they get
+        advantage_params, params = dict(self.advantage_params), dict(self.transform_params)
+        per_group, metrics, k = [], {}, 0
+        for g, h in zip(kept, h_by_group):
             common = dict(
-                logprobs_G_T=g.logprobs,
-                uncertainties_G_T=h_pieces[k : k + n],
-                planning_G_T=g.planning_masks(),
+                logprobs_G_T=g.logprobs_G_T,
+                uncertainties_G_T=h,
+                planning_G_T=_planning_masks(g),
                 sepa_lambda=lam,
                 step=step,
-                params=tr_params,
-                gtpo_beta=gtpo_beta,
-                hicra_alpha=hicra_alpha,
-                entropies_G_T=g.entropies,
-                uncertainty_kind=uncertainty_kind,
+                params=params,
+                gtpo_beta=self.gtpo_beta,
+                hicra_alpha=self.hicra_alpha,
+                entropies_G_T=g.entropies_G_T,
+                uncertainty_kind=self.uncertainty_kind,
             )
-            if algorithm_fn is not None:
-                kind, name, fn = "algorithm_mode", algorithm_mode, algorithm_fn
+            if self._algorithm is not None:
+                kind, name, fn = "algorithm_mode", self.algorithm_mode, self._algorithm
                 ctx: Any = AlgorithmContext(
-                    rewards_G=g.rewards.copy(), advantage_params=adv_params, **common
+                    rewards_G=g.rewards_G.copy(), advantage_params=advantage_params, **common
                 )
             else:
-                kind, name, fn = "transform_mode", transform_mode, transform_fn
-                ctx = TransformContext(episode_advantages_G=episode_C[k : k + n].copy(), **common)
-            out = _call_plugin(kind, str(name), fn, ctx)
-            arrays, extra = _validate_token_output(
-                kind, str(name), out, [x.size for x in g.logprobs]
-            )
+                kind, name, fn = "transform_mode", self.transform_mode, self._transform
+                n = g.rewards_G.size
+                ctx = TransformContext(episode_advantages_G=episode[k : k + n].copy(), **common)
+                k += n
+            out = call_plugin(kind, name, fn, ctx)
+            arrays, extra = check_token_output(kind, name, out, [x.size for x in g.logprobs_G_T])
             per_group.append(arrays)
             for key, v in extra.items():
                 metrics.setdefault(key, []).append(v)
-            k += n
-        stats.extra_metrics = {key: float(np.mean(v)) for key, v in metrics.items()}
+        return per_group, {key: float(np.mean(v)) for key, v in metrics.items()}
 
-    advantages: list[list[np.ndarray] | None] = []
-    it = iter(per_group)
-    for s in skipped:
-        advantages.append(None if s is not None else next(it))
-    return BatchAdvantages(advantages=advantages, stats=stats, skipped=skipped)
+    # ------------------------------------------------------------------ flow facts
+
+    def varies_per_token(self) -> bool:
+        """True when tokens of one completion can get different advantages. Built-in
+        transforms (and algorithm aliases) answer from their registry entry; plugins
+        are probed once on a small synthetic group, with surprisal as the uncertainty."""
+        if self._kernel:
+            return self._token_varying
+        if self._varies is None:
+            self._varies = self._probe()
+        return self._varies
+
+    def _probe(self) -> bool:
+        rng = np.random.default_rng(0)
+        group = TokenGroup(
+            np.array([1.0, 0.0, 0.0, 1.0]),
+            [-rng.exponential(1.0, size=12) for _ in range(4)],
+            [np.arange(12) < 3 for _ in range(4)],
+        )
+        probe = copy.copy(self)
+        probe.uncertainty_kind = "surprisal"
+        probe._uncertainty, probe._uncertainty_builtin = surprisal, True
+        advantages = probe([group], sepa_lambda=0.5).advantages[0] or []
+        return any(np.ptp(x) > 1e-12 for x in advantages)
 
 
 def compute_token_advantages(
@@ -578,56 +523,21 @@ def compute_token_advantages(
     `entropies_G_T` when given) one sequence per completion, of ragged lengths, as
     lists or numpy arrays. `planning_G_T=None` means no planning tokens. The group is
     never skipped here: equal rewards simply give zero advantages under grpo/maxrl.
+    Builds an :class:`AdvantagePipeline` on every call: for many calls, build one.
     """
-    group = _normalise_group(-1, rewards_G, logprobs_G_T, planning_G_T, entropies_G_T)
-    result = compute_batch_advantages(
-        [group],
+    pipeline = AdvantagePipeline(
         advantage_mode=advantage_mode,
         transform_mode=transform_mode,
         algorithm_mode=algorithm_mode,
         gtpo_beta=gtpo_beta,
         hicra_alpha=hicra_alpha,
-        sepa_lambda=sepa_lambda,
         uncertainty_kind=uncertainty_kind,
         advantage_params=advantage_params,
         transform_params=transform_params,
-        step=step,
         skip_uninformative=False,
         search_paths=search_paths,
     )
-    out = result.advantages[0]
+    group = TokenGroup(rewards_G, logprobs_G_T, planning_G_T, entropies_G_T)  # type: ignore[arg-type]
+    out = pipeline([group], sepa_lambda=sepa_lambda, step=step).advantages[0]
     assert out is not None
     return out
-
-
-# ------------------------------------------------- built-in algorithm_mode entries
-
-
-def _builtin_algorithm(advantage_mode: str, transform_mode: str) -> Callable:
-    def algorithm(ctx: AlgorithmContext) -> TransformOutput:
-        adv = compute_token_advantages(
-            ctx.rewards_G,
-            ctx.logprobs_G_T,
-            ctx.planning_G_T,
-            advantage_mode=advantage_mode,
-            transform_mode=transform_mode,
-            gtpo_beta=ctx.gtpo_beta,
-            hicra_alpha=ctx.hicra_alpha,
-            sepa_lambda=ctx.sepa_lambda,
-            uncertainty_kind=ctx.uncertainty_kind,
-            entropies_G_T=ctx.entropies_G_T,
-            advantage_params=ctx.advantage_params,
-            transform_params=ctx.params,
-            step=ctx.step,
-        )
-        return TransformOutput(adv)
-
-    algorithm.pipeline_modes = (advantage_mode, transform_mode)  # type: ignore[attr-defined]
-    algorithm.__name__ = f"algorithm_{advantage_mode}_{transform_mode}"
-    algorithm.__doc__ = f"{advantage_mode} episode advantages, then the {transform_mode} transform."
-    return algorithm
-
-
-algorithm_maxrl_gtpo = _builtin_algorithm("maxrl", "gtpo")
-algorithm_maxrl_gtpo_hicra = _builtin_algorithm("maxrl", "gtpo_hicra")
-algorithm_maxrl_gtpo_sepa = _builtin_algorithm("maxrl", "gtpo_sepa")

@@ -20,9 +20,10 @@ per-completion values are broadcast back to the tokens (``np.repeat``, or one sl
 fill per completion into a reused buffer), so there is no per-token Python loop. Within a completion GTPO's weight is affine in h, so it is computed as
 max(0, (beta / m_i) h_t + 1 - beta); planning tokens are handled through their flat
 indices (they are few), and large temporaries live in a reused :class:`Workspace`. The
-``transform_*`` functions are the registry entries: they take a
-:class:`~retrain.advantages.context.TransformContext` like any plugin, and carry a
-``flat_mode`` attribute that lets the pipeline call the kernel on a whole batch directly.
+``transform_*`` functions are the registry targets: they take a
+:class:`~retrain.advantages.context.TransformContext` like any plugin. The pipeline does
+not call them: each registry entry names its kernel mode (``Entry.kernel``), which the
+pipeline runs on a whole batch at once through :func:`token_advantages_flat`.
 """
 
 from __future__ import annotations
@@ -46,8 +47,7 @@ class Workspace:
     A step's token arrays are megabytes; allocating fresh temporaries for each of them
     on every call makes the allocator hand memory back to the OS and fault it in
     again, which costs more than the arithmetic. Buffers only grow; nothing in them
-    outlives a call or is ever returned to the caller. :func:`release_workspace`
-    frees them.
+    outlives a call or is ever returned to the caller.
     """
 
     _local = threading.local()
@@ -62,15 +62,6 @@ class Workspace:
             buf = np.empty(max(size, 1024), dtype=dtype)
             pool[name] = buf
         return buf[:size]
-
-    @classmethod
-    def release(cls) -> None:
-        cls._local.pool = {}
-
-
-def release_workspace() -> None:
-    """Free this thread's scratch buffers."""
-    Workspace.release()
 
 
 @dataclass(frozen=True)
@@ -210,33 +201,31 @@ def gtpo_weights(h: np.ndarray, seg: Segments, beta: float) -> np.ndarray:
     return w
 
 
-def sepa_pool(
-    h: np.ndarray,
-    planning: np.ndarray | None,
-    seg: Segments,
-    sepa_lambda: float,
-    *,
-    plan_index: np.ndarray | None = None,
-    out: np.ndarray | None = None,
+def _sepa_gtpo_weights(
+    h: np.ndarray, idx: np.ndarray, seg: Segments, sums: np.ndarray, beta: float, lam: float
 ) -> np.ndarray:
-    """h'_t = lambda mean_exec_i + (1 - lambda) h_t on execution tokens; planning tokens
-    keep h_t. lambda = 0 returns `h` itself. The planning tokens may be given as a bool
-    mask or as their flat indices (`plan_index`); `out` may receive the result."""
-    lam = check_sepa_lambda(sepa_lambda)
-    if lam == 0.0 or seg.total == 0:
-        return h
-    idx = _plan_index(planning, plan_index)
-    plan_h = h[idx]
-    exec_count = seg.lengths - (
-        np.bincount(seg.segment_of(idx), minlength=seg.count) if idx.size else 0
-    )
-    exec_sum = seg.sum(h) - seg.sum_at(idx, plan_h)
-    exec_mean = exec_sum / np.maximum(exec_count, 1)
-    shift = seg.repeat(lam * exec_mean, out=Workspace.get("sepa_shift", seg.total))
-    pooled = np.multiply(h, 1.0 - lam, out=out)
-    pooled += shift
-    pooled[idx] = plan_h
-    return pooled
+    """GTPO weights after SEPA pooling with strength `lam` (0: plain GTPO), in a reused
+    buffer; `idx` are the planning tokens' flat indices, `sums` the sum of h per
+    completion. See :func:`token_advantages_flat` for how pooling folds into the weight."""
+    slope, intercept, uniform = _gtpo_coefficients(seg, beta, sums)
+    w = Workspace.get("weights", seg.total)
+    if lam == 0.0:
+        seg.repeat(slope, out=w)
+        w *= h
+        w += intercept
+    else:
+        plan_h = h[idx]
+        plan_seg = seg.segment_of(idx)
+        exec_count = seg.lengths - np.bincount(plan_seg, minlength=seg.count)
+        exec_mean = (sums - seg.sum_at(idx, plan_h)) / np.maximum(exec_count, 1)
+        seg.repeat(slope * (1.0 - lam), out=w)
+        w *= h
+        w += seg.repeat(slope * lam * exec_mean + intercept, out=Workspace.get("shift", seg.total))
+        w[idx] = slope[plan_seg] * plan_h + intercept
+    np.maximum(w, 0.0, out=w)
+    if uniform.any():
+        _fix_uniform(w, seg, uniform, np.ones(seg.count))
+    return w
 
 
 def token_advantages_flat(
@@ -275,31 +264,11 @@ def token_advantages_flat(
     if mode == "none" or beta == 0.0 or seg.total == 0:
         out = seg.repeat(adv_C)
     else:
-        idx = _plan_index(planning_T, plan_index)
         h = uncertainties_T
         sums = seg.sum(h) if segment_sums is None else segment_sums
-        slope, intercept, uniform = _gtpo_coefficients(seg, beta, sums)
-        w = Workspace.get("weights", seg.total)
-        if lam == 0.0:
-            seg.repeat(slope, out=w)
-            w *= h
-            w += intercept
-        else:
-            plan_h = h[idx]
-            plan_seg = seg.segment_of(idx)
-            exec_count = seg.lengths - np.bincount(plan_seg, minlength=seg.count)
-            exec_mean = (sums - seg.sum_at(idx, plan_h)) / np.maximum(exec_count, 1)
-            seg.repeat(slope * (1.0 - lam), out=w)
-            w *= h
-            w += seg.repeat(
-                slope * lam * exec_mean + intercept, out=Workspace.get("shift", seg.total)
-            )
-            w[idx] = slope[plan_seg] * plan_h + intercept
-        np.maximum(w, 0.0, out=w)
-        if uniform.any():
-            _fix_uniform(w, seg, uniform, np.ones(seg.count))
+        idx = _plan_index(planning_T, plan_index)
         out = seg.repeat(adv_C)  # a new array: this becomes the result
-        out *= w
+        out *= _sepa_gtpo_weights(h, idx, seg, sums, beta, lam)
     if mode == "gtpo_hicra":
         alpha = check_hicra_alpha(hicra_alpha)
         idx = _plan_index(planning_T, plan_index)
@@ -346,13 +315,3 @@ def transform_gtpo_hicra(ctx: TransformContext) -> TransformOutput:
 def transform_gtpo_sepa(ctx: TransformContext) -> TransformOutput:
     """SEPA pooling of execution-token uncertainty, then GTPO."""
     return _run_on_context("gtpo_sepa", ctx)
-
-
-for _fn, _mode in (
-    (transform_none, "none"),
-    (transform_gtpo, "gtpo"),
-    (transform_gtpo_hicra, "gtpo_hicra"),
-    (transform_gtpo_sepa, "gtpo_sepa"),
-):
-    _fn.flat_mode = _mode  # type: ignore[attr-defined]
-del _fn, _mode

@@ -1,29 +1,27 @@
-"""The backend protocol, its capability record and option schemas.
+"""The backend protocol, what a backend says about itself, and its options.
 
-Importing this module is cheap (no torch): `explain`, `backends` and config
-validation read capabilities and option schemas without loading a backend.
+Importing this module is cheap (no torch): built-in backends are described by their
+entries in :data:`retrain.registry.BACKENDS`; a dotted-path plugin describes itself
+with the hooks below (or gets conservative defaults).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from retrain import registry
 from retrain.errors import PluginError
-from retrain.types import (
-    BackendCapabilities,
-    Datum,
-    OptionSpec,
-    Sample,
-    SamplingParams,
-    TrainHyper,
-    TrainResult,
-)
+from retrain.types import BackendCapabilities, OptionSpec
 
-BackendOptionSpec = OptionSpec  # TODO(helper A): drop
+if TYPE_CHECKING:  # the records the protocol exchanges: import them from retrain.types
+    from retrain.types import CheckpointInfo, Datum, Sample, SamplingParams, TrainHyper, TrainResult
+
+CAPABILITY_HOOKS = ("retrain_backend_capabilities", "RETRAIN_BACKEND_CAPABILITIES")
+OPTION_SCHEMA_HOOKS = ("retrain_backend_option_schema", "RETRAIN_BACKEND_OPTION_SCHEMA")
 
 
 def backend_options(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -33,97 +31,15 @@ def backend_options(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
     return {**{key: spec.default for key, spec in options.items()}, **given}
 
 
-def _positive(value: Any) -> str | None:
-    return None if value > 0 else f"must be > 0, got {value!r}"
-
-
-def _strict_only(value: Any) -> str | None:
-    return (
-        None
-        if value
-        else "strict_advantages=false is not allowed: it would silently aggregate token advantages"
-    )
-
-
-BUILTIN_CAPABILITIES: dict[str, BackendCapabilities] = {
-    "local": BackendCapabilities(True, True, True, False, token_data=("entropy",)),
-    "tinker": BackendCapabilities(True, True, True, True),
-    "prime_rl": BackendCapabilities(False, False, True, False),
-}
-
-BUILTIN_OPTIONS: dict[str, dict[str, BackendOptionSpec]] = {
-    "local": {
-        "micro_batch_tokens": BackendOptionSpec(
-            "int",
-            4096,
-            "Token budget per forward/backward micro-batch (bounds memory)",
-            validator=_positive,
-        ),
-        "threads": BackendOptionSpec("int", 0, "torch CPU threads. 0 = torch's default"),
-        "prompt_batch": BackendOptionSpec(
-            "int", 0, "Prompts sampled together in one generate call. 0 = all of the step's prompts"
-        ),
-    },
-    "tinker": {
-        "max_retries": BackendOptionSpec(
-            "int", 5, "Attempts per Tinker call before giving up", validator=_positive
-        ),
-        "retry_backoff_s": BackendOptionSpec(
-            "float", 2.0, "First retry delay; doubles per attempt", validator=_positive
-        ),
-        "timeout_s": BackendOptionSpec(
-            "float", 600.0, "Seconds to wait for one Tinker call", validator=_positive
-        ),
-        "keepalive_s": BackendOptionSpec(
-            "float",
-            60.0,
-            "Heartbeat period that keeps the session alive during local work. 0 = off",
-        ),
-    },
-    "prime_rl": {
-        "transport": BackendOptionSpec(
-            "str", "filesystem", "PRIME-RL transport", choices=("filesystem", "zmq")
-        ),
-        "strict_advantages": BackendOptionSpec(
-            "bool", True, "Reject token-varying advantages", validator=_strict_only
-        ),
-        "zmq_host": BackendOptionSpec("str", "localhost", "ZMQ host"),
-        "zmq_port": BackendOptionSpec("int", 5555, "ZMQ port"),
-        "zmq_hwm": BackendOptionSpec("int", 10, "ZMQ high-water mark"),
-        "sync_wait_s": BackendOptionSpec("float", 30.0, "Seconds to wait for a weight broadcast"),
-        "sync_poll_s": BackendOptionSpec("float", 0.5, "Poll period while waiting for weights"),
-    },
-}
-
-DEPENDENCY_HINTS = {
-    "local": "pip install 'retrain[local]'  (torch, transformers, peft, safetensors, gguf)",
-    "tinker": "pip install 'retrain[tinker]'  (the tinker SDK)",
-    "prime_rl": "install prime-rl next to retrain and start its trainer + inference",
-}
-
-# Sections each built-in backend ignores (explain and startup say so).
-IGNORED_SECTIONS = {
-    "local": (),
-    "tinker": (
-        "[inference]",
-        "[backend] devices",
-        "[backend] adapter_path",
-        "[lora] alpha/dropout/target_modules",
-    ),
-    "prime_rl": ("[inference] engine",),
-}
-
-CAPABILITY_HOOKS = ("retrain_backend_capabilities", "RETRAIN_BACKEND_CAPABILITIES")
-OPTION_SCHEMA_HOOKS = ("retrain_backend_option_schema", "RETRAIN_BACKEND_OPTION_SCHEMA")
-
-
 @dataclass(frozen=True)
 class BackendInfo:
+    """What retrain knows of a backend without building it."""
+
     name: str
     capabilities: BackendCapabilities
-    options: dict[str, BackendOptionSpec]
+    options: dict[str, OptionSpec]
     source: str  # "builtin" | "plugin" | "plugin/default"
-    dependency_hint: str = ""
+    ignores: tuple[str, ...] = ()  # config keys/sections a built-in does not use
 
 
 def _hook(obj: Any, module: Any, names: tuple[str, ...]) -> Any:
@@ -138,79 +54,75 @@ def _hook(obj: Any, module: Any, names: tuple[str, ...]) -> Any:
 def _capabilities_from(value: Any, name: str) -> BackendCapabilities:
     if isinstance(value, BackendCapabilities):
         return value
-    if isinstance(value, Mapping):
-        known = {
-            "reports_sync_loss",
-            "preserves_token_advantages",
-            "supports_checkpoint_resume",
-            "resume_runtime_dependent",
-            "token_data",
-        }
-        unknown = set(value) - known
-        if unknown:
-            raise PluginError(f"backend {name}: capability hook has unknown keys {sorted(unknown)}")
-        data = dict(value)
-        if "token_data" in data:
-            data["token_data"] = tuple(data["token_data"])
-        return BackendCapabilities(**data)
-    raise PluginError(
-        f"backend {name}: capability hook returned {type(value).__name__}, expected BackendCapabilities or dict"
+    if not isinstance(value, Mapping):
+        raise PluginError(
+            f"backend {name}: capability hook returned {type(value).__name__}, expected BackendCapabilities or dict"
+        )
+    unknown = set(value) - {f.name for f in fields(BackendCapabilities)}
+    if unknown:
+        raise PluginError(f"backend {name}: capability hook has unknown keys {sorted(unknown)}")
+    data = dict(value)
+    if "token_data" in data:
+        data["token_data"] = tuple(data["token_data"])
+    return BackendCapabilities(**data)
+
+
+def _option_from(key: str, spec: Any, name: str) -> OptionSpec:
+    if isinstance(spec, OptionSpec):
+        return spec
+    if not isinstance(spec, Mapping):
+        raise PluginError(f"backend {name}: option {key!r} spec must be OptionSpec or dict")
+    typ = spec.get("type", spec.get("value_type"))
+    return OptionSpec(
+        str(getattr(typ, "__name__", typ)),
+        spec.get("default"),
+        spec.get("help", ""),
+        tuple(spec["choices"]) if spec.get("choices") else None,
+        spec.get("validator"),
     )
 
 
-def _options_from(value: Any, name: str) -> dict[str, BackendOptionSpec]:
+def _options_from(value: Any, name: str) -> dict[str, OptionSpec]:
     if not isinstance(value, Mapping):
         raise PluginError(f"backend {name}: option schema hook must return a mapping")
-    out = {}
-    for key, spec in value.items():
-        if isinstance(spec, BackendOptionSpec):
-            out[key] = spec
-        elif isinstance(spec, Mapping):
-            typ = spec.get("type", spec.get("value_type"))
-            typ = getattr(typ, "__name__", typ)
-            out[key] = BackendOptionSpec(
-                str(typ),
-                spec.get("default"),
-                spec.get("help", ""),
-                tuple(spec["choices"]) if spec.get("choices") else None,
-                spec.get("validator"),
-            )
-        else:
-            raise PluginError(
-                f"backend {name}: option {key!r} spec must be BackendOptionSpec or dict"
-            )
-    return out
+    return {key: _option_from(key, spec, name) for key, spec in value.items()}
+
+
+def _plugin_info(name: str, search_paths: tuple[str, ...]) -> BackendInfo:
+    obj = registry.BACKENDS.resolve(name, search_paths)
+    module_name = getattr(obj, "__module__", None)
+    module = importlib.import_module(module_name) if module_name else None
+    caps = _hook(obj, module, CAPABILITY_HOOKS)
+    opts = _hook(obj, module, OPTION_SCHEMA_HOOKS)
+    return BackendInfo(
+        name,
+        _capabilities_from(caps, name) if caps is not None else BackendCapabilities(),
+        _options_from(opts, name) if opts is not None else {},
+        "plugin" if caps is not None else "plugin/default",
+    )
 
 
 def backend_info(
     name: str, search_paths: tuple[str, ...] = (), *, import_plugins: bool = True
 ) -> BackendInfo:
-    """Capabilities and options of a built-in backend or a dotted-path plugin. Plugins
-    without hooks get conservative defaults (no token advantages) as plugin/default."""
-    canon = registry.BACKENDS.canonical(name)
-    if canon in BUILTIN_CAPABILITIES:
+    """Capabilities and options of a built-in backend (from its registry entry) or of a
+    dotted-path plugin (from its hooks). Plugins without a capability hook get
+    conservative defaults (no token advantages) as plugin/default. A built-in name that
+    is not built in this version raises PluginError with the fix."""
+    entry = registry.BACKENDS.entry(name)
+    if entry is not None:
+        if not entry.available:
+            raise PluginError(registry.BACKENDS.check(name) or entry.not_built)
         return BackendInfo(
-            canon,
-            BUILTIN_CAPABILITIES[canon],
-            BUILTIN_OPTIONS[canon],
+            entry.name,
+            entry.capabilities or BackendCapabilities(),
+            dict(entry.options),
             "builtin",
-            DEPENDENCY_HINTS[canon],
+            entry.ignores,
         )
     if not import_plugins:
         return BackendInfo(name, BackendCapabilities(), {}, "plugin/default")
-    import importlib
-
-    obj = registry.BACKENDS.resolve(name, search_paths)
-    module = importlib.import_module(obj.__module__) if hasattr(obj, "__module__") else None
-    caps = _hook(obj, module, CAPABILITY_HOOKS)
-    opts = _hook(obj, module, OPTION_SCHEMA_HOOKS)
-    source = "plugin" if caps is not None else "plugin/default"
-    return BackendInfo(
-        name,
-        _capabilities_from(caps, name) if caps is not None else BackendCapabilities(),
-        _options_from(opts, name) if opts is not None else {},
-        source,
-    )
+    return _plugin_info(name, search_paths)
 
 
 # ---------------------------------------------------------------- the protocol
@@ -228,13 +140,12 @@ class Backend(Protocol):
     def train_step(self, datums: list[Datum], hyper: TrainHyper) -> TrainResult:
         """One optimizer step on the datums."""
 
-    def save_checkpoint(self, directory: Path) -> dict[str, Any]:
+    def save_checkpoint(self, directory: Path) -> CheckpointInfo:
         """Save weights (+ optimizer) as `directory` (`adapter_path/checkpoint_step_N` or
         `adapter_path/final`; a remote backend uses its last part as the checkpoint name).
-        Returns what load_checkpoint needs; "adapter" (local dir) or "sampler_path"
-        (remote) says where the adapter can be read."""
+        The record's `adapter` says where the adapter can be read."""
 
-    def load_checkpoint(self, info: dict[str, Any]) -> None:
+    def load_checkpoint(self, info: CheckpointInfo) -> None:
         """Restore what save_checkpoint returned."""
 
     def close(self) -> None: ...

@@ -19,10 +19,11 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from retrain.backends.base import backend_options
@@ -30,6 +31,7 @@ from retrain.errors import BackendError, CheckpointError, TrainingError
 from retrain.models import resolve_model
 from retrain.registry import BACKENDS
 from retrain.types import (
+    CheckpointInfo,
     Datum,
     Sample,
     SamplingParams,
@@ -160,7 +162,7 @@ class LocalBackend:
     # ------------------------------------------------------------ training
 
     def completion_logprobs(
-        self, prompt_ids: list[int], completions: list[list[int]], temperature: float
+        self, prompt_ids: list[int], completions: Sequence[np.ndarray], temperature: float
     ) -> torch.Tensor:
         """Logprobs (n, Cmax) of each completion's tokens given the prompt, at the sampling
         temperature, with the prompt's KV cache shared across completions. Pads are 0."""
@@ -173,9 +175,10 @@ class LocalBackend:
         first = out.logits[:, -1, :]  # predicts each completion's first token
         n = len(completions)
         width = max(len(c) for c in completions)
-        comp = torch.zeros((n, width), dtype=torch.long, device=device)
+        comp_np = np.zeros((n, width), dtype=np.int64)
         for i, c in enumerate(completions):
-            comp[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+            comp_np[i, : len(c)] = c
+        comp = torch.from_numpy(comp_np).to(device)
         cache.batch_repeat_interleave(n)
         positions = torch.arange(len(prompt_ids), len(prompt_ids) + width, device=device).expand(
             n, width
@@ -259,22 +262,14 @@ class LocalBackend:
             logp = self.completion_logprobs(
                 chunk[0].prompt_ids, [d.completion_ids for d in chunk], temperature
             )
-            n, width = logp.shape
-            mask = torch.zeros((n, width), dtype=torch.bool, device=logp.device)
-            adv = torch.zeros((n, width), dtype=torch.float32, device=logp.device)
-            old = torch.zeros((n, width), dtype=torch.float32, device=logp.device)
-            for i, d in enumerate(chunk):
-                k = len(d.completion_ids)
-                mask[i, :k] = True
-                adv[i, :k] = torch.tensor(d.advantages, dtype=torch.float32)
-                old[i, :k] = torch.tensor(d.sampler_logprobs, dtype=torch.float32)
+            mask, adv, old = _padded(chunk, logp.shape[1], logp.device)
             log_ratio = torch.where(mask, logp - old, torch.zeros_like(logp))
             loss = -(adv * torch.exp(log_ratio) * mask).sum() / total
             value = float(loss.detach())
             if not math.isfinite(value):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise TrainingError(
-                    f"loss is {value} (non-finite) in a micro-batch of {n} completions; the weights were not updated"
+                    f"loss is {value} (non-finite) in a micro-batch of {len(chunk)} completions; the weights were not updated"
                 )
             loss.backward()
             loss_sum += value
@@ -308,7 +303,7 @@ class LocalBackend:
 
     # ------------------------------------------------------------ checkpoints
 
-    def save_checkpoint(self, directory: str | Path) -> dict[str, Any]:
+    def save_checkpoint(self, directory: str | Path) -> CheckpointInfo:
         """Write the adapter (PEFT format) + optimizer and RNG state to `directory`,
         atomically: everything goes to a temporary sibling that is renamed at the end."""
         target = Path(directory)
@@ -332,13 +327,13 @@ class LocalBackend:
                 os.replace(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        return {"adapter": str(target)}
+        return CheckpointInfo("local", adapter=str(target), state=str(target))
 
-    def load_checkpoint(self, info: dict[str, Any]) -> None:
+    def load_checkpoint(self, info: CheckpointInfo) -> None:
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
-        path = Path(info["adapter"])
+        path = Path(info.state)
         weights = path / "adapter_model.safetensors"
         if not weights.exists():
             raise CheckpointError(f"checkpoint {path} has no adapter_model.safetensors")
@@ -367,6 +362,22 @@ class LocalBackend:
 
     def close(self) -> None:
         pass
+
+
+def _padded(
+    chunk: Sequence[Datum], width: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mask, advantages, sampler logprobs) of a micro-batch, right-padded to `width`."""
+    n = len(chunk)
+    mask = np.zeros((n, width), dtype=bool)
+    adv = np.zeros((n, width), dtype=np.float32)
+    old = np.zeros((n, width), dtype=np.float32)
+    for i, d in enumerate(chunk):
+        k = d.completion_ids.size
+        mask[i, :k] = True
+        adv[i, :k] = d.advantages
+        old[i, :k] = d.sampler_logprobs
+    return tuple(torch.from_numpy(x).to(device) for x in (mask, adv, old))
 
 
 def _fsync_dir(path: Path) -> None:

@@ -47,6 +47,7 @@ from retrain.backends.base import backend_options
 from retrain.errors import BackendError, CheckpointError
 from retrain.registry import BACKENDS
 from retrain.types import (
+    CheckpointInfo,
     Datum,
     Sample,
     SamplingParams,
@@ -282,22 +283,18 @@ def _tensor(tinker: Any, values: Sequence[float | int], dtype: str) -> Any:
 
 def build_tinker_datum(tinker: Any, datum: Datum, advantage_scale: float = 1.0) -> Any:
     """One retrain Datum as a Tinker Datum for the importance-sampling loss."""
-    prompt, completion = list(datum.prompt_ids), list(datum.completion_ids)
+    # (a Datum's per-token arrays have equal lengths by construction)
+    prompt, completion = list(datum.prompt_ids), datum.completion_ids.tolist()
     n_p, n_c = len(prompt), len(completion)
     if n_p < 1 or n_c < 1:
         raise BackendError(
             f"cannot train on a datum with {n_p} prompt and {n_c} completion tokens "
             "(Tinker needs at least one of each)"
         )
-    if len(datum.sampler_logprobs) != n_c or len(datum.advantages) != n_c:
-        raise BackendError(
-            f"datum has {n_c} completion tokens but {len(datum.sampler_logprobs)} sampler logprobs "
-            f"and {len(datum.advantages)} advantages"
-        )
     tokens = prompt + completion
     pad = [0.0] * (n_p - 1)
-    logprobs = pad + [float(x) for x in datum.sampler_logprobs]
-    advantages = pad + [float(a) * advantage_scale for a in datum.advantages]
+    logprobs = pad + datum.sampler_logprobs.tolist()
+    advantages = pad + (datum.advantages * advantage_scale).tolist()
     return tinker.Datum(
         model_input=tinker.ModelInput.from_ints(tokens[:-1]),
         loss_fn_inputs={
@@ -417,31 +414,23 @@ def checkpoint_name(directory: str | Path) -> str:
     return name or "checkpoint"
 
 
-def ignored_settings(config) -> list[str]:
-    """Settings this backend does not use that the config sets to non-default values."""
-    from retrain.config.schema import BackendConfig, InferenceConfig, LoraConfig
+def ignored_settings(config, ignores: Sequence[str]) -> list[str]:
+    """The settings named by a registry entry's `ignores` ("[table]", "[table] key" or
+    "[table] a/b/c") that the config sets to non-default values."""
+    from retrain.config.schema import TABLES
 
     out = []
-    inference, default_inference = config.inference, InferenceConfig()
-    changed = [
-        f.name
-        for f in dataclasses.fields(InferenceConfig)
-        if getattr(inference, f.name) != getattr(default_inference, f.name)
-    ]
-    if changed:
-        out.append("[inference] " + ", ".join(changed))
-    default_backend = BackendConfig()
-    for key in ("devices", "adapter_path"):
-        if getattr(config.backend, key) != getattr(default_backend, key):
-            out.append(f"[backend] {key}")
-    default_lora = LoraConfig()
-    lora = [
-        f.name
-        for f in dataclasses.fields(LoraConfig)
-        if getattr(config.lora, f.name) != getattr(default_lora, f.name)
-    ]
-    if lora:
-        out.append("[lora] " + ", ".join(lora))
+    for spec in ignores:
+        table, _, keys = spec.lstrip("[").partition("]")
+        section, default = getattr(config, table), TABLES[table]()
+        names = (
+            keys.strip().split("/")
+            if keys.strip()
+            else [f.name for f in dataclasses.fields(section)]
+        )
+        changed = [n for n in names if getattr(section, n) != getattr(default, n)]
+        if changed:
+            out.append(f"[{table}] " + ", ".join(changed))
     return out
 
 
@@ -481,7 +470,7 @@ class TinkerBackend:
 
         self.throttle = throttle_for(config.backend)
 
-        ignored = ignored_settings(config)
+        ignored = ignored_settings(config, BACKENDS.entry("tinker").ignores)
         if ignored:
             say(
                 f"Note: the tinker backend ignores {'; '.join(ignored)} "
@@ -677,7 +666,7 @@ class TinkerBackend:
 
     # ------------------------------------------------------------ checkpoints
 
-    def save_checkpoint(self, directory: str | Path) -> dict[str, Any]:
+    def save_checkpoint(self, directory: str | Path) -> CheckpointInfo:
         """Save the training state (weights + optimizer) on the service under the name of
         `directory` (`checkpoint_step_N`, `final`), plus sampler weights under the same name
         (a PEFT adapter that `retrain squeeze` can fetch). Nothing is written locally."""
@@ -686,31 +675,34 @@ class TinkerBackend:
         state = self._call(
             lambda: training.save_state(name).result(self.timeout_s), f"save_state({name})"
         )
-        info: dict[str, Any] = {
-            "backend": "tinker",
-            "path": str(state.path),
-            "name": name,
-            "model": self.model,
-            "lora_rank": self.rank,
-            "base_url": self.base_url,
-            "sdk_version": self.version,
-        }
+        sampler_path = ""
         if hasattr(training, "save_weights_for_sampler"):
             sampler = self._call(
                 lambda: training.save_weights_for_sampler(name).result(self.timeout_s),
                 f"save_weights_for_sampler({name})",
             )
-            info["sampler_path"] = str(sampler.path)
-        return info
+            sampler_path = str(sampler.path)
+        return CheckpointInfo(
+            "tinker",
+            adapter=sampler_path,
+            state=str(state.path),
+            extra={
+                "name": name,
+                "model": self.model,
+                "lora_rank": self.rank,
+                "base_url": self.base_url,
+                "sdk_version": self.version,
+            },
+        )
 
-    def load_checkpoint(self, info: dict[str, Any]) -> None:
-        path = str((info or {}).get("path") or "")
+    def load_checkpoint(self, info: CheckpointInfo) -> None:
+        path = info.state
         if not path.startswith("tinker://"):
             raise CheckpointError(
-                f"the checkpoint {info!r} is not a Tinker checkpoint (no tinker:// path): it was "
-                "saved by another backend; resume it with that backend"
+                f"the checkpoint {path or info!r} is not a Tinker checkpoint (no tinker:// path): it "
+                f"was saved by the {info.backend or 'another'} backend; resume it with that backend"
             )
-        saved_url = str(info.get("base_url") or "")
+        saved_url = str(info.extra.get("base_url") or "")
         if saved_url != self.base_url:
             self.say(
                 f"Note: the checkpoint was saved on {saved_url or 'the SDK default service'}; "

@@ -27,7 +27,6 @@ each got), 2 for configuration errors found before anything starts.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -50,14 +49,14 @@ from retrain.campaign.expand import (
     expand_pairs,
     uses_throttle,
 )
-from retrain.throttle import ENV_DIR, ENV_MAX
 from retrain.config.schema import Config
+from retrain.config.toml_writer import config_to_toml
 from retrain.errors import ConfigError, RetrainError
 from retrain.logs.jsonl import write_json_atomic
+from retrain.logs.rundir import MANIFEST, RunDir, read_json
+from retrain.throttle import ENV_DIR, ENV_MAX
 
-MANIFEST = "manifest.json"
 BASE_CONFIG = "base_config.toml"
-STATE_FILE = "trainer_state.json"
 MANIFEST_VERSION = 1
 
 # Per-run states in the manifest.
@@ -71,17 +70,16 @@ PENDING, RUNNING, FINISHED, FAILED, INTERRUPTED = (
 
 
 def final_adapter(run: RunSpec) -> str:
-    """The finished run's adapter: what its trainer_state.json points at (a tinker://
-    path for remote backends), else the local `adapter_path/final`."""
-    from retrain.checkpoint import adapter_location, load_state
+    """The finished run's adapter: where its last checkpoint says it can be read (a
+    tinker:// path for remote backends), else the local `adapter_path/final`."""
+    from retrain.checkpoint import load_state
     from retrain.errors import CheckpointError
 
     try:
-        return adapter_location(load_state(run.log_dir).checkpoint) or str(
-            Path(run.adapter_path) / "final"
-        )
+        adapter = load_state(run.log_dir).checkpoint.adapter
     except CheckpointError:
-        return str(Path(run.adapter_path) / "final")
+        adapter = ""
+    return adapter or str(Path(run.adapter_path) / "final")
 
 
 class CampaignError(RetrainError):
@@ -100,15 +98,11 @@ def run_python_args(run: RunSpec, resume: bool) -> list[str]:
 
 
 def has_checkpoint(run: RunSpec) -> bool:
-    return (Path(run.log_dir) / STATE_FILE).is_file()
+    return RunDir(run.log_dir).has_checkpoint
 
 
 def state_finished(run: RunSpec) -> bool:
-    try:
-        state = json.loads((Path(run.log_dir) / STATE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(state, dict) and state.get("finished") is True
+    return RunDir(run.log_dir).finished
 
 
 def set_aside_partial_logs(run: RunSpec, attempt: int) -> list[str]:
@@ -689,7 +683,7 @@ def _new_manifest(config: Config, campaign_dir: Path, runs: list[RunSpec], confi
         "created_at": time.time(),
         "updated_at": time.time(),
         "status": PENDING,
-        "base_config": tomllib.loads(config.to_toml()),
+        "base_config": tomllib.loads(config_to_toml(config)),
         "conditions": [condition_label(a, t) for a, t in pairs],
         "seeds": list(config.campaign.seeds),
         "max_steps": config.campaign.max_steps,
@@ -738,18 +732,18 @@ def load_manifest(campaign_dir: str | Path) -> dict[str, Any]:
     if not path.is_file():
         hint = (
             " (it looks like a single run's log dir: resume it with the run's own TOML)"
-            if (Path(campaign_dir) / STATE_FILE).exists()
+            if RunDir(campaign_dir).has_checkpoint
             else ""
         )
         raise CampaignError(
             f"[resume] from: {campaign_dir} holds no {MANIFEST}, so it is not a campaign directory{hint}"
         )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CampaignError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
-        raise CampaignError(f"{path} is not a campaign manifest (no runs list)")
+    problems: list[str] = []
+    data = read_json(path, problems)
+    if data is None or not isinstance(data.get("runs"), list):
+        raise CampaignError(
+            problems[0] if problems else f"{path} is not a campaign manifest (no runs list)"
+        )
     return data
 
 
@@ -802,7 +796,7 @@ def run_campaign(
         runs = expand_campaign(config, campaign_dir)
         manifest = _new_manifest(config, campaign_dir, runs, config_path)
         try:
-            (campaign_dir / BASE_CONFIG).write_text(config.to_toml(), encoding="utf-8")
+            (campaign_dir / BASE_CONFIG).write_text(config_to_toml(config), encoding="utf-8")
         except OSError as exc:
             raise RetrainError(f"cannot write {campaign_dir / BASE_CONFIG}: {exc}") from exc
     campaign = Campaign(config, campaign_dir, runs, manifest, config_path=config_path, out=out)

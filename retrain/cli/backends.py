@@ -1,7 +1,9 @@
 """`retrain backends [NAME...] [--json] [--config PATH]`: every backend, its capabilities,
-dependency hints, `[backend.options]` schema and the plugin metadata hooks.
+dependencies, `[backend.options]` schema and the plugin metadata hooks; and every
+inference engine, whether it is built in this version and what it needs.
 
-Built-ins come from the static tables in :mod:`retrain.backends.base` (no torch import).
+Built-ins come from their entries in :mod:`retrain.registry` (no torch import). An entry
+that is not built in this version is listed as such, with its fix, never as available.
 Dotted-path backends are added from the command line, from the config's `[backend]
 backend`, and from plugin modules found on `[plugins] search_paths`; a plugin without
 capability hooks is reported with conservative defaults as `source=plugin/default`.
@@ -12,33 +14,22 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from retrain import registry
 from retrain.backends.base import (
     CAPABILITY_HOOKS,
-    IGNORED_SECTIONS,
     OPTION_SCHEMA_HOOKS,
-    BackendCapabilities,
     BackendInfo,
     backend_info,
 )
 from retrain.errors import ConfigError, PluginError
+from retrain.registry import Entry
+from retrain.types import BackendCapabilities
 
-# Python modules each built-in backend needs at run time.
-BUILTIN_MODULES = {
-    "local": ("torch", "transformers", "peft"),
-    "tinker": ("tinker",),
-    "prime_rl": ("prime_rl",),
-}
-CAPABILITY_FIELDS = (
-    "reports_sync_loss",
-    "preserves_token_advantages",
-    "supports_checkpoint_resume",
-    "resume_runtime_dependent",
-    "token_data",
-)
+CAPABILITY_FIELDS = tuple(f.name for f in fields(BackendCapabilities))
 CAPABILITY_HELP = {
     "reports_sync_loss": "train_step returns the real loss (false: a placeholder, optimisation runs elsewhere)",
     "preserves_token_advantages": "per-token advantages reach the optimiser (false: one scalar per completion; token-varying flows fail preflight)",
@@ -48,9 +39,10 @@ CAPABILITY_HELP = {
 }
 
 
-def _missing_modules(name: str) -> list[str]:
+def missing_modules(entry: Entry) -> list[str]:
+    """The entry's required Python modules that cannot be found here."""
     missing = []
-    for mod in BUILTIN_MODULES.get(name, ()):
+    for mod in entry.requires:
         try:
             found = importlib.util.find_spec(mod) is not None
         except (ImportError, ValueError):
@@ -60,26 +52,80 @@ def _missing_modules(name: str) -> list[str]:
     return missing
 
 
-def _entry(info: BackendInfo, *, description: str = "", error: str | None = None) -> dict[str, Any]:
-    missing = _missing_modules(info.name) if info.source == "builtin" else []
+def _options(info: BackendInfo | None) -> dict[str, Any]:
+    return {k: v.as_dict() for k, v in info.options.items()} if info is not None else {}
+
+
+def _builtin_row(entry: Entry) -> dict[str, Any]:
+    """A built-in backend; one that is not built has no capabilities and gives its fix."""
+    info = backend_info(entry.name) if entry.available else None
+    missing = missing_modules(entry) if entry.available else []
     return {
-        "name": info.name,
-        "source": info.source,
-        "description": description,
-        "installed": not missing,
+        "name": entry.name,
+        "source": "builtin",
+        "description": entry.description,
+        "available": entry.available,
+        "not_built": entry.not_built,
+        "installed": entry.available and not missing,
         "missing_modules": missing,
-        "dependency_hint": info.dependency_hint,
+        "dependency_hint": entry.install,
+        "capabilities": info.capabilities.as_dict() if info is not None else None,
+        "options": _options(info),
+        "ignored_sections": list(entry.ignores),
+        "error": None,
+    }
+
+
+def _plugin_row(name: str, search_paths: tuple[str, ...]) -> dict[str, Any]:
+    """A dotted-path backend, described by its hooks; one that cannot be imported gets
+    the conservative defaults and the error."""
+    error = None
+    try:
+        info = backend_info(name, search_paths)
+    except (PluginError, TypeError, ValueError) as exc:
+        error = str(exc)
+        info = BackendInfo(name, BackendCapabilities(), {}, "plugin/default")
+    return {
+        "name": name,
+        "source": info.source,
+        "description": "dotted-path plugin",
+        "available": error is None,
+        "not_built": "",
+        "installed": error is None,
+        "missing_modules": [],
+        "dependency_hint": "",
         "capabilities": info.capabilities.as_dict(),
-        "options": {k: v.as_dict() for k, v in info.options.items()},
-        "ignored_sections": list(IGNORED_SECTIONS.get(info.name, ())),
+        "options": _options(info),
+        "ignored_sections": [],
         "error": error,
     }
+
+
+def engine_rows() -> list[dict[str, Any]]:
+    """Every built-in inference engine: built or not, what it needs, whether that is here."""
+    rows = []
+    for e in registry.ENGINES.entries:
+        missing = missing_modules(e) if e.available else []
+        rows.append(
+            {
+                "name": e.name,
+                "description": e.description,
+                "available": e.available,
+                "not_built": e.not_built,
+                "requires": list(e.requires),
+                "installed": e.available and not missing,
+                "missing_modules": missing,
+                "dependency_hint": e.install,
+            }
+        )
+    return rows
 
 
 def _plugin_names(
     config_path: str | None, extra: list[str]
 ) -> tuple[list[str], tuple[str, ...], list[str]]:
     """Dotted-path backend names to report, the search paths, and warnings."""
+    from retrain.cli.plugins import discover
     from retrain.config import load_config
 
     warnings: list[str] = []
@@ -97,8 +143,6 @@ def _plugin_names(
             search_paths = tuple(config.plugins.search_paths)
             if not registry.BACKENDS.is_builtin(config.backend.backend):
                 names.append(config.backend.backend)
-    from retrain.cli.plugins import discover
-
     found, problems = discover(search_paths, kinds={"backend"})
     names += [p["name"] for p in found]
     warnings += [f"{p['module']}: {p['error']}" for p in problems]
@@ -107,23 +151,16 @@ def _plugin_names(
 
 def collect(names: list[str] | None = None, config_path: str | None = None) -> dict[str, Any]:
     """The JSON payload of `retrain backends`."""
-    entries = []
-    for name in registry.BACKENDS.names():
-        entries.append(
-            _entry(backend_info(name), description=registry.BACKENDS.descriptions.get(name, ""))
-        )
+    rows = [_builtin_row(e) for e in registry.BACKENDS.entries]
     plugin_names, search_paths, warnings = _plugin_names(config_path, list(names or []))
-    for name in plugin_names:
-        if registry.BACKENDS.is_builtin(name):
-            continue
-        try:
-            info = backend_info(name, search_paths)
-            entries.append(_entry(info, description="dotted-path plugin"))
-        except (PluginError, TypeError, ValueError) as exc:
-            fallback = BackendInfo(name, BackendCapabilities(), {}, "plugin/default")
-            entries.append(_entry(fallback, description="dotted-path plugin", error=str(exc)))
+    rows += [
+        _plugin_row(name, search_paths)
+        for name in plugin_names
+        if not registry.BACKENDS.is_builtin(name)
+    ]
     return {
-        "backends": entries,
+        "backends": rows,
+        "engines": engine_rows(),
         "capability_fields": {k: CAPABILITY_HELP[k] for k in CAPABILITY_FIELDS},
         "hooks": {
             "capabilities": list(CAPABILITY_HOOKS),
@@ -143,61 +180,86 @@ def _yes(value: Any) -> str:
     return str(value)
 
 
+def _status(row: dict[str, Any]) -> str:
+    if not row["available"] and row["not_built"]:
+        return "not built"
+    if row["installed"]:
+        return "installed"
+    return f"missing {', '.join(row['missing_modules'])}"
+
+
+def _render_options(options: dict[str, Any]) -> list[str]:
+    if not options:
+        return []
+    lines = ["  [backend.options]:"]
+    width = max(len(k) for k in options)
+    for key, spec in options.items():
+        choices = f", one of {spec['choices']}" if spec.get("choices") else ""
+        text = f"    {key.ljust(width)}  {spec['type']}, default {json.dumps(spec['default'])}{choices}"
+        lines.append(text + (f"  {spec['help']}" if spec.get("help") else ""))
+    return lines
+
+
+def _render_backend(b: dict[str, Any]) -> list[str]:
+    head = f"{b['name']}  (source={b['source']}"
+    lines = [head + (f", {_status(b)})" if b["source"] == "builtin" else ")")]
+    if b["description"]:
+        lines.append(f"  {b['description']}")
+    if b["not_built"]:
+        lines.append(f"  not built in this version; fix: {b['not_built']}")
+        return lines
+    if b["error"]:
+        lines.append(f"  error: {b['error']}")
+    if b["dependency_hint"]:
+        lines.append(f"  install: {b['dependency_hint']}")
+    caps = b["capabilities"]
+    lines.append("  capabilities: " + ", ".join(f"{k}={_yes(caps[k])}" for k in CAPABILITY_FIELDS))
+    if b["ignored_sections"]:
+        lines.append("  ignores: " + ", ".join(b["ignored_sections"]))
+    return lines + _render_options(b["options"])
+
+
+def _render_engines(engines: list[dict[str, Any]]) -> list[str]:
+    lines = ["Inference engines ([inference] engine):"]
+    width = max(len(e["name"]) for e in engines)
+    state_width = max(len(_status(e)) for e in engines)
+    for e in engines:
+        needs = f"; needs {', '.join(e['requires'])}" if e["requires"] else ""
+        lines.append(
+            f"  {e['name'].ljust(width)}  {_status(e).ljust(state_width)}  {e['description']}{needs}"
+        )
+    fixes = dict.fromkeys(e["not_built"] for e in engines if e["not_built"])
+    lines += [f"  fix (not built): {fix}" for fix in fixes]
+    return lines
+
+
+def _render_hooks(payload: dict[str, Any]) -> list[str]:
+    hooks, default = payload["hooks"], payload["plugin_default"]
+    return [
+        'Dotted-path backends ([backend] backend = "pkg.mod.Class") describe themselves with '
+        "hooks on the class or its module:",
+        f"  capabilities:  {' / '.join(hooks['capabilities'])}  (BackendCapabilities or a dict)",
+        f"  option schema: {' / '.join(hooks['option_schema'])}  (name -> OptionSpec or "
+        "{type|value_type, default, choices?, validator?})",
+        "  without hooks: source=plugin/default, "
+        + ", ".join(f"{k}={_yes(default[k])}" for k in CAPABILITY_FIELDS),
+    ]
+
+
 def render(payload: dict[str, Any]) -> str:
     lines: list[str] = []
     for b in payload["backends"]:
-        status = "installed" if b["installed"] else f"missing {', '.join(b['missing_modules'])}"
-        head = f"{b['name']}  (source={b['source']}"
-        head += f", {status})" if b["source"] == "builtin" else ")"
-        lines.append(head)
-        if b["description"]:
-            lines.append(f"  {b['description']}")
-        if b["error"]:
-            lines.append(f"  error: {b['error']}")
-        if b["dependency_hint"]:
-            lines.append(f"  install: {b['dependency_hint']}")
-        caps = b["capabilities"]
-        lines.append(
-            "  capabilities: " + ", ".join(f"{k}={_yes(caps[k])}" for k in CAPABILITY_FIELDS)
-        )
-        if b["ignored_sections"]:
-            lines.append("  ignores: " + ", ".join(b["ignored_sections"]))
-        if b["options"]:
-            lines.append("  [backend.options]:")
-            width = max(len(k) for k in b["options"])
-            for key, spec in b["options"].items():
-                choices = f", one of {spec['choices']}" if spec.get("choices") else ""
-                lines.append(
-                    f"    {key.ljust(width)}  {spec['type']}, default {json.dumps(spec['default'])}{choices}"
-                    + (f"  {spec['help']}" if spec.get("help") else "")
-                )
-        lines.append("")
-    hooks = payload["hooks"]
-    lines.append(
-        'Dotted-path backends ([backend] backend = "pkg.mod.Class") describe themselves with hooks on the '
-        "class or its module:"
-    )
-    lines.append(
-        f"  capabilities:  {' / '.join(hooks['capabilities'])}  (BackendCapabilities or a dict)"
-    )
-    lines.append(
-        f"  option schema: {' / '.join(hooks['option_schema'])}  (name -> BackendOptionSpec or "
-        "{type|value_type, default, choices?, validator?})"
-    )
-    default = payload["plugin_default"]
-    lines.append(
-        "  without hooks: source=plugin/default, "
-        + ", ".join(f"{k}={_yes(default[k])}" for k in CAPABILITY_FIELDS)
-    )
-    for w in payload["warnings"]:
-        lines.append(f"warning: {w}")
+        lines += [*_render_backend(b), ""]
+    lines += [*_render_engines(payload["engines"]), ""]
+    lines += _render_hooks(payload)
+    lines += [f"warning: {w}" for w in payload["warnings"]]
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="retrain backends",
-        description="List training backends with capabilities, options, dependency hints and plugin hooks.",
+        description="List training backends and inference engines with capabilities, options, dependencies and plugin hooks.",
     )
     p.add_argument(
         "names", nargs="*", metavar="NAME", help="also describe these dotted-path backends"
@@ -211,4 +273,5 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     payload = collect(args.names, args.config)
     print(json.dumps(payload, indent=2) if args.json else render(payload))
-    return 1 if any(b["error"] for b in payload["backends"] if b["name"] in args.names) else 0
+    named = [b for b in payload["backends"] if b["name"] in args.names]
+    return 1 if any(b["error"] or not b["available"] for b in named) else 0

@@ -1,8 +1,8 @@
 """`retrain compare LOGDIR... [--metric M] [--baseline C] [--out DIR]`: compare conditions
 across seeds with bootstrap CIs, permutation tests, a Fisher test and learning curves.
 
-The statistics live in :mod:`retrain.compare`; this module parses arguments and writes
-the terminal table, `compare.md`, `compare.json` and the PNG plots.
+The analysis lives in the :mod:`retrain.compare` package; this module parses arguments
+and writes the terminal table, `compare.md`, `compare.json` and the PNG plots.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 from retrain.compare import (
     DEFAULT_FINAL_WINDOW,
     DEFAULT_RESAMPLES,
+    Comparison,
     collect_runs,
     compare_runs,
     plot_curves,
@@ -87,8 +88,7 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+def _check(args: argparse.Namespace) -> None:
     if args.final_window < 1:
         raise UsageError("--final-window must be >= 1")
     if args.resamples < 100:
@@ -97,6 +97,43 @@ def main(argv: list[str]) -> int:
         raise UsageError("--steps must be >= 1")
     if args.smooth < 1:
         raise UsageError("--smooth must be >= 1")
+
+
+def _write_plots(comparisons: list[Comparison], out: Path) -> dict[str, list[Path]]:
+    """The PNGs of each metric; none (with a warning) when matplotlib is missing."""
+    plots: dict[str, list[Path]] = {}
+    for comp in comparisons:
+        try:
+            curve = plot_curves(comp, out / f"curves_{_safe(comp.metric)}.png")
+            final = plot_finals(comp, out / f"final_{_safe(comp.metric)}.png")
+        except RetrainError as exc:
+            print(f"warning: {exc}; no plots written", file=sys.stderr)
+            break
+        plots[comp.metric] = [curve, final]
+    return plots
+
+
+def _write_report(comparisons: list[Comparison], out: Path, plots: bool) -> list[Path]:
+    """compare.md, compare.json and (unless `plots` is false) the PNGs; what was written."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RetrainError(f"cannot create {out}: {exc.strerror or exc}") from exc
+    pngs = _write_plots(comparisons, out) if plots else {}
+    images = {metric: [p.name for p in paths] for metric, paths in pngs.items()}
+    md = out / "compare.md"
+    md.write_text(render_markdown(comparisons, images), encoding="utf-8")
+    js = out / "compare.json"
+    js.write_text(
+        json.dumps({"comparisons": [c.as_dict() for c in comparisons]}, indent=2) + "\n",
+        encoding="utf-8",
+    )
+    return [md, js, *(p for paths in pngs.values() for p in paths)]
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    _check(args)
     warnings: list[str] = []
     runs, order = collect_runs(args.logdirs, warnings)
     comparisons = []
@@ -114,44 +151,17 @@ def main(argv: list[str]) -> int:
         )
         comp.warnings[:0] = warnings
         comparisons.append(comp)
-
-    images: dict[str, list[str]] = {}
-    written: list[Path] = []
-    if args.out:
-        out = Path(args.out)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise RetrainError(f"cannot create {out}: {exc.strerror or exc}") from exc
-        if not args.no_plots:
-            for comp in comparisons:
-                try:
-                    curve = plot_curves(comp, out / f"curves_{_safe(comp.metric)}.png")
-                    final = plot_finals(comp, out / f"final_{_safe(comp.metric)}.png")
-                except RetrainError as exc:
-                    print(f"warning: {exc}; no plots written", file=sys.stderr)
-                    break
-                images[comp.metric] = [curve.name, final.name]
-                written += [curve, final]
-        md = out / "compare.md"
-        md.write_text(render_markdown(comparisons, images), encoding="utf-8")
-        js = out / "compare.json"
-        js.write_text(
-            json.dumps({"comparisons": [c.as_dict() for c in comparisons]}, indent=2) + "\n",
-            encoding="utf-8",
-        )
-        written = [md, js, *written]
+    written = _write_report(comparisons, Path(args.out), not args.no_plots) if args.out else []
 
     if args.json:
         print(json.dumps({"comparisons": [c.as_dict(curves=False) for c in comparisons]}, indent=2))
-    else:
-        print(
-            f"{len(runs)} runs, conditions: {', '.join(c.condition for c in comparisons[0].conditions)}"
-        )
-        for comp in comparisons:
-            print()
-            print(render_text(comp))
-        if written:
-            print()
-            print("Wrote " + ", ".join(str(p) for p in written))
+        return 0
+    conditions = ", ".join(c.condition for c in comparisons[0].conditions)
+    print(f"{len(runs)} runs, conditions: {conditions}")
+    for comp in comparisons:
+        print()
+        print(render_text(comp))
+    if written:
+        print()
+        print("Wrote " + ", ".join(str(p) for p in written))
     return 0

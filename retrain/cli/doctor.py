@@ -93,32 +93,61 @@ def extras() -> dict[str, list[str]]:
     return out or dict(EXTRAS_FALLBACK)
 
 
+_EXTRA = re.compile(r"retrain\[(\w+)\]")
+
+
+def _entry(kind: str, name: str) -> Any:
+    """The registry entry behind a configured name (None: a dotted-path plugin)."""
+    from retrain import registry
+
+    return registry.ALL_REGISTRIES[kind].entry(name)
+
+
+def _named_extras(config: Any) -> dict[str, str]:
+    """Extras named by the install hints of the configured built-in entries."""
+    named = [
+        ("backend", "[backend] backend", config.backend.backend),
+        ("reward", "[reward] type", config.reward.type),
+        ("planning_detector", "[planning] detector", config.planning.detector),
+    ]
+    if not config.environment.provider:
+        named.append(("data_source", "[data] source", config.data.source))
+    need: dict[str, str] = {}
+    for kind, key, value in named:
+        entry = _entry(kind, value)
+        match = _EXTRA.search(entry.install) if entry is not None else None
+        if match:
+            need.setdefault(match.group(1), f"{key} = {value}")
+    return need
+
+
 def needed_extras(config: Any) -> dict[str, str]:
     """Extras the config needs -> why."""
     if config is None:
         return {}
-    need: dict[str, str] = {}
-    if config.backend.backend == "local":
-        need["local"] = "[backend] backend = local"
-    if config.backend.backend == "tinker":
-        need["tinker"] = "[backend] backend = tinker"
-    if config.reward.type == "math":
-        need["math"] = "[reward] type = math"
-    if config.reward.type == "gym":
-        need["gym"] = "[reward] type = gym"
+    need = _named_extras(config)
     if config.environment.provider == "verifiers":
         need["verifiers"] = "[environment] provider = verifiers"
-    elif config.data.source == "reasoning_gym":
-        need["gym"] = "[data] source = reasoning_gym"
     elif config.data.source == "math" and not config.data.path:
         need["data"] = "[data] source = math"
     if config.logging.wandb_project:
         need["wandb"] = "[logging] wandb_project"
-    if config.planning.detector == "semantic":
-        need["semantic"] = "[planning] detector = semantic"
     if config.campaign is not None and config.campaign.executor == "ray":
         need["ray"] = "[campaign] executor = ray"
     return need
+
+
+def _uses_torch_here(config: Any) -> bool:
+    """Whether the configured backend runs torch on this machine (a built-in that needs
+    it; a plugin may or may not)."""
+    entry = _entry("backend", config.backend.backend)
+    return entry is not None and "torch" in entry.requires
+
+
+def _loads_weights_remotely(config: Any) -> bool:
+    """A built-in backend that ignores `[backend] devices` runs the model elsewhere."""
+    entry = _entry("backend", config.backend.backend)
+    return entry is not None and "[backend] devices" in entry.ignores
 
 
 def reachable(url: str, timeout: float = 2.0) -> bool:
@@ -218,7 +247,7 @@ def check_torch(config: Any) -> list[Check]:
     wants_gpu = config is None or any(
         p.strip().startswith(("gpu", "cuda")) for p in config.backend.devices.split(",")
     )
-    local = config is None or config.backend.backend == "local"
+    local = config is None or _uses_torch_here(config)
     if importlib.util.find_spec("torch") is None:
         status = FAIL if (config is not None and local) else WARN
         return [
@@ -286,36 +315,34 @@ def check_torch(config: Any) -> list[Check]:
     return out
 
 
-def check_config(path: str | None) -> tuple[Check, Any]:
+def check_config(path: str | None) -> tuple[list[Check], Any]:
+    """The config's checks (one FAIL per problem, so a name that is not built in this
+    version is named with its key, line and fix) and the loaded config, or None."""
     from retrain.config import load_config
     from retrain.errors import ConfigError
 
     p = Path(path or "retrain.toml")
     if not p.exists():
         if path:
-            return Check(
-                "config", FAIL, f"{p} not found", "pass the path of an existing TOML"
-            ), None
-        return (
+            return [
+                Check("config", FAIL, f"{p} not found", "pass the path of an existing TOML")
+            ], None
+        return [
             Check(
                 "config",
                 WARN,
                 "no retrain.toml in this directory; the model/backend checks use the defaults",
                 "retrain init --template quickstart (or pass a config: retrain doctor my.toml)",
-            ),
-            None,
-        )
+            )
+        ], None
     try:
         config = load_config(p)
     except ConfigError as exc:
-        first = exc.problems[0] if exc.problems else str(exc)
-        more = f" (+{len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
-        return Check(
-            "config", FAIL, f"{p}: {first}{more}", f"retrain explain {p} lists every problem"
-        ), None
-    return Check(
-        "config", OK, f"{p} is valid ({config.condition}, backend {config.backend.backend})"
-    ), config
+        problems = exc.problems or [str(exc)]
+        fix = f"edit {p}; retrain explain {p} says the same"
+        return [Check("config", FAIL, f"{p}: {problem}", fix) for problem in problems], None
+    detail = f"{p} is valid ({config.condition}, backend {config.backend.backend})"
+    return [Check("config", OK, detail)], config
 
 
 def check_backend(config: Any) -> Check:
@@ -349,11 +376,11 @@ def check_model(config: Any, network: bool, probe: Callable[[str], bool] | None 
     from retrain.models import EMBEDDED_MODELS, cache_dir
 
     probe = probe or reachable
-    if config is not None and config.backend.backend == "tinker":
+    if config is not None and _loads_weights_remotely(config):
         return Check(
             "model",
             OK,
-            f"{config.model.model}: weights load on the Tinker service (the tokenizer still comes from the hub or a cache)",
+            f"{config.model.model}: weights load on the {config.backend.backend} service (the tokenizer still comes from the hub or a cache)",
         )
     model = config.model.model if config is not None else "Qwen/Qwen3-4B-Instruct-2507"
     path = Path(model).expanduser()
@@ -511,8 +538,8 @@ def run_checks(
 
     load_dotenv()
     checks = [check_python(), check_retrain()]
-    config_check, config = check_config(config_path)
-    checks.append(config_check)
+    config_checks, config = check_config(config_path)
+    checks += config_checks
     checks += check_extras(config)
     if torch:
         checks += check_torch(config)

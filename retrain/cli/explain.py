@@ -1,7 +1,7 @@
 """`retrain explain [PATH] [--json]`: load and validate a config and say what it would do.
 
-Never imports torch: everything here comes from the config, the registries and the
-static backend capability tables.
+Never imports torch: everything here comes from the config and the registry entries
+(a dotted-path backend is imported for its capability hooks).
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ import argparse
 import json
 from typing import Any
 
-from retrain.backends.base import IGNORED_SECTIONS, backend_info
+from retrain.backends.base import BackendInfo, backend_info
 from retrain.campaign.expand import condition_label, condition_pairs
 from retrain.cli.run import is_standalone_squeeze, split_path
 from retrain.config import Config, load_config, load_dotenv
-from retrain.config.validate import token_varying
+from retrain.config.validate import flow_problems, static_token_varying
 from retrain.errors import ConfigError, PluginError
+from retrain.types import BackendCapabilities
 
 
 def campaign_conditions(config: Config) -> list[str]:
@@ -71,57 +72,50 @@ def data_summary(config: Config) -> str:
     return f"plugin {d.source}"
 
 
-def build_report(config: Config, path: str) -> dict[str, Any]:
-    warnings: list[str] = []
-    errors: list[str] = []
-    report: dict[str, Any] = {"config": path}
-    if is_standalone_squeeze(config):
-        sq = config.squeeze
-        report.update(
-            kind="squeeze",
-            adapter_path=sq.adapter_path,
-            min_variance_retention=sq.min_variance_retention,
-            target_ranks=sq.target_ranks or "powers of two up to the source rank",
-            output_path=sq.output_path or None,
-            compress_to=sq.compress_to or "recommended",
-            warnings=warnings,
-            errors=errors,
-        )
-        return report
+def _squeeze_report(config: Config, path: str) -> dict[str, Any]:
+    sq = config.squeeze
+    return {
+        "config": path,
+        "kind": "squeeze",
+        "adapter_path": sq.adapter_path,
+        "min_variance_retention": sq.min_variance_retention,
+        "target_ranks": sq.target_ranks or "powers of two up to the source rank",
+        "output_path": sq.output_path or None,
+        "compress_to": sq.compress_to or "recommended",
+        "warnings": [],
+        "errors": [],
+    }
 
-    t = config.training
+
+def _backend(config: Config, errors: list[str]) -> BackendInfo:
+    """The configured backend's info; a plugin that cannot be imported is reported as an
+    error and described with conservative defaults."""
+    name = config.backend.backend
     try:
-        info = backend_info(config.backend.backend, tuple(config.plugins.search_paths))
+        return backend_info(name, tuple(config.plugins.search_paths))
     except PluginError as exc:
         errors.append(str(exc))
-        info = backend_info(config.backend.backend, import_plugins=False)
-    caps = info.capabilities
-    if not caps.preserves_token_advantages and token_varying(config):
-        errors.append(
-            f'backend {info.name!r} does not preserve token-level advantages; {config.condition} would be silently aggregated (use transform_mode = "none")'
-        )
-    unc = config.algorithm.uncertainty_kind
-    if unc == "shannon_entropy" and not (
-        info.name == "local" and config.inference.engine == "pytorch"
-    ):
-        warnings.append(
-            "uncertainty_kind = shannon_entropy needs per-token entropies, which only the local backend with the pytorch engine returns: training will stop at preflight"
-        )
-    if info.name == "local" and config.inference.engine != "pytorch":
-        errors.append(
-            f'[inference] engine = {config.inference.engine!r} is not available in this build of the local backend; use engine = "pytorch"'
-        )
-    if t.seed == -1:
+        return BackendInfo(name, BackendCapabilities(), {}, "plugin/default")
+
+
+def _flow_errors(config: Config, info: BackendInfo) -> list[str]:
+    """The flow checks of config loading and preflight, with what is known without
+    running the flow (a plugin transform is probed only at preflight)."""
+    problems = flow_problems(config, info.capabilities, token_varying=static_token_varying(config))
+    return [f"{key}: {message} ({info.source} backend)" for key, message in problems]
+
+
+def _advice(config: Config) -> list[str]:
+    """Settings that are valid but probably not what was meant."""
+    warnings = []
+    algo = config.algorithm
+    if config.training.seed == -1:
         warnings.append(
             "[training] seed = -1: the run is not reproducible; set a seed to compare conditions"
         )
-    if (
-        config.algorithm.transform_mode.startswith("gtpo")
-        and config.gtpo.beta == 0
-        and not config.algorithm.algorithm_mode
-    ):
+    if algo.transform_mode.startswith("gtpo") and config.gtpo.beta == 0 and not algo.algorithm_mode:
         warnings.append("[gtpo] beta = 0: GTPO weighting is off, the transform reduces to its base")
-    if config.algorithm.transform_mode == "gtpo_hicra" and config.hicra.alpha == 0:
+    if algo.transform_mode == "gtpo_hicra" and config.hicra.alpha == 0:
         warnings.append("[hicra] alpha = 0: gtpo_hicra behaves exactly like gtpo")
     if config.reward.type == "gym" and config.data.source != "reasoning_gym":
         warnings.append(
@@ -131,75 +125,101 @@ def build_report(config: Config, path: str) -> dict[str, Any]:
         warnings.append(
             "reasoning-gym answers are plain strings: reward 'match' or 'gym' fits them better than 'math'"
         )
+    return warnings
 
-    ignored = list(IGNORED_SECTIONS.get(info.name, ()))
+
+def _per_step(config: Config) -> dict[str, int]:
+    t = config.training
     completions = t.batch_size * t.group_size
-    max_steps = config.campaign.max_steps if config.campaign is not None else t.max_steps
-    ckpts = checkpoint_steps(max_steps, t.save_every)
-    report.update(
-        kind="campaign" if config.campaign is not None else "run",
-        condition=config.condition,
-        backend={
+    return {
+        "batch_size": t.batch_size,
+        "group_size": t.group_size,
+        "completions": completions,
+        "max_new_tokens_per_completion": t.max_tokens,
+        "sampled_token_upper_bound": completions * t.max_tokens,
+    }
+
+
+def _checkpoints(config: Config, info: BackendInfo, max_steps: int) -> dict[str, Any]:
+    every = config.training.save_every
+    remote = "[backend] adapter_path" in info.ignores
+    return {
+        "every": every,
+        "periodic": len(checkpoint_steps(max_steps, every)),
+        "final": True,
+        "adapter_path": "on the backend's service" if remote else config.backend.adapter_path,
+    }
+
+
+def _campaign_report(config: Config) -> dict[str, Any]:
+    camp = config.campaign
+    conds = campaign_conditions(config)
+    seeds = list(camp.seeds)
+    runs = len(conds) * len(seeds)
+    if camp.executor == "ray":
+        executor = "ray"
+    else:
+        executor = "parallel" if camp.parallel else "sequential"
+    return {
+        "conditions": conds,
+        "seeds": seeds,
+        "runs": runs,
+        "max_steps_per_run": camp.max_steps,
+        "total_steps": runs * camp.max_steps,
+        "executor": executor,
+        "max_workers": (camp.max_workers or runs) if camp.parallel else 1,
+        "auto_squeeze": config.squeeze is not None,
+        "matrix": [f"{c}_s{s}" for c in conds for s in seeds],
+    }
+
+
+def _backpressure(config: Config) -> str:
+    bp = config.backpressure
+    if not bp.enabled:
+        return "off"
+    return f"on: batch size adapts within [{bp.min_batch_size}, {bp.max_batch_size}] after {bp.warmup_steps} warmup steps"
+
+
+def build_report(config: Config, path: str) -> dict[str, Any]:
+    if is_standalone_squeeze(config):
+        return _squeeze_report(config, path)
+    errors: list[str] = []
+    info = _backend(config, errors)
+    errors += _flow_errors(config, info)
+    max_steps = (
+        config.campaign.max_steps if config.campaign is not None else config.training.max_steps
+    )
+    report: dict[str, Any] = {
+        "config": path,
+        "kind": "campaign" if config.campaign is not None else "run",
+        "condition": config.condition,
+        "backend": {
             "name": info.name,
             "source": info.source,
-            "capabilities": caps.as_dict(),
-            "ignored_sections": ignored,
+            "capabilities": info.capabilities.as_dict(),
+            "ignored_sections": list(info.ignores),
         },
-        model={
+        "model": {
             "model": config.model.model,
             "lora_rank": config.model.lora_rank,
             "lora_alpha": config.lora.alpha or 2 * config.model.lora_rank,
         },
-        data=data_summary(config),
-        reward=config.reward.type,
-        uncertainty_kind=unc,
-        per_step={
-            "batch_size": t.batch_size,
-            "group_size": t.group_size,
-            "completions": completions,
-            "max_new_tokens_per_completion": t.max_tokens,
-            "sampled_token_upper_bound": completions * t.max_tokens,
-        },
-        total_steps=max_steps,
-        checkpoints={
-            "every": t.save_every,
-            "periodic": len(ckpts),
-            "final": True,
-            "adapter_path": (
-                "on the backend's service"
-                if "[backend] adapter_path" in ignored
-                else config.backend.adapter_path
-            ),
-        },
-        sepa=sepa_summary(config),
-        backpressure=(
-            f"on: batch size adapts within [{config.backpressure.min_batch_size}, {config.backpressure.max_batch_size}] after {config.backpressure.warmup_steps} warmup steps"
-            if config.backpressure.enabled
-            else "off"
-        ),
-        log_dir=config.logging.log_dir,
-        resume_from=config.resume.from_ or None,
-        wandb=config.logging.wandb_project or None,
-    )
+        "data": data_summary(config),
+        "reward": config.reward.type,
+        "uncertainty_kind": config.algorithm.uncertainty_kind,
+        "per_step": _per_step(config),
+        "total_steps": max_steps,
+        "checkpoints": _checkpoints(config, info, max_steps),
+        "sepa": sepa_summary(config),
+        "backpressure": _backpressure(config),
+        "log_dir": config.logging.log_dir,
+        "resume_from": config.resume.from_ or None,
+        "wandb": config.logging.wandb_project or None,
+    }
     if config.campaign is not None:
-        conds = campaign_conditions(config)
-        seeds = list(config.campaign.seeds)
-        runs = len(conds) * len(seeds)
-        report["campaign"] = {
-            "conditions": conds,
-            "seeds": seeds,
-            "runs": runs,
-            "max_steps_per_run": config.campaign.max_steps,
-            "total_steps": runs * config.campaign.max_steps,
-            "executor": "ray"
-            if config.campaign.executor == "ray"
-            else ("parallel" if config.campaign.parallel else "sequential"),
-            "max_workers": (config.campaign.max_workers or runs) if config.campaign.parallel else 1,
-            "auto_squeeze": config.squeeze is not None,
-            "matrix": [f"{c}_s{s}" for c in conds for s in seeds],
-        }
-        report["total_steps"] = runs * config.campaign.max_steps
-    report["warnings"] = warnings
+        report["campaign"] = _campaign_report(config)
+        report["total_steps"] = report["campaign"]["total_steps"]
+    report["warnings"] = _advice(config)
     report["errors"] = errors
     return report
 

@@ -372,8 +372,8 @@ def test_score_through_retrain():
     from retrain.config import config_from_dict
     from retrain.rewards import build_reward
 
-    config_from_dict({{"reward": {{"type": "custom", "custom_module": "{name}"}}}})  # the TOML is valid
-    reward = build_reward("custom", custom_module="{name}", custom_function="score", search_paths=[str(HERE)])
+    config = config_from_dict({{"reward": {{"type": "custom", "custom_module": "{name}"}}}})
+    reward = build_reward(config.reward, search_paths=[str(HERE)])
     try:
         assert reward.score("\\\\boxed{{7}}", "7") == 1.0
         assert reward.score("no box", "7") == 0.0

@@ -232,7 +232,7 @@ def _valid_label(spec: Any) -> str:
 
         reg = registry.ALL_REGISTRIES.get(meta["registry"])
         if reg is not None:
-            names = " / ".join(f"`{n}`" for n in reg.names())
+            names = " / ".join(f"`{n}`" for n in reg.names(available_only=True))
             parts.append(names + (" / dotted path" if reg.allow_plugins else ""))
     bounds = []
     if meta.get("ge") is not None:
@@ -284,8 +284,22 @@ def gen_cli_flags() -> str:
     return "\n".join(out)
 
 
+def _entry_line(entry: Any) -> str:
+    """One built-in entry of the plugin registry listing."""
+    text = f"- `{entry.name}`"
+    if entry.aliases:
+        text += f" (aliases: {', '.join(f'`{a}`' for a in entry.aliases)})"
+    if entry.description:
+        text += f": {entry.description}"
+    if entry.alias_of:
+        text += f" (= advantage_mode `{entry.alias_of[0]}` + transform_mode `{entry.alias_of[1]}`)"
+    if entry.not_built:
+        text += f". **Not built in this version**: {entry.not_built}"
+    return text
+
+
 def gen_plugin_registry() -> str:
-    """Built-in names of every pluggable kind, from retrain.registry."""
+    """Built-in names of every pluggable kind, from the entries of retrain.registry."""
     from retrain import registry
 
     out: list[str] = []
@@ -295,70 +309,82 @@ def gen_plugin_registry() -> str:
             if reg.allow_plugins
             else "built-in names only"
         )
-        out.append(f"**{kind}** ({plugins})")
-        out.append("")
-        for name in reg.names():
-            aliases = sorted(a for a, c in reg.aliases.items() if c == name)
-            alias_text = f" (aliases: {', '.join(f'`{a}`' for a in aliases)})" if aliases else ""
-            desc = reg.descriptions.get(name, "")
-            out.append(f"- `{name}`{alias_text}: {desc}" if desc else f"- `{name}`{alias_text}")
+        out += [f"**{kind}** ({plugins})", ""]
+        out += [_entry_line(e) for e in reg.entries]
         out.append("")
     return "\n".join(out).rstrip("\n")
 
 
-def gen_backend_tables() -> str:
-    """Built-in backend capabilities, options and dependency hints, from retrain.backends.base."""
-    from retrain.backends.base import (
-        BUILTIN_CAPABILITIES,
-        BUILTIN_OPTIONS,
-        CAPABILITY_HOOKS,
-        DEPENDENCY_HINTS,
-        IGNORED_SECTIONS,
-        OPTION_SCHEMA_HOOKS,
-        BackendCapabilities,
-    )
+def _capability_row(label: str, caps: Any, names: tuple[str, ...]) -> str:
+    d = caps.as_dict()
+    cells = [(", ".join(d[f]) or "-") if f == "token_data" else str(d[f]).lower() for f in names]
+    return f"| {label} | " + " | ".join(f"`{c}`" for c in cells) + " |"
+
+
+def _option_table(options: Any) -> list[str]:
     from retrain.config.toml_writer import value_to_toml
 
-    fields = [
-        "reports_sync_loss",
-        "preserves_token_advantages",
-        "supports_checkpoint_resume",
-        "resume_runtime_dependent",
-        "token_data",
+    if not options:
+        return []
+    out = [
+        "| `[backend.options]` key | Type | Default | Choices | Description |",
+        "|---|---|---|---|---|",
     ]
+    for key, spec in options.items():
+        choices = ", ".join(f"`{c}`" for c in spec.choices) if spec.choices else ""
+        default = _cell(value_to_toml(spec.default))
+        out.append(f"| `{key}` | {spec.type} | `{default}` | {choices} | {_cell(spec.help)} |")
+    return [*out, ""]
 
-    def row(name: str, caps: BackendCapabilities) -> str:
-        d = caps.as_dict()
-        cells = [
-            (", ".join(d[f]) or "-") if f == "token_data" else str(d[f]).lower() for f in fields
-        ]
-        return f"| {name} | " + " | ".join(f"`{c}`" for c in cells) + " |"
 
-    out = ["| Backend | " + " | ".join(fields) + " |", "|---" * (len(fields) + 1) + "|"]
-    for name, caps in BUILTIN_CAPABILITIES.items():
-        out.append(row(f"`{name}`", caps))
-    out.append(row("dotted path without hooks (source=plugin/default)", BackendCapabilities()))
-    out.append("")
-    for name, options in BUILTIN_OPTIONS.items():
-        out.append(f"**`{name}`**. Install: {DEPENDENCY_HINTS.get(name, '')}.")
-        ignored = IGNORED_SECTIONS.get(name, ())
-        if ignored:
-            out.append(f"Ignores: {', '.join(f'`{s}`' for s in ignored)}.")
-        out.append("")
-        if options:
-            out.append("| `[backend.options]` key | Type | Default | Choices | Description |")
-            out.append("|---|---|---|---|---|")
-            for key, spec in options.items():
-                choices = ", ".join(f"`{c}`" for c in spec.choices) if spec.choices else ""
-                out.append(
-                    f"| `{key}` | {spec.type} | `{_cell(value_to_toml(spec.default))}` | {choices} | {_cell(spec.help)} |"
-                )
-            out.append("")
+def _backend_notes(entry: Any) -> list[str]:
+    if entry.not_built:
+        return [f"**`{entry.name}`**: not built in this version. Fix: {entry.not_built}.", ""]
+    out = [f"**`{entry.name}`**. Install: {entry.install}."]
+    if entry.ignores:
+        out.append(f"Ignores: {', '.join(f'`{s}`' for s in entry.ignores)}.")
+    return [*out, "", *_option_table(entry.options)]
+
+
+def gen_backend_tables() -> str:
+    """Built-in backend capabilities, options and dependencies, from the registry entries."""
+    from dataclasses import fields
+
+    from retrain import registry
+    from retrain.backends.base import CAPABILITY_HOOKS, OPTION_SCHEMA_HOOKS
+    from retrain.types import BackendCapabilities
+
+    names = tuple(f.name for f in fields(BackendCapabilities))
+    built = [e for e in registry.BACKENDS.entries if e.available]
+    out = ["| Backend | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    out += [
+        _capability_row(f"`{e.name}`", e.capabilities or BackendCapabilities(), names)
+        for e in built
+    ]
+    default = "dotted path without hooks (source=plugin/default)"
+    out += [_capability_row(default, BackendCapabilities(), names), ""]
+    for entry in registry.BACKENDS.entries:
+        out += _backend_notes(entry)
     out.append(
         f"Plugin hooks: capabilities `{CAPABILITY_HOOKS[0]}` / `{CAPABILITY_HOOKS[1]}`; "
         f"option schema `{OPTION_SCHEMA_HOOKS[0]}` / `{OPTION_SCHEMA_HOOKS[1]}`."
     )
     return "\n".join(out).rstrip("\n")
+
+
+def gen_engine_table() -> str:
+    """Built-in inference engines: built or not, what they need, from the registry entries."""
+    from retrain import registry
+
+    entries = registry.ENGINES.entries
+    out = ["| Engine | Built | Needs | Description |", "|---|---|---|---|"]
+    for e in entries:
+        needs = ", ".join(f"`{m}`" for m in e.requires) or "-"
+        built = "yes" if e.available else "**no**"
+        out.append(f"| `{e.name}` | {built} | {needs} | {_cell(e.description)} |")
+    fixes = dict.fromkeys(e.not_built for e in entries if e.not_built)
+    out += [f"\nNot built in this version: {fix}." for fix in fixes]
+    return "\n".join(out)
 
 
 # block name -> (file, generator)
@@ -367,6 +393,7 @@ GENERATED: dict[str, tuple[str, Callable[[], str]]] = {
     "cli-flags": ("configuration.md", gen_cli_flags),
     "plugin-registry": ("plugins.md", gen_plugin_registry),
     "backend-tables": ("backends.md", gen_backend_tables),
+    "engine-table": ("inference.md", gen_engine_table),
 }
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from retrain import registry
 from retrain.errors import ConfigError
+from retrain.registry import Entry
 
 KINDS = (
     "advantage_mode",
@@ -281,20 +282,23 @@ def configured(config: Any) -> list[tuple[str, str]]:
     return out
 
 
+def builtin_row(entry: Entry) -> dict[str, Any]:
+    """One built-in entry as listed: an alias entry (an algorithm mode) has no target of
+    its own and names the pair it stands for; an entry not built in this version has
+    no target and gives its fix."""
+    return {
+        "name": entry.name,
+        "description": entry.description,
+        "aliases": list(entry.aliases),
+        "target": entry.target,
+        "alias_of": list(entry.alias_of) if entry.alias_of else None,
+        "available": entry.available,
+        "not_built": entry.not_built,
+    }
+
+
 def builtins() -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for kind in KINDS:
-        reg = registry.ALL_REGISTRIES[kind]
-        out[kind] = [
-            {
-                "name": name,
-                "description": reg.descriptions.get(name, ""),
-                "aliases": sorted(a for a, c in reg.aliases.items() if c == name),
-                "target": target,
-            }
-            for name, target in reg.builtins.items()
-        ]
-    return out
+    return {kind: [builtin_row(e) for e in registry.ALL_REGISTRIES[kind].entries] for kind in KINDS}
 
 
 def _load_config(path: str | None) -> tuple[Any | None, list[str]]:
@@ -365,33 +369,43 @@ def collect(config_path: str | None = None, extra_paths: Iterable[str] = ()) -> 
     }
 
 
+def _builtin_line(e: dict[str, Any], width: int) -> str:
+    text = e["description"]
+    if e["alias_of"]:
+        adv, tx = e["alias_of"]
+        text += f" (alias of advantage_mode {adv}, transform_mode {tx})"
+    if e["aliases"]:
+        text += f" (aliases: {', '.join(e['aliases'])})"
+    if e["not_built"]:
+        text += f" [not built; fix: {e['not_built']}]"
+    return f"  {e['name'].ljust(width)}  {text.strip()}"
+
+
+def _plugin_lines(p: dict[str, Any], width: int) -> list[str]:
+    where = p["file"] or p["source"]
+    doc = f": {p['doc']}" if p["doc"] else ""
+    lines = [f"  {p['name'].ljust(width)}  plugin ({where}){doc}"]
+    if p["toml"]:
+        lines.append(f"  {''.ljust(width)}  use: {p['toml']}")
+    return lines
+
+
+def _render_kind(
+    kind: str, entries: list[dict[str, Any]], found: list[dict[str, Any]]
+) -> list[str]:
+    width = max([len(e["name"]) for e in entries] + [len(p["name"]) for p in found] + [4])
+    lines = [KIND_TITLES[kind]]
+    lines += [_builtin_line(e, width) for e in entries]
+    for p in found:
+        lines += _plugin_lines(p, width)
+    return [*lines, ""]
+
+
 def render(payload: dict[str, Any]) -> str:
     lines: list[str] = []
-    discovered = payload["discovered"]
     for kind in KINDS:
-        lines.append(KIND_TITLES[kind])
-        entries = payload["builtin"][kind]
-        width = max(
-            [len(e["name"]) for e in entries]
-            + [len(p["name"]) for p in discovered if p["kind"] == kind]
-            + [4]
-        )
-        for e in entries:
-            alias = f" (aliases: {', '.join(e['aliases'])})" if e["aliases"] else ""
-            lines.append(f"  {e['name'].ljust(width)}  {e['description']}{alias}")
-        if kind == "engine":
-            lines.append(
-                "  (in this build only pytorch is implemented; the server engines are listed for configuration but not available yet)"
-            )
-        for p in discovered:
-            if p["kind"] == kind:
-                where = p["file"] or p["source"]
-                lines.append(
-                    f"  {p['name'].ljust(width)}  plugin ({where}){': ' + p['doc'] if p['doc'] else ''}"
-                )
-                if p["toml"]:
-                    lines.append(f"  {''.ljust(width)}  use: {p['toml']}")
-        lines.append("")
+        found = [p for p in payload["discovered"] if p["kind"] == kind]
+        lines += _render_kind(kind, payload["builtin"][kind], found)
     paths = ", ".join(payload["search_paths"]) or "(none)"
     lines.append(
         f"Plugin search paths: {paths}  ([plugins] search_paths; relative to the working directory)"
@@ -399,11 +413,9 @@ def render(payload: dict[str, Any]) -> str:
     lines.append(
         "Scaffold a new one: retrain init-plugin --kind transform|advantage|algorithm|reward --name NAME --with-test"
     )
-    for w in payload["warnings"]:
-        lines.append(f"warning: {w}")
-    for prob in payload["problems"]:
-        level = "error" if payload["strict"] else "warning (skipped)"
-        lines.append(f"{level}: plugin module {prob['module']}: {prob['error']}")
+    lines += [f"warning: {w}" for w in payload["warnings"]]
+    level = "error" if payload["strict"] else "warning (skipped)"
+    lines += [f"{level}: plugin module {p['module']}: {p['error']}" for p in payload["problems"]]
     return "\n".join(lines)
 
 

@@ -1,117 +1,208 @@
-"""Checks that span several keys. Each returns (`[table] key`, message with a fix)."""
+"""Checks that span several keys. Each returns (`[table] key`, message with a fix).
+
+Everything here reads the registry entries (retrain.registry) and the config; nothing
+imports a backend. The two flow checks live in :func:`flow_problems`, which config
+loading calls with the capabilities of built-in entries and the run preflight calls
+with the facts it probed (a plugin backend's hooks, the built pipeline).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable
 
 from retrain import registry
-from retrain.backends.base import BUILTIN_CAPABILITIES, BUILTIN_OPTIONS, check_option
 from retrain.config.schema import Config
+from retrain.types import BackendCapabilities, check_option
 
-TOKEN_VARYING_TRANSFORMS = ("gtpo", "gtpo_hicra", "gtpo_sepa")
+Problems = list[tuple[str, str]]
 
 
-def token_varying(config: Config) -> bool:
-    """Whether the configured flow gives different advantages to tokens of one completion
-    (built-ins known statically; dotted paths are probed at preflight)."""
+# ---------------------------------------------------------------- the advantage flow
+
+
+def static_token_varying(config: Config) -> bool | None:
+    """Whether the configured flow gives different advantages to tokens of one
+    completion, as far as the registry entries say: None when the transform or the
+    algorithm is a dotted-path plugin (only probing it can tell)."""
     algo = config.algorithm
+    transform = algo.transform_mode
     if algo.algorithm_mode:
-        return registry.ALGORITHM_MODES.is_builtin(algo.algorithm_mode)
-    return algo.transform_mode in TOKEN_VARYING_TRANSFORMS
+        entry = registry.ALGORITHM_MODES.entry(algo.algorithm_mode)
+        if entry is None or entry.alias_of is None:
+            return None
+        transform = entry.alias_of[1]
+    entry = registry.TRANSFORM_MODES.entry(transform)
+    return None if entry is None else entry.token_varying
 
 
-def cross_checks(config: Config, raw: Mapping[str, Any]) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
-    add = problems.append
+def _flow_key(config: Config) -> str:
+    if config.algorithm.algorithm_mode:
+        return "[algorithm] algorithm_mode"
+    return "[algorithm] transform_mode"
+
+
+def _samples_through_engine(config: Config) -> bool:
+    """Whether the backend samples with the `[inference]` engine (a built-in backend
+    that ignores `[inference]` samples by other means; a plugin backend may use it)."""
+    entry = registry.BACKENDS.entry(config.backend.backend)
+    if entry is None:
+        return True
+    return not any(s in ("[inference]", "[inference] engine") for s in entry.ignores)
+
+
+def _missing_entropies(config: Config, capabilities: BackendCapabilities) -> str | None:
+    """Why per-token entropies would not arrive, or None when they do."""
+    backend = config.backend.backend
+    if "entropy" not in capabilities.token_data:
+        return f"backend {backend!r} returns only logprobs"
+    if not _samples_through_engine(config):
+        return None
+    engine = registry.ENGINES.entry(config.inference.engine)
+    if engine is None:
+        return f"engine {config.inference.engine!r} is a plugin not known to return entropies"
+    if engine.capabilities is not None and "entropy" not in engine.capabilities.token_data:
+        return f"backend {backend!r} with engine {engine.name!r} returns only logprobs"
+    return None
+
+
+def flow_problems(
+    config: Config, capabilities: BackendCapabilities, *, token_varying: bool | None
+) -> Problems:
+    """The advantage flow against what the backend carries: (a) token-varying
+    advantages on a backend that aggregates them per completion; (b) an uncertainty
+    kind that needs entropies the backend (or its engine) does not return.
+    `token_varying=None` means unknown (a plugin, before probing): (a) is skipped."""
+    problems: Problems = []
+    if token_varying and not capabilities.preserves_token_advantages:
+        problems.append(
+            (
+                _flow_key(config),
+                f"backend {config.backend.backend!r} does not preserve token-level advantages, so "
+                f"{config.condition!r} would be silently aggregated. Fix: use "
+                'transform_mode = "none" or a backend whose capabilities include '
+                "preserves_token_advantages (local, tinker)",
+            )
+        )
+    kind = registry.UNCERTAINTY_KINDS.canonical(config.algorithm.uncertainty_kind)
+    why = _missing_entropies(config, capabilities) if kind == "shannon_entropy" else None
+    if why:
+        problems.append(
+            (
+                "[algorithm] uncertainty_kind",
+                f"shannon_entropy needs per-token entropies, but {why}. Fix: use "
+                'uncertainty_kind = "surprisal", or a backend and engine that return '
+                'entropies (token_data "entropy": the local backend with the pytorch engine)',
+            )
+        )
+    return problems
+
+
+def _builtin_flow(config: Config) -> Problems:
+    """flow_problems for a built-in backend (plugins are checked at preflight)."""
+    entry = registry.BACKENDS.entry(config.backend.backend)
+    if entry is None or not entry.available:
+        return []
+    caps = entry.capabilities or BackendCapabilities()
+    return flow_problems(config, caps, token_varying=static_token_varying(config))
+
+
+# ---------------------------------------------------------------- other tables
+
+
+def _backpressure(config: Config) -> Problems:
     bp = config.backpressure
-    if bp.min_batch_size > bp.max_batch_size:
-        add(
-            (
-                "[backpressure] min_batch_size",
-                f"must be <= max_batch_size ({bp.max_batch_size}), got {bp.min_batch_size}",
-            )
+    if bp.min_batch_size <= bp.max_batch_size:
+        return []
+    return [
+        (
+            "[backpressure] min_batch_size",
+            f"must be <= max_batch_size ({bp.max_batch_size}), got {bp.min_batch_size}",
         )
+    ]
 
-    if config.reward.type == "custom" and not config.reward.custom_module:
-        add(
-            (
-                "[reward] custom_module",
-                "reward type 'custom' needs custom_module (a module name or a .py path). Fix: set [reward] custom_module = \"my_rewards\"",
-            )
+
+def _reward(config: Config) -> Problems:
+    if config.reward.type != "custom" or config.reward.custom_module:
+        return []
+    return [
+        (
+            "[reward] custom_module",
+            "reward type 'custom' needs custom_module (a module name or a .py path). "
+            'Fix: set [reward] custom_module = "my_rewards"',
         )
+    ]
 
-    env = config.environment
+
+def _data(config: Config) -> Problems:
+    env, data = config.environment, config.data
     if env.provider == "verifiers" and not env.id:
-        add(
+        return [
             (
                 "[environment] id",
                 "provider 'verifiers' needs an environment id, e.g. id = \"primeintellect/gsm8k\"",
             )
-        )
-    if not env.provider:
-        if config.data.source == "jsonl" and not config.data.path:
-            add(("[data] path", "source 'jsonl' needs path = \"file.jsonl\""))
-        if config.data.source == "reasoning_gym" and not config.data.task:
-            add(
-                (
-                    "[data] task",
-                    "source 'reasoning_gym' needs a task name, e.g. task = \"chain_sum\"",
-                )
-            )
+        ]
+    if env.provider:
+        return []
+    if data.source == "jsonl" and not data.path:
+        return [("[data] path", "source 'jsonl' needs path = \"file.jsonl\"")]
+    if data.source == "reasoning_gym" and not data.task:
+        return [
+            ("[data] task", "source 'reasoning_gym' needs a task name, e.g. task = \"chain_sum\"")
+        ]
+    return []
 
-    backend = registry.BACKENDS.canonical(config.backend.backend)
-    if backend == "local" and config.inference.engine != "pytorch" and not config.inference.url:
-        add(
-            (
-                "[inference] url",
-                f'engine {config.inference.engine!r} talks to a server: set url = "http://localhost:8000"',
-            )
-        )
 
-    # A token-varying flow on a backend that aggregates advantages would silently lose
-    # credit assignment: refuse it here for built-ins (plugins are probed at preflight).
-    caps = BUILTIN_CAPABILITIES.get(backend)
-    if caps is not None and not caps.preserves_token_advantages and token_varying(config):
-        key = (
-            "[algorithm] algorithm_mode"
-            if config.algorithm.algorithm_mode
-            else "[algorithm] transform_mode"
-        )
-        add(
-            (
-                key,
-                f'backend {backend!r} does not preserve token-level advantages, so {config.condition!r} would be silently aggregated. Fix: use transform_mode = "none" or a backend such as local/tinker',
-            )
-        )
-
-    options = BUILTIN_OPTIONS.get(backend)
-    if options is not None:
-        for name, value in config.backend.options.items():
-            spec = options.get(name)
-            if spec is None:
-                valid = ", ".join(options) or "(none)"
-                add(
-                    (
-                        "[backend] options",
-                        f"unknown option {name!r} for backend {backend!r}{registry.suggest(name, options)}; valid: {valid}",
-                    )
-                )
-                continue
+def _backend_options(config: Config) -> Problems:
+    """`[backend.options]` against a built-in backend's option schema."""
+    entry = registry.BACKENDS.entry(config.backend.backend)
+    if entry is None or not entry.available:
+        return []
+    problems: Problems = []
+    schema = entry.options
+    for name, value in config.backend.options.items():
+        spec = schema.get(name)
+        if spec is None:
+            valid = ", ".join(schema) or "(none)"
+            hint = registry.suggest(name, schema)
+            problem = f"unknown option {name!r} for backend {entry.name!r}{hint}; valid: {valid}"
+        else:
             problem = check_option(name, spec, value)
-            if problem:
-                add(("[backend] options", problem))
-
-    sq = config.squeeze
-    if sq is not None and sq.source_rank:
-        if sq.compress_to > sq.source_rank:
-            add(
-                (
-                    "[squeeze] compress_to",
-                    f"must be <= source_rank ({sq.source_rank}), got {sq.compress_to}",
-                )
-            )
-        too_big = [r for r in sq.target_ranks if r > sq.source_rank]
-        if too_big:
-            add(("[squeeze] target_ranks", f"ranks {too_big} exceed source_rank {sq.source_rank}"))
+        if problem:
+            problems.append(("[backend] options", problem))
     return problems
+
+
+def _squeeze(config: Config) -> Problems:
+    sq = config.squeeze
+    if sq is None or not sq.source_rank:
+        return []
+    problems: Problems = []
+    if sq.compress_to > sq.source_rank:
+        problems.append(
+            (
+                "[squeeze] compress_to",
+                f"must be <= source_rank ({sq.source_rank}), got {sq.compress_to}",
+            )
+        )
+    too_big = [r for r in sq.target_ranks if r > sq.source_rank]
+    if too_big:
+        problems.append(
+            ("[squeeze] target_ranks", f"ranks {too_big} exceed source_rank {sq.source_rank}")
+        )
+    return problems
+
+
+CROSS_CHECKS: tuple[Callable[[Config], Problems], ...] = (
+    _backpressure,
+    _reward,
+    _data,
+    _builtin_flow,
+    _backend_options,
+    _squeeze,
+)
+
+
+def cross_checks(config: Config) -> Problems:
+    """Every check that spans several keys, in a stable order."""
+    return [problem for check in CROSS_CHECKS for problem in check(config)]

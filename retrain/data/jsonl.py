@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retrain.data.base import DataSource
 from retrain.errors import DataError
 from retrain.types import Example
+
+if TYPE_CHECKING:
+    from retrain.config.schema import DataConfig
 
 
 def _as_reference(value: Any) -> str | None:
@@ -90,7 +93,6 @@ class JsonlSource(DataSource):
         shuffle: bool = True,
         shuffle_seed: int | None = None,
         seed: int = 0,
-        **_options,
     ) -> None:
         if not path:
             raise DataError("[data] path is required for source = 'jsonl'")
@@ -103,3 +105,15 @@ class JsonlSource(DataSource):
             seed=seed,
         )
         self.path = path
+
+    @classmethod
+    def from_config(cls, data: DataConfig, *, max_examples: int, shuffle_seed: int | None):
+        return cls(
+            path=data.path,
+            prompt_field=data.prompt_field,
+            answer_field=data.answer_field,
+            max_examples=max_examples,
+            shuffle=data.shuffle,
+            shuffle_seed=shuffle_seed,
+            seed=data.seed,
+        )

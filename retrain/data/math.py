@@ -27,13 +27,16 @@ import os
 import socket
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from retrain.data.base import DataSource
 from retrain.errors import DataError
 from retrain.rewards.boxed import extract_boxed
 from retrain.types import Example
+
+if TYPE_CHECKING:
+    from retrain.config.schema import DataConfig
 
 DATASET_ID = "EleutherAI/hendrycks_math"
 SUBJECTS = (
@@ -260,7 +263,6 @@ class MathSource(DataSource):
         shuffle: bool = True,
         shuffle_seed: int | None = None,
         seed: int = 0,
-        **_options,
     ) -> None:
         split = split or "train"
         examples = load_local_math(path, split) if path else load_hub_math(split)
@@ -276,3 +278,14 @@ class MathSource(DataSource):
             seed=seed,
         )
         self.path = path
+
+    @classmethod
+    def from_config(cls, data: DataConfig, *, max_examples: int, shuffle_seed: int | None):
+        return cls(
+            path=data.path,
+            split=data.split,
+            max_examples=max_examples,
+            shuffle=data.shuffle,
+            shuffle_seed=shuffle_seed,
+            seed=data.seed,
+        )

@@ -150,8 +150,6 @@ class PromptRenderer:
             self._ids_cache[key] = ids
         return ids
 
-    def encode_batch(self, examples: Sequence[Example]) -> list[list[int]]:
-        return [self.encode(e) for e in examples]
 
     def cache_size(self) -> int:
         return len(self._ids_cache)

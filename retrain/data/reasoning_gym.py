@@ -16,11 +16,14 @@ entry in `meta` so the `gym` reward can call the task's own `score_answer`.
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retrain.data.base import DataSource
 from retrain.errors import DataError
 from retrain.types import Example
+
+if TYPE_CHECKING:
+    from retrain.config.schema import DataConfig
 
 
 def _import_reasoning_gym():
@@ -94,7 +97,6 @@ class ReasoningGymSource(DataSource):
         max_examples: int = 0,
         shuffle: bool = True,
         shuffle_seed: int | None = None,
-        **_options,
     ) -> None:
         examples = load_gym_examples(task, args, size, seed)
         super().__init__(
@@ -107,3 +109,15 @@ class ReasoningGymSource(DataSource):
         )
         self.task = task
         self.args = dict(args or {})
+
+    @classmethod
+    def from_config(cls, data: DataConfig, *, max_examples: int, shuffle_seed: int | None):
+        return cls(
+            task=data.task,
+            args=dict(data.args),
+            size=data.size,
+            seed=data.seed,
+            max_examples=max_examples,
+            shuffle=data.shuffle,
+            shuffle_seed=shuffle_seed,
+        )

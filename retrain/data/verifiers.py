@@ -40,13 +40,16 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retrain.data.base import DataSource
 from retrain.errors import DataError
 from retrain.rewards.base import BatchScore, LoopThread, Reward
 from retrain.rewards.boxed import extract_boxed
 from retrain.types import Example
+
+if TYPE_CHECKING:
+    from retrain.config.schema import DataConfig, EnvironmentConfig
 
 logger = logging.getLogger("retrain.data")
 
@@ -479,7 +482,6 @@ class VerifiersSource(DataSource):
         shuffle_seed: int | None = None,
         seed: int = 0,
         search_paths: Sequence[str] = (),
-        **_options,
     ) -> None:
         environment = dict(environment or {})
         provider = environment.get("provider", "verifiers") or "verifiers"
@@ -528,6 +530,32 @@ class VerifiersSource(DataSource):
             shuffle_seed=shuffle_seed,
             seed=seed,
             reward=reward,
+        )
+
+    @classmethod
+    def from_config(
+        cls,
+        env: EnvironmentConfig,
+        data: DataConfig,
+        *,
+        max_examples: int,
+        shuffle_seed: int | None,
+        search_paths: Sequence[str],
+    ) -> VerifiersSource:
+        return cls(
+            environment={
+                "provider": env.provider,
+                "id": env.id,
+                "args": env.args,
+                "max_turns": env.max_turns,
+                "auto_install": env.auto_install,
+            },
+            size=data.size,
+            max_examples=max_examples,
+            shuffle=data.shuffle,
+            shuffle_seed=shuffle_seed,
+            seed=data.seed,
+            search_paths=search_paths,
         )
 
     def _warn_multi_turn(self) -> None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from retrain.backends.base import Sample, SamplingParams
 from retrain.errors import BackendError
+from retrain.types import Sample, SamplingParams
 
 
 @dataclass
@@ -79,9 +80,9 @@ class PyTorchEngine:
             self.model.train(was_training)
         return out
 
-    def _sample_chunk(
-        self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator
-    ) -> list[list[Sample]]:
+    def _prefill(self, prompts: list[list[int]], n: int) -> tuple[torch.Tensor, _Decode]:
+        """Run the prompts once; returns the next-token logits per row (prompt x n) and
+        the decoding state (cache, attention mask, positions)."""
         from transformers import DynamicCache
 
         if self.prefix_caching:
@@ -105,19 +106,36 @@ class PyTorchEngine:
             logits = logits.repeat_interleave(n, dim=0)
             mask = mask.repeat_interleave(n, dim=0)
             position = position.repeat_interleave(n, dim=0)
-        rows = logits.shape[0]
-        eos = torch.tensor(self.eos_ids, device=self.device)
-        tokens = torch.empty((rows, params.max_tokens), dtype=torch.long, device=self.device)
-        logprobs = torch.zeros((rows, params.max_tokens), dtype=torch.float32, device=self.device)
-        entropies = (
-            torch.zeros((rows, params.max_tokens), dtype=torch.float32, device=self.device)
-            if params.return_entropy
-            else None
+        return logits, _Decode(cache, mask, position)
+
+    def _next_logits(self, token: torch.Tensor, state: _Decode) -> torch.Tensor:
+        """Feed one sampled token per row; finished rows keep decoding (their tokens are
+        discarded) so shapes stay fixed."""
+        rows = token.shape[0]
+        state.mask = torch.cat([state.mask, state.mask.new_ones((rows, 1))], dim=1)
+        state.position = state.position + 1
+        out = self.model(
+            input_ids=token[:, None],
+            attention_mask=state.mask,
+            position_ids=state.position,
+            past_key_values=state.cache,
+            use_cache=True,
         )
-        lengths = torch.full((rows,), params.max_tokens, dtype=torch.long, device=self.device)
+        return out.logits[:, -1, :]
+
+    def _sample_chunk(
+        self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator
+    ) -> list[list[Sample]]:
+        logits, state = self._prefill(prompts, n)
+        rows, width = logits.shape[0], params.max_tokens
+        eos = torch.tensor(self.eos_ids, device=self.device)
+        tokens = torch.empty((rows, width), dtype=torch.long, device=self.device)
+        logprobs = torch.zeros((rows, width), dtype=torch.float32, device=self.device)
+        entropies = torch.zeros_like(logprobs) if params.return_entropy else None
+        lengths = torch.full((rows,), width, dtype=torch.long, device=self.device)
         finished = torch.zeros(rows, dtype=torch.bool, device=self.device)
         steps = 0
-        for t in range(params.max_tokens):
+        for t in range(width):
             if not bool(torch.isfinite(logits).all()):
                 raise BackendError(
                     "the model produced non-finite logits while sampling (have the weights diverged? try a lower [training] lr)"
@@ -132,31 +150,42 @@ class PyTorchEngine:
             hit = torch.isin(token, eos) & ~finished
             lengths = torch.where(hit, t + 1, lengths)
             finished |= hit
-            if bool(finished.all()) or t + 1 == params.max_tokens:
+            if bool(finished.all()) or t + 1 == width:
                 break
-            # Finished rows keep decoding (their tokens are discarded) so shapes stay fixed.
-            mask = torch.cat([mask, mask.new_ones((rows, 1))], dim=1)
-            position = position + 1
-            out = self.model(
-                input_ids=token[:, None],
-                attention_mask=mask,
-                position_ids=position,
-                past_key_values=cache,
-                use_cache=True,
-            )
-            logits = out.logits[:, -1, :]
-        tokens_l = tokens[:, :steps].tolist()
-        logprobs_l = logprobs[:, :steps].tolist()
-        entropies_l = entropies[:, :steps].tolist() if entropies is not None else None
-        lengths_l = lengths.tolist()
-        finished_l = finished.tolist()
-        samples = [
-            Sample(
-                token_ids=tokens_l[r][: lengths_l[r]],
-                logprobs=logprobs_l[r][: lengths_l[r]],
-                stop_reason="eos" if finished_l[r] else "length",
-                entropies=entropies_l[r][: lengths_l[r]] if entropies_l is not None else None,
-            )
-            for r in range(rows)
-        ]
+            logits = self._next_logits(token, state)
+        samples = _to_samples(tokens[:, :steps], logprobs[:, :steps], entropies, lengths, finished)
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+
+@dataclass
+class _Decode:
+    cache: object  # transformers DynamicCache
+    mask: torch.Tensor  # (R, L) attention mask so far
+    position: torch.Tensor  # (R, 1) position of the last token
+
+
+def _to_samples(
+    tokens: torch.Tensor,
+    logprobs: torch.Tensor,
+    entropies: torch.Tensor | None,
+    lengths: torch.Tensor,
+    finished: torch.Tensor,
+) -> list[Sample]:
+    """One Sample per row, cut at its length (the eos token included)."""
+    steps = tokens.shape[1]
+    tokens_np = tokens.cpu().numpy()
+    logprobs_np = logprobs.cpu().numpy().astype(np.float64)
+    entropies_np = (
+        entropies[:, :steps].cpu().numpy().astype(np.float64) if entropies is not None else None
+    )
+    lengths_l = lengths.tolist()
+    finished_l = finished.tolist()
+    return [
+        Sample(
+            token_ids=tokens_np[r, : lengths_l[r]].copy(),
+            logprobs=logprobs_np[r, : lengths_l[r]].copy(),
+            stop_reason="eos" if finished_l[r] else "length",
+            entropies=entropies_np[r, : lengths_l[r]].copy() if entropies_np is not None else None,
+        )
+        for r in range(tokens_np.shape[0])
+    ]

@@ -1,9 +1,10 @@
 """What `retrain status` reports: every run and campaign under a log directory.
 
 A run directory holds any of metrics.jsonl, run.json, trainer_state.json; a campaign
-directory holds manifest.json (its runs live in `runs/`). Everything is read tolerantly:
-a torn last JSONL line is skipped and reported, an unreadable JSON file becomes a warning,
-and a run killed without a word shows up as `stale` once its heartbeat is old.
+directory holds manifest.json (its runs live in `runs/`). Both are read through
+:mod:`retrain.logs.rundir`, tolerantly: a torn last JSONL line is skipped and reported, an
+unreadable JSON file becomes a warning, and a run killed without a word shows up as
+`stale` once its heartbeat is old.
 
 States: finished, failed, interrupted, running (heartbeat fresh), stale (run.json says
 running but the heartbeat is older than `stale_after`: by default 3 x the median step
@@ -12,20 +13,24 @@ time, at least 300 s), pending (a campaign run that has not started), unknown.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import statistics
 import time
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrain.logs.jsonl import read_jsonl
+from retrain.logs.rundir import (
+    MANIFEST,
+    METRICS,
+    RUN_MARKERS,
+    CampaignDir,
+    RunDir,
+    as_int,
+    as_number,
+    is_run_dir,
+)
 
-RUN_MARKERS = ("metrics.jsonl", "run.json", "trainer_state.json")
-MANIFEST = "manifest.json"
 MIN_STALE_S = 300.0
 STALE_STEP_FACTOR = 3.0
 
@@ -108,44 +113,35 @@ class StatusReport:
 # ------------------------------------------------------------------ reading
 
 
-def _read_json(path: Path, warnings: list[str]) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
-    except (OSError, ValueError) as exc:
-        warnings.append(f"cannot read {path}: {exc}")
-        return None
-    if not isinstance(data, dict):
-        warnings.append(f"{path} does not hold a JSON object")
-        return None
-    return data
+def _fill_metrics(st: RunStatus, rows: list[dict[str, Any]]) -> None:
+    """Correct rates and reward of the last row, mean reward and median step time."""
+    if not rows:
+        return
+    last = rows[-1]
+    st.last_correct_rate = as_number(last.get("correct_rate"))
+    st.running_correct_rate = as_number(last.get("running_correct_rate"))
+    st.last_reward = as_number(last.get("mean_reward"))
+    rewards = [v for r in rows if (v := as_number(r.get("mean_reward"))) is not None]
+    st.mean_reward = statistics.fmean(rewards) if rewards else None
+    times = [v for r in rows if (v := as_number(r.get("step_time_s"))) is not None]
+    st.median_step_s = statistics.median(times) if times else None
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return value
-
-
-def _configured_max_steps(run_dir: Path) -> int | None:
-    for name in ("config.resolved.toml", "run.toml"):
-        path = run_dir / name
-        if path.is_file():
-            try:
-                data = tomllib.loads(path.read_text(encoding="utf-8"))
-            except (OSError, tomllib.TOMLDecodeError):
-                continue
-            value = data.get("training", {}).get("max_steps")
-            if _int(value):
-                return value
-    return None
+def _state(run: RunDir, st: RunStatus, stale_after: float | None) -> str:
+    limit = stale_after
+    if limit is None:
+        limit = max(MIN_STALE_S, STALE_STEP_FACTOR * (st.median_step_s or 0.0))
+    status = run.run_info.get("status")
+    if run.finished or status == "finished":
+        return "finished"
+    if status in ("failed", "interrupted"):
+        return status
+    if status == "running" or (not run.run_info and run.metrics):
+        fresh = st.heartbeat_age_s is not None and st.heartbeat_age_s <= limit
+        return "running" if fresh else "stale"
+    if run.trainer_state:
+        return "interrupted"  # a checkpoint but no live process record
+    return "unknown"
 
 
 def read_run(
@@ -156,59 +152,18 @@ def read_run(
     name: str | None = None,
 ) -> RunStatus:
     """The status of one run directory."""
-    run_dir = Path(run_dir)
+    run = RunDir(run_dir)
     now = time.time() if now is None else now
-    st = RunStatus(path=str(run_dir), name=name or run_dir.name)
-    run = _read_json(run_dir / "run.json", st.warnings) or {}
-    state = _read_json(run_dir / "trainer_state.json", st.warnings) or {}
-    rows, bad = read_jsonl(run_dir / "metrics.jsonl")
-    if bad:
-        st.corrupt_lines[str(run_dir / "metrics.jsonl")] = bad
-        st.warnings.append(
-            f"skipped {len(bad)} corrupt line(s) in {run_dir / 'metrics.jsonl'}: line(s) "
-            + ", ".join(map(str, bad[:10]))
-            + (" ..." if len(bad) > 10 else "")
-        )
-
-    st.condition = run.get("condition") or state.get("condition")
-    if not st.condition:
-        st.condition = next((r["condition"] for r in rows if r.get("condition")), None)
-    st.max_steps = _int(run.get("max_steps")) or _configured_max_steps(run_dir)
-
-    steps = [s for r in rows if (s := _int(r.get("step"))) is not None]
-    st.steps_done = max(
-        [s + 1 for s in steps[-1:]] + [_int(run.get("step")) or 0, _int(state.get("step")) or 0]
-    )
-    if rows:
-        last = rows[-1]
-        st.last_correct_rate = _number(last.get("correct_rate"))
-        st.running_correct_rate = _number(last.get("running_correct_rate"))
-        st.last_reward = _number(last.get("mean_reward"))
-        rewards = [v for r in rows if (v := _number(r.get("mean_reward"))) is not None]
-        st.mean_reward = statistics.fmean(rewards) if rewards else None
-        times = [v for r in rows if (v := _number(r.get("step_time_s"))) is not None]
-        st.median_step_s = statistics.median(times) if times else None
-
-    # heartbeat: run.json's, else the newest file's mtime
-    heartbeat = _number(run.get("heartbeat"))
-    if heartbeat is None:
-        mtimes = [(run_dir / n).stat().st_mtime for n in RUN_MARKERS if (run_dir / n).exists()]
-        heartbeat = max(mtimes) if mtimes else None
+    st = RunStatus(path=str(run.path), name=name or run.path.name, warnings=run.warnings)
+    if run.corrupt_lines:
+        st.corrupt_lines[str(run.path / METRICS)] = run.corrupt_lines
+    st.condition = run.condition
+    st.max_steps = run.max_steps
+    st.steps_done = run.steps_done
+    _fill_metrics(st, run.metrics)
+    heartbeat = run.heartbeat
     st.heartbeat_age_s = max(0.0, now - heartbeat) if heartbeat is not None else None
-
-    limit = stale_after
-    if limit is None:
-        limit = max(MIN_STALE_S, STALE_STEP_FACTOR * (st.median_step_s or 0.0))
-    status = run.get("status")
-    if state.get("finished") is True or status == "finished":
-        st.state = "finished"
-    elif status in ("failed", "interrupted"):
-        st.state = status
-    elif status == "running" or (not run and rows):
-        fresh = st.heartbeat_age_s is not None and st.heartbeat_age_s <= limit
-        st.state = "running" if fresh else "stale"
-    elif state:
-        st.state = "interrupted"  # a checkpoint but no live process record
+    st.state = _state(run, st, stale_after)
     if st.state == "running" and st.max_steps and st.median_step_s is not None:
         st.eta_s = st.median_step_s * max(0, st.max_steps - st.steps_done)
     elif st.state == "finished":
@@ -238,68 +193,58 @@ def _summarise(runs: list[RunStatus]) -> list[ConditionSummary]:
     return out
 
 
+def _listed_run(
+    campaign: CampaignDir, entry: dict[str, Any], now: float | None, stale_after: float | None
+) -> RunStatus:
+    """A run the manifest lists; `pending` until its directory holds a run."""
+    name = str(entry["name"])
+    run_dir = campaign.run_dir(entry)
+    if run_dir is not None and is_run_dir(run_dir):
+        st = read_run(run_dir, now=now, stale_after=stale_after, name=name)
+        if entry.get("status") == "failed" and st.state in ("running", "stale", "unknown"):
+            st.state = "failed"  # the process died without updating run.json
+    else:
+        st = RunStatus(path=str(run_dir or campaign.path / "runs" / name), name=name)
+        st.state = "failed" if entry.get("status") == "failed" else "pending"
+    st.condition = st.condition or entry.get("condition")
+    st.seed = as_int(entry.get("seed"))
+    st.exit_code = as_int(entry.get("exit_code"))
+    if st.max_steps is None:
+        st.max_steps = as_int(campaign.manifest.get("max_steps"))
+    return st
+
+
+def _campaign_state(runs: list[RunStatus], manifest: dict[str, Any]) -> str:
+    states = [r.state for r in runs]
+    if "running" in states:
+        return "running"
+    if runs and all(s == "finished" for s in states):
+        return "finished"
+    if "failed" in states and "pending" not in states:
+        return "failed"
+    state = str(manifest.get("status") or "unknown")
+    return "stale" if state == "running" else state
+
+
 def read_campaign(
     campaign_dir: str | Path, *, now: float | None = None, stale_after: float | None = None
 ) -> CampaignStatus:
-    campaign_dir = Path(campaign_dir)
-    warnings: list[str] = []
-    manifest = _read_json(campaign_dir / MANIFEST, warnings) or {}
-    entries = manifest.get("runs") if isinstance(manifest.get("runs"), list) else []
-    runs: list[RunStatus] = []
-    seen: set[str] = set()
-    for e in entries:
-        if not isinstance(e, dict) or not e.get("name"):
-            continue
-        name = str(e["name"])
-        seen.add(name)
-        run_dir = campaign_dir / "runs" / name
-        if not run_dir.is_dir() and e.get("log_dir") and Path(e["log_dir"]).is_dir():
-            run_dir = Path(e["log_dir"])
-        if run_dir.is_dir() and any((run_dir / m).exists() for m in RUN_MARKERS):
-            st = read_run(run_dir, now=now, stale_after=stale_after, name=name)
-            if e.get("status") == "failed" and st.state in ("running", "stale", "unknown"):
-                st.state = "failed"  # the process died without updating run.json
-        else:
-            st = RunStatus(path=str(run_dir), name=name)
-            st.state = "failed" if e.get("status") == "failed" else "pending"
-            st.max_steps = _int(manifest.get("max_steps"))
-        st.condition = st.condition or e.get("condition")
-        st.seed = _int(e.get("seed"))
-        st.exit_code = _int(e.get("exit_code"))
-        if st.max_steps is None:
-            st.max_steps = _int(manifest.get("max_steps"))
-        runs.append(st)
-    runs_dir = campaign_dir / "runs"
-    if runs_dir.is_dir():  # runs the manifest does not list (or no readable manifest)
-        for child in sorted(runs_dir.iterdir()):
-            if child.name in seen or not child.is_dir():
-                continue
-            if any((child / m).exists() for m in RUN_MARKERS):
-                st = read_run(child, now=now, stale_after=stale_after)
-                if st.condition is None and "_s" in child.name:
-                    st.condition = child.name.rsplit("_s", 1)[0]
-                runs.append(st)
-    for r in runs:
-        warnings.extend(r.warnings)
-    states = [r.state for r in runs]
-    if any(s in ("running",) for s in states):
-        state = "running"
-    elif runs and all(s == "finished" for s in states):
-        state = "finished"
-    elif any(s == "failed" for s in states) and not any(s == "pending" for s in states):
-        state = "failed"
-    else:
-        state = str(manifest.get("status") or "unknown")
-        if state == "running" and not any(s == "running" for s in states):
-            state = "stale"
-    squeeze = manifest.get("squeeze") if isinstance(manifest.get("squeeze"), dict) else None
+    campaign = CampaignDir(campaign_dir)
+    entries = [e for e in campaign.entries or [] if e.get("name")]
+    runs = [_listed_run(campaign, e, now, stale_after) for e in entries]
+    listed = {str(e["name"]) for e in entries}
+    for child in campaign.run_dirs():  # runs the manifest does not list (or no manifest)
+        if child.name not in listed:
+            runs.append(read_run(child, now=now, stale_after=stale_after))
+    warnings = campaign.warnings + [w for r in runs for w in r.warnings]
+    squeeze = campaign.manifest.get("squeeze")
     return CampaignStatus(
-        path=str(campaign_dir),
-        name=campaign_dir.name,
-        state=state,
+        path=str(campaign.path),
+        name=campaign.path.name,
+        state=_campaign_state(runs, campaign.manifest),
         runs=runs,
         conditions=_summarise(runs),
-        squeeze=squeeze,
+        squeeze=squeeze if isinstance(squeeze, dict) else None,
         warnings=warnings,
     )
 

@@ -14,9 +14,12 @@ import threading
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retrain.types import Example
+
+if TYPE_CHECKING:
+    from retrain.config.schema import RewardConfig
 
 logger = logging.getLogger("retrain.rewards")
 
@@ -101,6 +104,11 @@ class Reward:
 
     def __init__(self) -> None:
         self._traceback_logged = False
+
+    @classmethod
+    def from_config(cls, reward: RewardConfig, search_paths: tuple[str, ...] = ()) -> Reward:
+        """The reward for a `[reward]` table; each type reads the keys it uses."""
+        return cls()
 
     def score(self, response: str, reference: str, example: Example | None = None) -> float:
         ex = example if example is not None else Example(prompt="", reference=reference)

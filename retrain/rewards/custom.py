@@ -103,6 +103,15 @@ def load_custom_function(
 class CustomReward(Reward):
     name = "custom"
 
+    @classmethod
+    def from_config(cls, reward, search_paths=()) -> CustomReward:
+        return cls(
+            custom_module=reward.custom_module,
+            custom_function=reward.custom_function,
+            search_paths=search_paths,
+            timeout=reward.timeout,
+        )
+
     def __init__(
         self,
         *,
@@ -111,7 +120,6 @@ class CustomReward(Reward):
         search_paths: Sequence[str] = (),
         timeout: float | None = None,
         fn: Callable[..., Any] | None = None,
-        **_options,
     ) -> None:
         super().__init__()
         self.fn = (

@@ -33,7 +33,7 @@ def _import_reasoning_gym():
 class GymReward(Reward):
     name = "gym"
 
-    def __init__(self, **_options) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self._datasets: dict[tuple[str, str], Any] = {}
 

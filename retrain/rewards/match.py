@@ -15,9 +15,6 @@ class MatchReward(Reward):
 
     name = "match"
 
-    def __init__(self, **_options) -> None:
-        super().__init__()
-
     def score_batch(self, responses: Sequence[str], examples: Sequence[Example]) -> BatchScore:
         self._check_lengths(responses, examples)
         out = BatchScore()

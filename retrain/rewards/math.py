@@ -275,13 +275,16 @@ class MathReward(Reward):
 
     name = "math"
 
+    @classmethod
+    def from_config(cls, reward, search_paths=()) -> MathReward:
+        return cls(timeout=reward.timeout)
+
     def __init__(
         self,
         *,
         timeout: float = 5.0,
         workers: int | None = None,
         cache_size: int = 65536,
-        **_options,
     ) -> None:
         super().__init__()
         _require_math_verify()

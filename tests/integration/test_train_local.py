@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from retrain.backends.base import Datum, SamplingParams, TrainHyper
+from retrain.types import Datum, SamplingParams, TrainHyper
 from retrain.backends.local import LocalBackend
 from retrain.cli.main import main as cli_main
 from retrain.config import config_from_dict
@@ -216,6 +216,7 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(tiny_raw, monkeypatch):
     state = json.loads((logs / "trainer_state.json").read_text())
     assert 1 <= state["step"] < 4
     assert Path(state["checkpoint"]["adapter"]).exists()
+    assert state["checkpoint"]["backend"] == "local"
     assert json.loads((logs / "run.json").read_text())["status"] == "failed"
 
 
@@ -357,7 +358,7 @@ def test_sampler_and_trainer_logprobs_agree(backend):
             logp = backend.completion_logprobs(prompt, [s.token_ids for s in group], 0.7)
         for i, s in enumerate(group):
             assert s.stop_reason in ("eos", "length")
-            assert torch.allclose(logp[i, : len(s.token_ids)], torch.tensor(s.logprobs), atol=1e-4)
+            assert torch.allclose(logp[i, : len(s.token_ids)], torch.from_numpy(s.logprobs).float(), atol=1e-4)
 
 
 def test_sampling_is_seeded(backend):
@@ -365,7 +366,7 @@ def test_sampling_is_seeded(backend):
     a = backend.sample([[5, 6, 7]], 4, params)
     b = backend.sample([[5, 6, 7]], 4, params)
     c = backend.sample([[5, 6, 7]], 4, SamplingParams(max_tokens=8, temperature=1.0, seed=12))
-    ids = lambda g: [s.token_ids for s in g[0]]  # noqa: E731
+    ids = lambda g: [s.token_ids.tolist() for s in g[0]]  # noqa: E731
     assert ids(a) == ids(b) and ids(a) != ids(c)
 
 
@@ -382,7 +383,7 @@ def test_prefix_caching_off_samples_the_same_distribution(tiny_raw, tiny_model_d
         with torch.no_grad():
             logp = b.completion_logprobs(prompt, [s.token_ids for s in g], 1.0)
         for i, s in enumerate(g):
-            assert torch.allclose(logp[i, : len(s.token_ids)], torch.tensor(s.logprobs), atol=1e-4)
+            assert torch.allclose(logp[i, : len(s.token_ids)], torch.from_numpy(s.logprobs).float(), atol=1e-4)
 
 
 def _grads(b: LocalBackend, datums, budget: int) -> tuple[float, list[torch.Tensor]]:

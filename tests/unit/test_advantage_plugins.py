@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 
 from retrain.advantages import (
+    AdvantagePipeline,
     AlgorithmContext,
     TransformContext,
     TransformOutput,
-    compute_batch_advantages,
     compute_token_advantages,
 )
 from retrain.errors import PluginError
+from retrain.types import TokenGroup
 
 PLUGIN_SOURCE = """
 import math
@@ -52,6 +53,9 @@ def tr_scale(ctx):
         extra_metrics={"k_used": k, "n": float(ctx.num_completions)},
     )
 
+def tr_by_h(ctx):
+    return [a * h for a, h in zip(ctx.episode_advantages_G, ctx.uncertainties_G_T)]
+
 def tr_list(ctx):
     return [np.zeros(len(lp)) for lp in ctx.logprobs_G_T]
 
@@ -75,7 +79,7 @@ def algo_bad(ctx):
     return TransformOutput([np.zeros(3)])
 
 def unc_one(logprobs):
-    return -2.0 * np.asarray(logprobs)
+    return np.square(logprobs)
 
 def unc_two(logprobs, entropies):
     return np.ones(len(logprobs)) if entropies is None else np.asarray(entropies)
@@ -215,12 +219,10 @@ def test_transform_plugin_in_batch_is_called_per_kept_group_and_metrics_averaged
         ([1.0, 1.0], [[-1.0], [-1.0]], None),  # skipped
         ([0.0, 1.0], [[-1.0], [-2.0, -3.0]], None),
     ]
-    res = compute_batch_advantages(
-        groups,
-        transform_mode=path(P, "tr_scale"),
-        transform_params={"k": 1.0},
-        advantage_mode="grpo",
+    pipeline = AdvantagePipeline(
+        transform_mode=path(P, "tr_scale"), transform_params={"k": 1.0}, advantage_mode="grpo"
     )
+    res = pipeline([TokenGroup(*g) for g in groups])
     assert len(P.CALLS) == 2
     assert res.advantages[1] is None
     assert res.stats.extra_metrics == {"k_used": 1.0, "n": 2.5}
@@ -256,11 +258,21 @@ def test_malformed_algorithm_plugin_names_itself(P):
 
 def test_uncertainty_plugin_one_argument(P):
     a = compute_token_advantages(
-        R, LP, PLAN, transform_mode="gtpo", uncertainty_kind=path(P, "unc_one")
+        R,
+        LP,
+        PLAN,
+        advantage_mode="grpo",
+        transform_mode="gtpo",
+        uncertainty_kind=path(P, "unc_one"),
     )
-    b = compute_token_advantages(R, LP, PLAN, transform_mode="gtpo")
-    for x, y in zip(a, b):  # doubling h leaves h / mean(h) unchanged
-        np.testing.assert_allclose(x, y, rtol=1e-12)
+    # h = logprob^2 = [1, 4] on completion 0: m = 2.5, w = 1 + 0.1 (h / m - 1)
+    np.testing.assert_allclose(a[0], [2 / 3 * 0.94, 2 / 3 * 1.06], rtol=1e-12)
+    # h = [9, 1, 4] on completion 2: m = 14 / 3
+    w = [1 + 0.1 * (x * 3 / 14 - 1) for x in (9, 1, 4)]
+    np.testing.assert_allclose(a[2], [-1 / 3 * x for x in w], rtol=1e-12)
+    # surprisal (the default) would give h = [1, 2]: different weights
+    b = compute_token_advantages(R, LP, PLAN, advantage_mode="grpo", transform_mode="gtpo")
+    assert not np.allclose(a[0], b[0])
 
 
 def test_uncertainty_plugin_two_arguments_sees_entropies(P):
@@ -289,3 +301,74 @@ def test_context_types_are_exported():
     assert retrain.TransformOutput is TransformOutput
     ctx = AlgorithmContext(np.zeros(1), [np.zeros(1)], [np.zeros(1)], [np.zeros(1, bool)])
     assert ctx.num_completions == 1 and ctx.sepa_lambda == 0.0
+
+
+# ------------------------------------------------------------------ built once
+
+
+def test_pipeline_resolves_plugins_once(P, monkeypatch):
+    import importlib
+
+    from retrain import registry
+
+    imports, invalidations = [], []
+    real_import, real_invalidate = registry.import_object, importlib.invalidate_caches
+
+    def counting_import(*args, **kw):
+        imports.append(args[0])
+        return real_import(*args, **kw)
+
+    def counting_invalidate():
+        invalidations.append(1)
+        real_invalidate()
+
+    monkeypatch.setattr(registry, "import_object", counting_import)
+    monkeypatch.setattr(importlib, "invalidate_caches", counting_invalidate)
+    pipeline = AdvantagePipeline(
+        advantage_mode=path(P, "adv_two"),
+        transform_mode=path(P, "tr_scale"),
+        uncertainty_kind=path(P, "unc_one"),
+        advantage_params={"scale": 1.0},
+    )
+    assert sorted(imports) == sorted(path(P, a) for a in ("adv_two", "tr_scale", "unc_one"))
+    built = (len(imports), len(invalidations))
+    for step in range(3):
+        res = pipeline([TokenGroup(R, LP, PLAN), TokenGroup([0.0, 1.0], LP[:2])], step=step)
+        assert res.kept == [True, True]
+    assert (len(imports), len(invalidations)) == built
+    assert [c[0] for c in P.CALLS].count("tr_scale") == 6  # plugins still run on every call
+
+
+def test_algorithm_plugin_resolves_only_itself(P, monkeypatch):
+    pipeline = AdvantagePipeline(
+        algorithm_mode=path(P, "algo"),
+        advantage_mode="no_such_module_xyz.fn",  # replaced by the algorithm: never resolved
+        transform_mode="no_such_module_xyz.fn",
+    )
+    out = pipeline([TokenGroup(R, LP, PLAN)]).advantages[0]
+    assert [a.tolist() for a in out] == [[11.0, 11.0], [10.0], [10.0, 10.0, 10.0]]
+
+
+@pytest.mark.parametrize(
+    "kw,expected,probed",
+    [
+        (dict(transform_mode="P.tr_scale"), False, True),  # one value per completion
+        (dict(transform_mode="P.tr_by_h"), True, True),
+        (dict(transform_mode="P.tr_by_h", uncertainty_kind="shannon_entropy"), True, True),
+        (dict(algorithm_mode="P.algo"), False, True),
+        (dict(advantage_mode="P.adv_one", transform_mode="none"), False, False),
+        (dict(advantage_mode="P.adv_one", transform_mode="gtpo"), True, False),
+    ],
+)
+def test_varies_per_token_probes_plugins(P, kw, expected, probed):
+    kw = {k: path(P, v[2:]) if v.startswith("P.") else v for k, v in kw.items()}
+    pipeline = AdvantagePipeline(**kw)
+    probes = []
+    real_probe = pipeline._probe
+    pipeline._probe = lambda: probes.append(1) or real_probe()
+    assert pipeline.varies_per_token() is expected
+    assert pipeline.varies_per_token() is expected
+    assert len(probes) == int(probed)  # plugins are probed once; built-in transforms never
+    # the probe (with surprisal, no entropies) leaves the pipeline as configured
+    assert pipeline.uncertainty_kind == kw.get("uncertainty_kind", "surprisal")
+    assert pipeline.needs_entropies == ("uncertainty_kind" in kw)

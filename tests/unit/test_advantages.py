@@ -21,12 +21,12 @@ from reference_advantages import (  # noqa: E402
 )
 
 from retrain.advantages import (  # noqa: E402
+    AdvantagePipeline,
     AdvantageStats,
     Segments,
     TransformContext,
     TransformOutput,
     UncertaintyUnavailableError,
-    compute_batch_advantages,
     compute_token_advantages,
     compute_uncertainty,
     grpo,
@@ -44,6 +44,7 @@ from retrain.registry import (  # noqa: E402
     TRANSFORM_MODES,
     UNCERTAINTY_KINDS,
 )
+from retrain.types import TokenGroup  # noqa: E402
 
 EPS = 1e-6
 CONDITIONS = [
@@ -60,6 +61,13 @@ CONDITIONS = [
 
 def tok(rewards, logprobs, planning=None, **kw):
     return compute_token_advantages(rewards, logprobs, planning, **kw)
+
+
+def batch(groups, *, sepa_lambda=0.0, step=0, **kw):
+    """One pipeline call on (rewards, logprobs, planning) tuples."""
+    return AdvantagePipeline(**kw)(
+        [TokenGroup(*g) for g in groups], sepa_lambda=sepa_lambda, step=step
+    )
 
 
 # ------------------------------------------------------------------ episode level
@@ -355,7 +363,7 @@ def test_batch_skips_and_counts_uninformative_groups():
         _ragged_group(rng, 4, 10, np.array([1.0, 0.0, 0.0, 1.0])),
         _ragged_group(rng, 1, 10, np.array([1.0])),
     ]
-    res = compute_batch_advantages(groups)
+    res = batch(groups)
     assert res.skipped == ["all_correct", "all_wrong", "all_correct", None, "all_correct"]
     assert res.kept == [False, False, False, True, False]
     assert res.stats.skipped_all_correct == 3
@@ -365,12 +373,12 @@ def test_batch_skips_and_counts_uninformative_groups():
 
 
 def test_batch_negative_equal_rewards_count_as_all_wrong():
-    res = compute_batch_advantages([([-1.0, -1.0], [[-1.0], [-2.0]], None)])
+    res = batch([([-1.0, -1.0], [[-1.0], [-2.0]], None)])
     assert res.skipped == ["all_wrong"] and res.stats.skipped_all_wrong == 1
 
 
 def test_batch_without_skipping_keeps_everything():
-    res = compute_batch_advantages([([1.0, 1.0], [[-1.0], [-2.0]], None)], skip_uninformative=False)
+    res = batch([([1.0, 1.0], [[-1.0], [-2.0]], None)], skip_uninformative=False)
     assert res.kept == [True] and res.stats.kept_groups == 1
 
 
@@ -378,7 +386,7 @@ def test_batch_stats_match_reference():
     rng = np.random.default_rng(1)
     groups = [_ragged_group(rng, 4, 30, p_plan=0.3) for _ in range(6)]
     groups.append(_ragged_group(rng, 4, 30, np.ones(4), p_plan=0.3))
-    res = compute_batch_advantages(groups)
+    res = batch(groups)
     em, ev, pm, pv = ref_exec_plan_stats(groups)
     s = res.stats
     assert s.exec_mean == pytest.approx(em, rel=1e-12)
@@ -391,7 +399,7 @@ def test_batch_stats_match_reference():
 
 
 def test_batch_stats_are_nan_without_tokens():
-    res = compute_batch_advantages([([1.0, 1.0], [[-1.0], [-2.0]], None)])
+    res = batch([([1.0, 1.0], [[-1.0], [-2.0]], None)])
     assert math.isnan(res.stats.exec_var) and math.isnan(res.stats.plan_mean)
     assert res.stats.num_exec_tokens == 0
 
@@ -407,34 +415,52 @@ def test_batch_lambda_callable_sees_stats_once_and_is_used():
         seen.append(stats)
         return 0.7
 
-    res = compute_batch_advantages(groups, sepa_lambda=lam_fn)
+    res = batch(groups, sepa_lambda=lam_fn)
     assert len(seen) == 1 and not math.isnan(seen[0].exec_var)
     assert res.stats.sepa_lambda == 0.7
-    fixed = compute_batch_advantages(groups, sepa_lambda=0.7)
-    zero = compute_batch_advantages(groups, sepa_lambda=0.0)
+    fixed = batch(groups, sepa_lambda=0.7)
+    zero = batch(groups, sepa_lambda=0.0)
     for a, b, c in zip(res.advantages, fixed.advantages, zero.advantages):
         for x, y in zip(a, b):
             assert x.tolist() == y.tolist()
         assert any(x.tolist() != z.tolist() for x, z in zip(a, c) if x.size > 1)
 
 
-def test_batch_accepts_mappings_and_objects():
-    class G:
-        def __init__(self, r, lp):
-            self.rewards_G, self.logprobs_G_T = r, lp
-
+def test_batch_takes_token_groups_of_lists_or_arrays_and_nothing_else():
     lp = [[-1.0, -2.0], [-3.0]]
-    a = compute_batch_advantages([{"rewards": [1, 0], "logprobs": lp}])
-    b = compute_batch_advantages([G([1, 0], lp)])
-    c = compute_batch_advantages([([1, 0], lp)])
-    for x, y, z in zip(a.advantages[0], b.advantages[0], c.advantages[0]):
-        assert x.tolist() == y.tolist() == z.tolist()
+    pipeline = AdvantagePipeline()
+    a = pipeline([TokenGroup([1, 0], lp)])
+    b = pipeline([TokenGroup(np.array([1.0, 0.0]), [np.array(x) for x in lp])])
+    for x, y in zip(a.advantages[0], b.advantages[0]):
+        assert x.dtype == np.float64 and x.tolist() == y.tolist()
+    with pytest.raises(TypeError, match="group 1: expected a retrain.types.TokenGroup"):
+        pipeline([TokenGroup([1, 0], lp), ([1, 0], lp)])
+    with pytest.raises(ValueError, match="group 0: 2 rewards but 1 logprob"):
+        pipeline([TokenGroup([1, 0], lp[:1])])
+    with pytest.raises(ValueError, match="group 0: completion 1 has 1 logprobs but 2 entropies"):
+        pipeline([TokenGroup([1, 0], lp, entropies_G_T=[[1.0, 2.0], [1.0, 2.0]])])
+    with pytest.raises(ValueError, match="rewards must be finite"):
+        pipeline([TokenGroup([1, float("nan")], lp)])
+
+
+def test_a_pipeline_is_reused_across_calls_with_identical_results():
+    rng = np.random.default_rng(11)
+    groups = [
+        _ragged_group(rng, 4, 40, np.array([1.0, 0.0, 1.0, 0.0]), p_plan=0.2) for _ in range(3)
+    ]
+    pipeline = AdvantagePipeline(transform_mode="gtpo_hicra")
+    first = pipeline([TokenGroup(*g) for g in groups], sepa_lambda=0.4)
+    other = pipeline([TokenGroup(*g) for g in groups[:1]], sepa_lambda=0.9)  # different sizes
+    again = pipeline([TokenGroup(*g) for g in groups], sepa_lambda=0.4)
+    assert other.stats.kept_groups == 1
+    assert first.stats.as_dict() == again.stats.as_dict()
+    for fg, ag in zip(first.advantages, again.advantages):
+        for x, y in zip(fg, ag):
+            assert x.tolist() == y.tolist()
 
 
 def test_stats_to_metrics_uses_logged_names():
-    res = compute_batch_advantages(
-        [([1, 0], [[-1.0, -2.0], [-3.0]], [[True, False], [False]])], sepa_lambda=0.25
-    )
+    res = batch([([1, 0], [[-1.0, -2.0], [-3.0]], [[True, False], [False]])], sepa_lambda=0.25)
     m = res.stats.to_metrics()
     for key in (
         "exec_entropy_mean",
@@ -488,7 +514,7 @@ def test_batch_path_matches_reference(adv_mode, tr_mode):
         r = rng.integers(0, 2, size=g).astype(float)
         groups.append(_ragged_group(rng, g, 80, rewards=r, p_plan=0.2))
     kw = dict(advantage_mode=adv_mode, transform_mode=tr_mode, sepa_lambda=0.6)
-    fast = compute_batch_advantages(groups, **kw)
+    fast = batch(groups, **kw)
     ref = ref_batch_advantages(groups, **kw)
     assert [a is None for a in fast.advantages] == [a is None for a in ref]
     assert any(a is None for a in ref) and any(a is not None for a in ref)
@@ -532,19 +558,23 @@ def test_builtin_algorithm_modes_equal_their_pairs(name, pair):
     b = tok([1, 0], lp, plan, advantage_mode=pair[0], transform_mode=pair[1], sepa_lambda=0.5)
     for x, y in zip(a, b):
         assert x.tolist() == y.tolist()
-    # called directly, as a plugin would be
-    from retrain.advantages.context import AlgorithmContext
 
-    fn = ALGORITHM_MODES.resolve(name)
-    ctx = AlgorithmContext(
-        rewards_G=np.array([1.0, 0.0]),
-        logprobs_G_T=[np.array(x) for x in lp],
-        uncertainties_G_T=[-np.array(x) for x in lp],
-        planning_G_T=[np.array(p) for p in plan],
-        sepa_lambda=0.5,
-    )
-    for x, y in zip(fn(ctx).token_advantages, b):
-        assert x.tolist() == y.tolist()
+
+@pytest.mark.parametrize("name", ALGORITHM_MODES.names())
+def test_algorithm_alias_batch_is_exactly_its_pair(name):
+    pair = ALGORITHM_MODES.entry(name).alias_of
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    groups = [TokenGroup(*_ragged_group(rng, 5, 50, p_plan=0.3)) for _ in range(8)]
+    alias = AdvantagePipeline(algorithm_mode=name, advantage_mode="grpo", transform_mode="none")
+    plain = AdvantagePipeline(advantage_mode=pair[0], transform_mode=pair[1])
+    assert (alias.advantage_mode, alias.transform_mode) == pair
+    a = alias(groups, sepa_lambda=lambda stats: 0.6, step=3)
+    b = plain(groups, sepa_lambda=lambda stats: 0.6, step=3)
+    assert a.skipped == b.skipped and a.stats.as_dict() == b.stats.as_dict()
+    for ag, bg in zip(a.advantages, b.advantages):
+        assert (ag is None) == (bg is None)
+        for x, y in zip(ag or [], bg or []):
+            assert x.tolist() == y.tolist()
 
 
 def test_every_registry_target_of_this_package_resolves():
@@ -556,9 +586,97 @@ def test_every_registry_target_of_this_package_resolves():
         PLANNING_DETECTORS,
     ):
         for name in reg.names():
+            entry = reg.entry(name)
+            if entry.alias_of:  # algorithm aliases have no target of their own
+                advantage, transform = entry.alias_of
+                assert ADVANTAGE_MODES.is_builtin(advantage) and TRANSFORM_MODES.is_builtin(
+                    transform
+                )
+                continue
             assert callable(reg.resolve(name)), (reg.kind, name)
-    for alias in UNCERTAINTY_KINDS.aliases:
+            if entry.grouped:
+                from retrain.registry import import_object
+
+                assert callable(import_object(entry.grouped)), (reg.kind, name)
+            if reg is TRANSFORM_MODES:
+                assert entry.kernel, name
+    for alias in UNCERTAINTY_KINDS.entry("predictive_variance").aliases:
         assert UNCERTAINTY_KINDS.resolve(alias) is UNCERTAINTY_KINDS.resolve("predictive_variance")
+
+
+@pytest.mark.parametrize(
+    "kw,expected",
+    [
+        (dict(advantage_mode="grpo", transform_mode="none"), False),
+        (dict(advantage_mode="maxrl", transform_mode="none"), False),
+        (dict(transform_mode="gtpo"), True),
+        (dict(transform_mode="gtpo_hicra"), True),
+        (dict(transform_mode="gtpo_sepa"), True),
+        (dict(algorithm_mode="maxrl_gtpo_sepa", transform_mode="none"), True),
+        (dict(algorithm_mode="maxrl_gtpo", transform_mode="none"), True),
+    ],
+)
+def test_varies_per_token_of_builtins_comes_from_the_registry(kw, expected, monkeypatch):
+    pipeline = AdvantagePipeline(**kw)
+
+    def no_probe():
+        raise AssertionError("built-in flows are not probed")
+
+    monkeypatch.setattr(pipeline, "_probe", no_probe)
+    assert pipeline.varies_per_token() is expected
+    transform = (
+        ALGORITHM_MODES.entry(kw["algorithm_mode"]).alias_of[1]
+        if "algorithm_mode" in kw
+        else kw["transform_mode"]
+    )
+    assert TRANSFORM_MODES.entry(transform).token_varying is expected
+
+
+def test_needs_entropies():
+    assert AdvantagePipeline(uncertainty_kind="shannon_entropy").needs_entropies
+    assert not AdvantagePipeline(uncertainty_kind="pred_var").needs_entropies
+    assert not AdvantagePipeline().needs_entropies
+
+
+def test_builtin_pipeline_resolves_at_construction_only(monkeypatch):
+    import importlib
+
+    from retrain import registry
+
+    imports, invalidations = [], []
+    real_import, real_invalidate = registry.import_object, importlib.invalidate_caches
+
+    def counting_import(*args, **kw):
+        imports.append(args[0])
+        return real_import(*args, **kw)
+
+    def counting_invalidate():
+        invalidations.append(1)
+        real_invalidate()
+
+    monkeypatch.setattr(registry, "import_object", counting_import)
+    monkeypatch.setattr(importlib, "invalidate_caches", counting_invalidate)
+    pipeline = AdvantagePipeline(advantage_mode="grpo", uncertainty_kind="pred_var")
+    assert imports and "retrain.advantages.episode:grpo_grouped" in imports
+    built = (len(imports), len(invalidations))
+    rng = np.random.default_rng(5)
+    for step in range(4):
+        groups = [TokenGroup(*_ragged_group(rng, 4, 20)) for _ in range(3)]
+        pipeline(groups, sepa_lambda=0.5, step=step)
+    assert (len(imports), len(invalidations)) == built
+
+
+def test_bad_names_fail_at_construction():
+    from retrain.errors import PluginError
+
+    for kw in (
+        dict(advantage_mode="maxrll"),
+        dict(transform_mode="gtpo_sepaa"),
+        dict(algorithm_mode="maxrl_gtpoo"),
+        dict(uncertainty_kind="surprisall"),
+    ):
+        with pytest.raises(PluginError, match="did you mean"):
+            AdvantagePipeline(**kw)
 
 
 def test_unknown_mode_lists_valid_names():

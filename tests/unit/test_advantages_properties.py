@@ -227,11 +227,12 @@ def test_scheduler_state_round_trip(args, before, after):
     st.sampled_from(["grpo", "maxrl"]),
 )
 def test_grouped_episode_advantages_equal_per_group_ones(groups_, mode):
-    from retrain.advantages import episode
+    from retrain.registry import ADVANTAGE_MODES, import_object
 
-    per_group = getattr(episode, mode)
+    entry = ADVANTAGE_MODES.entry(mode)
+    per_group = import_object(entry.target)
     flat = np.array([r for g in groups_ for r in g])
     sizes = np.array([len(g) for g in groups_])
-    grouped = per_group.grouped(flat, sizes)
+    grouped = import_object(entry.grouped)(flat, sizes)
     expected = np.concatenate([per_group(g) for g in groups_])
     assert grouped.tolist() == expected.tolist()

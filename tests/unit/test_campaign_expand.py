@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from retrain import registry
 from retrain.campaign.expand import (
     STANDARD_CONDITIONS,
     campaign_dir_name,
@@ -97,9 +99,17 @@ def test_run_toml_reloads_to_the_same_config_and_validates():
     assert check_runs(runs) == []
 
 
-def test_check_runs_reports_conditions_the_backend_cannot_train():
+def test_check_runs_reports_conditions_the_backend_cannot_train(monkeypatch):
+    # No built-in backend of this version aggregates advantages per completion: make the
+    # local one claim it does, for this test only.
+    local = registry.BACKENDS.entry("local")
+    aggregating = dataclasses.replace(
+        local,
+        capabilities=dataclasses.replace(local.capabilities, preserves_token_advantages=False),
+    )
     cfg = base(seeds=[1], conditions=[{"advantage_mode": "grpo", "transform_mode": "none"}])
-    cfg.backend.backend = "prime_rl"  # does not preserve token-level advantages
+    cfg.backend.backend = "local"
+    monkeypatch.setitem(registry.BACKENDS._by_name, "local", aggregating)
     ok = expand_run(cfg, "grpo", "none", 1, "c")
     bad = expand_run(cfg, "maxrl", "gtpo", 1, "c")
     problems = check_runs([ok, bad])

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from retrain import registry
-from retrain.backends.base import BUILTIN_CAPABILITIES, BUILTIN_OPTIONS
 from retrain.cli import plugins as plugins_cli
 from retrain.cli.main import main
 
@@ -33,14 +32,14 @@ def project(project):
 
 
 HOOKED_BACKEND = '''
-from retrain.backends.base import BackendCapabilities, BackendOptionSpec
+from retrain.types import BackendCapabilities, OptionSpec
 
 class HookedBackend:
     """A backend that describes itself."""
     retrain_backend_capabilities = staticmethod(lambda: BackendCapabilities(True, True, False, False))
     RETRAIN_BACKEND_OPTION_SCHEMA = {
         "endpoint": {"type": str, "default": "http://x", "help": "where"},
-        "retries": BackendOptionSpec("int", 3, "how often"),
+        "retries": OptionSpec("int", 3, "how often"),
     }
     def __init__(self, config, tokenizer, say=print): pass
     def sample(self, prompts_B, n, params): return []
@@ -70,7 +69,9 @@ def test_backends_text_lists_builtins_capabilities_and_hooks(project, capsys):
     assert code == 0
     for name in ("local", "tinker", "prime_rl"):
         assert f"{name}  (source=builtin" in out
-    assert "preserves_token_advantages=no" in out  # prime_rl
+    assert "prime_rl  (source=builtin, not built)" in out
+    assert registry.BACKENDS.entry("prime_rl").not_built in out  # its fix
+    assert "preserves_token_advantages=no" in out  # the plugin default
     for hook in (
         "retrain_backend_capabilities",
         "RETRAIN_BACKEND_CAPABILITIES",
@@ -79,30 +80,47 @@ def test_backends_text_lists_builtins_capabilities_and_hooks(project, capsys):
     ):
         assert hook in out
     assert "pip install 'retrain[local]'" in out
-    assert "micro_batch_tokens" in out and "strict_advantages" in out
+    assert "micro_batch_tokens" in out and "keepalive_s" in out
     assert "source=plugin/default" in out
+    engines = out[out.index("Inference engines") :]
+    assert "pytorch" in engines and "vllm" in engines and "not built" in engines
 
 
-def test_backends_json_matches_the_builtin_tables(project, capsys):
+def test_backends_json_matches_the_registry_entries(project, capsys):
     code, out, _ = run(["backends", "--json"], capsys)
     assert code == 0
     data = json.loads(out)
     by_name = {b["name"]: b for b in data["backends"]}
-    assert set(BUILTIN_CAPABILITIES) <= set(by_name)
-    for name, caps in BUILTIN_CAPABILITIES.items():
-        entry = by_name[name]
-        assert entry["source"] == "builtin"
-        assert entry["capabilities"] == caps.as_dict()
-        assert set(entry["options"]) == set(BUILTIN_OPTIONS[name])
-        assert entry["dependency_hint"]
-        assert isinstance(entry["installed"], bool)
-    assert by_name["prime_rl"]["options"]["transport"]["choices"] == ["filesystem", "zmq"]
+    assert set(registry.BACKENDS.names()) <= set(by_name)
+    for entry in registry.BACKENDS.entries:
+        row = by_name[entry.name]
+        assert row["source"] == "builtin"
+        assert row["available"] is entry.available
+        assert row["not_built"] == entry.not_built
+        assert row["ignored_sections"] == list(entry.ignores)
+        assert row["dependency_hint"] == entry.install
+        assert isinstance(row["installed"], bool)
+        if entry.available:
+            assert row["capabilities"] == entry.capabilities.as_dict()
+            assert set(row["options"]) == set(entry.options)
+        else:  # never shown as usable
+            assert row["capabilities"] is None and row["installed"] is False
+    assert by_name["prime_rl"]["available"] is False
+    engines = {e["name"]: e for e in data["engines"]}
+    assert list(engines) == registry.ENGINES.names()
+    assert engines["pytorch"]["available"] is True
+    assert engines["vllm"]["available"] is False and engines["vllm"]["not_built"]
     assert data["hooks"] == {
         "capabilities": ["retrain_backend_capabilities", "RETRAIN_BACKEND_CAPABILITIES"],
         "option_schema": ["retrain_backend_option_schema", "RETRAIN_BACKEND_OPTION_SCHEMA"],
     }
     assert data["plugin_default"]["preserves_token_advantages"] is False
     assert set(data["capability_fields"]) >= {"reports_sync_loss", "resume_runtime_dependent"}
+
+
+def test_naming_a_backend_that_is_not_built_exits_1(project, capsys):
+    code, _, _ = run(["backends", "prime_rl"], capsys)
+    assert code == 1
 
 
 def test_dotted_backend_with_and_without_hooks(project, capsys):
@@ -160,7 +178,10 @@ def test_plugins_lists_every_builtin_kind(project, capsys):
         assert plugins_cli.KIND_TITLES[kind] in out
         for name in registry.ALL_REGISTRIES[kind].names():
             assert f"  {name} " in out
-    assert "only pytorch is implemented" in out
+    vllm = next(line for line in out.splitlines() if line.startswith("  vllm "))
+    assert "not built" in vllm and registry.ENGINES.entry("vllm").not_built in vllm
+    algo = next(line for line in out.splitlines() if line.startswith("  maxrl_gtpo "))
+    assert "alias of advantage_mode maxrl, transform_mode gtpo" in algo
     code, out, _ = run(["plugins", "--json"], capsys)
     data = json.loads(out)
     for kind in (
@@ -173,6 +194,11 @@ def test_plugins_lists_every_builtin_kind(project, capsys):
         "engine",
     ):
         assert [e["name"] for e in data["builtin"][kind]] == registry.ALL_REGISTRIES[kind].names()
+    engines = {e["name"]: e for e in data["builtin"]["engine"]}
+    assert engines["pytorch"]["available"] and engines["pytorch"]["target"]
+    assert not engines["vllm"]["available"] and not engines["vllm"]["target"]
+    algo = data["builtin"]["algorithm_mode"][0]
+    assert algo["alias_of"] == ["maxrl", "gtpo"] and algo["target"] == ""
     assert data["search_paths"] == ["plugins"] and data["discovered"] == []
 
 

@@ -140,6 +140,23 @@ def test_invalid_config_fails(env, capsys):
     assert line.startswith("FAIL") and "lr" in line
 
 
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('[inference]\nengine = "sglang"\n', "[inference] engine"),
+        ('[backend]\nbackend = "prime_rl"\n', "[backend] backend"),
+    ],
+)
+def test_name_not_built_fails_with_key_line_and_fix(env, capsys, text, key):
+    (env / "retrain.toml").write_text("[training]\nlr = -1\n" + text)
+    code, out, _ = run(["doctor", "--no-network"], capsys)
+    assert code == 1 and "All checks passed" not in out
+    lines = [line for line in out.splitlines() if line.split()[1:2] == ["config"]]
+    assert len(lines) == 2 and all(line.startswith("FAIL") for line in lines)
+    assert key in lines[1] and "retrain.toml:4" in lines[1] and "not built" in lines[1]
+    assert "Fix:" in lines[1]
+
+
 def test_missing_config_argument_fails(env, capsys):
     code, out, _ = run(["doctor", "nope.toml", "--no-network"], capsys)
     assert code == 1 and "nope.toml not found" in out

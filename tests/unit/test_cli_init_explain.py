@@ -152,13 +152,43 @@ def test_explain_tinker_ignores_inference(tmp_path, capsys):
     assert "resume_runtime_dependent=true" in out
 
 
-def test_explain_warns_shannon_entropy_on_tinker(tmp_path, capsys):
+def test_explain_refuses_shannon_entropy_on_tinker(tmp_path, capsys):
+    """tinker returns no entropies: a config error at load, not a failure at preflight."""
     path = tmp_path / "t.toml"
     path.write_text(
         '[backend]\nbackend = "tinker"\n[algorithm]\nuncertainty_kind = "shannon_entropy"\n'
     )
+    code, _, err = run(["explain", str(path)], capsys)
+    assert code == 2 and "[algorithm] uncertainty_kind" in err and "shannon_entropy" in err
+    assert f"{path}:4" in err and "Fix:" in err
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "line"),
+    [
+        ('[inference]\nengine = "vllm"\n', "[inference] engine", 2),
+        ('[training]\nseed = 1\n[backend]\nbackend = "prime_rl"\n', "[backend] backend", 4),
+    ],
+)
+def test_explain_reports_names_that_are_not_built(tmp_path, capsys, text, key, line):
+    path = tmp_path / "t.toml"
+    path.write_text(text)
+    code, _, err = run(["explain", str(path)], capsys)
+    assert code == 2 and key in err and f"{path}:{line}" in err
+    assert "not built in this version" in err and "Fix:" in err
+    code, out, _ = run(["explain", str(path), "--json"], capsys)
+    assert code == 2 and any(key in e for e in json.loads(out)["errors"])
+
+
+def test_explain_plugin_backend_without_entropies(tmp_path, capsys, monkeypatch):
+    (tmp_path / "my_backend2.py").write_text("class B:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "t.toml"
+    path.write_text(
+        '[backend]\nbackend = "my_backend2.B"\n[algorithm]\nuncertainty_kind = "shannon_entropy"\n'
+    )
     code, out, _ = run(["explain", str(path)], capsys)
-    assert code == 0 and "WARNING" in out and "shannon_entropy" in out
+    assert code == 2 and "ERROR: [algorithm] uncertainty_kind" in out
 
 
 def test_explain_errors_on_plugin_backend_without_token_advantages(tmp_path, capsys, monkeypatch):
@@ -168,3 +198,4 @@ def test_explain_errors_on_plugin_backend_without_token_advantages(tmp_path, cap
     path.write_text('[backend]\nbackend = "my_backend.B"\n[algorithm]\ntransform_mode = "gtpo"\n')
     code, out, _ = run(["explain", str(path)], capsys)
     assert code == 2 and "plugin/default" in out and "ERROR" in out
+    assert "token-level advantages" in out

@@ -10,8 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrain import compare as cmp
 from retrain.cli.main import main
+from retrain.compare import stats
+from retrain.compare.comparison import compare_runs
+from retrain.compare.runs import collect_runs, load_run
+from retrain.errors import RetrainError
 
 STEPS = 40
 SEEDS = [1, 2, 3, 4, 5, 6, 7, 8]
@@ -92,65 +95,115 @@ def make_campaign(root: Path, conditions: dict, seeds=SEEDS, steps=STEPS, rng_se
 
 def test_bootstrap_ci_basic_properties():
     x = np.arange(10.0)
-    iv = cmp.bootstrap_ci(x, n_resamples=4000, seed=1)
+    iv = stats.bootstrap_ci(x, n_resamples=4000, seed=1)
     assert iv.estimate == pytest.approx(4.5)
     assert iv.low < 4.5 < iv.high
     assert iv.low > 2.0 and iv.high < 7.0
     # more seeds with the same spread: a narrower interval
-    more = cmp.bootstrap_ci(np.tile(x, 4), n_resamples=4000, seed=1)
+    more = stats.bootstrap_ci(np.tile(x, 4), n_resamples=4000, seed=1)
     assert (more.high - more.low) < 0.7 * (iv.high - iv.low)
-    assert cmp.bootstrap_ci([3.0]) == cmp.Interval(3.0, 3.0, 3.0)
-    assert math.isnan(cmp.bootstrap_ci([]).estimate)
+    assert stats.bootstrap_ci([3.0]) == stats.Interval(3.0, 3.0, 3.0)
+    assert math.isnan(stats.bootstrap_ci([]).estimate)
     # deterministic given the seed and label
-    assert cmp.bootstrap_ci(x, seed=5, label="a") == cmp.bootstrap_ci(x, seed=5, label="a")
+    assert stats.bootstrap_ci(x, seed=5, label="a") == stats.bootstrap_ci(x, seed=5, label="a")
 
 
 def test_bootstrap_diff_ci():
     rng = np.random.default_rng(0)
     a = rng.normal(1.0, 0.1, size=8)
     b = rng.normal(0.0, 0.1, size=8)
-    iv = cmp.bootstrap_diff_ci(a, b, n_resamples=4000)
+    iv = stats.bootstrap_diff_ci(a, b, n_resamples=4000)
     assert iv.estimate == pytest.approx(a.mean() - b.mean())
     assert iv.low > 0.8 and iv.high < 1.2
-    same = cmp.bootstrap_diff_ci(a, a, n_resamples=4000)
+    same = stats.bootstrap_diff_ci(a, a, n_resamples=4000)
     assert same.contains(0.0) and same.estimate == 0.0
+    assert stats.bootstrap_diff_ci([2.0], [0.5]) == stats.Interval(1.5, 1.5, 1.5)
 
 
 def test_permutation_exact_and_monte_carlo():
     # 3 vs 3 fully separated: only the observed labelling and its mirror are as extreme
-    assert cmp.permutation_test([4, 5, 6], [1, 2, 3]) == pytest.approx(2 / 20)
-    assert cmp.permutation_test([1, 2, 3], [1, 2, 3]) == pytest.approx(1.0)
+    assert stats.permutation_test([4, 5, 6], [1, 2, 3]) == pytest.approx(2 / 20)
+    assert stats.permutation_test([1, 2, 3], [1, 2, 3]) == pytest.approx(1.0)
     rng = np.random.default_rng(3)
     a, b = rng.normal(0.5, 1, 12), rng.normal(0, 1, 12)  # C(24, 12) > limit: Monte Carlo
-    assert math.comb(24, 12) > cmp.EXACT_PERMUTATION_LIMIT
-    p_mc = cmp.permutation_test(a, b, n_permutations=20000, seed=1)
+    assert math.comb(24, 12) > stats.EXACT_PERMUTATION_LIMIT
+    p_mc = stats.permutation_test(a, b, n_permutations=20000, seed=1)
     assert 0 < p_mc <= 1
-    # compare with scipy's own permutation test
-    stats = pytest.importorskip("scipy.stats")
-    ref = stats.permutation_test(
-        (a, b), lambda x, y: np.mean(x) - np.mean(y), n_resamples=20000, random_state=0
-    ).pvalue
-    assert p_mc == pytest.approx(ref, abs=0.02)
+    # a second Monte Carlo estimate, with another seed, agrees
+    assert p_mc == pytest.approx(stats.permutation_test(a, b, n_permutations=20000), abs=0.02)
 
 
-def test_fisher_matches_scipy():
-    stats = pytest.importorskip("scipy.stats")
-    odds, p = cmp.fisher_exact_test(30, 100, 15, 100)
-    ref_odds, ref_p = stats.fisher_exact([[30, 70], [15, 85]])
-    assert odds == pytest.approx(ref_odds) and p == pytest.approx(ref_p)
+# The numbers of the hand-written implementation these functions replaced (numpy
+# resampling and enumeration, before scipy.stats), on fixed inputs, seed 0, label "t",
+# 10,000 resamples. Exact results (Fisher, Holm, exact permutation tests) must match to
+# rounding. Monte Carlo results may differ by resampling noise: over 100 seeds the old
+# bootstrap interval endpoints had a standard deviation of at most 0.00067, and the
+# Monte Carlo permutation p-value 0.0055; two independent estimates then differ with
+# SD sqrt(2) x that, so tolerances of 5 such SDs (0.005 and 0.04) fail only on a real
+# change of method.
+X = [0.31, 0.42, 0.38, 0.45, 0.29, 0.36, 0.40, 0.33]
+Y = [0.22, 0.30, 0.27, 0.35, 0.25, 0.28, 0.31, 0.24]
+MC_A = [2.5409, -2.0557, 0.9181, -0.0678, 0.0474, 0.2844, -1.52, 0.2681, -0.3652, 3.823]
+MC_A += [0.7258, 0.1474]
+MC_B = [-0.2813, -0.668, -1.0552, -0.3908, 0.4819, -0.2386, 0.9578, -0.1998, 0.0243, 1.5458]
+MC_B += [0.5451, -0.5052]
+ENDPOINT_TOL = 0.005
+PERMUTATION_TOL = 0.04
 
 
-def test_fisher_without_scipy_says_what_to_install(monkeypatch):
+@pytest.mark.parametrize(
+    "compute, expected",
+    [
+        (lambda: stats.bootstrap_ci(X, label="t"), (0.3675, 0.33125, 0.40375)),
+        (lambda: stats.bootstrap_diff_ci(X, Y, label="t"), (0.09, 0.04375, 0.135)),
+        (lambda: stats.bootstrap_diff_ci(X, [0.3], label="t"), (0.0675, 0.03246875, 0.1025)),
+        (lambda: stats.bootstrap_diff_ci([0.5], Y, label="t"), (0.2225, 0.195, 0.24875)),
+    ],
+)
+def test_bootstrap_matches_the_previous_implementation(compute, expected):
+    iv = compute()
+    assert iv.estimate == pytest.approx(expected[0], rel=1e-12)
+    assert iv.low == pytest.approx(expected[1], abs=ENDPOINT_TOL)
+    assert iv.high == pytest.approx(expected[2], abs=ENDPOINT_TOL)
+
+
+def test_permutation_matches_the_previous_implementation():
+    assert stats.permutation_test(X, Y) == pytest.approx(0.00404040404040404, rel=1e-12)
+    unequal = stats.permutation_test([0.5, 0.61, 0.47], [0.3, 0.52, 0.41, 0.38])
+    assert unequal == pytest.approx(0.14285714285714285, rel=1e-12)  # 5 of 35 relabellings
+    # one value against several: scipy needs two per group, the 5 relabellings by hand
+    assert stats.permutation_test([0.5], [0.3, 0.52, 0.41, 0.38]) == pytest.approx(0.6)
+    assert stats.permutation_test([0.3, 0.52, 0.41, 0.38], [0.35]) == pytest.approx(0.6)
+    assert stats.permutation_test([0.3], [0.4]) == pytest.approx(1.0)
+    monte_carlo = stats.permutation_test(MC_A, MC_B, label="t")
+    assert monte_carlo == pytest.approx(0.47155284471552844, abs=PERMUTATION_TOL)
+
+
+def test_fisher_and_holm_match_the_previous_implementation():
+    assert stats.fisher_exact_test(30, 100, 15, 100) == pytest.approx(
+        (2.4285714285714284, 0.01714902276840841), rel=1e-12
+    )
+    assert stats.fisher_exact_test(412, 640, 371, 640) == pytest.approx(
+        (1.3102094859790987, 0.021742462890603522), rel=1e-12
+    )
+    adjusted = stats.holm([0.01, 0.04, 0.03, math.nan, 0.2])
+    assert adjusted[:3] + adjusted[4:] == pytest.approx([0.04, 0.09, 0.09, 0.2], rel=1e-12)
+    assert math.isnan(adjusted[3])
+
+
+def test_statistics_without_scipy_say_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "scipy.stats", None)
-    with pytest.raises(cmp.RetrainError, match=r"retrain\[plots\]"):
-        cmp.fisher_exact_test(1, 2, 1, 2)
+    with pytest.raises(RetrainError, match=r"retrain\[plots\]"):
+        stats.fisher_exact_test(1, 2, 1, 2)
+    with pytest.raises(RetrainError, match=r"retrain\[plots\]"):
+        stats.bootstrap_ci([1.0, 2.0])
 
 
 def test_holm_and_moving_average():
-    assert cmp.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
-    adj = cmp.holm([0.5, math.nan])
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    adj = stats.holm([0.5, math.nan])
     assert adj[0] == pytest.approx(0.5) and math.isnan(adj[1])
-    assert cmp.moving_average(np.array([1.0, 3.0, 5.0, 7.0]), 2).tolist() == [1.0, 2.0, 4.0, 6.0]
+    assert stats.moving_average(np.array([1.0, 3.0, 5.0, 7.0]), 2).tolist() == [1.0, 2.0, 4.0, 6.0]
 
 
 # ---------------------------------------------------------------- comparisons
@@ -170,9 +223,9 @@ def campaign(tmp_path):
 
 def test_known_difference_is_detected(campaign):
     warnings: list[str] = []
-    runs, order = cmp.collect_runs([campaign], warnings)
+    runs, order = collect_runs([campaign], warnings)
     assert len(runs) == 24 and order == ["grpo+none", "maxrl+none", "maxrl+gtpo_sepa"]
-    comp = cmp.compare_runs(runs, "correct_rate", order=order, n_resamples=4000)
+    comp = compare_runs(runs, "correct_rate", order=order, n_resamples=4000)
     assert comp.baseline == "grpo+none" and comp.horizon == STEPS
     by = {p.condition: p for p in comp.pairwise}
     sepa = by["maxrl+gtpo_sepa"]
@@ -199,8 +252,8 @@ def test_identical_conditions_include_zero(tmp_path):
             write_run(d, cond, seed, rates)  # exactly the same data
             entries.append({"condition": cond, "seed": seed, "log_dir": str(d)})
     (camp / "manifest.json").write_text(json.dumps({"runs": entries}))
-    runs, order = cmp.collect_runs([camp], [])
-    comp = cmp.compare_runs(runs, "correct_rate", order=order, n_resamples=2000)
+    runs, order = collect_runs([camp], [])
+    comp = compare_runs(runs, "correct_rate", order=order, n_resamples=2000)
     p = comp.pairwise[0]
     assert p.final_diff.estimate == 0 and p.final_diff.contains(0.0) and p.auc_diff.contains(0.0)
     assert p.final_p == pytest.approx(1.0) and p.fisher_p == pytest.approx(1.0)
@@ -211,8 +264,8 @@ def test_pooled_counts_from_metrics_and_generations(tmp_path):
     write_run(
         tmp_path / "b", "x+none", 2, [0.25, 0.5], batch=2, group=4, sizes=False, generations=True
     )
-    a = cmp.load_run(tmp_path / "a")
-    b = cmp.load_run(tmp_path / "b")
+    a = load_run(tmp_path / "a")
+    b = load_run(tmp_path / "b")
     assert a.correct_counts() == (6, 16)
     assert b.correct_counts() == (6, 16)  # batch/group missing: from generations.jsonl
     assert a.correct_counts(horizon=1) == (2, 8)
@@ -221,8 +274,8 @@ def test_pooled_counts_from_metrics_and_generations(tmp_path):
 def test_run_dirs_seed_and_condition_sources(tmp_path):
     write_run(tmp_path / "r1", "grpo+none", 7, [0.1, 0.2])
     write_run(tmp_path / "maxrl+gtpo_s9", "maxrl+gtpo", 0, [0.1, 0.2], resolved=False)
-    r1 = cmp.load_run(tmp_path / "r1")
-    r2 = cmp.load_run(tmp_path / "maxrl+gtpo_s9")
+    r1 = load_run(tmp_path / "r1")
+    r2 = load_run(tmp_path / "maxrl+gtpo_s9")
     assert (r1.condition, r1.seed) == ("grpo+none", 7)
     assert (r2.condition, r2.seed) == ("maxrl+gtpo", 9)
 
@@ -236,7 +289,7 @@ def test_duplicate_steps_keep_the_last_row(tmp_path):
         {"step": 1, "correct_rate": 0.9},
     ]
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n{truncated")
-    run_data = cmp.load_run(d)
+    run_data = load_run(d)
     assert run_data.series("correct_rate")[1].tolist() == [0.1, 0.9]
 
 
@@ -250,11 +303,11 @@ def test_different_lengths_use_the_common_horizon(tmp_path):
             seed,
             curve(rng, 0.1, 0.2, steps=25 if seed == 2 else STEPS),
         )
-    runs, order = cmp.collect_runs([tmp_path], [])
-    comp = cmp.compare_runs(runs, order=order, n_resamples=500)
+    runs, order = collect_runs([tmp_path], [])
+    comp = compare_runs(runs, order=order, n_resamples=500)
     assert comp.horizon == 25
     assert any("differ in length" in w and "b+none_s2" in w for w in comp.warnings)
-    comp = cmp.compare_runs(runs, order=order, n_resamples=500, horizon=30)
+    comp = compare_runs(runs, order=order, n_resamples=500, horizon=30)
     assert comp.horizon == 30 and {c.condition: c.n for c in comp.conditions} == {
         "a+none": 2,
         "b+none": 1,
@@ -321,10 +374,10 @@ def test_cli_errors(campaign, tmp_path, capsys):
     assert code == 2
 
 
-def test_cli_without_scipy_still_reports(campaign, capsys, monkeypatch):
+def test_cli_without_scipy_says_what_to_install(campaign, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "scipy.stats", None)
-    code, out, _ = run(["compare", str(campaign), "--resamples", "500"], capsys)
-    assert code == 0 and "Fisher test skipped" in out and "retrain[plots]" in out
+    code, out, err = run(["compare", str(campaign), "--resamples", "500"], capsys)
+    assert code == 1 and "needs scipy" in err and "retrain[plots]" in err
 
 
 def test_campaign_run_without_metrics_is_skipped(campaign, capsys):
@@ -334,6 +387,6 @@ def test_campaign_run_without_metrics_is_skipped(campaign, capsys):
     )
     (campaign / "manifest.json").write_text(json.dumps(manifest))
     warnings: list[str] = []
-    runs, _ = cmp.collect_runs([campaign], warnings)
+    runs, _ = collect_runs([campaign], warnings)
     assert len(runs) == 24
     assert any("grpo+none_s99" in w and "pending" in w for w in warnings)

@@ -78,7 +78,7 @@ BAD_INPUTS = [
     ('[environment]\nprovider = "verifiers"\n', "[environment] id"),
     ('[environment]\nprovider = "gym"\n', "[environment] provider"),
     ('[environment]\nargs = "{not json"\n', "[environment] args"),
-    ('[inference]\nengine = "vllm"\n', "[inference] url"),
+    ('[inference]\nengine = "vllm"\n', "[inference] engine"),
     ("[campaign]\nseeds = [1, 1]\n", "[campaign] seeds"),
     ('[campaign]\nseeds = ["a"]\n', "[campaign] seeds"),
     (
@@ -87,7 +87,11 @@ BAD_INPUTS = [
     ),
     ('[[data.few_shot]]\nuser = "hi"\n', "[data] few_shot"),
     ("[squeeze]\ntarget_ranks = [0, 4]\n", "[squeeze] target_ranks"),
-    ('[backend]\nbackend = "prime_rl"\n', "[algorithm] transform_mode"),
+    ('[backend]\nbackend = "prime_rl"\n', "[backend] backend"),
+    (
+        '[backend]\nbackend = "tinker"\n[algorithm]\nuncertainty_kind = "shannon_entropy"\n',
+        "[algorithm] uncertainty_kind",
+    ),
     ('[backend]\noptions = { micro_batch_tokens = "big" }\n', "[backend] options"),
     ("[backend]\noptions = { micro_batch_size = 4 }\n", "[backend] options"),
     ("lr = 1e-4\n", "did you mean [training] lr"),

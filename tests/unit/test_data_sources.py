@@ -7,8 +7,9 @@ import json
 import time
 
 import pytest
+from builders import data_source
 
-from retrain.data import DataSource, build_data_source
+from retrain.data import DataSource
 from retrain.data.jsonl import JsonlSource
 from retrain.data.math import DATASET_ID, SUBJECTS, MathSource
 from retrain.errors import DataError
@@ -27,7 +28,7 @@ def test_jsonl_reads_fields_and_numbers(tmp_path):
         tmp_path / "d.jsonl",
         [{"q": "1+1?", "a": 2}, "", {"q": "half?", "a": "\\frac{1}{2}", "extra": 1}],
     )
-    src = build_data_source("jsonl", path=str(p), prompt_field="q", answer_field="a")
+    src = data_source("jsonl", path=str(p), prompt_field="q", answer_field="a")
     assert isinstance(src, JsonlSource) and src.name == "jsonl"
     assert [(e.prompt, e.reference) for e in src.examples] == [
         ("1+1?", "2"),
@@ -39,13 +40,13 @@ def test_jsonl_reads_fields_and_numbers(tmp_path):
 
 def test_jsonl_default_fields(tmp_path):
     p = _write_jsonl(tmp_path / "d.jsonl", [{"question": "q", "answer": "a"}])
-    assert build_data_source("jsonl", path=str(p)).examples == [Example("q", "a")]
+    assert data_source("jsonl", path=str(p)).examples == [Example("q", "a")]
 
 
 def test_jsonl_malformed_line_names_file_and_line(tmp_path):
     p = _write_jsonl(tmp_path / "bad.jsonl", [{"question": "q", "answer": 1}, '{"question": "x",'])
     with pytest.raises(DataError, match=r"bad\.jsonl:2: malformed JSON"):
-        build_data_source("jsonl", path=str(p))
+        data_source("jsonl", path=str(p))
 
 
 def test_jsonl_missing_field_names_file_line_and_field(tmp_path):
@@ -54,22 +55,22 @@ def test_jsonl_missing_field_names_file_line_and_field(tmp_path):
         [{"question": "q", "answer": 1}, {"question": "q"}],
     )
     with pytest.raises(DataError, match=r"m\.jsonl:2: missing field 'answer'.*answer_field"):
-        build_data_source("jsonl", path=str(p))
+        data_source("jsonl", path=str(p))
     with pytest.raises(DataError, match=r"m\.jsonl:1: missing field 'problem'.*prompt_field"):
-        build_data_source("jsonl", path=str(p), prompt_field="problem")
+        data_source("jsonl", path=str(p), prompt_field="problem")
 
 
 def test_jsonl_other_errors(tmp_path):
     with pytest.raises(DataError, match="path is required"):
-        build_data_source("jsonl")
+        data_source("jsonl")
     with pytest.raises(DataError, match="not found"):
-        build_data_source("jsonl", path=str(tmp_path / "nope.jsonl"))
+        data_source("jsonl", path=str(tmp_path / "nope.jsonl"))
     p = _write_jsonl(tmp_path / "arr.jsonl", ["[1, 2]"])
     with pytest.raises(DataError, match=r"arr\.jsonl:1: expected a JSON object"):
-        build_data_source("jsonl", path=str(p))
+        data_source("jsonl", path=str(p))
     p = _write_jsonl(tmp_path / "nested.jsonl", [{"question": "q", "answer": {"x": 1}}])
     with pytest.raises(DataError, match=r"nested\.jsonl:1: field 'answer' must be a string"):
-        build_data_source("jsonl", path=str(p))
+        data_source("jsonl", path=str(p))
 
 
 # -- math -----------------------------------------------------------------------------
@@ -99,7 +100,7 @@ def test_math_hub_layout_parquet(tmp_path):
         )
         _write_parquet(tmp_path / s / "test-00000-of-00001.parquet", [_math_row(100, s)])
     _write_parquet(tmp_path / "algebra" / "train-00000-of-00001.parquet", [_math_row(0, "algebra")])
-    src = build_data_source("math", path=str(tmp_path), shuffle=False)
+    src = data_source("math", path=str(tmp_path), shuffle=False)
     assert isinstance(src, MathSource)
     assert len(src) == 5 * 3  # no test rows, no unboxed rows, no algebra
     first = src.examples[0]
@@ -107,7 +108,7 @@ def test_math_hub_layout_parquet(tmp_path):
     assert first.reference == "\\frac{0}{2}"  # the boxed answer of the solution, nested kept
     assert first.meta["subject"] == "intermediate_algebra" and first.meta["level"] == "Level 2"
     assert {e.meta["subject"] for e in src.examples} == set(SUBJECTS)
-    capped = build_data_source("math", path=str(tmp_path), max_examples=4, shuffle=False)
+    capped = data_source("math", path=str(tmp_path), max_examples=4, shuffle=False)
     assert [e.prompt for e in capped.examples] == [e.prompt for e in src.examples[:4]]
 
 
@@ -115,7 +116,7 @@ def test_math_test_split(tmp_path):
     for s in SUBJECTS:
         _write_parquet(tmp_path / s / "train-00000-of-00001.parquet", [_math_row(1, s)])
         _write_parquet(tmp_path / s / "test-00000-of-00001.parquet", [_math_row(2, s)])
-    src = build_data_source("math", path=str(tmp_path), split="test")
+    src = data_source("math", path=str(tmp_path), split="test")
     assert {e.reference for e in src.examples} == {"\\frac{2}{2}"}
 
 
@@ -163,7 +164,7 @@ def test_math_offline_fails_fast_with_alternatives(monkeypatch):
     pytest.importorskip("datasets")
     t0 = time.monotonic()
     with pytest.raises(DataError) as info:
-        build_data_source("math")
+        data_source("math")
     assert time.monotonic() - t0 < 60
     msg = str(info.value)
     assert DATASET_ID in msg
@@ -176,7 +177,7 @@ def test_math_unreachable_hub_fails_fast(monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on port 9
     t0 = time.monotonic()
     with pytest.raises(DataError, match="cannot reach the Hugging Face hub") as info:
-        build_data_source("math")
+        data_source("math")
     assert time.monotonic() - t0 < 5
     assert DATASET_ID in str(info.value) and "reasoning_gym" in str(info.value)
 
@@ -187,9 +188,9 @@ def test_math_unreachable_hub_fails_fast(monkeypatch):
 def test_reasoning_gym_options_and_determinism():
     pytest.importorskip("reasoning_gym")
     kw = dict(task="chain_sum", args={"min_terms": 2, "max_terms": 2}, size=12)
-    a = build_data_source("reasoning_gym", seed=7, **kw)
-    b = build_data_source("reasoning_gym", seed=7, **kw)
-    c = build_data_source("reasoning_gym", seed=8, **kw)
+    a = data_source("reasoning_gym", seed=7, **kw)
+    b = data_source("reasoning_gym", seed=7, **kw)
+    c = data_source("reasoning_gym", seed=8, **kw)
     assert a.name == "reasoning_gym:chain_sum" and a.reward_hint == "gym"
     assert len(a) == 12
     assert [(e.prompt, e.reference) for e in a.examples] == [
@@ -206,11 +207,11 @@ def test_reasoning_gym_options_and_determinism():
 def test_reasoning_gym_errors():
     pytest.importorskip("reasoning_gym")
     with pytest.raises(DataError, match="task is required"):
-        build_data_source("reasoning_gym")
+        data_source("reasoning_gym")
     with pytest.raises(DataError, match="did you mean 'chain_sum'"):
-        build_data_source("reasoning_gym", task="chain_sun")
+        data_source("reasoning_gym", task="chain_sun")
     with pytest.raises(DataError, match=r"\[data.args\].*bogus"):
-        build_data_source("reasoning_gym", task="chain_sum", args={"bogus": 1})
+        data_source("reasoning_gym", task="chain_sum", args={"bogus": 1})
 
 
 # -- build_data_source ----------------------------------------------------------------
@@ -218,7 +219,7 @@ def test_reasoning_gym_errors():
 
 def test_unknown_source_lists_valid_ones():
     with pytest.raises(DataError, match="valid: math, reasoning_gym, jsonl"):
-        build_data_source("jsnol")
+        data_source("jsnol")
 
 
 def test_plugin_source_returning_examples(tmp_path):
@@ -227,7 +228,7 @@ def test_plugin_source_returning_examples(tmp_path):
         "def load(size, seed):\n"
         "    return [Example(prompt=f'p{i}', reference=str(i + seed)) for i in range(size)]\n"
     )
-    src = build_data_source(
+    src = data_source(
         "my_data_plugin.load", size=3, seed=10, search_paths=[str(tmp_path)], shuffle=False
     )
     assert isinstance(src, DataSource)
@@ -237,9 +238,9 @@ def test_plugin_source_returning_examples(tmp_path):
 def test_plugin_source_returning_garbage(tmp_path):
     (tmp_path / "bad_data_plugin.py").write_text("def load():\n    return 42\n")
     with pytest.raises(DataError, match="expected a DataSource"):
-        build_data_source("bad_data_plugin.load", search_paths=[str(tmp_path)])
+        data_source("bad_data_plugin.load", search_paths=[str(tmp_path)])
 
 
 def test_environment_provider_must_be_known():
     with pytest.raises(DataError, match="provider"):
-        build_data_source("math", environment={"provider": "gymnasium", "id": "x"})
+        data_source("math", environment={"provider": "gymnasium", "id": "x"})

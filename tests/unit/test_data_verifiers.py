@@ -17,8 +17,8 @@ import textwrap
 import uuid
 
 import pytest
+from builders import data_source
 
-from retrain.data import build_data_source
 from retrain.data.prompts import PromptRenderer
 from retrain.data.verifiers import module_name
 from retrain.errors import DataError
@@ -107,7 +107,7 @@ def v1_env(env_dir):
 
 def test_v1_taskset_gives_examples_and_reward(v1_env):
     folder, name = v1_env
-    src = build_data_source(
+    src = data_source(
         "math",
         environment={
             "provider": "verifiers",
@@ -135,7 +135,7 @@ def test_v1_taskset_gives_examples_and_reward(v1_env):
 def test_v1_args_are_validated(v1_env):
     folder, name = v1_env
     with pytest.raises(DataError, match=r"\[environment\] args"):
-        build_data_source(
+        data_source(
             "math",
             environment={"provider": "verifiers", "id": name, "args": {"n": "many"}},
             search_paths=[str(folder)],
@@ -144,7 +144,7 @@ def test_v1_args_are_validated(v1_env):
 
 def test_v1_args_as_json_string(v1_env):
     folder, name = v1_env
-    src = build_data_source(
+    src = data_source(
         "math",
         environment={"provider": "verifiers", "id": name, "args": '{"n": 2}'},
         search_paths=[str(folder)],
@@ -157,7 +157,7 @@ def test_v1_empty_taskset_is_eval_only(env_dir):
     name = _unique("empty_env")
     (env_dir / f"{name}.py").write_text(V1_ENV.replace('["SumTaskset"]', '["EmptyTaskset"]'))
     with pytest.raises(DataError, match="evaluation-only.*yields no tasks"):
-        build_data_source(
+        data_source(
             "math",
             environment={"provider": "verifiers", "id": name},
             search_paths=[str(env_dir)],
@@ -166,7 +166,7 @@ def test_v1_empty_taskset_is_eval_only(env_dir):
 
 def test_v1_prompt_renders_with_the_tasks_system_prompt(v1_env):
     folder, name = v1_env
-    src = build_data_source(
+    src = data_source(
         "math",
         environment={"provider": "verifiers", "id": name, "args": {"n": 1}},
         search_paths=[str(folder)],
@@ -240,7 +240,7 @@ def classic_env(env_dir):
 
 def test_classic_environment(classic_env, caplog):
     folder, name = classic_env
-    src = build_data_source(
+    src = data_source(
         "math",
         environment={"provider": "verifiers", "id": f"owner/{name}", "args": {"n": 4}},
         search_paths=[str(folder)],
@@ -260,7 +260,7 @@ def test_classic_environment(classic_env, caplog):
 def test_classic_eval_only_environment_fails_fast(classic_env):
     folder, name = classic_env
     with pytest.raises(DataError, match="evaluation-only.*only an eval_dataset"):
-        build_data_source(
+        data_source(
             "math",
             environment={"provider": "verifiers", "id": name, "args": {"eval_only": True}},
             search_paths=[str(folder)],
@@ -270,7 +270,7 @@ def test_classic_eval_only_environment_fails_fast(classic_env):
 def test_classic_bad_args(classic_env):
     folder, name = classic_env
     with pytest.raises(DataError, match=r"\[environment\] args.*colour"):
-        build_data_source(
+        data_source(
             "math",
             environment={"provider": "verifiers", "id": name, "args": {"colour": "red"}},
             search_paths=[str(folder)],
@@ -282,13 +282,13 @@ def test_classic_bad_args(classic_env):
 
 def test_missing_environment_without_auto_install(tmp_path):
     with pytest.raises(DataError, match="not installed.*prime env install owner/nowhere-env"):
-        build_data_source("math", environment={"provider": "verifiers", "id": "owner/nowhere-env"})
+        data_source("math", environment={"provider": "verifiers", "id": "owner/nowhere-env"})
 
 
 def test_auto_install_without_prime_cli(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no `prime` here
     with pytest.raises(DataError, match="auto_install needs the `prime` CLI"):
-        build_data_source(
+        data_source(
             "math",
             environment={"provider": "verifiers", "id": "owner/nowhere-env", "auto_install": True},
         )
@@ -312,7 +312,7 @@ def test_auto_install_runs_prime(monkeypatch, env_dir):
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     sys.path.insert(0, str(site))
     try:
-        src = build_data_source(
+        src = data_source(
             "math",
             environment={"provider": "verifiers", "id": f"owner/{name}", "auto_install": True},
         )
@@ -326,7 +326,7 @@ def test_not_an_environment(env_dir):
     name = _unique("plain_mod")
     (env_dir / f"{name}.py").write_text("x = 1\n")
     with pytest.raises(DataError, match="is not a verifiers environment"):
-        build_data_source(
+        data_source(
             "math",
             environment={"provider": "verifiers", "id": name},
             search_paths=[str(env_dir)],
@@ -370,7 +370,7 @@ def test_real_classic_single_turn_env(env_dir):
             """
         )
     )
-    src = build_data_source(
+    src = data_source(
         "math",
         environment={"provider": "verifiers", "id": name, "args": {"n": 3}},
         search_paths=[str(env_dir)],

@@ -10,10 +10,11 @@ import uuid
 import numpy as np
 import pytest
 
-from retrain.advantages import compute_batch_advantages
+from retrain.build import build_pipeline
 from retrain.cli.init_plugin import KINDS, toml_usage
 from retrain.cli.main import main
 from retrain.config import config_from_dict
+from retrain.types import TokenGroup
 
 
 def run(args, capsys):
@@ -28,11 +29,11 @@ def unique(kind: str) -> str:
 
 def _group():
     rng = np.random.default_rng(1)
-    return {
-        "rewards": [1.0, 0.0, 1.0, 0.0],
-        "logprobs": [-rng.exponential(1.0, size=n) for n in (4, 7, 2, 5)],
-        "planning": [np.arange(n) < 1 for n in (4, 7, 2, 5)],
-    }
+    return TokenGroup(
+        rewards_G=np.array([1.0, 0.0, 1.0, 0.0]),
+        logprobs_G_T=[-rng.exponential(1.0, size=n) for n in (4, 7, 2, 5)],
+        planning_G_T=[np.arange(n) < 1 for n in (4, 7, 2, 5)],
+    )
 
 
 @pytest.mark.parametrize("kind", ["transform", "advantage", "algorithm"])
@@ -49,17 +50,7 @@ def test_scaffolded_advantage_plugins_run_as_named_in_a_toml(project, capsys, ki
 
     raw = tomllib.loads(toml_usage(kind, name))
     config = config_from_dict(raw)
-    a = config.algorithm
-    batch = compute_batch_advantages(
-        [_group()],
-        advantage_mode=a.advantage_mode,
-        transform_mode=a.transform_mode,
-        algorithm_mode=a.algorithm_mode or None,
-        advantage_params=a.advantage_params,
-        transform_params=a.transform_params,
-        sepa_lambda=0.3,
-        search_paths=tuple(config.plugins.search_paths),
-    )
+    batch = build_pipeline(config)([_group()], sepa_lambda=0.3)
     adv = batch.advantages[0]
     assert adv is not None and [x.size for x in adv] == [4, 7, 2, 5]
     assert all(np.all(np.isfinite(x)) for x in adv)
@@ -78,13 +69,7 @@ def test_scaffolded_reward_scores_through_build_reward(project, capsys):
     import tomllib
 
     config = config_from_dict(tomllib.loads(toml_usage("reward", name)))
-    r = config.reward
-    reward = build_reward(
-        r.type,
-        custom_module=r.custom_module,
-        custom_function=r.custom_function,
-        search_paths=config.plugins.search_paths,
-    )
+    reward = build_reward(config.reward, config.plugins.search_paths)
     try:
         assert reward.score("so \\boxed{12}", "12") == 1.0
         assert reward.score("so \\boxed{13}", "12") == pytest.approx(0.1)

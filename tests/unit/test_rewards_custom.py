@@ -7,9 +7,9 @@ import logging
 import textwrap
 
 import pytest
+from builders import reward
 
 from retrain.errors import RewardError
-from retrain.rewards import build_reward
 from retrain.rewards.custom import CustomReward
 from retrain.types import Example
 
@@ -65,7 +65,7 @@ def _ex(ref):
 
 
 def test_module_name_on_search_paths(plugin_dir):
-    r = build_reward(
+    r = reward(
         "custom",
         custom_module="my_rewards_mod",
         custom_function="score",
@@ -78,14 +78,14 @@ def test_module_name_on_search_paths(plugin_dir):
 
 
 def test_file_path_relative_to_search_path_and_absolute(plugin_dir):
-    r = build_reward("custom", custom_module="my_rewards_mod.py", search_paths=[str(plugin_dir)])
+    r = reward("custom", custom_module="my_rewards_mod.py", search_paths=[str(plugin_dir)])
     assert r.score("x 7", "7") == 1.0
-    r2 = build_reward("custom", custom_module=str(plugin_dir / "my_rewards_mod.py"))
+    r2 = reward("custom", custom_module=str(plugin_dir / "my_rewards_mod.py"))
     assert r2.score("x 8", "7") == 0.0
 
 
 def test_exception_scores_zero_counts_and_logs_once(plugin_dir, caplog):
-    r = build_reward(
+    r = reward(
         "custom",
         custom_module="my_rewards_mod",
         custom_function="flaky",
@@ -104,7 +104,7 @@ def test_exception_scores_zero_counts_and_logs_once(plugin_dir, caplog):
 
 
 def test_async_function_is_awaited_concurrently(plugin_dir):
-    r = build_reward(
+    r = reward(
         "custom",
         custom_module="my_rewards_mod",
         custom_function="async_score",
@@ -120,7 +120,7 @@ def test_async_function_is_awaited_concurrently(plugin_dir):
 
 
 def test_async_exception_is_counted(plugin_dir):
-    r = build_reward(
+    r = reward(
         "custom",
         custom_module="my_rewards_mod",
         custom_function="async_flaky",
@@ -131,7 +131,7 @@ def test_async_exception_is_counted(plugin_dir):
 
 
 def test_async_timeout_is_counted(plugin_dir):
-    r = build_reward(
+    r = reward(
         "custom",
         custom_module="my_rewards_mod",
         custom_function="sleepy",
@@ -143,7 +143,7 @@ def test_async_timeout_is_counted(plugin_dir):
 
 
 def test_async_scoring_from_inside_a_running_loop(plugin_dir):
-    r = build_reward(
+    r = reward(
         "custom",
         custom_module="my_rewards_mod",
         custom_function="async_score",
@@ -157,7 +157,7 @@ def test_async_scoring_from_inside_a_running_loop(plugin_dir):
 
 
 def test_nan_is_an_error_naming_the_function(plugin_dir):
-    r = build_reward(
+    r = reward(
         "custom",
         custom_module="my_rewards_mod",
         custom_function="returns_nan",
@@ -168,7 +168,7 @@ def test_nan_is_an_error_naming_the_function(plugin_dir):
 
 
 def test_non_numeric_is_an_error_naming_the_function(plugin_dir):
-    r = build_reward(
+    r = reward(
         "custom",
         custom_module="my_rewards_mod",
         custom_function="returns_text",
@@ -179,7 +179,7 @@ def test_non_numeric_is_an_error_naming_the_function(plugin_dir):
 
 
 def test_bool_counts_as_a_number(plugin_dir):
-    r = build_reward(
+    r = reward(
         "custom",
         custom_module="my_rewards_mod",
         custom_function="returns_bool",
@@ -190,13 +190,13 @@ def test_bool_counts_as_a_number(plugin_dir):
 
 def test_missing_module_and_function(plugin_dir):
     with pytest.raises(RewardError, match="custom_module is required"):
-        build_reward("custom")
+        reward("custom")
     with pytest.raises(RewardError, match="cannot import 'no_such_reward_mod'"):
-        build_reward("custom", custom_module="no_such_reward_mod")
+        reward("custom", custom_module="no_such_reward_mod")
     with pytest.raises(RewardError, match="not found"):
-        build_reward("custom", custom_module="missing/file.py")
+        reward("custom", custom_module="missing/file.py")
     with pytest.raises(RewardError, match="no function 'nope'.*flaky"):
-        build_reward(
+        reward(
             "custom",
             custom_module="my_rewards_mod",
             custom_function="nope",

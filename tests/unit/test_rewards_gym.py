@@ -6,21 +6,24 @@ import pytest
 
 pytest.importorskip("reasoning_gym")
 
-from retrain.data import build_data_source  # noqa: E402
+from builders import (
+    data_source,  # noqa: E402
+    reward,  # noqa: E402
+)
+
 from retrain.errors import RewardError  # noqa: E402
-from retrain.rewards import build_reward  # noqa: E402
 from retrain.types import Example  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def chain_sum():
-    return build_data_source(
+    return data_source(
         "reasoning_gym", task="chain_sum", args={"min_terms": 2, "max_terms": 2}, size=8, seed=3
     )
 
 
 def test_gym_reward_uses_the_task_scorer(chain_sum):
-    r = build_reward("gym")
+    r = reward("gym")
     exs = chain_sum.examples[:3]
     responses = [
         f"the sum is \\boxed{{{exs[0].reference}}}",
@@ -35,8 +38,8 @@ def test_gym_reward_uses_the_task_scorer(chain_sum):
 
 def test_gym_reward_partial_credit():
     # spell_backward gives partial credit for a nearly right spelling.
-    src = build_data_source("reasoning_gym", task="spell_backward", size=4, seed=0)
-    r = build_reward("gym")
+    src = data_source("reasoning_gym", task="spell_backward", size=4, seed=0)
+    r = reward("gym")
     ex = src.examples[0]
     assert len(ex.reference) > 3
     out = r.score_batch([f"\\boxed{{{ex.reference}}}", f"\\boxed{{{ex.reference[:-1]}}}"], [ex, ex])
@@ -45,7 +48,7 @@ def test_gym_reward_partial_credit():
 
 
 def test_gym_reward_rejects_non_gym_examples():
-    r = build_reward("gym")
+    r = reward("gym")
     with pytest.raises(RewardError, match="reasoning-gym examples only"):
         r.score_batch(
             ["\\boxed{1}"], [Example(prompt="q", reference="1", meta={"source": "jsonl"})]
@@ -53,7 +56,7 @@ def test_gym_reward_rejects_non_gym_examples():
 
 
 def test_score_answer_exception_is_counted(chain_sum, monkeypatch):
-    r = build_reward("gym")
+    r = reward("gym")
     ex = chain_sum.examples[0]
     ds = r._dataset(ex.meta["task"], ex.meta["args"])
 

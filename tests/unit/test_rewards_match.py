@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from builders import reward
 from hypothesis import given
 from hypothesis import strategies as st
 
-from retrain.rewards import BatchScore, build_reward
+from retrain.rewards import BatchScore
 from retrain.rewards.boxed import extract_all_boxed, extract_boxed
 from retrain.rewards.match import MatchReward
 from retrain.types import Example
@@ -83,7 +84,7 @@ def _ex(ref):
 
 
 def test_match_reward_scores_and_counters():
-    r = build_reward("match")
+    r = reward("match")
     assert isinstance(r, MatchReward)
     responses = [
         "\\boxed{42}",
@@ -121,4 +122,4 @@ def test_unknown_reward_type_lists_valid_ones():
     from retrain.errors import RewardError
 
     with pytest.raises(RewardError, match="valid: match, math, judge, custom, gym"):
-        build_reward("mtach")
+        reward("mtach")

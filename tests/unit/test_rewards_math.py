@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 pytest.importorskip("math_verify")
 
-from retrain.rewards import build_reward  # noqa: E402
+from builders import reward as make_reward  # noqa: E402
+
 from retrain.rewards.math import MathReward, _VerifyPool, quick_verdict  # noqa: E402
 from retrain.types import Example  # noqa: E402
 
@@ -23,7 +24,7 @@ PATHOLOGICAL = "\\boxed{9^{9^{9^{9}}}}"
 
 @pytest.fixture(scope="module")
 def reward():
-    r = build_reward("math", timeout=2.0)
+    r = make_reward("math", timeout=2.0)
     yield r
     r.close()
 

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from retrain.errors import RetrainError
 from retrain.throttle import (
     ENV_DIR,
     ENV_MAX,
@@ -20,7 +21,6 @@ from retrain.throttle import (
     maybe_slot,
     throttle_for,
 )
-from retrain.errors import RetrainError
 
 CTX = multiprocessing.get_context("fork")
 

@@ -23,14 +23,9 @@ tinker = pytest.importorskip(
 httpx = pytest.importorskip("httpx", reason="httpx comes with the tinker SDK")
 
 from retrain.backends import tinker as tb  # noqa: E402
-from retrain.backends.base import (  # noqa: E402
-    BUILTIN_CAPABILITIES,
-    IGNORED_SECTIONS,
-    Datum,
-    SamplingParams,
-    TrainHyper,
-    backend_info,
-)
+from retrain.backends.base import backend_info  # noqa: E402
+from retrain.registry import BACKENDS  # noqa: E402
+from retrain.types import CheckpointInfo, Datum, SamplingParams, TrainHyper  # noqa: E402
 from retrain.config import config_from_dict  # noqa: E402
 from retrain.errors import BackendError, CheckpointError  # noqa: E402
 
@@ -84,7 +79,7 @@ def status_error(code: int):
 
 def test_capabilities_and_metadata():
     caps = tb.TinkerBackend.capabilities
-    assert caps is BUILTIN_CAPABILITIES["tinker"]
+    assert caps is BACKENDS.entry("tinker").capabilities
     assert caps.reports_sync_loss and caps.preserves_token_advantages
     assert caps.supports_checkpoint_resume and caps.resume_runtime_dependent
     info = backend_info("tinker")
@@ -94,7 +89,7 @@ def test_capabilities_and_metadata():
         "timeout_s",
         "keepalive_s",
     }
-    assert "[inference]" in IGNORED_SECTIONS["tinker"]
+    assert "[inference]" in BACKENDS.entry("tinker").ignores
 
 
 def test_missing_sdk_names_the_extra(monkeypatch):
@@ -134,8 +129,8 @@ def test_single_token_prompt_and_bad_datums():
     )
     assert out.model_input.to_ints() == [5, 6]
     assert out.loss_fn_inputs["logprobs"].tolist() == pytest.approx([-1.0, -2.0])
-    with pytest.raises(BackendError, match="sampler logprobs"):
-        tb.build_tinker_datum(tinker, Datum([1, 2], [3, 4], [-1.0], [1.0, 1.0]))
+    with pytest.raises(ValueError, match="2 tokens, 1 logprobs"):
+        Datum([1, 2], [3, 4], [-1.0], [1.0, 1.0])  # the record refuses ragged fields
     with pytest.raises(BackendError, match="completion tokens"):
         tb.build_tinker_datum(tinker, Datum([1, 2], [], [], []))
 
@@ -161,10 +156,10 @@ def test_parse_sample_response_with_sdk_types():
         ]
     )
     samples = tb.parse_sample_response(response, 2, [EOS], max_tokens=3)
-    assert [s.token_ids for s in samples] == [[7, 8, EOS], [7, 9, 9]]
+    assert [s.token_ids.tolist() for s in samples] == [[7, 8, EOS], [7, 9, 9]]
     assert samples[0].logprobs == pytest.approx([-0.1, -0.2, -0.3])
     assert [s.stop_reason for s in samples] == ["eos", "length"]
-    assert all(isinstance(t, int) for s in samples for t in s.token_ids)
+    assert all(s.token_ids.dtype == np.int64 and s.logprobs.dtype == np.float64 for s in samples)
     assert all(isinstance(x, float) for s in samples for x in s.logprobs)
 
 
@@ -180,7 +175,7 @@ def test_parse_sample_response_from_the_json_a_server_sends():
         "prompt_logprobs": None,
     }
     samples = tb.parse_sample_response(cls.model_validate(wire), 1, [EOS])
-    assert samples[0].token_ids == [198, EOS] and samples[0].stop_reason == "eos"
+    assert samples[0].token_ids.tolist() == [198, EOS] and samples[0].stop_reason == "eos"
 
 
 def test_parse_sample_response_rejects_what_training_cannot_use():
@@ -475,14 +470,14 @@ def test_startup_lines_and_notices():
     assert backend.service.created == [("org/model", 8, 3)]
     _, _, lines, _ = make_backend(
         config=make_config(
-            inference={"engine": "vllm"},
+            inference={"prefix_caching": False},
             backend={"devices": "cpu"},
             training={"temperature": 0.7},
         )
     )
     notes = [line for line in lines if line.startswith("Note:")]
     assert len(notes) == 2
-    assert "ignores [inference] engine; [backend] devices" in notes[0]
+    assert "ignores [inference] prefix_caching; [backend] devices" in notes[0]
     assert "temperature = 0.7" in notes[1]
 
 
@@ -491,7 +486,7 @@ def test_sample_publishes_weights_once_per_version_and_fires_every_prompt():
     params = SamplingParams(max_tokens=4, temperature=1.0, seed=100)
     groups = backend.sample([[1, 10], [1, 20], [1, 30]], 2, params)
     assert training.calls == ["publish"]
-    assert [[s.token_ids for s in g] for g in groups] == [
+    assert [[s.token_ids.tolist() for s in g] for g in groups] == [
         [[11, EOS], [12, EOS]],
         [[21, EOS], [22, EOS]],
         [[31, EOS], [32, EOS]],
@@ -520,7 +515,7 @@ def test_sampling_retries_only_the_prompts_that_failed():
 
     sampler.sample = flaky  # the second prompt fails once with a 503
     groups = backend.sample([[1, 10], [1, 20]], 2, SamplingParams(4, 1.0, seed=None))
-    assert [g[0].token_ids for g in groups] == [[11, EOS], [21, EOS]]
+    assert [g[0].token_ids.tolist() for g in groups] == [[11, EOS], [21, EOS]]
     assert [c[0] for c in sampler.calls] == [[1, 10], [1, 20], [1, 20]]
     assert sleeps == [0.5] and any("retry 1/2" in line for line in lines)
 
@@ -550,22 +545,23 @@ def test_train_step_sends_is_datums_and_adam_params():
 def test_checkpoint_save_and_resume():
     backend, training, lines, _ = make_backend()
     info = backend.save_checkpoint(Path("/tmp/adapters/checkpoint_step_20"))
-    assert info["path"] == "tinker://model_fake/weights/checkpoint_step_20"
-    assert info["sampler_path"] == "tinker://model_fake/sampler_weights/checkpoint_step_20"
-    assert info["sdk_version"] == tb.sdk_version(tinker) and info["lora_rank"] == 8
-    json.dumps(info)
+    assert info.backend == "tinker"
+    assert info.state == "tinker://model_fake/weights/checkpoint_step_20"
+    assert info.adapter == "tinker://model_fake/sampler_weights/checkpoint_step_20"
+    assert info.extra["sdk_version"] == tb.sdk_version(tinker) and info.extra["lora_rank"] == 8
+    assert CheckpointInfo.from_dict(json.loads(json.dumps(info.as_dict()))) == info
     assert not Path("/tmp/adapters/checkpoint_step_20").exists()  # nothing written locally
     fresh, training2, lines2, _ = make_backend()
     fresh.load_checkpoint(info)
-    assert ("load_state_with_optimizer", info["path"]) in training2.calls
-    assert f"Loaded Tinker checkpoint {info['path']}" in lines2
+    assert ("load_state_with_optimizer", info.state) in training2.calls
+    assert f"Loaded Tinker checkpoint {info.state}" in lines2
     fresh.sample([[1, 2]], 2, SamplingParams(4, 1.0))
     assert training2.calls[-1] == "publish"
 
 
 def test_resume_falls_back_to_weights_only_load_state():
     backend, training, lines, _ = make_backend(FakeTraining(with_optimizer_load=False))
-    backend.load_checkpoint({"path": "tinker://run/weights/final"})
+    backend.load_checkpoint(CheckpointInfo("tinker", state="tinker://run/weights/final"))
     assert ("load_state", "tinker://run/weights/final") in training.calls
     assert "weights only" in lines[-1]
 
@@ -573,11 +569,11 @@ def test_resume_falls_back_to_weights_only_load_state():
 def test_resume_without_load_state_names_the_sdk_version():
     backend, _, _, _ = make_backend(FakeTraining(with_load=False, with_optimizer_load=False))
     with pytest.raises(CheckpointError) as info:
-        backend.load_checkpoint({"path": "tinker://run/weights/final"})
+        backend.load_checkpoint(CheckpointInfo("tinker", state="tinker://run/weights/final"))
     message = str(info.value)
     assert f"tinker SDK {tb.sdk_version(tinker)}" in message and "load_state" in message
     with pytest.raises(CheckpointError, match="not a Tinker checkpoint"):
-        backend.load_checkpoint({"adapter": "/tmp/adapters/final"})
+        backend.load_checkpoint(CheckpointInfo.from_dict({"adapter": "/tmp/adapters/final"}))
 
 
 def test_close_is_idempotent_and_quiet():

@@ -1,0 +1,358 @@
+"""Comparing the conditions of a set of runs on one metric.
+
+For a metric and a step horizon H shared by every run (steps 0..H-1), each run gives
+two numbers: **final**, the mean of the metric over its last `final_window` logged
+steps before H, and **AUC**, the mean over all logged steps before H. Per condition the
+mean of each over seeds gets a bootstrap CI; each condition is compared with the
+baseline by the difference of means (bootstrap CI and permutation test) and by Fisher's
+exact test on correct counts pooled over seeds and steps. Holm's correction is applied
+within each family of p-values (final, AUC, Fisher) over the conditions compared.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from retrain.compare.runs import RunData
+from retrain.compare.stats import (
+    DEFAULT_RESAMPLES,
+    Interval,
+    bootstrap_ci,
+    bootstrap_diff_ci,
+    fisher_exact_test,
+    holm,
+    json_float,
+    moving_average,
+    permutation_test,
+    scipy_stats,
+)
+from retrain.errors import UsageError
+
+DEFAULT_FINAL_WINDOW = 10
+STANDARD_BASELINE = "grpo+none"
+
+
+@dataclass
+class ConditionSummary:
+    condition: str
+    seeds: list[int | None]
+    runs: list[str]
+    final_values: list[float]
+    auc_values: list[float]
+    final: Interval
+    auc: Interval
+    correct: int | None = None
+    completions: int | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.final_values)
+
+    @property
+    def pooled_rate(self) -> float | None:
+        if not self.completions:
+            return None
+        return (self.correct or 0) / self.completions
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "condition": self.condition,
+            "n": self.n,
+            "seeds": self.seeds,
+            "runs": self.runs,
+            "final_values": [json_float(v) for v in self.final_values],
+            "auc_values": [json_float(v) for v in self.auc_values],
+            "final": self.final.as_dict(),
+            "auc": self.auc.as_dict(),
+            "pooled_correct": self.correct,
+            "pooled_completions": self.completions,
+            "pooled_correct_rate": self.pooled_rate,
+        }
+
+
+@dataclass
+class PairwiseResult:
+    condition: str
+    baseline: str
+    final_diff: Interval
+    final_p: float
+    auc_diff: Interval
+    auc_p: float
+    fisher_odds_ratio: float | None = None
+    fisher_p: float | None = None
+    final_p_holm: float = math.nan
+    auc_p_holm: float = math.nan
+    fisher_p_holm: float = math.nan
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "condition": self.condition,
+            "baseline": self.baseline,
+            "final_diff": self.final_diff.as_dict(),
+            "final_p": json_float(self.final_p),
+            "final_p_holm": json_float(self.final_p_holm),
+            "auc_diff": self.auc_diff.as_dict(),
+            "auc_p": json_float(self.auc_p),
+            "auc_p_holm": json_float(self.auc_p_holm),
+            "fisher_odds_ratio": json_float(self.fisher_odds_ratio),
+            "fisher_p": json_float(self.fisher_p),
+            "fisher_p_holm": json_float(self.fisher_p_holm),
+        }
+
+
+@dataclass
+class Curve:
+    steps: np.ndarray
+    mean: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    n: np.ndarray
+
+    def as_dict(self) -> dict[str, list]:
+        return {
+            "steps": self.steps.tolist(),
+            "mean": [json_float(v) for v in self.mean],
+            "low": [json_float(v) for v in self.low],
+            "high": [json_float(v) for v in self.high],
+            "n": self.n.tolist(),
+        }
+
+
+@dataclass
+class Comparison:
+    metric: str
+    horizon: int
+    final_window: int
+    baseline: str
+    conditions: list[ConditionSummary]
+    pairwise: list[PairwiseResult]
+    curves: dict[str, Curve]
+    n_resamples: int
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self, *, curves: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "metric": self.metric,
+            "horizon_steps": self.horizon,
+            "final_window": self.final_window,
+            "baseline": self.baseline,
+            "n_resamples": self.n_resamples,
+            "confidence": 0.95,
+            "conditions": [c.as_dict() for c in self.conditions],
+            "pairwise": [p.as_dict() for p in self.pairwise],
+            "warnings": list(self.warnings),
+        }
+        if curves:
+            out["curves"] = {k: v.as_dict() for k, v in self.curves.items()}
+        return out
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """What every per-condition and pairwise computation of one comparison shares."""
+
+    metric: str
+    horizon: int
+    final_window: int
+    n_resamples: int
+    seed: int
+    smooth: int
+
+
+def pick_baseline(order: Sequence[str], requested: str | None) -> str:
+    if requested:
+        if requested not in order:
+            from retrain.registry import suggest
+
+            raise UsageError(
+                f"--baseline {requested!r} is not among the conditions{suggest(requested, order)}; "
+                f"found: {', '.join(order)}"
+            )
+        return requested
+    return STANDARD_BASELINE if STANDARD_BASELINE in order else order[0]
+
+
+def learning_curve(series: Sequence[tuple[np.ndarray, np.ndarray]], smooth: int = 1) -> Curve:
+    """Mean and 95% band (mean +- 1.96 standard errors over seeds) at each step."""
+    all_steps = np.unique(np.concatenate([s for s, _ in series])) if series else np.zeros(0, int)
+    grid = np.full((len(series), all_steps.size), np.nan)
+    for i, (steps, values) in enumerate(series):
+        grid[i, np.searchsorted(all_steps, steps)] = moving_average(values, smooth)
+    n = np.sum(np.isfinite(grid), axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.nanmean(grid, axis=0) if grid.size else np.zeros(0)
+        sd = np.nanstd(grid, axis=0, ddof=1) if grid.shape[0] > 1 else np.zeros(all_steps.size)
+        se = np.where(n > 1, sd / np.sqrt(np.maximum(n, 1)), 0.0)
+    return Curve(all_steps, mean, mean - 1.96 * se, mean + 1.96 * se, n)
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def _usable_runs(runs: Sequence[RunData], metric: str, warnings: list[str]) -> list[RunData]:
+    usable = []
+    for run in runs:
+        if not run.rows:
+            warnings.append(f"{run.label}: metrics.jsonl is empty; skipped")
+        elif not run.has_metric(metric):
+            warnings.append(f"{run.label}: no values of {metric!r}; skipped")
+        else:
+            usable.append(run)
+    if not usable:
+        raise UsageError(
+            f"no run logs the metric {metric!r}; check the name (e.g. correct_rate, mean_reward)"
+        )
+    return usable
+
+
+def _common_horizon(runs: list[RunData], warnings: list[str]) -> int:
+    """The steps every run has; a warning when some runs have more."""
+    horizon = min(r.num_steps for r in runs)
+    if horizon < max(r.num_steps for r in runs):
+        short = [r.label for r in runs if r.num_steps == horizon]
+        warnings.append(
+            f"runs differ in length: compared over the first {horizon} steps that every run has "
+            f"(shortest: {', '.join(short[:3])}); pass --steps N to choose, dropping shorter runs"
+        )
+    return horizon
+
+
+def _reaching(runs: list[RunData], horizon: int, warnings: list[str]) -> list[RunData]:
+    """The runs with at least `horizon` steps; a warning for each other one."""
+    for r in runs:
+        if r.num_steps < horizon:
+            warnings.append(f"{r.label}: only {r.num_steps} steps (< --steps {horizon}); skipped")
+    kept = [r for r in runs if r.num_steps >= horizon]
+    if not kept:
+        raise UsageError(f"no run reaches {horizon} steps")
+    return kept
+
+
+def _condition_order(runs: list[RunData], order: Sequence[str] | None) -> list[str]:
+    """`order`'s conditions that have runs, then the others by first appearance."""
+    present = {r.condition for r in runs}
+    first = [c for c in (order or []) if c in present]
+    return list(dict.fromkeys([*first, *(r.condition for r in runs)]))
+
+
+def _pooled_counts(members: list[RunData], horizon: int) -> tuple[int, int] | None:
+    """Correct counts summed over the runs; None when any run's counts are unknown."""
+    correct = total = 0
+    for run in members:
+        counts = run.correct_counts(horizon)
+        if not counts:
+            return None
+        correct, total = correct + counts[0], total + counts[1]
+    return correct, total
+
+
+def _summarise(
+    cond: str, members: list[RunData], s: _Settings, warnings: list[str]
+) -> tuple[ConditionSummary, Curve]:
+    seeds = [r.seed for r in members]
+    dup = [seed for seed, c in Counter(seeds).items() if c > 1 and seed is not None]
+    if dup:
+        warnings.append(f"{cond}: several runs share seed(s) {dup}; each counts as a replicate")
+    series = [r.series(s.metric, s.horizon) for r in members]
+    finals = [float(values[-s.final_window :].mean()) for _, values in series]
+    aucs = [float(values.mean()) for _, values in series]
+    counts = _pooled_counts(members, s.horizon)
+    summary = ConditionSummary(
+        cond,
+        seeds,
+        [str(r.path) for r in members],
+        finals,
+        aucs,
+        bootstrap_ci(
+            finals, n_resamples=s.n_resamples, seed=s.seed, label=f"{s.metric}:final:{cond}"
+        ),
+        bootstrap_ci(aucs, n_resamples=s.n_resamples, seed=s.seed, label=f"{s.metric}:auc:{cond}"),
+        counts[0] if counts else None,
+        counts[1] if counts else None,
+    )
+    return summary, learning_curve(series, s.smooth)
+
+
+def _difference(a: list[float], b: list[float], s: _Settings, label: str) -> tuple[Interval, float]:
+    """mean(a) - mean(b) with its bootstrap CI, and the permutation p-value."""
+    return (
+        bootstrap_diff_ci(a, b, n_resamples=s.n_resamples, seed=s.seed, label=label),
+        permutation_test(a, b, n_permutations=s.n_resamples, seed=s.seed, label=label),
+    )
+
+
+def _versus(treated: ConditionSummary, base: ConditionSummary, s: _Settings) -> PairwiseResult:
+    """One condition against the baseline: differences of final and AUC means, and
+    Fisher's test on the pooled counts when both conditions have them."""
+    label = f"{s.metric}:{treated.condition}-vs-{base.condition}"
+    final_diff, final_p = _difference(treated.final_values, base.final_values, s, label + ":final")
+    auc_diff, auc_p = _difference(treated.auc_values, base.auc_values, s, label + ":auc")
+    result = PairwiseResult(treated.condition, base.condition, final_diff, final_p, auc_diff, auc_p)
+    if treated.completions and base.completions:
+        result.fisher_odds_ratio, result.fisher_p = fisher_exact_test(
+            treated.correct or 0, treated.completions, base.correct or 0, base.completions
+        )
+    return result
+
+
+def _apply_holm(pairwise: list[PairwiseResult]) -> None:
+    for attr in ("final_p", "auc_p", "fisher_p"):
+        values = [getattr(p, attr) for p in pairwise]
+        adjusted = holm([math.nan if v is None else v for v in values])
+        for p, adj in zip(pairwise, adjusted):
+            setattr(p, attr + "_holm", adj)
+
+
+def compare_runs(
+    runs: Sequence[RunData],
+    metric: str = "correct_rate",
+    *,
+    order: Sequence[str] | None = None,
+    baseline: str | None = None,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    final_window: int = DEFAULT_FINAL_WINDOW,
+    horizon: int | None = None,
+    smooth: int = 1,
+) -> Comparison:
+    """Compare the conditions of `runs` on `metric` over steps 0..horizon-1 (default: the
+    steps every run has; with a horizon, shorter runs are dropped)."""
+    scipy_stats()  # fail before any work when scipy is missing
+    warnings: list[str] = []
+    usable = _usable_runs(runs, metric, warnings)
+    if horizon is None:
+        horizon = _common_horizon(usable, warnings)
+    else:
+        usable = _reaching(usable, horizon, warnings)
+    conditions = _condition_order(usable, order)
+    base = pick_baseline(conditions, baseline)
+    settings = _Settings(metric, horizon, final_window, n_resamples, seed, smooth)
+    summaries: dict[str, ConditionSummary] = {}
+    curves: dict[str, Curve] = {}
+    for cond in conditions:
+        members = [r for r in usable if r.condition == cond]
+        summaries[cond], curves[cond] = _summarise(cond, members, settings, warnings)
+    pairwise = [_versus(summaries[c], summaries[base], settings) for c in conditions if c != base]
+    _apply_holm(pairwise)
+    warnings += [
+        f"{c}: a single seed; its interval has zero width and tests against it are weak"
+        for c, s in summaries.items()
+        if s.n < 2
+    ]
+    return Comparison(
+        metric,
+        horizon,
+        final_window,
+        base,
+        list(summaries.values()),
+        pairwise,
+        curves,
+        n_resamples,
+        warnings,
+    )

@@ -1,0 +1,168 @@
+"""The runs `retrain compare` analyses, read through :mod:`retrain.logs.rundir`.
+
+A path given to `retrain compare` is a run directory (metrics.jsonl), a campaign
+directory (manifest.json, its runs under `runs/`), or a folder holding either a few
+levels down. Each run becomes a :class:`RunData`: its condition, seed and one metrics
+row per step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from retrain.errors import UsageError
+from retrain.logs.rundir import MANIFEST, METRICS, CampaignDir, RunDir, as_int, as_number
+
+MAX_SEARCH_DEPTH = 5
+
+
+@dataclass
+class RunData:
+    """One run (one condition x one seed) as compare sees it."""
+
+    source: RunDir
+    condition: str
+    seed: int | None
+
+    @property
+    def path(self) -> Path:
+        return self.source.path
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """One metrics row per step, by step."""
+        return self.source.step_rows
+
+    @property
+    def label(self) -> str:
+        return f"{self.condition}_s{self.seed}" if self.seed is not None else str(self.path)
+
+    @property
+    def num_steps(self) -> int:
+        """Steps logged (the horizon this run reaches: last step + 1)."""
+        return self.rows[-1]["step"] + 1 if self.rows else 0
+
+    def has_metric(self, metric: str) -> bool:
+        return any(as_number(r.get(metric)) is not None for r in self.rows)
+
+    def series(self, metric: str, horizon: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, values) of the metric for steps < horizon, non-finite values dropped."""
+        steps, values = [], []
+        for r in self.rows:
+            if horizon is not None and r["step"] >= horizon:
+                break
+            v = as_number(r.get(metric))
+            if v is not None:
+                steps.append(r["step"])
+                values.append(v)
+        return np.array(steps, dtype=np.int64), np.array(values, dtype=np.float64)
+
+    def correct_counts(self, horizon: int | None = None) -> tuple[int, int] | None:
+        """(correct, completions) pooled over steps < horizon, or None when unknown."""
+        return self.source.correct_counts(horizon)
+
+
+def load_run(
+    run_dir: str | Path,
+    *,
+    condition: str | None = None,
+    seed: int | None = None,
+) -> RunData:
+    """A run directory; condition and seed default to what the run's files say."""
+    source = RunDir(run_dir)
+    return RunData(
+        source,
+        condition or source.condition or source.path.name,
+        seed if seed is not None else source.seed,
+    )
+
+
+def _from_entry(
+    campaign: CampaignDir, entry: dict[str, Any], warnings: list[str]
+) -> RunData | None:
+    run_dir = campaign.run_dir(entry)
+    if run_dir is None or not (run_dir / METRICS).is_file():
+        label = f"{entry.get('condition', '?')}_s{entry.get('seed', '?')}"
+        warnings.append(
+            f"campaign {campaign.path.name}: run {label} has no metrics.jsonl yet "
+            f"(status {entry.get('status', 'unknown')}); skipped"
+        )
+        return None
+    condition = entry.get("condition")
+    return load_run(
+        run_dir,
+        condition=condition if isinstance(condition, str) else None,
+        seed=as_int(entry.get("seed")),
+    )
+
+
+def load_campaign(campaign_dir: str | Path, warnings: list[str]) -> tuple[list[RunData], list[str]]:
+    """The runs of a campaign (manifest.json + runs/*) and its condition order."""
+    campaign = CampaignDir(campaign_dir)
+    entries = campaign.entries
+    if entries is None:
+        warnings.append(
+            f"{campaign.path / MANIFEST} has no 'runs' list; scanning {campaign.path / 'runs'} instead"
+        )
+        entries = [{"log_dir": str(p)} for p in campaign.run_dirs()]
+    runs = [r for e in entries if (r := _from_entry(campaign, e, warnings)) is not None]
+    return runs, list(dict.fromkeys(r.condition for r in runs))
+
+
+def _found_under(root: Path, warnings: list[str]) -> list[RunData]:
+    """Runs and campaigns in the folders under root (a few levels; runs do not nest)."""
+    found: list[RunData] = []
+    for here, dirs, files in os.walk(root):
+        dirs.sort()
+        if len(Path(here).relative_to(root).parts) >= MAX_SEARCH_DEPTH:
+            dirs[:] = []
+        if MANIFEST in files:
+            found += load_campaign(Path(here), warnings)[0]
+            dirs[:] = []
+        elif METRICS in files:
+            found.append(load_run(Path(here)))
+            dirs[:] = []
+    return found
+
+
+def _runs_at(raw: str | Path, warnings: list[str]) -> list[RunData]:
+    p = Path(raw)
+    if p.is_file() and p.name in (METRICS, MANIFEST):
+        p = p.parent
+    if not p.exists():
+        raise UsageError(f"{raw}: no such file or directory")
+    if (p / MANIFEST).is_file():
+        return load_campaign(p, warnings)[0]
+    if (p / METRICS).is_file():
+        return [load_run(p)]
+    found = _found_under(p, warnings)
+    if not found:
+        warnings.append(f"{raw}: no run (metrics.jsonl) or campaign (manifest.json) found")
+    return found
+
+
+def collect_runs(
+    paths: Sequence[str | Path], warnings: list[str]
+) -> tuple[list[RunData], list[str]]:
+    """Runs from run dirs, campaign dirs, or directories holding either (searched a few
+    levels deep), each run once. Returns (runs, condition order of first appearance)."""
+    runs: list[RunData] = []
+    seen: set[Path] = set()
+    for raw in paths:
+        for run in _runs_at(raw, warnings):
+            key = run.path.resolve()
+            if key not in seen:
+                seen.add(key)
+                runs.append(run)
+    if not runs:
+        raise UsageError(
+            "no runs to compare: pass run directories (holding metrics.jsonl) or a campaign "
+            "directory (holding manifest.json), e.g. retrain compare logs/campaign_20250101_120000"
+        )
+    return runs, list(dict.fromkeys(r.condition for r in runs))

@@ -1,0 +1,281 @@
+"""Reading run and campaign directories: the one reader behind status, compare and campaigns.
+
+A run directory (a run's `[logging] log_dir`) holds any of::
+
+    metrics.jsonl             one row per step (a resumed run may repeat steps)
+    run.json                  status, condition, max_steps, heartbeat of the live process
+    trainer_state.json        the last checkpoint's state ("finished": true at the end)
+    config.resolved.toml      the configuration the run used (campaign runs also have run.toml)
+    emergence/generations.jsonl   one row per completion, with "correct"
+
+A campaign directory holds manifest.json and its runs under `runs/{condition}_s{seed}/`.
+
+Everything is read on first use and tolerantly: a missing file reads as empty, a torn
+JSONL line is skipped, and an unreadable file becomes a line in `warnings` rather than an
+exception, so one damaged run never hides the others.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+from collections import Counter
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from retrain.logs.jsonl import read_jsonl
+
+METRICS = "metrics.jsonl"
+RUN_INFO = "run.json"
+TRAINER_STATE = "trainer_state.json"
+GENERATIONS = Path("emergence") / "generations.jsonl"
+CONFIG_FILES = ("config.resolved.toml", "run.toml")  # the first one that parses is used
+RUN_MARKERS = (METRICS, RUN_INFO, TRAINER_STATE)
+MANIFEST = "manifest.json"
+_SEED_SUFFIX = re.compile(r"^(?P<cond>.+)_s(?P<seed>-?\d+)$")
+
+
+def read_json(path: str | Path, warnings: list[str] | None = None) -> dict[str, Any] | None:
+    """The JSON object in `path`, or None when the file is absent or unreadable (why it
+    could not be read is appended to `warnings`)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, ValueError) as exc:
+        problem = f"cannot read {path}: {exc}"
+    else:
+        if isinstance(data, dict):
+            return data
+        problem = f"{path} does not hold a JSON object"
+    if warnings is not None:
+        warnings.append(problem)
+    return None
+
+
+def as_int(value: Any) -> int | None:
+    """`value` when it is an int (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def as_number(value: Any) -> float | None:
+    """`value` as a float when it is a finite int or float (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def is_run_dir(path: str | Path) -> bool:
+    return any((Path(path) / name).exists() for name in RUN_MARKERS)
+
+
+class RunDir:
+    """One run directory; each property reads its file once, on first use."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.warnings: list[str] = []  # files that could not be read, lines skipped
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    # ---------------------------------------------------------------- files
+
+    @cached_property
+    def run_info(self) -> dict[str, Any]:
+        """run.json ({} when absent or unreadable)."""
+        return read_json(self.path / RUN_INFO, self.warnings) or {}
+
+    @cached_property
+    def trainer_state(self) -> dict[str, Any]:
+        """trainer_state.json ({} when absent or unreadable)."""
+        return read_json(self.path / TRAINER_STATE, self.warnings) or {}
+
+    @cached_property
+    def _metrics_file(self) -> tuple[list[dict[str, Any]], list[int]]:
+        rows, bad = read_jsonl(self.path / METRICS)
+        if bad:
+            self.warnings.append(
+                f"skipped {len(bad)} corrupt line(s) in {self.path / METRICS}: line(s) "
+                + ", ".join(map(str, bad[:10]))
+                + (" ..." if len(bad) > 10 else "")
+            )
+        return rows, bad
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """The rows of metrics.jsonl in file order (lines that do not parse are skipped)."""
+        return self._metrics_file[0]
+
+    @property
+    def corrupt_lines(self) -> list[int]:
+        """1-based numbers of the metrics.jsonl lines that did not parse."""
+        return self._metrics_file[1]
+
+    @cached_property
+    def step_rows(self) -> list[dict[str, Any]]:
+        """One metrics row per step, by step; the last row wins for a repeated step."""
+        by_step = {
+            step: row for row in self.metrics if (step := as_int(row.get("step"))) is not None
+        }
+        return [by_step[s] for s in sorted(by_step)]
+
+    @cached_property
+    def config(self) -> dict[str, Any]:
+        """The run's configuration as TOML data: config.resolved.toml, else run.toml."""
+        for name in CONFIG_FILES:
+            try:
+                return tomllib.loads((self.path / name).read_text(encoding="utf-8"))
+            except (OSError, tomllib.TOMLDecodeError):
+                continue
+        return {}
+
+    # ---------------------------------------------------------------- facts
+
+    def config_value(self, table: str, key: str) -> Any:
+        section = self.config.get(table)
+        return section.get(key) if isinstance(section, dict) else None
+
+    @property
+    def name_parts(self) -> tuple[str, int] | None:
+        """(condition, seed) from a directory named `{condition}_s{seed}`."""
+        match = _SEED_SUFFIX.match(self.path.name)
+        return (match.group("cond"), int(match.group("seed"))) if match else None
+
+    @cached_property
+    def condition(self) -> str | None:
+        """The label the metrics rows carry most often, else run.json's, trainer_state's,
+        the configured algorithm's, the directory name's; None when nothing says."""
+        labels = Counter(
+            r["condition"] for r in self.metrics if isinstance(r.get("condition"), str)
+        )
+        if labels:
+            return labels.most_common(1)[0][0]
+        for source in (self.run_info, self.trainer_state):
+            if isinstance(source.get("condition"), str) and source["condition"]:
+                return source["condition"]
+        algo = self.config.get("algorithm")
+        if isinstance(algo, dict):
+            return algo.get("algorithm_mode") or (
+                f"{algo.get('advantage_mode', 'maxrl')}+{algo.get('transform_mode', 'gtpo_sepa')}"
+            )
+        return self.name_parts[0] if self.name_parts else None
+
+    @property
+    def seed(self) -> int | None:
+        """The configured `[training] seed` when >= 0, else the directory name's."""
+        seed = as_int(self.config_value("training", "seed"))
+        if seed is not None and seed >= 0:
+            return seed
+        return self.name_parts[1] if self.name_parts else None
+
+    @property
+    def max_steps(self) -> int | None:
+        """run.json's max_steps, else the configured `[training] max_steps`."""
+        return as_int(self.run_info.get("max_steps")) or as_int(
+            self.config_value("training", "max_steps")
+        )
+
+    @property
+    def steps_done(self) -> int:
+        """Steps completed: the last logged step + 1, or the step run.json or the
+        checkpoint reached when that is further."""
+        logged = [s for r in self.metrics if (s := as_int(r.get("step"))) is not None]
+        reached = [as_int(self.run_info.get("step")), as_int(self.trainer_state.get("step"))]
+        return max([s + 1 for s in logged[-1:]] + [s or 0 for s in reached])
+
+    @property
+    def has_checkpoint(self) -> bool:
+        return (self.path / TRAINER_STATE).is_file()
+
+    @property
+    def finished(self) -> bool:
+        """The checkpoint says the run finished."""
+        return self.trainer_state.get("finished") is True
+
+    @property
+    def heartbeat(self) -> float | None:
+        """run.json's heartbeat (seconds since the epoch), else the newest file's mtime."""
+        beat = as_number(self.run_info.get("heartbeat"))
+        if beat is not None:
+            return beat
+        mtimes = [(self.path / n).stat().st_mtime for n in RUN_MARKERS if (self.path / n).exists()]
+        return max(mtimes) if mtimes else None
+
+    def correct_counts(self, horizon: int | None = None) -> tuple[int, int] | None:
+        """(correct, completions) over the steps < horizon, or None when unknown.
+
+        From metrics.jsonl: `round(correct_rate * batch_size * group_size)` per step, exact
+        because the rate was computed from those counts; from generations.jsonl when a
+        row lacks the batch or group size."""
+        correct = total = 0
+        for row in self.step_rows:
+            if horizon is not None and row["step"] >= horizon:
+                break
+            rate = as_number(row.get("correct_rate"))
+            batch, group = as_int(row.get("batch_size")), as_int(row.get("group_size"))
+            if rate is None or batch is None or group is None:
+                return self.generation_counts(horizon)
+            correct += int(round(rate * batch * group))
+            total += batch * group
+        return (correct, total) if total else None
+
+    def generation_counts(self, horizon: int | None = None) -> tuple[int, int] | None:
+        """(correct, completions) from emergence/generations.jsonl over steps < horizon."""
+        rows, _ = read_jsonl(self.path / GENERATIONS)
+        correct = total = 0
+        for row in rows:
+            if "correct" not in row:
+                continue
+            if horizon is not None and int(row.get("step", 0)) >= horizon:
+                continue
+            total += 1
+            correct += bool(row["correct"])
+        return (correct, total) if total else None
+
+
+class CampaignDir:
+    """A campaign directory: its manifest and where each listed run lives."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.warnings: list[str] = []
+
+    @cached_property
+    def manifest(self) -> dict[str, Any]:
+        """manifest.json ({} when absent or unreadable)."""
+        return read_json(self.path / MANIFEST, self.warnings) or {}
+
+    @property
+    def entries(self) -> list[dict[str, Any]] | None:
+        """The manifest's run entries, or None when it has no `runs` list."""
+        runs = self.manifest.get("runs")
+        return [e for e in runs if isinstance(e, dict)] if isinstance(runs, list) else None
+
+    def run_dir(self, entry: dict[str, Any]) -> Path | None:
+        """The existing directory of a manifest entry: `runs/{name}`, else its log_dir
+        (absolute; relative to the campaign, to the working directory; or its last part
+        under `runs/`, for a campaign that was moved), else `runs/{condition}_s{seed}`."""
+        runs = self.path / "runs"
+        candidates: list[Path] = []
+        if isinstance(entry.get("name"), str) and entry["name"]:
+            candidates.append(runs / entry["name"])
+        log_dir = entry.get("log_dir")
+        if isinstance(log_dir, str) and log_dir:
+            p = Path(log_dir)
+            candidates += [p] if p.is_absolute() else [self.path / p, Path.cwd() / p]
+            candidates.append(runs / p.name)
+        if entry.get("condition") is not None and entry.get("seed") is not None:
+            candidates.append(runs / f"{entry['condition']}_s{entry['seed']}")
+        return next((c for c in candidates if c.is_dir()), None)
+
+    def run_dirs(self) -> list[Path]:
+        """Every directory under `runs/` that holds a run, sorted (listed or not)."""
+        runs = self.path / "runs"
+        if not runs.is_dir():
+            return []
+        return sorted(p for p in runs.iterdir() if p.is_dir() and is_run_dir(p))

@@ -1,0 +1,95 @@
+"""What a run writes into its log directory while it trains: config.resolved.toml,
+metrics.jsonl, emergence/steps.jsonl, emergence/generations.jsonl, run.json (status and
+heartbeat) and the optional wandb mirror."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from retrain.errors import RetrainError
+from retrain.logs.jsonl import JsonlWriter, truncate_from_step, write_json_atomic
+from retrain.logs.metrics import generation_rows, steps_row
+from retrain.types import StepResult
+
+RUN_FILE = "run.json"
+STEP_FILES = ("metrics.jsonl", "emergence/steps.jsonl", "emergence/generations.jsonl")
+
+
+class RunLog:
+    def __init__(self, config, log_dir: Path, config_path: str | None, say: Callable[[str], None]):
+        self.config = config
+        self.log_dir = log_dir
+        self.config_path = config_path
+        self.say = say
+        self.started = time.time()
+        self.wandb = None
+        self._writers: dict[str, JsonlWriter] = {}
+
+    def open(self, start_step: int) -> None:
+        """Create the directory, set aside rows of steps a resumed run will redo, write the
+        resolved config and the first heartbeat."""
+        from retrain.config.toml_writer import config_to_toml
+
+        (self.log_dir / "emergence").mkdir(parents=True, exist_ok=True)
+        if start_step > 0:
+            for name in STEP_FILES:
+                moved = truncate_from_step(self.log_dir / name, start_step)
+                if moved:
+                    self.say(
+                        f"Moved {moved} rows after step {start_step} of {name} to its .superseded.jsonl"
+                    )
+        header = f"Resolved configuration of the run in {self.log_dir} (written by retrain)."
+        path = self.log_dir / "config.resolved.toml"
+        try:
+            path.write_text(config_to_toml(self.config, header=header), encoding="utf-8")
+        except OSError as exc:
+            raise RetrainError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        self._writers = {name: JsonlWriter(self.log_dir / name) for name in STEP_FILES}
+        self.started = time.time()
+        self.write_status("running")
+        if self.config.logging.wandb_project:
+            from retrain.logs.wandb import WandbSink
+
+            self.wandb = WandbSink.start(self.config, self.say)
+
+    @property
+    def is_open(self) -> bool:
+        return bool(self._writers)
+
+    def write_step(self, result: StepResult, row: dict[str, Any]) -> None:
+        self._writers["metrics.jsonl"].write(row)
+        self._writers["emergence/steps.jsonl"].write(steps_row(row))
+        generations = generation_rows(result)
+        self._writers["emergence/generations.jsonl"].write_many(generations)
+        if self.wandb is not None:
+            self.wandb.log(row, generations)
+        self.write_status("running", step=result.step + 1)
+
+    def write_status(self, status: str, **extra: Any) -> None:
+        data = {
+            "status": status,
+            "pid": os.getpid(),
+            "condition": self.config.condition,
+            "config": self.config_path,
+            "max_steps": self.config.training.max_steps,
+            "started_at": self.started,
+            "heartbeat": time.time(),
+            **extra,
+        }
+        write_json_atomic(self.log_dir / RUN_FILE, data)
+
+    def close(self, status: str, last_saved_step: int | None) -> None:
+        if not self._writers:
+            return
+        for writer in self._writers.values():
+            writer.close()
+        try:
+            self.write_status(status, step=last_saved_step, finished_at=time.time())
+        except RetrainError as exc:  # e.g. the disk filled up: report, keep the original error
+            self.say(f"warning: {exc}")
+        if self.wandb is not None:
+            self.wandb.finish(status)
