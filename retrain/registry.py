@@ -408,6 +408,7 @@ ENGINES = Registry(
             "shares the training model in-process (default)",
             requires=("torch", "transformers"),
             install="pip install 'retrain[local]'",
+            capabilities=BackendCapabilities(token_data=("entropy",)),
         ),
         *(
             Entry(name, description=desc, not_built=_SERVER_ENGINE)
@@ -421,6 +422,7 @@ ENGINES = Registry(
             )
         ),
     ),
+    allow_plugins=False,  # the local backend builds its engines itself; none is pluggable yet
     key="[inference] engine",
 )
 

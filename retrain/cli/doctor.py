@@ -51,7 +51,7 @@ EXTRA_PURPOSE = {
     "wandb": "[logging] wandb_project",
     "ray": "[campaign] executor = ray",
     "semantic": "[planning] detector = semantic",
-    "plots": "retrain compare (plots, Fisher test)",
+    "plots": "retrain compare (statistics and plots)",
 }
 SKIP_EXTRAS = {"dev"}
 MIN_FREE_GB = 5.0

@@ -122,7 +122,7 @@ def _conditions(value: list) -> str | None:
 class BackendConfig:
     backend: str = opt(
         "local",
-        "Training backend: local (PyTorch/PEFT), tinker (remote service), prime_rl, or a dotted path",
+        "Training backend: local (PyTorch/PEFT), tinker (remote service), or a dotted path",
         registry_name="backend",
     )
     devices: str = opt(
@@ -330,10 +330,10 @@ class SepaConfig:
 class InferenceConfig:
     engine: str = opt(
         "pytorch",
-        "Inference engine: pytorch, max, vllm, sglang, trtllm, mlx, openai, or a dotted path",
+        "Inference engine: pytorch (in-process; server engines are not built yet)",
         registry_name="engine",
     )
-    url: str = opt("", "Server URL for non-PyTorch engines")
+    url: str = opt("", "Server URL of a server inference engine (none is built yet)")
     attention_kernel: str = opt(
         "default",
         "Attention implementation",

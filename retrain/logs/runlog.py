@@ -13,10 +13,10 @@ from typing import Any
 from retrain.errors import RetrainError
 from retrain.logs.jsonl import JsonlWriter, truncate_from_step, write_json_atomic
 from retrain.logs.metrics import generation_rows, steps_row
+from retrain.logs.rundir import GENERATIONS, METRICS, RUN_INFO
 from retrain.types import StepResult
 
-RUN_FILE = "run.json"
-STEP_FILES = ("metrics.jsonl", "emergence/steps.jsonl", "emergence/generations.jsonl")
+STEP_FILES = (METRICS, "emergence/steps.jsonl", str(GENERATIONS))
 
 
 class RunLog:
@@ -61,10 +61,10 @@ class RunLog:
         return bool(self._writers)
 
     def write_step(self, result: StepResult, row: dict[str, Any]) -> None:
-        self._writers["metrics.jsonl"].write(row)
+        self._writers[METRICS].write(row)
         self._writers["emergence/steps.jsonl"].write(steps_row(row))
         generations = generation_rows(result)
-        self._writers["emergence/generations.jsonl"].write_many(generations)
+        self._writers[str(GENERATIONS)].write_many(generations)
         if self.wandb is not None:
             self.wandb.log(row, generations)
         self.write_status("running", step=result.step + 1)
@@ -80,7 +80,7 @@ class RunLog:
             "heartbeat": time.time(),
             **extra,
         }
-        write_json_atomic(self.log_dir / RUN_FILE, data)
+        write_json_atomic(self.log_dir / RUN_INFO, data)
 
     def close(self, status: str, last_saved_step: int | None) -> None:
         if not self._writers:
