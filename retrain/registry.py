@@ -286,6 +286,8 @@ REWARDS = Registry(
             "judge",
             "retrain.rewards.judge:JudgeReward",
             "LLM judge over an OpenAI-compatible chat API",
+            requires=("httpx",),
+            install="pip install 'retrain[judge]'",
         ),
         Entry(
             "custom",

@@ -40,6 +40,7 @@ EXTRAS_FALLBACK = {
     "ray": ["ray"],
     "semantic": ["sentence-transformers"],
     "plots": ["matplotlib", "scipy"],
+    "judge": ["httpx"],
 }
 EXTRA_PURPOSE = {
     "local": "the local backend (PyTorch/PEFT training and sampling)",
@@ -52,6 +53,7 @@ EXTRA_PURPOSE = {
     "ray": "[campaign] executor = ray",
     "semantic": "[planning] detector = semantic",
     "plots": "retrain compare (statistics and plots)",
+    "judge": "[reward] type = judge",
 }
 SKIP_EXTRAS = {"dev"}
 MIN_FREE_GB = 5.0

@@ -1,8 +1,8 @@
 """The configuration schema: one dataclass per TOML table, nested under `Config`.
 
 Each field carries its documentation and its checks in `metadata`, so validation,
-CLI flags, `retrain man`'s reference block and `Config.to_toml()` all derive from
-this one place. Defaults follow the product specification.
+CLI flags, `retrain man`'s reference block and `config_to_toml()` (config/toml_writer.py)
+all derive from this one place. Defaults follow the product specification.
 """
 
 from __future__ import annotations
@@ -491,11 +491,6 @@ class Config:
         if self.algorithm.algorithm_mode:
             return self.algorithm.algorithm_mode
         return f"{self.algorithm.advantage_mode}+{self.algorithm.transform_mode}"
-
-    def to_toml(self) -> str:
-        from retrain.config.toml_writer import config_to_toml
-
-        return config_to_toml(self)
 
 
 # Table name -> record class, in documentation order (a test checks it matches Config).

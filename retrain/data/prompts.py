@@ -150,6 +150,5 @@ class PromptRenderer:
             self._ids_cache[key] = ids
         return ids
 
-
     def cache_size(self) -> int:
         return len(self._ids_cache)

@@ -4,12 +4,15 @@ For each (response, reference) pair the judge model is asked one question: is th
 response's final answer equivalent to the reference? It must answer "yes" or "no";
 yes scores 1.0, no 0.0. The question itself is sent too when the example has one.
 
-Transport: the standard library (`urllib.request`) on a thread pool of
-`max_concurrency` threads, so the base install needs no HTTP package. Each request has a
-`timeout`; HTTP 429 and 5xx (and connection failures) are retried up to `max_retries`
-times with exponential backoff and jitter, honouring a numeric `Retry-After`. A judgement
-that still fails (or an unreadable verdict) scores 0.0 and is counted in
-`BatchScore.errors` (`timeouts` when the last attempt timed out); the run goes on.
+Transport: `retrain.http` (httpx; `pip install 'retrain[judge]'`). A batch is judged on an
+asyncio client kept on the reward's private event-loop thread, at most `max_concurrency`
+judgements at a time (a slot is held through a judgement's retries, so a rate-limited
+endpoint is not hammered harder), over a pool of as many connections. Each request has a
+`timeout`; HTTP 429 and 5xx, timeouts and connection failures are retried up to
+`max_retries` times with exponential backoff and jitter, honouring `Retry-After`. A
+judgement that still fails (or an unreadable verdict) scores 0.0 and is counted in
+`BatchScore.errors` (`timeouts` when the last attempt timed out); the run goes on, and
+the first failure is logged with the URL and the `[reward]` key to check.
 
 Endpoint and key: `judge_base_url`, else `$OPENAI_BASE_URL`, else the OpenAI API;
 `judge_api_key`, else `$OPENAI_API_KEY` (may be empty for a local server). The key is sent
@@ -18,24 +21,17 @@ as a bearer token and never logged or shown in a repr or error message.
 
 from __future__ import annotations
 
-import json
-import logging
+import asyncio
 import os
-import random
 import re
-import socket
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from retrain.errors import RewardError
-from retrain.rewards.base import BatchScore, Reward
+from retrain.http import HTTPRequestError, RetryPolicy, arequest_json, async_client
+from retrain.rewards.base import BatchScore, LoopThread, Reward
 from retrain.rewards.boxed import extract_boxed
 from retrain.types import Example
-
-logger = logging.getLogger("retrain.rewards")
 
 DEFAULT_MODEL = "gpt-4o-mini"
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -51,16 +47,6 @@ SYSTEM_PROMPT = (
 _VERDICT = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
 
 
-class _Retryable(Exception):
-    def __init__(self, message: str, retry_after: float | None = None):
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class _Timeout(Exception):
-    pass
-
-
 def parse_verdict(text: str) -> float | None:
     """1.0 for yes, 0.0 for no, None when the reply holds neither."""
     m = _VERDICT.search(text or "")
@@ -71,6 +57,17 @@ def parse_verdict(text: str) -> float | None:
 
 class JudgeReward(Reward):
     name = "judge"
+
+    @classmethod
+    def from_config(cls, reward, search_paths=()) -> JudgeReward:
+        return cls(
+            judge_model=reward.judge_model,
+            judge_base_url=reward.judge_base_url,
+            judge_api_key=reward.judge_api_key,
+            timeout=reward.timeout,
+            max_concurrency=reward.max_concurrency,
+            max_retries=reward.max_retries,
+        )
 
     def __init__(
         self,
@@ -83,11 +80,19 @@ class JudgeReward(Reward):
         max_retries: int = 4,
         backoff: float = 0.5,
         max_backoff: float = 20.0,
-        **_options,
     ) -> None:
         super().__init__()
         self.model = judge_model or DEFAULT_MODEL
-        base = judge_base_url or os.environ.get("OPENAI_BASE_URL", "") or DEFAULT_BASE_URL
+        env_url = os.environ.get("OPENAI_BASE_URL", "")
+        base = judge_base_url or env_url or DEFAULT_BASE_URL
+        # Where the URL came from, for error messages.
+        self.url_source = (
+            "[reward] judge_base_url"
+            if judge_base_url
+            else "$OPENAI_BASE_URL"
+            if env_url
+            else "the OpenAI API; set [reward] judge_base_url for another endpoint"
+        )
         self.base_url = base.rstrip("/")
         if not self.base_url.startswith(("http://", "https://")):
             raise RewardError(
@@ -100,14 +105,10 @@ class JudgeReward(Reward):
             raise RewardError(f"[reward] timeout must be > 0 seconds, got {timeout!r}")
         self.timeout = float(timeout)
         self.max_concurrency = max(1, int(max_concurrency))
-        self.max_retries = max(0, int(max_retries))
-        self.backoff = float(backoff)
-        self.max_backoff = float(max_backoff)
-        self._pool: ThreadPoolExecutor | None = None
-
-    def _scrub(self, text: str) -> str:
-        """`text` with the API key blanked out (error bodies may echo it)."""
-        return text.replace(self.__api_key, "***") if self.__api_key else text
+        self.retry = RetryPolicy(max(0, int(max_retries)), float(backoff), float(max_backoff))
+        self._loop = LoopThread("retrain-judge")
+        self._client: Any = None  # httpx.AsyncClient, made on the loop thread
+        self._slots: asyncio.Semaphore | None = None
 
     def __repr__(self) -> str:
         return f"JudgeReward(model={self.model!r}, base_url={self.base_url!r})"
@@ -127,84 +128,65 @@ class JudgeReward(Reward):
             {"role": "user", "content": "\n\n".join(parts)},
         ]
 
-    def _post(self, payload: bytes) -> dict:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self.__api_key:
-            headers["Authorization"] = "Bearer " + self.__api_key
-        req = urllib.request.Request(self.url, data=payload, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                body = resp.read()
-        except urllib.error.HTTPError as exc:
-            status = exc.code
-            retry_after = None
-            ra = exc.headers.get("Retry-After") if exc.headers else None
-            if ra:
-                try:
-                    retry_after = float(ra)
-                except ValueError:
-                    retry_after = None
-            try:
-                detail = exc.read(400).decode("utf-8", "replace").strip()
-            except Exception:
-                detail = ""
-            exc.close()
-            if status == 429 or status >= 500:
-                raise _Retryable(f"HTTP {status}", retry_after) from None
-            raise RuntimeError(
-                self._scrub(f"judge endpoint answered HTTP {status}: {detail}")
-            ) from None
-        except TimeoutError as exc:
-            raise _Timeout(f"no answer within {self.timeout:g}s") from exc
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, (TimeoutError, socket.timeout)):
-                raise _Timeout(f"no answer within {self.timeout:g}s") from exc
-            raise _Retryable(f"connection failed: {exc.reason}") from exc
-        except (ConnectionError, OSError) as exc:
-            raise _Retryable(f"connection failed: {exc}") from exc
-        return json.loads(body)
+    def _hint(self, exc: HTTPRequestError) -> str:
+        """Which `[reward]` key to look at for this failure."""
+        if exc.timed_out:
+            return f"raise [reward] timeout (now {self.timeout:g}s) if the judge is slow"
+        if exc.status in (401, 403):
+            return "check [reward] judge_api_key (else $OPENAI_API_KEY)"
+        if exc.status == 404:
+            return f"check [reward] judge_model ({self.model!r}) and {self.url_source}"
+        return "the error names the URL and where it came from"
 
-    def judge(self, response: str, example: Example) -> tuple[float, str]:
+    async def _judge(self, response: str, example: Example) -> tuple[float, str]:
         """(score, status) for one pair; status is "ok", "timeout" or "error"."""
-        payload = json.dumps(
-            {
-                "model": self.model,
-                "messages": self.build_messages(response, example),
-                "temperature": 0.0,
-            }
-        ).encode()
-        last: Exception | None = None
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
-                if isinstance(last, _Retryable) and last.retry_after is not None:
-                    delay = min(self.max_backoff, max(delay, last.retry_after))
-                time.sleep(delay * (0.5 + random.random() / 2))
+        payload = {
+            "model": self.model,
+            "messages": self.build_messages(response, example),
+            "temperature": 0.0,
+        }
+        assert self._slots is not None
+        async with self._slots:
             try:
-                data = self._post(payload)
-            except (_Retryable, _Timeout) as exc:
-                last = exc
-                continue
-            except Exception as exc:
-                self._log_first_failure(f"judge request to {self.url}", exc)
-                return 0.0, "error"
-            try:
-                text = data["choices"][0]["message"]["content"]
-            except (KeyError, IndexError, TypeError) as exc:
-                self._log_first_failure(f"judge reply from {self.url} (no choices)", exc)
-                return 0.0, "error"
-            verdict = parse_verdict(text)
-            if verdict is None:
-                self._log_first_failure(
-                    f"judge reply from {self.url}", ValueError(f"no yes/no verdict in {text!r}")
+                data = await arequest_json(
+                    self._client,
+                    "POST",
+                    self.url,
+                    json=payload,
+                    retry=self.retry,
+                    source=self.url_source,
                 )
-                return 0.0, "error"
-            return verdict, "ok"
-        assert last is not None
-        self._log_first_failure(
-            f"judge request to {self.url} ({self.max_retries + 1} attempts)", last
-        )
-        return 0.0, "timeout" if isinstance(last, _Timeout) else "error"
+            except HTTPRequestError as exc:
+                self._log_first_failure(f"judge request ({self._hint(exc)})", exc)
+                return 0.0, "timeout" if exc.timed_out else "error"
+        try:
+            text = data["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError) as exc:
+            self._log_first_failure(f"judge reply from {self.url} (no choices)", exc)
+            return 0.0, "error"
+        verdict = parse_verdict(text)
+        if verdict is None:
+            self._log_first_failure(
+                f"judge reply from {self.url}", ValueError(f"no yes/no verdict in {text!r}")
+            )
+            return 0.0, "error"
+        return verdict, "ok"
+
+    async def _judge_all(self, responses: Sequence[str], examples: Sequence[Example]):
+        if self._client is None:  # made here so it belongs to the loop it runs on
+            self._client = async_client(
+                timeout=self.timeout,
+                max_connections=self.max_concurrency,
+                api_key=self.__api_key,
+            )
+            self._slots = asyncio.Semaphore(self.max_concurrency)
+        return await asyncio.gather(*map(self._judge, responses, examples))
+
+    def _on_loop(self, coro) -> Any:
+        (result,) = self._loop.gather([coro])
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     # -- batches ---------------------------------------------------------------------
     def score_batch(self, responses: Sequence[str], examples: Sequence[Example]) -> BatchScore:
@@ -216,10 +198,7 @@ class JudgeReward(Reward):
             out.no_answer += answer is None
         if not responses:
             return out
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="judge")
-        verdicts = list(self._pool.map(self.judge, responses, examples))
-        for score, status in verdicts:
+        for score, status in self._on_loop(self._judge_all(responses, examples)):
             out.rewards.append(score)
             if status == "timeout":
                 out.timeouts += 1
@@ -228,6 +207,7 @@ class JudgeReward(Reward):
         return out
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        if self._client is not None:
+            client, self._client = self._client, None
+            self._on_loop(client.aclose())
+        self._loop.close()

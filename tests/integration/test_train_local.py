@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from retrain.types import Datum, SamplingParams, TrainHyper
 from retrain.backends.local import LocalBackend
 from retrain.cli.main import main as cli_main
 from retrain.config import config_from_dict
@@ -23,6 +22,7 @@ from retrain.errors import CheckpointError, TrainingError
 from retrain.logs.console import Console
 from retrain.logs.jsonl import read_jsonl
 from retrain.trainer import train
+from retrain.types import Datum, SamplingParams, TrainHyper
 
 METRIC_FIELDS = {
     "step",
@@ -358,7 +358,9 @@ def test_sampler_and_trainer_logprobs_agree(backend):
             logp = backend.completion_logprobs(prompt, [s.token_ids for s in group], 0.7)
         for i, s in enumerate(group):
             assert s.stop_reason in ("eos", "length")
-            assert torch.allclose(logp[i, : len(s.token_ids)], torch.from_numpy(s.logprobs).float(), atol=1e-4)
+            assert torch.allclose(
+                logp[i, : len(s.token_ids)], torch.from_numpy(s.logprobs).float(), atol=1e-4
+            )
 
 
 def test_sampling_is_seeded(backend):
@@ -383,7 +385,9 @@ def test_prefix_caching_off_samples_the_same_distribution(tiny_raw, tiny_model_d
         with torch.no_grad():
             logp = b.completion_logprobs(prompt, [s.token_ids for s in g], 1.0)
         for i, s in enumerate(g):
-            assert torch.allclose(logp[i, : len(s.token_ids)], torch.from_numpy(s.logprobs).float(), atol=1e-4)
+            assert torch.allclose(
+                logp[i, : len(s.token_ids)], torch.from_numpy(s.logprobs).float(), atol=1e-4
+            )
 
 
 def _grads(b: LocalBackend, datums, budget: int) -> tuple[float, list[torch.Tensor]]:

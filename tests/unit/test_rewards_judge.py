@@ -3,7 +3,8 @@
 The server speaks the OpenAI chat-completions shape and judges with a fixed rule (the
 candidate's boxed answer equals the reference -> "yes"); marker words in the candidate
 make it misbehave: RATE_LIMIT_ONCE (429 once, then fine), ALWAYS_500, SLOW (answers
-after 2 s), GARBAGE (a reply with no verdict), BAD_REQUEST (400).
+after 2 s), GARBAGE (a reply with no verdict), BAD_REQUEST (400), UNAUTHORIZED (401 whose
+body echoes the Authorization header, as some proxies do).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from retrain.config.schema import RewardConfig
 from retrain.rewards import build_reward
 from retrain.rewards.boxed import extract_boxed
 from retrain.rewards.judge import JudgeReward, parse_verdict
@@ -29,6 +31,7 @@ SECRET = "sk-test-SECRET-123"
 class JudgeServer:
     def __init__(self):
         self.requests: list[dict] = []
+        self.rewards: list[JudgeReward] = []  # closed by the fixture
         self.auth: list[str | None] = []
         self.seen: dict[str, int] = {}
         self.lock = threading.Lock()
@@ -81,6 +84,8 @@ class JudgeServer:
                     return self._reply(500, {"error": "boom"})
                 if "BAD_REQUEST" in cand:
                     return self._reply(400, {"error": "bad"})
+                if "UNAUTHORIZED" in cand:
+                    return self._reply(401, {"error": f"bad key {self.headers['Authorization']}"})
                 if "SLOW" in cand:
                     time.sleep(2.0)
                 time.sleep(0.05)  # long enough for concurrent requests to overlap
@@ -113,6 +118,8 @@ class JudgeServer:
 def server():
     s = JudgeServer()
     yield s
+    for reward in s.rewards:  # closing twice is fine
+        reward.close()
     s.close()
 
 
@@ -125,7 +132,9 @@ def _judge(server, **kw):
         backoff=0.01,
     )
     opts.update(kw)
-    return build_reward("judge", **opts)
+    reward = JudgeReward(**opts)
+    server.rewards.append(reward)
+    return reward
 
 
 def _ex(ref, prompt="What is it?"):
@@ -158,16 +167,33 @@ def test_judge_scores_through_the_server(server):
     assert sum("Problem:" not in u for u in users) == 1
 
 
+def test_built_from_the_reward_table(server):
+    cfg = RewardConfig(
+        type="judge",
+        judge_model="m",
+        judge_base_url=server.url,
+        judge_api_key=SECRET,
+        timeout=1.5,
+        max_concurrency=2,
+        max_retries=1,
+    )
+    with build_reward(cfg) as r:
+        assert isinstance(r, JudgeReward)
+        assert (r.model, r.timeout, r.max_concurrency, r.retry.max_retries) == ("m", 1.5, 2, 1)
+        assert r.score("\\boxed{2}", "2") == 1.0
+    assert server.requests[-1]["model"] == "m"
+
+
 def test_default_model_and_env_config(server, monkeypatch):
     monkeypatch.setenv("OPENAI_BASE_URL", server.url)
     monkeypatch.setenv("OPENAI_API_KEY", "env-key")
-    r = build_reward("judge", timeout=1.0)
-    assert r.model == "gpt-4o-mini"
-    assert r.score("\\boxed{1}", "1") == 1.0
+    with build_reward(RewardConfig(type="judge", timeout=1.0)) as r:
+        assert r.model == "gpt-4o-mini"
+        assert r.score("\\boxed{1}", "1") == 1.0
     assert server.auth[-1] == "Bearer env-key"
     monkeypatch.delenv("OPENAI_API_KEY")
-    r2 = build_reward("judge", timeout=1.0)
-    assert r2.score("\\boxed{1}", "1") == 1.0
+    with build_reward(RewardConfig(type="judge", timeout=1.0)) as r2:
+        assert r2.score("\\boxed{1}", "1") == 1.0
     assert server.auth[-1] is None  # no key: no Authorization header (local servers)
 
 
@@ -188,10 +214,25 @@ def test_persistent_5xx_fails_after_retries_and_is_counted(server, caplog):
     assert out.rewards == [0.0, 1.0, 0.0]
     assert out.errors == 2
     assert sum("ALWAYS_500" in p["messages"][-1]["content"] for p in server.requests) == 6
-    # One traceback logged for the run, and the key never appears in the logs.
+    # One traceback logged for the run, naming the URL and the [reward] key it came
+    # from; the key never appears in the logs.
     assert len([rec for rec in caplog.records if "raised" in rec.getMessage()]) == 1
+    assert f"POST {server.url}/chat/completions ([reward] judge_base_url)" in caplog.text
+    assert "after 3 attempts: HTTP 500" in caplog.text
     assert SECRET not in caplog.text
     assert SECRET not in repr(r)
+    r.close()
+
+
+def test_auth_failure_names_the_key_and_hides_it(server, caplog):
+    r = _judge(server)
+    with caplog.at_level(logging.WARNING, logger="retrain.rewards"):
+        out = r.score_batch(["UNAUTHORIZED \\boxed{1}"], [_ex("1")])
+    r.close()
+    assert out.rewards == [0.0] and out.errors == 1
+    assert len(server.requests) == 1  # a 401 is not retried
+    assert "HTTP 401" in caplog.text and "[reward] judge_api_key" in caplog.text
+    assert "bad key ***" in caplog.text and SECRET not in caplog.text
 
 
 def test_client_errors_are_not_retried(server):
@@ -201,13 +242,16 @@ def test_client_errors_are_not_retried(server):
     assert len(server.requests) == 1
 
 
-def test_timeouts_score_zero_and_are_counted(server):
+def test_timeouts_score_zero_and_are_counted(server, caplog):
     r = _judge(server, timeout=0.3, max_retries=1)
     t0 = time.monotonic()
-    out = r.score_batch(["SLOW \\boxed{1}", "\\boxed{1}"], [_ex("1"), _ex("1")])
+    with caplog.at_level(logging.WARNING, logger="retrain.rewards"):
+        out = r.score_batch(["SLOW \\boxed{1}", "\\boxed{1}"], [_ex("1"), _ex("1")])
     assert time.monotonic() - t0 < 2.0  # two 0.3 s attempts, not two 2 s waits
+    r.close()
     assert out.rewards == [0.0, 1.0]
     assert out.timeouts == 1 and out.errors == 0
+    assert "no answer within 0.3s" in caplog.text and "[reward] timeout" in caplog.text
 
 
 def test_unreadable_verdict_is_an_error(server):
@@ -229,7 +273,18 @@ def test_unreachable_server_is_counted_not_raised():
         judge_base_url="http://127.0.0.1:9/v1", timeout=0.5, max_retries=1, backoff=0.01
     )
     out = r.score_batch(["\\boxed{1}"], [_ex("1")])
-    assert out.rewards == [0.0] and out.errors == 1
+    r.close()
+    assert out.rewards == [0.0] and out.errors == 1 and out.timeouts == 0
+
+
+def test_close_then_reuse(server):
+    r = _judge(server)
+    assert r.score("\\boxed{1}", "1") == 1.0
+    r.close()
+    r.close()  # idempotent
+    assert r.score("\\boxed{2}", "2") == 1.0  # a closed reward starts a new client
+    r.close()
+    assert r.score_batch([], []).rewards == []
 
 
 def test_bad_base_url_is_a_config_error():

@@ -24,10 +24,10 @@ httpx = pytest.importorskip("httpx", reason="httpx comes with the tinker SDK")
 
 from retrain.backends import tinker as tb  # noqa: E402
 from retrain.backends.base import backend_info  # noqa: E402
-from retrain.registry import BACKENDS  # noqa: E402
-from retrain.types import CheckpointInfo, Datum, SamplingParams, TrainHyper  # noqa: E402
 from retrain.config import config_from_dict  # noqa: E402
 from retrain.errors import BackendError, CheckpointError  # noqa: E402
+from retrain.registry import BACKENDS  # noqa: E402
+from retrain.types import CheckpointInfo, Datum, SamplingParams, TrainHyper  # noqa: E402
 
 EOS = 2
 
