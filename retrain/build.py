@@ -32,6 +32,7 @@ class Components:
 
     capabilities: BackendCapabilities
     pipeline: AdvantagePipeline
+    rollout: Any  # rollout.Rollout: sample + score
     tokenizer: Any
     vocab: Any  # rollout.VocabTable
     data: Any  # data.DataSource
@@ -54,6 +55,7 @@ def build_pipeline(config: Config) -> AdvantagePipeline:
         gtpo_beta=config.gtpo.beta,
         hicra_alpha=config.hicra.alpha,
         uncertainty_kind=a.uncertainty_kind,
+        surprisal_mask_rho=a.surprisal_mask_rho,
         advantage_params=a.advantage_params,
         transform_params=a.transform_params,
         search_paths=tuple(config.plugins.search_paths),
@@ -81,7 +83,7 @@ def seed_everything(seed: int) -> None:
 
 def build_data(config: Config, tokenizer, say: Callable[[str], None]):
     from retrain.data import build_data_source
-    from retrain.data.prompts import PromptRenderer
+    from retrain.data.prompts import PromptRenderer, resolve_instruction
 
     t, d = config.training, config.data
     say("Loading dataset...")
@@ -94,7 +96,10 @@ def build_data(config: Config, tokenizer, say: Callable[[str], None]):
     )
     say(f"Loaded {len(data)} examples")
     renderer = PromptRenderer(
-        tokenizer, system_prompt=d.system_prompt, instruction=d.instruction, few_shot=d.few_shot
+        tokenizer,
+        system_prompt=d.system_prompt,
+        instruction=resolve_instruction(d.instruction, d.source),
+        few_shot=d.few_shot,
     )
     for example in data.examples:
         renderer.encode(example)
@@ -138,6 +143,7 @@ def sampling_params(config: Config, pipeline: AdvantagePipeline) -> SamplingPara
     return SamplingParams(
         max_tokens=t.max_tokens,
         temperature=t.temperature,
+        top_p=t.top_p,
         return_entropy=pipeline.needs_entropies,
     )
 
@@ -158,7 +164,7 @@ def build(config: Config, say: Callable[[str], None]) -> Components:
     """Every component of a run, in the order that keeps runs reproducible."""
     from retrain.models import load_tokenizer
     from retrain.rewards import build_reward
-    from retrain.rollout import VocabTable
+    from retrain.rollout import Rollout, VocabTable
 
     search_paths = tuple(config.plugins.search_paths)
     registry.add_search_paths(search_paths)
@@ -182,6 +188,7 @@ def build(config: Config, say: Callable[[str], None]) -> Components:
     return Components(
         caps,
         pipeline,
+        Rollout(backend, reward, renderer, config.reward.correct_threshold),
         tokenizer,
         vocab,
         data,

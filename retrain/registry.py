@@ -46,8 +46,33 @@ def add_search_paths(search_paths: Iterable[str]) -> None:
     importlib.invalidate_caches()
 
 
+def add_working_directory() -> bool:
+    """Make modules of the working directory importable (as ``python -m`` would), so a
+    dotted path like ``plugins.my_transform.fn`` resolves from where retrain runs even
+    when it was started through the ``retrain`` script. Appended, not prepended: an
+    installed package of the same name still wins. True when sys.path changed."""
+    cwd = os.getcwd()
+    if "" in sys.path or cwd in sys.path:
+        return False
+    sys.path.append(cwd)
+    importlib.invalidate_caches()
+    return True
+
+
+def _import_module(name: str) -> Any:
+    """importlib.import_module, retried once from the working directory when the module
+    is not found on sys.path (the working directory is added only then)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError:
+        if not add_working_directory():
+            raise
+    return importlib.import_module(name)
+
+
 def import_object(path: str, search_paths: Iterable[str] = ()) -> Any:
-    """Import `pkg.mod.attr` / `pkg.mod:attr`, adding search_paths to sys.path first."""
+    """Import `pkg.mod.attr` / `pkg.mod:attr`, adding search_paths to sys.path first
+    (and the working directory, last, when the module is not found otherwise)."""
     add_search_paths(search_paths)
     if ":" in path:
         mod_name, attr = path.split(":", 1)
@@ -56,7 +81,7 @@ def import_object(path: str, search_paths: Iterable[str] = ()) -> Any:
     if not mod_name:
         raise PluginError(f"{path!r} is not a dotted path (expected pkg.module.attr)")
     try:
-        module = importlib.import_module(mod_name)
+        module = _import_module(mod_name)
     except ImportError as exc:
         raise PluginError(f"cannot import module {mod_name!r} for plugin {path!r}: {exc}") from exc
     obj = module
@@ -114,6 +139,35 @@ class Registry:
     def __post_init__(self):
         self._by_name = {e.name: e for e in self.entries}
         self._aliases = {a: e.name for e in self.entries for a in e.aliases}
+
+    def add(self, entry: Entry, *, replace: bool = False) -> None:
+        """Register `entry` at run time (e.g. ``register_transform_mode``), so that
+        validation, ``explain`` and ``plugins`` see it like a shipped one. A name or alias
+        already taken raises ValueError unless `replace`, which first drops the entry of
+        that name and any alias the new entry claims."""
+        if not entry.name or is_dotted_path(entry.name):
+            raise ValueError(f"{self.kind} name {entry.name!r} must be a non-empty short name")
+        claimed = (entry.name, *entry.aliases)
+        taken = [n for n in claimed if n in self._by_name or n in self._aliases]
+        if taken and not replace:
+            raise ValueError(f"{self.kind} {taken[0]!r} is already registered")
+        if entry.name in self._by_name:
+            self.remove(entry.name)
+        for name in claimed:
+            self._aliases.pop(name, None)
+        self.entries = (*self.entries, entry)
+        self._by_name[entry.name] = entry
+        self._aliases.update({a: entry.name for a in entry.aliases})
+
+    def remove(self, name: str) -> Entry | None:
+        """Drop the entry called `name` (and its aliases); returns it, or None."""
+        entry = self._by_name.pop(name, None)
+        if entry is not None:
+            self.entries = tuple(e for e in self.entries if e is not entry)
+            for alias in entry.aliases:
+                if self._aliases.get(alias) == name:
+                    del self._aliases[alias]
+        return entry
 
     def names(self, *, available_only: bool = False) -> list[str]:
         return [e.name for e in self.entries if e.available or not available_only]
@@ -211,6 +265,28 @@ TRANSFORM_MODES = Registry(
             kernel="gtpo_sepa",
             token_varying=True,
         ),
+        Entry(
+            "gtpo_sepa_amp",
+            "retrain.advantages.transforms:transform_gtpo_sepa_amp",
+            "amplify execution-token uncertainty away from its mean (lambda from [sepa]), then GTPO",
+            kernel="gtpo_sepa_amp",
+            token_varying=True,
+        ),
+        Entry(
+            "gtpo_sepa_amp_c",
+            "retrain.advantages.transforms:transform_gtpo_sepa_amp_c",
+            "gtpo_sepa_amp with the amplified uncertainty floored at 0",
+            kernel="gtpo_sepa_amp_c",
+            token_varying=True,
+        ),
+        Entry(
+            "entropy_mask",
+            "retrain.advantages.transforms:transform_entropy_mask",
+            "GTPO, then zero all but the top-rho most uncertain tokens of each group "
+            "(rho = [algorithm] surprisal_mask_rho; 0 = plain GTPO)",
+            kernel="entropy_mask",
+            token_varying=True,
+        ),
     ),
     key="[algorithm] transform_mode",
 )
@@ -219,11 +295,17 @@ ALGORITHM_MODES = Registry(
     "algorithm_mode",
     tuple(
         Entry(
-            f"maxrl_{tx}",
-            description=f"maxrl + {tx} as one named algorithm",
-            alias_of=("maxrl", tx),
+            f"{adv}_{tx}",
+            description=f"{adv} + {tx} as one named algorithm",
+            alias_of=(adv, tx),
         )
-        for tx in ("gtpo", "gtpo_hicra", "gtpo_sepa")
+        for adv, tx in (
+            ("maxrl", "gtpo"),
+            ("maxrl", "gtpo_hicra"),
+            ("maxrl", "gtpo_sepa"),
+            ("grpo", "none"),
+            ("maxrl", "none"),
+        )
     ),
     key="[algorithm] algorithm_mode",
 )
@@ -234,6 +316,7 @@ UNCERTAINTY_KINDS = Registry(
             "surprisal",
             "retrain.advantages.uncertainty:surprisal",
             "-logprob of the sampled token, capped at 50",
+            aliases=("token_surprisal", "neg_logprob", "negative_logprob", "nll"),
         ),
         Entry(
             "predictive_variance",
@@ -245,6 +328,7 @@ UNCERTAINTY_KINDS = Registry(
             "shannon_entropy",
             "retrain.advantages.uncertainty:shannon_entropy",
             "full-vocabulary entropy (needs a backend whose capabilities include token_data 'entropy')",
+            aliases=("shannon", "entropy", "token_entropy"),
         ),
     ),
     key="[algorithm] uncertainty_kind",

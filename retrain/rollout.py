@@ -4,6 +4,8 @@ advantage pipeline and the backend consume (TokenGroup, Datum)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -35,44 +37,49 @@ class VocabTable:
         ]
 
 
-def rollout(
-    backend,
-    reward,
-    renderer,
-    examples: Sequence[Example],
-    group_size: int,
-    params: SamplingParams,
-    timer: PhaseTimer,
-) -> tuple[list[GroupRollout], dict[str, float]]:
-    """Sample `group_size` completions per example and score them. Returns the groups
-    and the reward counters (errors, timeouts, no-answer rate) for the metrics row."""
-    prompts = [renderer.encode(e) for e in examples]
-    with timer.phase("sampling"):
-        samples = backend.sample(prompts, group_size, params)
-    with timer.phase("scoring"):
-        tokenizer = renderer.tokenizer
-        texts = [
-            [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in g] for g in samples
-        ]
+@dataclass(frozen=True)
+class Rollout:
+    """Sampling and scoring of one step's groups, with everything fixed for the run.
+    A completion counts as correct when its reward is above `correct_above`."""
+
+    backend: Any
+    reward: Any
+    renderer: Any
+    correct_above: float
+
+    def __call__(
+        self,
+        examples: Sequence[Example],
+        group_size: int,
+        params: SamplingParams,
+        timer: PhaseTimer,
+    ) -> tuple[list[GroupRollout], dict[str, float]]:
+        """`group_size` scored completions per example, and the reward counters (errors,
+        timeouts, no-answer rate) for the metrics row."""
+        prompts = [self.renderer.encode(e) for e in examples]
+        with timer.phase("sampling"):
+            samples = self.backend.sample(prompts, group_size, params)
+        with timer.phase("scoring"):
+            return self._score(examples, prompts, samples)
+
+    def _score(self, examples, prompts, samples) -> tuple[list[GroupRollout], dict[str, float]]:
+        decode = self.renderer.tokenizer.decode
+        texts = [[decode(s.token_ids, skip_special_tokens=True) for s in g] for g in samples]
         flat_examples = [e for e, g in zip(examples, samples, strict=True) for _ in g]
-        scored = reward.score_batch([t for g in texts for t in g], flat_examples)
+        scored = self.reward.score_batch([t for g in texts for t in g], flat_examples)
         groups, k = [], 0
         for example, prompt, group, group_texts in zip(
             examples, prompts, samples, texts, strict=True
         ):
             n = len(group)
+            rewards = list(scored.rewards[k : k + n])
+            answers = list(scored.answers[k : k + n])
+            correct = [r > self.correct_above for r in rewards]
             groups.append(
-                GroupRollout(
-                    example,
-                    prompt,
-                    group,
-                    group_texts,
-                    list(scored.rewards[k : k + n]),
-                    list(scored.answers[k : k + n]),
-                )
+                GroupRollout(example, prompt, group, group_texts, rewards, answers, correct)
             )
             k += n
-    return groups, scored.counters()
+        return groups, scored.counters()
 
 
 def correct_rate(groups: Sequence[GroupRollout]) -> float:

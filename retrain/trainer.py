@@ -29,7 +29,7 @@ from retrain.logs.console import Console, group_line, step_line
 from retrain.logs.metrics import RunContext, RunCounters, metrics_row
 from retrain.logs.runlog import RunLog
 from retrain.logs.timer import PhaseTimer
-from retrain.rollout import build_datums, correct_rate, planning_masks, rollout, token_groups
+from retrain.rollout import build_datums, correct_rate, planning_masks, token_groups
 from retrain.types import StepResult, TrainResult
 
 
@@ -141,9 +141,7 @@ class Trainer:
         c, timer = self.parts, PhaseTimer(self._progress(step))
         examples = c.data.next_batch(self.batch_size)
         params = replace(c.sampling, seed=step_seed(self.config.training.seed, step))
-        groups, reward_counters = rollout(
-            c.backend, c.reward, c.renderer, examples, self.group_size, params, timer
-        )
+        groups, reward_counters = c.rollout(examples, self.group_size, params, timer)
         with timer.phase("advantages"):
             planning = [planning_masks(c.detector, c.vocab, g.samples) for g in groups]
             adv = c.pipeline(
@@ -185,10 +183,7 @@ class Trainer:
             sepa_gate_open=c.sepa.gate_open,
         )
         if c.backpressure is not None:
-            busy = result.seconds["sampling"] + result.seconds["training"]
-            decision = c.backpressure.observe(
-                self.batch_size, result.num_completions / max(busy, 1e-9)
-            )
+            decision = c.backpressure.observe(self.batch_size, self.throughput(result))
             row.update(decision.as_metrics())
             self.batch_size = decision.batch_size
         for g in result.groups[: self.config.logging.group_lines]:
@@ -196,6 +191,13 @@ class Trainer:
         self.say(self._step_line(row))
         self.log.write_step(result, row)
         return row
+
+    @staticmethod
+    def throughput(result: StepResult) -> float:
+        """Completions per second of busy time (sampling + training): what back pressure
+        observes. (Tests replace it with a deterministic curve.)"""
+        busy = result.seconds["sampling"] + result.seconds["training"]
+        return result.num_completions / max(busy, 1e-9)
 
     def _step_line(self, row: dict[str, Any]) -> str:
         return step_line(

@@ -41,6 +41,11 @@ class SamplingParams:
     temperature: float
     seed: int | None = None
     return_entropy: bool = False
+    # Nucleus sampling: draw from the smallest set of tokens whose probability reaches
+    # top_p, renormalised. The recorded logprob is that of the truncated distribution
+    # the token was drawn from (the true behaviour policy), so the importance ratio
+    # exp(logp_trainer - logp_sampler) stays honest; 1.0 = no truncation.
+    top_p: float = 1.0
 
 
 def _ids(x: Any) -> np.ndarray:
@@ -75,17 +80,10 @@ class Sample:
         return int(self.token_ids.size)
 
 
-# Rewards at or above this count as "correct" (correct_rate, the SEPA gate).
-CORRECT_THRESHOLD = 1.0 - 1e-9
-
-
-def is_correct(reward: float) -> bool:
-    return reward >= CORRECT_THRESHOLD
-
-
 @dataclass
 class GroupRollout:
-    """One prompt's completions with their decoded texts and scores."""
+    """One prompt's completions with their decoded texts and scores. `correct[i]` is
+    whether reward i passed the run's correctness threshold (correct_rate, SEPA gate)."""
 
     example: Example
     prompt_ids: list[int]
@@ -93,10 +91,11 @@ class GroupRollout:
     texts: list[str]
     rewards: list[float]
     answers: list[str | None]
+    correct: list[bool]
 
     @property
     def num_correct(self) -> int:
-        return sum(is_correct(r) for r in self.rewards)
+        return sum(self.correct)
 
     def __len__(self) -> int:
         return len(self.samples)

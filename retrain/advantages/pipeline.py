@@ -37,7 +37,13 @@ Steps of a call, in order:
 6. **Token transform** (``transform_mode``). A built-in transform runs as one
    vectorised kernel (its registry entry's ``kernel``) over every token of the batch;
    a dotted-path transform is called once per kept group with a
-   :class:`~retrain.advantages.context.TransformContext`.
+   :class:`~retrain.advantages.context.TransformContext`. ``entropy_mask`` then masks
+   each kept group with ``surprisal_mask_rho`` (formula in
+   :mod:`retrain.advantages.transforms`); its two metrics are averaged over the kept
+   groups into ``extra_metrics``. rho is ``[algorithm.transform_params]``
+   ``surprisal_mask_rho`` (or ``entropy_mask_rho``) when given there, else the
+   constructor's ``surprisal_mask_rho``; only ``entropy_mask`` (and original-API
+   ``TransformSpec`` plugins whose ``post_process`` reads it) use it.
 
 Plugins (all resolved through :mod:`retrain.registry`, which serves built-ins and dotted
 paths alike):
@@ -50,8 +56,13 @@ paths alike):
 - ``algorithm_mode = "pkg.mod.fn"``: replaces steps 2 and 6:
   ``fn(ctx: AlgorithmContext) -> TransformOutput | list[array]``, once per kept group.
   The skip rule, the uncertainties and the statistics still apply. The built-in
-  algorithm names (``maxrl_gtpo``, ``maxrl_gtpo_hicra``, ``maxrl_gtpo_sepa``) are
-  registry aliases of advantage/transform pairs and run exactly as those pairs.
+  algorithm names (``grpo_none``, ``maxrl_none``, ``maxrl_gtpo``, ``maxrl_gtpo_hicra``,
+  ``maxrl_gtpo_sepa``) are registry aliases of advantage/transform pairs and run
+  exactly as those pairs.
+
+Each of these may also be written in the original retrain plugin API (spec objects,
+zero-argument factories, context forms, ``register_*`` names): see
+:mod:`retrain.advantages.spec` and :mod:`retrain.advantages.adapt`.
 
 Every plugin output is checked: the right number of completions, each array as long
 as its completion, every value finite; otherwise a PluginError names the plugin and the
@@ -69,6 +80,7 @@ from typing import Any
 import numpy as np
 
 from retrain import registry
+from retrain.advantages.adapt import ContextUncertainty
 from retrain.advantages.context import AlgorithmContext, TransformContext
 from retrain.advantages.plugins import (
     builtin_entry,
@@ -80,7 +92,9 @@ from retrain.advantages.plugins import (
 from retrain.advantages.transforms import (
     Segments,
     Workspace,
+    check_mask_rho,
     check_sepa_lambda,
+    surprisal_mask,
     token_advantages_flat,
 )
 from retrain.advantages.uncertainty import requires_entropies, resolve_uncertainty, surprisal
@@ -288,6 +302,24 @@ def _by_group(pieces: list[np.ndarray], kept: list[TokenGroup]) -> list[list[np.
     return out
 
 
+def _group_token_bounds(seg: Segments, kept: list[TokenGroup]) -> list[int]:
+    """Flat token offsets where each kept group starts, plus the total at the end."""
+    ends = np.cumsum(seg.lengths)
+    completions = np.cumsum([g.rewards_G.size for g in kept])
+    return [0, *(int(ends[c - 1]) if c else 0 for c in completions.tolist())]
+
+
+def _effective_rho(transform_params: Mapping[str, Any], configured: Any) -> float:
+    """The mask fraction: ``surprisal_mask_rho`` (else ``entropy_mask_rho``) from the
+    transform params when given there, else the configured one; a number in [0, 1]."""
+    raw = transform_params.get("surprisal_mask_rho", transform_params.get("entropy_mask_rho"))
+    if raw is None:
+        raw = configured
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise ValueError(f"surprisal_mask_rho must be a number in [0, 1], got {raw!r}")
+    return check_mask_rho(raw)
+
+
 # ---------------------------------------------------------------------- pipeline
 
 
@@ -302,6 +334,8 @@ class AdvantagePipeline:
 
     ``needs_entropies`` is True when the uncertainty kind needs the full-vocabulary
     entropies, which then must be in every group's ``entropies_G_T``.
+    ``surprisal_mask_rho`` (``[algorithm] surprisal_mask_rho``, in [0, 1]) is the
+    fraction of each group's tokens ``entropy_mask`` keeps (see step 6).
     """
 
     def __init__(
@@ -317,6 +351,7 @@ class AdvantagePipeline:
         transform_params: Mapping[str, Any] | None = None,
         skip_uninformative: bool = True,
         search_paths: Iterable[str] = (),
+        surprisal_mask_rho: float = 0.0,
     ):
         paths = tuple(search_paths)
         self.algorithm_mode = algorithm_mode or ""
@@ -326,6 +361,7 @@ class AdvantagePipeline:
         self.advantage_params = dict(advantage_params or {})
         self.transform_params = dict(transform_params or {})
         self.skip_uninformative = skip_uninformative
+        self.surprisal_mask_rho = _effective_rho(self.transform_params, surprisal_mask_rho)
         self._algorithm: Callable | None = None  # an algorithm plugin
         self._episode: Callable | None = None  # see plugins.EpisodeFn
         self._transform: Callable | None = None  # a transform plugin
@@ -346,7 +382,9 @@ class AdvantagePipeline:
             self._episode = episode_fn(advantage_mode, paths)
         self._uncertainty = resolve_uncertainty(uncertainty_kind, paths)
         self._uncertainty_builtin = registry.UNCERTAINTY_KINDS.is_builtin(uncertainty_kind)
-        self.needs_entropies = requires_entropies(uncertainty_kind)
+        self.needs_entropies = requires_entropies(uncertainty_kind) or bool(
+            getattr(self._uncertainty, "needs_entropies", False)
+        )
 
     def _resolve_transform(self, paths: tuple[str, ...]) -> None:
         entry = builtin_entry(registry.TRANSFORM_MODES, self.transform_mode)
@@ -380,7 +418,7 @@ class AdvantagePipeline:
         lam = sepa_lambda(stats) if callable(sepa_lambda) else sepa_lambda
         stats.sepa_lambda = lam = check_sepa_lambda(lam)
         if self._kernel:
-            per_group = self._run_kernel(kept, episode, tokens, lam)
+            per_group, stats.extra_metrics = self._run_kernel(kept, episode, tokens, lam)
         else:
             per_group, stats.extra_metrics = self._run_plugin(kept, episode, tokens, lam, step)
         it = iter(per_group)
@@ -398,7 +436,11 @@ class AdvantagePipeline:
         parts = [x for g in kept for x in g.logprobs_G_T]
         seg = Segments.from_lengths([x.size for x in parts])
         entropies = _entropies(kept)
-        if self._uncertainty_builtin:
+        if isinstance(self._uncertainty, ContextUncertainty):
+            ents = None if entropies is None else seg.split(entropies)
+            planning = [x for g in kept for x in _planning_masks(g)]
+            h = self._uncertainty.per_completion(parts, ents, planning, self.transform_params)
+        elif self._uncertainty_builtin:
             # built-ins compute in place, in a reused buffer (see transforms.Workspace)
             logprobs = Workspace.get("logprobs", seg.total)
             if seg.total:
@@ -419,8 +461,9 @@ class AdvantagePipeline:
 
     def _run_kernel(
         self, kept: list[TokenGroup], episode: np.ndarray, t: _Tokens, lam: float
-    ) -> list[list[np.ndarray]]:
-        """Step 6 with a built-in transform: one kernel call over every kept token."""
+    ) -> tuple[list[list[np.ndarray]], dict[str, float]]:
+        """Step 6 with a built-in transform: one kernel call over every kept token (then
+        the per-group mask of ``entropy_mask``); returns the advantages and metrics."""
         flat = token_advantages_flat(
             self._kernel,
             episode,
@@ -433,7 +476,16 @@ class AdvantagePipeline:
             plan_index=t.plan_index,
             segment_sums=t.segment_sums,
         )
-        return _by_group(t.seg.split(flat), kept)
+        metrics: dict[str, float] = {}
+        if self._kernel == "entropy_mask" and self.surprisal_mask_rho > 0.0 and kept:
+            taus, fractions = surprisal_mask(
+                flat, t.h, _group_token_bounds(t.seg, kept), self.surprisal_mask_rho
+            )
+            metrics = {
+                "entropy_mask_threshold": float(np.mean(taus)),
+                "entropy_mask_fraction": float(np.mean(fractions)),
+            }
+        return _by_group(t.seg.split(flat), kept), metrics
 
     def _run_plugin(
         self, kept: list[TokenGroup], episode: np.ndarray, t: _Tokens, lam: float, step: int
@@ -455,6 +507,7 @@ class AdvantagePipeline:
                 hicra_alpha=self.hicra_alpha,
                 entropies_G_T=g.entropies_G_T,
                 uncertainty_kind=self.uncertainty_kind,
+                surprisal_mask_rho=self.surprisal_mask_rho,
             )
             if self._algorithm is not None:
                 kind, name, fn = "algorithm_mode", self.algorithm_mode, self._algorithm
@@ -516,6 +569,7 @@ def compute_token_advantages(
     step: int = 0,
     algorithm_mode: str | None = None,
     search_paths: Iterable[str] = (),
+    surprisal_mask_rho: float = 0.0,
 ) -> list[np.ndarray]:
     """Token advantages of one prompt group: one float64 array per completion.
 
@@ -536,6 +590,7 @@ def compute_token_advantages(
         transform_params=transform_params,
         skip_uninformative=False,
         search_paths=search_paths,
+        surprisal_mask_rho=surprisal_mask_rho,
     )
     group = TokenGroup(rewards_G, logprobs_G_T, planning_G_T, entropies_G_T)  # type: ignore[arg-type]
     out = pipeline([group], sepa_lambda=sepa_lambda, step=step).advantages[0]

@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 
 from retrain import registry
-from retrain.advantages.context import TransformOutput
-from retrain.advantages.uncertainty import positional_arity
+from retrain.advantages import adapt
 from retrain.errors import PluginError, RetrainError
 
 # The kept groups' rewards (one array per group) and the advantage params -> one
@@ -36,8 +35,21 @@ def builtin_entry(reg: registry.Registry, name: str) -> registry.Entry | None:
     return reg.entry(name)
 
 
+# How each kind's plugin objects become the one calling convention the pipeline uses
+# (specs, factories and the original API's context forms; see advantages.adapt).
+_ADAPTERS: dict[str, Callable[[str, Any], Callable]] = {
+    "transform_mode": adapt.as_transform,
+    "algorithm_mode": adapt.as_algorithm,
+    "advantage_mode": adapt.as_advantage,
+}
+
+
 def resolve_callable(reg: registry.Registry, name: str, search_paths: Iterable[str]) -> Callable:
-    fn = reg.resolve(name, search_paths)
+    """The plugin (dotted path or run-time registration) behind `name`, in its kind's
+    calling convention; PluginError when it is none of the accepted forms."""
+    obj = reg.resolve(name, search_paths)
+    adapter = _ADAPTERS.get(reg.kind)
+    fn = adapter(name, obj) if adapter is not None else obj
     if not callable(fn):
         raise PluginError(f"{reg.kind} plugin {name!r} is not callable")
     return fn
@@ -55,20 +67,19 @@ def episode_fn(name: str, search_paths: Iterable[str]) -> EpisodeFn:
             return np.asarray(grouped(np.concatenate(rewards), sizes, params), dtype=np.float64)
 
         return run_grouped
-    fn = resolve_callable(registry.ADVANTAGE_MODES, name, search_paths)
-    if entry is not None:
+    if entry is not None and not adapt.is_registered(entry):
+        fn = registry.ADVANTAGE_MODES.resolve(name)
 
         def run_builtin(rewards: list[np.ndarray], params: dict) -> np.ndarray:
             return np.concatenate([np.asarray(fn(r, params), dtype=np.float64) for r in rewards])
 
         return run_builtin
-    two_args = positional_arity(fn) >= 2
+    plugin = resolve_callable(registry.ADVANTAGE_MODES, name, search_paths)
 
     def run_plugin(rewards: list[np.ndarray], params: dict) -> np.ndarray:
         out = []
         for r in rewards:
-            args = (r.tolist(), params) if two_args else (r.tolist(),)
-            result = call_plugin("advantage_mode", name, fn, *args)
+            result = call_plugin("advantage_mode", name, plugin, r.tolist(), params)
             out.append(check_vector("advantage_mode", name, result, r.size))
         return np.concatenate(out)
 
@@ -110,9 +121,12 @@ def check_token_output(
     kind: str, name: str, out: Any, lengths: Sequence[int]
 ) -> tuple[list[np.ndarray], dict[str, float]]:
     """A transform or algorithm plugin's result: (one finite float64 array per completion,
-    of its length; the extra metrics as floats)."""
-    if isinstance(out, TransformOutput):
-        arrays, extra = out.token_advantages, dict(out.extra_metrics or {})
+    of its length; the extra metrics as floats). Accepted: a TransformOutput (or any
+    object with ``token_advantages`` or the original API's ``token_advs``, such as its
+    AlgorithmOutput / AdvantageResult, and optional ``extra_metrics``), or a list."""
+    arrays = getattr(out, "token_advantages", getattr(out, "token_advs", None))
+    if arrays is not None and not isinstance(out, list | tuple | dict):
+        extra = dict(getattr(out, "extra_metrics", None) or {})
     elif isinstance(out, list | tuple):
         arrays, extra = out, {}
     else:

@@ -12,6 +12,22 @@ Per completion i with episode advantage A_i, uncertainties h_t and planning mask
 - ``gtpo_sepa``: SEPA pools the execution tokens' uncertainty towards their mean,
   h'_t = lambda mean_exec(h) + (1 - lambda) h_t where plan_t = 0 (planning tokens keep
   h_t), then GTPO runs on h'.
+- ``gtpo_sepa_amp``: SEPA amplification, the opposite push: execution tokens move away
+  from their mean, h'_t = h_t + lambda (h_t - mean_exec(h)) = (1 + lambda) h_t -
+  lambda mean_exec(h) (planning tokens keep h_t), then GTPO on h'. Like pooling it keeps
+  each completion's sum of h, hence GTPO's mean; h' may be negative (GTPO's weight is
+  clipped at 0 anyway).
+- ``gtpo_sepa_amp_c``: the same with h'_t floored at 0 on execution tokens,
+  h'_t = max(0, (1 + lambda) h_t - lambda mean_exec(h)); the floor raises the
+  completion's mean, which GTPO then uses. lambda = 0 is plain GTPO for all three.
+- ``entropy_mask``: GTPO, then the surprisal mask (Yue et al.'s top-rho tokens) over
+  each prompt group, rho = ``[algorithm] surprisal_mask_rho``: with n the group's
+  token count and k = max(1, int(n rho)), the threshold tau is the k-th largest h of
+  the group (h before any SEPA change), tokens with h >= tau keep their advantage
+  (ties included, so more than k may stay) and the others get exactly 0. Logged per
+  step, averaged over groups: ``entropy_mask_threshold`` (tau; 0 for a group without
+  tokens) and ``entropy_mask_fraction`` (the share of the group's tokens zeroed).
+  rho = 0 disables the mask (plain GTPO, no metrics); rho = 1 keeps every token.
 
 The work is done by *flat kernels* that see every token of many completions at once,
 concatenated into one array and described by :class:`Segments` (each completion's start
@@ -38,7 +54,17 @@ from retrain.advantages.context import TransformContext, TransformOutput
 
 GTPO_MIN_MEAN = 1e-7
 _FILL_MIN_AVG_LENGTH = 64  # see Segments.repeat
-BUILTIN_TRANSFORMS = ("none", "gtpo", "gtpo_hicra", "gtpo_sepa")
+BUILTIN_TRANSFORMS = (
+    "none",
+    "gtpo",
+    "gtpo_hicra",
+    "gtpo_sepa",
+    "gtpo_sepa_amp",
+    "gtpo_sepa_amp_c",
+    "entropy_mask",
+)
+# The sign of lambda in the affine fold of each SEPA variant (see token_advantages_flat).
+_SEPA_SIGN = {"gtpo_sepa": 1.0, "gtpo_sepa_amp": -1.0}
 
 
 class Workspace:
@@ -201,12 +227,20 @@ def gtpo_weights(h: np.ndarray, seg: Segments, beta: float) -> np.ndarray:
     return w
 
 
+def _exec_means(h: np.ndarray, idx: np.ndarray, seg: Segments, sums: np.ndarray) -> np.ndarray:
+    """Mean h over the execution tokens of each completion (0 where there are none);
+    `idx` are the planning tokens' flat indices, `sums` the sum of h per completion."""
+    exec_count = seg.lengths - np.bincount(seg.segment_of(idx), minlength=seg.count)
+    return (sums - seg.sum_at(idx, h[idx])) / np.maximum(exec_count, 1)
+
+
 def _sepa_gtpo_weights(
     h: np.ndarray, idx: np.ndarray, seg: Segments, sums: np.ndarray, beta: float, lam: float
 ) -> np.ndarray:
-    """GTPO weights after SEPA pooling with strength `lam` (0: plain GTPO), in a reused
-    buffer; `idx` are the planning tokens' flat indices, `sums` the sum of h per
-    completion. See :func:`token_advantages_flat` for how pooling folds into the weight."""
+    """GTPO weights after SEPA pooling with strength `lam` (0: plain GTPO; a negative
+    `lam` is amplification by -lam), in a reused buffer; `idx` are the planning tokens'
+    flat indices, `sums` the sum of h per completion. See :func:`token_advantages_flat`
+    for how pooling folds into the weight."""
     slope, intercept, uniform = _gtpo_coefficients(seg, beta, sums)
     w = Workspace.get("weights", seg.total)
     if lam == 0.0:
@@ -214,18 +248,31 @@ def _sepa_gtpo_weights(
         w *= h
         w += intercept
     else:
-        plan_h = h[idx]
-        plan_seg = seg.segment_of(idx)
-        exec_count = seg.lengths - np.bincount(plan_seg, minlength=seg.count)
-        exec_mean = (sums - seg.sum_at(idx, plan_h)) / np.maximum(exec_count, 1)
+        exec_mean = _exec_means(h, idx, seg, sums)
         seg.repeat(slope * (1.0 - lam), out=w)
         w *= h
         w += seg.repeat(slope * lam * exec_mean + intercept, out=Workspace.get("shift", seg.total))
-        w[idx] = slope[plan_seg] * plan_h + intercept
+        w[idx] = slope[seg.segment_of(idx)] * h[idx] + intercept
     np.maximum(w, 0.0, out=w)
     if uniform.any():
         _fix_uniform(w, seg, uniform, np.ones(seg.count))
     return w
+
+
+def _amp_clamped_gtpo_weights(
+    h: np.ndarray, idx: np.ndarray, seg: Segments, sums: np.ndarray, beta: float, lam: float
+) -> np.ndarray:
+    """GTPO weights on h' = max(0, (1 + lam) h - lam mean_exec(h)) for execution tokens
+    (planning tokens keep h). The floor changes each completion's sum, so h' is built
+    (in a reused buffer) and GTPO then runs on it with its own sums."""
+    if lam == 0.0:
+        return _sepa_gtpo_weights(h, idx, seg, sums, beta, 0.0)
+    shifted = Workspace.get("amp", seg.total)
+    seg.repeat(lam * _exec_means(h, idx, seg, sums), out=shifted)
+    np.subtract((1.0 + lam) * h, shifted, out=shifted)
+    np.maximum(shifted, 0.0, out=shifted)
+    shifted[idx] = h[idx]
+    return _sepa_gtpo_weights(shifted, idx, seg, seg.sum(shifted), beta, 0.0)
 
 
 def token_advantages_flat(
@@ -255,12 +302,17 @@ def token_advantages_flat(
     w = slope_i (lambda mu_i + (1 - lambda) h_t) + 1 - beta
       = slope_i (1 - lambda) h_t + (slope_i lambda mu_i + 1 - beta),
     which is still affine in h_t; planning tokens keep slope_i h_t + 1 - beta.
+    Amplification, (1 + lambda) h_t - lambda mu_i, is the same formula with -lambda.
+    The floored amplification (``gtpo_sepa_amp_c``) changes the sums, so it is built.
+    ``entropy_mask`` is GTPO here: its mask needs the group boundaries, see
+    :func:`surprisal_mask`.
     """
     if mode not in BUILTIN_TRANSFORMS:
         raise ValueError(f"unknown built-in transform {mode!r}; valid: {BUILTIN_TRANSFORMS}")
     adv_C = np.asarray(episode_advantages_C, dtype=np.float64)
     beta = _check_finite("gtpo_beta", gtpo_beta)
-    lam = check_sepa_lambda(sepa_lambda) if mode == "gtpo_sepa" else 0.0
+    sepa = mode in ("gtpo_sepa", "gtpo_sepa_amp", "gtpo_sepa_amp_c")
+    lam = check_sepa_lambda(sepa_lambda) if sepa else 0.0
     if mode == "none" or beta == 0.0 or seg.total == 0:
         out = seg.repeat(adv_C)
     else:
@@ -268,7 +320,10 @@ def token_advantages_flat(
         sums = seg.sum(h) if segment_sums is None else segment_sums
         idx = _plan_index(planning_T, plan_index)
         out = seg.repeat(adv_C)  # a new array: this becomes the result
-        out *= _sepa_gtpo_weights(h, idx, seg, sums, beta, lam)
+        if mode == "gtpo_sepa_amp_c":
+            out *= _amp_clamped_gtpo_weights(h, idx, seg, sums, beta, lam)
+        else:
+            out *= _sepa_gtpo_weights(h, idx, seg, sums, beta, _SEPA_SIGN.get(mode, 0.0) * lam)
     if mode == "gtpo_hicra":
         alpha = check_hicra_alpha(hicra_alpha)
         idx = _plan_index(planning_T, plan_index)
@@ -276,6 +331,40 @@ def token_advantages_flat(
             a = out[idx]
             out[idx] = a + alpha * np.abs(a)
     return out
+
+
+def check_mask_rho(rho: float) -> float:
+    value = _check_finite("surprisal_mask_rho", rho)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"surprisal_mask_rho must be in [0, 1], got {value}")
+    return value
+
+
+def surprisal_mask(
+    advantages_T: np.ndarray, uncertainties_T: np.ndarray, bounds: Sequence[int], rho: float
+) -> tuple[list[float], list[float]]:
+    """Zero, in place, the advantage of every token below its group's top-rho threshold.
+
+    Group j holds the flat tokens ``bounds[j]:bounds[j + 1]``. For a group of n tokens,
+    k = max(1, int(n rho)) and tau = the k-th largest h; tokens with h < tau get 0.
+    Returns (tau per group, masked fraction per group); a group without tokens reports
+    tau = 0 and fraction 0. rho = 0 changes nothing (and should not be called)."""
+    rho = check_mask_rho(rho)
+    thresholds, fractions = [], []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        n = end - start
+        if n == 0:
+            thresholds.append(0.0)
+            fractions.append(0.0)
+            continue
+        h = uncertainties_T[start:end]
+        k = min(n, max(1, int(n * rho)))
+        tau = float(np.partition(h, n - k)[n - k])
+        below = h < tau
+        advantages_T[start:end][below] = 0.0
+        thresholds.append(tau)
+        fractions.append(float(np.count_nonzero(below)) / n)
+    return thresholds, fractions
 
 
 def _run_on_context(mode: str, ctx: TransformContext) -> TransformOutput:
@@ -294,7 +383,11 @@ def _run_on_context(mode: str, ctx: TransformContext) -> TransformOutput:
         hicra_alpha=ctx.hicra_alpha,
         sepa_lambda=ctx.sepa_lambda,
     )
-    return TransformOutput(seg.split(flat))
+    metrics: dict[str, float] = {}
+    if mode == "entropy_mask" and ctx.surprisal_mask_rho > 0.0:
+        (tau,), (fraction,) = surprisal_mask(flat, h, [0, seg.total], ctx.surprisal_mask_rho)
+        metrics = {"entropy_mask_threshold": tau, "entropy_mask_fraction": fraction}
+    return TransformOutput(seg.split(flat), metrics)
 
 
 def transform_none(ctx: TransformContext) -> TransformOutput:
@@ -315,3 +408,19 @@ def transform_gtpo_hicra(ctx: TransformContext) -> TransformOutput:
 def transform_gtpo_sepa(ctx: TransformContext) -> TransformOutput:
     """SEPA pooling of execution-token uncertainty, then GTPO."""
     return _run_on_context("gtpo_sepa", ctx)
+
+
+def transform_gtpo_sepa_amp(ctx: TransformContext) -> TransformOutput:
+    """SEPA amplification h' = h + lambda (h - mean_exec) on execution tokens, then GTPO."""
+    return _run_on_context("gtpo_sepa_amp", ctx)
+
+
+def transform_gtpo_sepa_amp_c(ctx: TransformContext) -> TransformOutput:
+    """SEPA amplification floored at 0, h' = max(0, h + lambda (h - mean_exec)), then GTPO."""
+    return _run_on_context("gtpo_sepa_amp_c", ctx)
+
+
+def transform_entropy_mask(ctx: TransformContext) -> TransformOutput:
+    """GTPO, then every token below the group's top-rho uncertainty threshold zeroed
+    (rho = ``ctx.surprisal_mask_rho``)."""
+    return _run_on_context("entropy_mask", ctx)

@@ -13,6 +13,14 @@ completions: ``fn(logprobs_T, entropies_T=None) -> h_T`` (float64, same length).
   :class:`UncertaintyUnavailableError`; there is never a silent fallback.
 - a dotted path ``pkg.mod.fn``: ``fn(logprobs)`` or ``fn(logprobs, entropies)``; its
   output is checked (length, finiteness) and a malformed one is a PluginError.
+- the original API's forms (a dotted path to an ``UncertaintySpec``, a zero-argument
+  factory, or ``fn(ctx)`` with a first parameter named ``ctx``/``context``; or a name
+  given to ``register_uncertainty_kind``): ``compute(ctx: UncertaintyContext)`` is
+  called once per completion (see :class:`retrain.advantages.adapt.ContextUncertainty`).
+
+Aliases: ``token_surprisal``, ``neg_logprob``, ``negative_logprob``, ``nll`` name
+``surprisal``; ``shannon``, ``entropy``, ``token_entropy`` name ``shannon_entropy``;
+``pred_var``, ``bernoulli_variance`` name ``predictive_variance``.
 
 Names are resolved through ``retrain.registry.UNCERTAINTY_KINDS``, the same registry
 that config validation and ``retrain plugins`` use.
@@ -80,7 +88,8 @@ def shannon_entropy(
 
 
 def requires_entropies(kind: str) -> bool:
-    """True when `kind` can only be computed from backend-supplied entropies."""
+    """True when `kind` can only be computed from backend-supplied entropies (a plugin
+    may ask for them too: see ``AdvantagePipeline.needs_entropies``)."""
     from retrain.registry import UNCERTAINTY_KINDS
 
     return UNCERTAINTY_KINDS.canonical(kind) == "shannon_entropy"
@@ -104,17 +113,21 @@ def positional_arity(fn: Callable) -> int:
 def resolve_uncertainty(kind: str, search_paths: Iterable[str] = ()) -> UncertaintyFn:
     """The function behind an uncertainty kind: a built-in name or alias, or a dotted path.
 
-    The returned callable always has the signature ``(logprobs_T, entropies_T) -> h_T``
-    (built-ins also take ``out=``). A plugin's output is validated, and problems raise
-    PluginError naming the plugin.
+    The returned callable has the signature ``(logprobs_T, entropies_T) -> h_T``
+    (built-ins also take ``out=``), except for the original API's per-completion forms,
+    returned as a ``ContextUncertainty``. A plugin's output is validated, and problems
+    raise PluginError naming the plugin.
     """
+    from retrain.advantages import adapt
     from retrain.registry import UNCERTAINTY_KINDS
 
-    fn = UNCERTAINTY_KINDS.resolve(kind, search_paths)
-    if UNCERTAINTY_KINDS.is_builtin(kind):
-        return fn
-    if not callable(fn):
-        raise PluginError(f"uncertainty_kind plugin {kind!r} is not callable")
+    obj = UNCERTAINTY_KINDS.resolve(kind, search_paths)
+    entry = UNCERTAINTY_KINDS.entry(kind)
+    if entry is not None and not adapt.is_registered(entry):
+        return obj
+    fn = adapt.as_uncertainty(kind, obj, context_style=entry is not None)
+    if isinstance(fn, adapt.ContextUncertainty):
+        return fn  # type: ignore[return-value]  # called per completion by the pipeline
     arity = positional_arity(fn)
 
     def plugin(logprobs_T: np.ndarray, entropies_T: np.ndarray | None = None) -> np.ndarray:

@@ -605,7 +605,7 @@ class TinkerBackend:
                 seed=seed,
                 stop=list(self.eos_ids),
                 top_k=-1,
-                top_p=1.0,
+                top_p=params.top_p,
             )
 
         inputs = [tinker.ModelInput.from_ints(list(p)) for p in prompts_B]

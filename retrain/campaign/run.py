@@ -38,15 +38,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from retrain.campaign.conditions import campaign_conditions, condition_from_manifest
 from retrain.campaign.expand import (
     RunSpec,
     campaign_dir_name,
     campaign_root,
     check_runs,
-    condition_label,
-    condition_pairs,
     expand_campaign,
-    expand_pairs,
+    expand_entries,
     uses_throttle,
 )
 from retrain.config.schema import Config
@@ -274,7 +273,8 @@ class Campaign:
     def child_env(self) -> dict[str, str]:
         env = {"PYTHONUNBUFFERED": "1", **secret_env(self.config)}
         if uses_throttle(self.config):
-            env[ENV_DIR] = self.runs[0].config.backend.throttle_dir
+            dirs = [r.config.backend.throttle_dir for r in self.runs]
+            env[ENV_DIR] = next((d for d in dirs if d), "")
             env[ENV_MAX] = str(self.config.backend.max_concurrent)
         return env
 
@@ -675,7 +675,6 @@ def _new_manifest(config: Config, campaign_dir: Path, runs: list[RunSpec], confi
     import tomllib
 
     assert config.campaign is not None
-    pairs = condition_pairs(config)
     return {
         "version": MANIFEST_VERSION,
         "campaign_dir": str(campaign_dir),
@@ -684,7 +683,7 @@ def _new_manifest(config: Config, campaign_dir: Path, runs: list[RunSpec], confi
         "updated_at": time.time(),
         "status": PENDING,
         "base_config": tomllib.loads(config_to_toml(config)),
-        "conditions": [condition_label(a, t) for a, t in pairs],
+        "conditions": [c.label for c in campaign_conditions(config)],
         "seeds": list(config.campaign.seeds),
         "max_steps": config.campaign.max_steps,
         "executor": None,
@@ -698,6 +697,7 @@ def _new_entry(run: RunSpec) -> dict[str, Any]:
         "condition": run.condition,
         "advantage_mode": run.advantage_mode,
         "transform_mode": run.transform_mode,
+        "overrides": dict(run.overrides),
         "seed": run.seed,
         "log_dir": run.log_dir,
         "adapter_path": run.adapter_path,
@@ -747,6 +747,22 @@ def load_manifest(campaign_dir: str | Path) -> dict[str, Any]:
     return data
 
 
+def _manifest_entries(manifest: dict[str, Any], campaign_dir: Path) -> list:
+    """(condition, seed) of every run a manifest lists; a CampaignError names a bad entry."""
+    entries = []
+    for e in manifest["runs"]:
+        where = f"{campaign_dir / MANIFEST}: run entry {e.get('name', e)!r}"
+        try:
+            seed = int(e["seed"])
+            condition = condition_from_manifest(e)
+        except (KeyError, TypeError, ValueError) as exc:
+            problems = exc.problems if isinstance(exc, ConfigError) else []
+            why = "; ".join(problems) or "lacks advantage_mode/transform_mode/seed"
+            raise CampaignError(f"{where}: {why}") from None
+        entries.append((condition, seed))
+    return entries
+
+
 def run_campaign(
     config: Config, config_path: str | None = None, *, out: Callable[[str], Any] = print
 ) -> int:
@@ -765,15 +781,8 @@ def run_campaign(
     if resume_dir:
         campaign_dir = Path(resume_dir)
         manifest = load_manifest(campaign_dir)
-        entries = []
-        for e in manifest["runs"]:
-            try:
-                entries.append((str(e["advantage_mode"]), str(e["transform_mode"]), int(e["seed"])))
-            except (KeyError, TypeError, ValueError):
-                raise CampaignError(
-                    f"{campaign_dir / MANIFEST}: run entry {e.get('name', e)!r} lacks advantage_mode/transform_mode/seed"
-                ) from None
-        runs = expand_pairs(config, entries, campaign_dir)
+        entries = _manifest_entries(manifest, campaign_dir)
+        runs = expand_entries(config, entries, campaign_dir)
         wanted = {r.name for r in expand_campaign(config, campaign_dir)}
         if wanted != {r.name for r in runs}:
             out(

@@ -10,8 +10,15 @@ import argparse
 import json
 from typing import Any
 
+from retrain import registry
 from retrain.backends.base import BackendInfo, backend_info
-from retrain.campaign.expand import condition_label, condition_pairs
+from retrain.campaign.expand import (
+    Condition,
+    RunSpec,
+    campaign_conditions,
+    check_runs,
+    expand_run,
+)
 from retrain.cli.run import is_standalone_squeeze, split_path
 from retrain.config import Config, load_config, load_dotenv
 from retrain.config.validate import flow_problems, static_token_varying
@@ -19,13 +26,14 @@ from retrain.errors import ConfigError, PluginError
 from retrain.types import BackendCapabilities
 
 
-def campaign_conditions(config: Config) -> list[str]:
-    return [condition_label(a, t) for a, t in condition_pairs(config)]
-
-
 def uses_sepa(config: Config) -> bool:
+    """Whether the flow's transform reads the SEPA lambda (gtpo_sepa and its amp forms)."""
     algo = config.algorithm
-    return (algo.algorithm_mode or algo.transform_mode).endswith("sepa")
+    alias = registry.ALGORITHM_MODES.entry(algo.algorithm_mode) if algo.algorithm_mode else None
+    transform = (
+        alias.alias_of[1] if alias is not None else algo.algorithm_mode or algo.transform_mode
+    )
+    return "sepa" in transform
 
 
 def sepa_summary(config: Config) -> str:
@@ -151,25 +159,54 @@ def _checkpoints(config: Config, info: BackendInfo, max_steps: int) -> dict[str,
     }
 
 
-def _campaign_report(config: Config) -> dict[str, Any]:
+def _condition_report(cond: Condition, runs: list[RunSpec]) -> dict[str, Any]:
+    """One condition of the matrix: its label, modes, overrides (the field each sets and
+    the value its runs get) and its runs."""
+    cfg = runs[0].config
+    return {
+        "label": cond.label,
+        "advantage_mode": cond.advantage_mode,
+        "transform_mode": cond.transform_mode,
+        "overrides": [
+            {
+                "key": o.key,
+                "field": o.spec.label,
+                "value": getattr(getattr(cfg, o.spec.table), o.spec.attr),
+            }
+            for o in sorted(cond.overrides, key=lambda o: o.key)
+        ],
+        "max_steps": cfg.training.max_steps,
+        "runs": [r.name for r in runs],
+    }
+
+
+def _campaign_report(config: Config, errors: list[str]) -> dict[str, Any]:
+    """The matrix; each condition's first run is checked the way the campaign checks
+    every run before it starts (its problems go to `errors`)."""
     camp = config.campaign
-    conds = campaign_conditions(config)
     seeds = list(camp.seeds)
-    runs = len(conds) * len(seeds)
+    matrix = [
+        (cond, [expand_run(config, cond, seed, "CAMPAIGN_DIR") for seed in seeds])
+        for cond in campaign_conditions(config)
+    ]
+    conds = [_condition_report(cond, runs) for cond, runs in matrix if runs]
+    n_runs = len(matrix) * len(seeds)
     if camp.executor == "ray":
         executor = "ray"
     else:
         executor = "parallel" if camp.parallel else "sequential"
+    errors += check_runs(runs[0] for _, runs in matrix if runs)
     return {
-        "conditions": conds,
+        "conditions": [cond.label for cond, _ in matrix],
+        "condition_details": conds,
         "seeds": seeds,
-        "runs": runs,
+        "runs": n_runs,
         "max_steps_per_run": camp.max_steps,
-        "total_steps": runs * camp.max_steps,
+        "total_steps": sum(c["max_steps"] * len(seeds) for c in conds),
         "executor": executor,
-        "max_workers": (camp.max_workers or runs) if camp.parallel else 1,
+        "max_workers": (camp.max_workers or n_runs) if camp.parallel else 1,
         "auto_squeeze": config.squeeze is not None,
-        "matrix": [f"{c}_s{s}" for c in conds for s in seeds],
+        "matrix": [name for c in conds for name in c["runs"]],
     }
 
 
@@ -217,7 +254,7 @@ def build_report(config: Config, path: str) -> dict[str, Any]:
         "wandb": config.logging.wandb_project or None,
     }
     if config.campaign is not None:
-        report["campaign"] = _campaign_report(config)
+        report["campaign"] = _campaign_report(config, errors)
         report["total_steps"] = report["campaign"]["total_steps"]
     report["warnings"] = _advice(config)
     report["errors"] = errors
@@ -266,11 +303,11 @@ def render(report: dict[str, Any]) -> str:
     if camp:
         lines += [
             "",
-            f"Campaign:    {len(camp['conditions'])} conditions x {len(camp['seeds'])} seeds = {camp['runs']} runs x {camp['max_steps_per_run']} steps = {camp['total_steps']:,} steps ({camp['executor']}"
+            f"Campaign:    {len(camp['conditions'])} conditions x {len(camp['seeds'])} seeds = {camp['runs']} runs x {_steps_per_run(camp)} = {camp['total_steps']:,} steps ({camp['executor']}"
             + (f", {camp['max_workers']} workers)" if camp["executor"] != "sequential" else ")"),
             f"Seeds:       {', '.join(map(str, camp['seeds']))}",
         ]
-        lines += [f"  - {c}" for c in camp["conditions"]]
+        lines += _render_conditions(camp)
         if camp["auto_squeeze"]:
             lines.append(
                 "Auto-squeeze: the first run's final adapter is analysed; the recommendation goes into manifest.json"
@@ -280,6 +317,27 @@ def render(report: dict[str, Any]) -> str:
     for e in report["errors"]:
         lines.append(f"ERROR: {e}")
     return "\n".join(lines)
+
+
+def _steps_per_run(camp: dict[str, Any]) -> str:
+    steps = camp["max_steps_per_run"]
+    differ = any(c["max_steps"] != steps for c in camp.get("condition_details", []))
+    return f"{steps} steps" + (" (some conditions set their own)" if differ else "")
+
+
+def _render_conditions(camp: dict[str, Any]) -> list[str]:
+    """Each condition of the matrix, its overrides, and its runs' directories."""
+    lines = []
+    for c in camp.get("condition_details", []):
+        lines.append(f"  - {c['label']}")
+        lines += [f"      {o['field']} = {json.dumps(o['value'])}" for o in c["overrides"]]
+        if c["max_steps"] != camp["max_steps_per_run"]:
+            lines.append(f"      {c['max_steps']} steps per run")
+        names = c["runs"]
+        if names:
+            seeds = ", ".join(n.rsplit("_s", 1)[1] for n in names)
+            lines.append(f"      runs/{names[0].rsplit('_s', 1)[0]}_s{{{seeds}}}")
+    return lines
 
 
 def main(argv: list[str]) -> int:

@@ -22,6 +22,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "backends": ("retrain.cli.backends:main", "backends, capabilities and options"),
     "plugins": ("retrain.cli.plugins:main", "built-in and discovered plugins"),
     "init-plugin": ("retrain.cli.init_plugin:main", "scaffold a plugin (+ test)"),
+    "migrate-config": (
+        "retrain.cli.migrate_config:main",
+        "update a config of the original retrain (renamed and unsupported keys)",
+    ),
 }
 
 USAGE = """\
@@ -37,7 +41,9 @@ commands:
 
 Every config key can be overridden: --{{table}}-{{key}} VALUE (e.g. --training-lr 1e-4),
 or the short form --{{key}} when it is unambiguous (e.g. --lr 1e-4, --seed 42,
---resume LOGDIR). `retrain --help-flags` lists them all.
+--resume LOGDIR); the original retrain's flag names work too (--bp-enabled true,
+--optim-beta1 0.9, --backend-opt KEY=VALUE). Without ./retrain.toml, flags alone run
+on the built-in defaults. `retrain --help-flags` lists them all.
 
   retrain init --template quickstart && retrain     a first run on CPU
   retrain explain                                   what the config would do
@@ -53,6 +59,7 @@ def usage() -> str:
 
 
 def flags_help() -> str:
+    from retrain.config.compat import PARAM_FLAGS
     from retrain.config.load import iter_flag_help
 
     lines = ["Config flags (defaults < TOML < flags); values are checked like TOML values:", ""]
@@ -64,6 +71,9 @@ def flags_help() -> str:
         default = repr(spec.default) if spec.type == "str" else str(spec.default)
         lines.append(f"  {names}  ({spec.type}, default {default})")
         lines.append(f"      {spec.help}")
+    lines += ["", "Repeatable KEY=VALUE flags (VALUE read like a TOML value):"]
+    for flag, (table, key) in PARAM_FLAGS.items():
+        lines.append(f"  {flag} KEY=VALUE  adds KEY to [{table}.{key}]")
     return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain import registry
+from retrain.config import compat
 from retrain.config.schema import OPTIONAL_TABLES, TABLES, Config, FieldSpec, table_fields
 from retrain.config.validate import cross_checks
 from retrain.errors import ConfigError
@@ -138,10 +139,17 @@ class _Origin:
     source: str | None = None
     lines: dict[tuple[str, str], int] | None = None
     flags: dict[tuple[str, str], str] | None = None
+    # (table, key here) -> (table, key as written) for the original's renamed keys
+    renamed: dict[tuple[str, str], tuple[str, str]] | None = None
 
     def of(self, table: str, key: str = "") -> str:
         if self.flags and (table, key) in self.flags:
             return f" (from {self.flags[(table, key)]})"
+        if self.renamed and (table, key) in self.renamed:
+            old = self.renamed[(table, key)]
+            line = self.lines.get(old) if self.lines else None
+            where = f"{self.source}:{line}, " if self.source and line else ""
+            return f" ({where}written as {old[1]})"
         if self.source and self.lines is not None:
             line = self.lines.get((table, key)) or self.lines.get((table, ""))
             return f" ({self.source}:{line})" if line else f" ({self.source})"
@@ -166,7 +174,7 @@ def _describe(value: Any) -> str:
     return f"{kind} {shown}"
 
 
-def _coerce(spec: FieldSpec, value: Any) -> tuple[Any, str | None]:
+def coerce_value(spec: FieldSpec, value: Any) -> tuple[Any, str | None]:
     """Type-check a raw TOML value for `spec`; returns (value, error)."""
     t = spec.type
     if t == "bool":
@@ -220,7 +228,7 @@ def _coerce(spec: FieldSpec, value: Any) -> tuple[Any, str | None]:
     return value, None
 
 
-def _range_and_choice(spec: FieldSpec, value: Any) -> str | None:
+def check_range_and_choice(spec: FieldSpec, value: Any) -> str | None:
     meta = spec.meta
     if meta["gt"] is not None and not value > meta["gt"]:
         return f"must be > {meta['gt']}, got {value!r}"
@@ -257,7 +265,8 @@ def _unknown_key_message(table: str, key: str) -> str:
 def build_config(raw: Mapping[str, Any], origin: _Origin | None = None) -> Config:
     """Validate a raw TOML-shaped mapping into a Config, reporting every problem."""
     origin = origin or _Origin()
-    problems: list[str] = []
+    raw, found, origin.renamed = compat.normalize(raw)
+    problems = [f"{_label(p.table, p.key)}{origin.of(p.table, p.key)}: {p.message}" for p in found]
     tables: dict[str, Any] = {}
     for name, value in raw.items():
         if name not in TABLES:
@@ -282,9 +291,9 @@ def build_config(raw: Mapping[str, Any], origin: _Origin | None = None) -> Confi
             if spec is None:
                 problems.append(f"{label}{origin.of(name, key)}: {_unknown_key_message(name, key)}")
                 continue
-            val, error = _coerce(spec, val)
+            val, error = coerce_value(spec, val)
             if error is None:
-                error = _range_and_choice(spec, val)
+                error = check_range_and_choice(spec, val)
             if error:
                 fix = spec.meta["fix"]
                 problems.append(
@@ -303,6 +312,10 @@ def build_config(raw: Mapping[str, Any], origin: _Origin | None = None) -> Confi
     if problems:
         raise ConfigError(problems, source=origin.source)
     return config
+
+
+def _label(table: str, key: str) -> str:
+    return f"[{table}] {key}" if key else f"[{table}]"
 
 
 def _split(label: str) -> tuple[str, str]:
@@ -337,11 +350,59 @@ def flag_table() -> dict[str, FieldSpec]:
             flags.setdefault(f"--{_kebab(key)}", chosen)
     for alias, (table, key) in _ALIASES.items():
         flags[alias] = next(s for s in table_fields(table) if s.key == key)
+    for alias, (table, key) in compat.alias_flags().items():  # the original's flag names
+        flags.setdefault(alias, next(s for s in table_fields(table) if s.key == key))
     return flags
+
+
+class _DictPatch(dict):
+    """Entries that repeatable `--flag key=value` flags add to a table-valued key: merged
+    into the TOML's table rather than replacing it."""
+
+
+_BOOL_WORDS = {"true": True, "yes": True, "1": True, "on": True}
+_BOOL_WORDS |= {"false": False, "no": False, "0": False, "off": False}
+
+
+def param_value(text: str) -> Any:
+    """The value of a `--backend-opt key=value`-style flag, read like a TOML value
+    (`2`, `0.5`, `true`, `"x"`, `[1, 2]`, `{a = 1}`) or JSON; otherwise the text itself."""
+    text = text.strip()
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        pass
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _add_param(overlay: dict[str, dict[str, Any]], flag: str, text: str) -> str | None:
+    """Add one `key=value` of a repeatable param flag to the overlay; the problem or None."""
+    key, eq, value = text.partition("=")
+    table, field = compat.PARAM_FLAGS[flag]
+    if not eq or not key.strip():
+        return f"flag {flag} takes key=value (e.g. {flag} alpha=0.2), got {text!r}"
+    patch = overlay.setdefault(table, {}).setdefault(field, _DictPatch())
+    if not isinstance(patch, _DictPatch):  # the whole table was also given as a flag
+        patch = overlay[table][field] = _DictPatch(patch)
+    patch[key.strip()] = param_value(value)
+    return None
+
+
+def _unknown_flag(name: str, flags: Mapping[str, FieldSpec]) -> str:
+    later = compat.later_flag(name)
+    if later is not None:
+        return f"flag {name} ({later.label}) is {later.message()}"
+    known = [*flags, *compat.PARAM_FLAGS]
+    return f"unknown flag {name}{registry.suggest(name, known)}; run `retrain --help-flags` for the list"
 
 
 def _parse_cli_value(spec: FieldSpec, text: str) -> Any:
     """Turn a flag's text into the value TOML would give, so it is type-checked alike."""
+    if spec.type == "bool" and text.strip().lower() in _BOOL_WORDS:  # the original's 1/yes too
+        return _BOOL_WORDS[text.strip().lower()]
     if spec.type == "str" or (spec.type == "any" and not text.lstrip().startswith("{")):
         return text
     try:
@@ -382,30 +443,49 @@ def parse_overrides(
             continue
         name, eq, value = token.partition("=")
         spec = flags.get(name)
-        if spec is None:
-            problems.append(
-                f"unknown flag {name}{registry.suggest(name, flags)}; run `retrain --help` for the list"
-            )
+        if spec is None and name not in compat.PARAM_FLAGS:
+            problems.append(_unknown_flag(name, flags))
             if not eq and i < len(argv) and not argv[i].startswith("--"):
                 i += 1
             continue
         if not eq:
             if i >= len(argv):
-                problems.append(f"flag {name} needs a value ({spec.label}, {spec.type})")
+                what = f"{spec.label}, {spec.type}" if spec else "key=value"
+                problems.append(f"flag {name} needs a value ({what})")
                 continue
             value = argv[i]
             i += 1
+        if spec is None:  # a repeatable --backend-opt / --*-param key=value
+            problem = _add_param(overlay, name, value)
+            if problem:
+                problems.append(problem)
+            origins[compat.PARAM_FLAGS[name]] = name
+            continue
         overlay.setdefault(spec.table, {})[spec.key] = _parse_cli_value(spec, value)
         origins[(spec.table, spec.key)] = name
     return overlay, origins, problems
 
 
 def _merge(base: dict[str, Any], overlay: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """`base` (the TOML) with the flags' values on top. A flag wins over the key the
+    original spelled differently (`--surprisal-mask-rho` over `entropy_mask_rho`), and
+    `--backend-opt`-style entries are added to the TOML's table."""
     merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
     for table, values in overlay.items():
         target = merged.setdefault(table, {})
-        if isinstance(target, dict):
-            target.update(values)
+        if not isinstance(target, dict):
+            continue
+        for key, value in values.items():
+            for (t, old), new in compat.RENAMED.items():
+                if t == table and new.key == key and old in target:
+                    written = target.pop(old)
+                    if isinstance(written, dict) and isinstance(target.get(key, {}), dict):
+                        target[key] = {**written, **target.get(key, {})}
+            current = target.get(key)
+            if isinstance(value, _DictPatch) and isinstance(current, dict):
+                target[key] = {**current, **value}
+            else:
+                target[key] = dict(value) if isinstance(value, _DictPatch) else value
     return merged
 
 
@@ -436,10 +516,13 @@ def load_config(
 ) -> Config:
     """Load and validate a Config.
 
-    `path`: the TOML file (default ./retrain.toml). `overrides`: CLI-style tokens
+    `path`: the TOML file; None means ./retrain.toml when it exists, else the schema
+    defaults alone (as the original did). `overrides`: CLI-style tokens
     (`["--lr", "1e-4", "--seed=3"]`) or a mapping of dotted keys
     (`{"training.lr": 1e-4}`). Raises ConfigError listing every problem.
     """
+    if path is None and not Path(DEFAULT_CONFIG).is_file():
+        return config_from_dict({}, overrides)
     source = str(path if path is not None else DEFAULT_CONFIG)
     raw, text = read_toml(source)
     overlay, flag_origins, problems = _overrides_to_overlay(overrides)

@@ -11,8 +11,6 @@ import re
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from retrain import registry
-
 Check = Any  # callable(value) -> error text or None
 
 
@@ -99,23 +97,12 @@ def _few_shot(value: list) -> str | None:
 
 
 def _conditions(value: list) -> str | None:
-    for i, item in enumerate(value):
-        if not isinstance(item, dict):
-            return f"entry {i} must be a table with advantage_mode and transform_mode"
-        unknown = set(item) - {"advantage_mode", "transform_mode"}
-        if unknown:
-            return f"entry {i} has unknown key(s) {sorted(unknown)}; valid: advantage_mode, transform_mode"
-        for key, reg in (
-            ("advantage_mode", registry.ADVANTAGE_MODES),
-            ("transform_mode", registry.TRANSFORM_MODES),
-        ):
-            name = item.get(key)
-            if not isinstance(name, str):
-                return f"entry {i} needs a string {key}"
-            problem = reg.check(name)
-            if problem:
-                return f"entry {i}: {problem}"
-    return None
+    """Each entry: advantage_mode + transform_mode, plus run keys it overrides, checked
+    like the same keys at the top level (retrain/campaign/conditions.py)."""
+    from retrain.campaign.conditions import conditions_problems  # uses the loader
+
+    problems = conditions_problems(value)
+    return "; ".join(problems) if problems else None
 
 
 @dataclass
@@ -182,6 +169,13 @@ class AlgorithmConfig:
         "Per-token uncertainty: surprisal, predictive_variance, shannon_entropy, or a dotted path",
         registry_name="uncertainty_kind",
     )
+    surprisal_mask_rho: float = opt(
+        0.0,
+        'Surprisal mask of transform_mode = "entropy_mask" (Yue et al.): in each prompt group only the '
+        "top rho fraction of tokens by uncertainty keep their advantage. 0 = off. Alias: entropy_mask_rho",
+        ge=0.0,
+        le=1.0,
+    )
     advantage_params: dict = opt(
         {}, "Parameters passed to a dotted-path advantage_mode ([algorithm.advantage_params])"
     )
@@ -203,6 +197,13 @@ class TrainingConfig:
     )
     max_tokens: int = opt(2048, "Max new tokens per completion", ge=1)
     temperature: float = opt(0.7, "Sampling temperature", gt=0.0)
+    top_p: float = opt(
+        0.95,
+        "Nucleus sampling: sample from the smallest set of tokens whose probability reaches top_p "
+        "(the sampler logprob is that of the truncated distribution). 1 = off",
+        gt=0.0,
+        le=1.0,
+    )
     lr: float = opt(4e-5, "Learning rate", gt=0.0, fix="use a positive learning rate such as 4e-5")
     weight_decay: float = opt(0.0, "AdamW weight decay", ge=0.0)
     max_examples: int = opt(0, "Limit dataset size. 0 = use all", ge=0)
@@ -258,7 +259,9 @@ class DataConfig:
         "", "System message for the chat template. Empty = the model template's default"
     )
     instruction: str = opt(
-        "Put your final answer in \\boxed{}.", "Appended to every question. Empty = none"
+        "auto",
+        "Appended to every question. auto = none for source math (the problem alone, as the "
+        "original retrain sent it), the boxed-answer line otherwise; empty = none",
     )
     few_shot: list = opt(
         [],
@@ -367,6 +370,10 @@ class RewardConfig:
     timeout: float = opt(5.0, "Seconds allowed per verification or judge request", gt=0.0)
     max_concurrency: int = opt(8, "Concurrent judge requests", ge=1)
     max_retries: int = opt(4, "Judge retries on 429/5xx/timeouts", ge=0)
+    correct_threshold: float = opt(
+        0.5,
+        "A completion counts as correct (correct_rate, the SEPA gate, 'k/n correct') when its reward is above this",
+    )
 
 
 @dataclass
@@ -423,6 +430,11 @@ class LoggingConfig:
     wandb_tags: str = opt("", "Comma-separated wandb tags")
     strategic_grams: str = opt("", "Planning grams as a JSON array or CSV. Empty = the 18 defaults")
     group_lines: int = opt(2, "How many 'group: k/n correct' lines to print per step", ge=0)
+    condition_label: str = opt(
+        "",
+        "The run's condition label in logs, status and compare. Empty = advantage+transform "
+        "(campaigns set it to adv+tx~k=v for conditions with overrides)",
+    )
 
 
 @dataclass
@@ -445,7 +457,9 @@ class CampaignConfig:
     ray_num_gpus: float = opt(0.0, "GPUs requested per run (ray executor)", ge=0.0)
     conditions: list = opt(
         [],
-        "[[campaign.conditions]] with advantage_mode + transform_mode. [] = the five standard conditions",
+        "[[campaign.conditions]] with advantage_mode + transform_mode, plus any run keys that "
+        "condition overrides (lr = 1e-4, uncertainty_kind = ..., sepa.steps = 100); its runs are "
+        "labelled adv+tx~key=value,... [] = the five standard conditions",
         check=_conditions,
         item="dict",
     )
@@ -487,7 +501,10 @@ class Config:
 
     @property
     def condition(self) -> str:
-        """The condition label, e.g. `maxrl+gtpo_sepa` (or the algorithm_mode when set)."""
+        """The condition label, e.g. `maxrl+gtpo_sepa` (or the algorithm_mode when set, or
+        `[logging] condition_label` when a campaign gave the run one)."""
+        if self.logging.condition_label:
+            return self.logging.condition_label
         if self.algorithm.algorithm_mode:
             return self.algorithm.algorithm_mode
         return f"{self.algorithm.advantage_mode}+{self.algorithm.transform_mode}"

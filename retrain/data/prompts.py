@@ -37,6 +37,15 @@ logger = logging.getLogger("retrain.data")
 DEFAULT_INSTRUCTION = "Put your final answer in \\boxed{}."
 
 
+def resolve_instruction(instruction: str, source: str) -> str:
+    """`[data] instruction = "auto"`: MATH problems go alone, as one user message (the
+    original retrain's prompt, so results stay comparable); other sources get the
+    boxed-answer line. Any other value is used as it is."""
+    if instruction != "auto":
+        return instruction
+    return "" if source == "math" else DEFAULT_INSTRUCTION
+
+
 def _check_few_shot(few_shot: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
     out = []
     for i, pair in enumerate(few_shot or ()):

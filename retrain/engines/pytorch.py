@@ -3,8 +3,9 @@ local backend trains.
 
 Each prompt is prefilled once (left-padded across prompts, with position ids counted
 from the first real token) and its cache is repeated for the group's completions, then
-tokens are sampled step by step at the configured temperature with no top-k/top-p, so the
-recorded logprobs are exactly those of the distribution sampled from.
+tokens are sampled step by step at the configured temperature (and, with top_p < 1, from
+the renormalised nucleus), and the recorded logprobs are exactly those of the
+distribution each token was drawn from.
 """
 
 from __future__ import annotations
@@ -140,12 +141,13 @@ class PyTorchEngine:
                 raise BackendError(
                     "the model produced non-finite logits while sampling (have the weights diverged? try a lower [training] lr)"
                 )
-            logp = torch.log_softmax(logits.float() / params.temperature, dim=-1)
+            full = torch.log_softmax(logits.float() / params.temperature, dim=-1)
+            logp = nucleus(full, params.top_p) if params.top_p < 1.0 else full
             token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
             tokens[:, t] = token
             logprobs[:, t] = logp.gather(-1, token[:, None]).squeeze(-1)
-            if entropies is not None:
-                entropies[:, t] = -(logp.exp() * logp).sum(-1)
+            if entropies is not None:  # the model's uncertainty: the untruncated distribution
+                entropies[:, t] = -(full.exp() * full).sum(-1)
             steps = t + 1
             hit = torch.isin(token, eos) & ~finished
             lengths = torch.where(hit, t + 1, lengths)
@@ -155,6 +157,18 @@ class PyTorchEngine:
             logits = self._next_logits(token, state)
         samples = _to_samples(tokens[:, :steps], logprobs[:, :steps], entropies, lengths, finished)
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+
+def nucleus(logp: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Log-probabilities of the top-p (nucleus) distribution: per row, the smallest set
+    of most likely tokens whose probability reaches `top_p`, renormalised; every other
+    token gets -inf. Sampling from it and recording its logprob keeps the behaviour
+    policy exact."""
+    sorted_logp, order = torch.sort(logp, dim=-1, descending=True)
+    before = torch.cumsum(sorted_logp.exp(), dim=-1) - sorted_logp.exp()
+    drop_sorted = before >= top_p  # the mass before this token already reaches top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
 
 
 @dataclass

@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from retrain.types import StepResult, is_correct
+from retrain.types import StepResult
 
 
 @dataclass
@@ -153,7 +153,7 @@ def generation_rows(result: StepResult) -> list[dict[str, Any]]:
                     "completion": g.texts[i],
                     "reward": g.rewards[i],
                     "answer": g.answers[i],
-                    "correct": is_correct(g.rewards[i]),
+                    "correct": g.correct[i],
                     "num_tokens": len(s),
                     "stop_reason": s.stop_reason,
                     "planning_tokens": int(plan[i].sum()),

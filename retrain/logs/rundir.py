@@ -8,7 +8,8 @@ A run directory (a run's `[logging] log_dir`) holds any of::
     config.resolved.toml      the configuration the run used (campaign runs also have run.toml)
     emergence/generations.jsonl   one row per completion, with "correct"
 
-A campaign directory holds manifest.json and its runs under `runs/{condition}_s{seed}/`.
+A campaign directory holds manifest.json and its runs under `runs/{condition}_s{seed}/`
+(the condition label made safe for a directory name, see `run_dir_name`).
 
 Everything is read on first use and tolerantly: a missing file reads as empty, a torn
 JSONL line is skipped, and an unreadable file becomes a line in `warnings` rather than an
@@ -17,6 +18,7 @@ exception, so one damaged run never hides the others.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -36,6 +38,25 @@ CONFIG_FILES = ("config.resolved.toml", "run.toml")  # the first one that parses
 RUN_MARKERS = (METRICS, RUN_INFO, TRAINER_STATE)
 MANIFEST = "manifest.json"
 _SEED_SUFFIX = re.compile(r"^(?P<cond>.+)_s(?P<seed>-?\d+)$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+=~,-]")
+MAX_LABEL_CHARS = 120  # of a directory name, before the `_s{seed}` suffix
+
+
+def safe_label(label: str) -> str:
+    """`label` as a directory name. A label of letters, digits and `. _ + = ~ , -` stays
+    as it is (`maxrl+gtpo~lr=0.0001`); any other character becomes `_` and a very long
+    label is cut, and then an 8-digit hash of the whole label is appended, so distinct
+    labels never share a directory."""
+    safe = _UNSAFE.sub("_", label)
+    if safe == label and len(label) <= MAX_LABEL_CHARS and not label.startswith("."):
+        return label
+    digest = hashlib.sha1(label.encode("utf-8")).hexdigest()[:8]
+    return f"{safe.lstrip('.')[:MAX_LABEL_CHARS]}-{digest}"
+
+
+def run_dir_name(condition: str, seed: int) -> str:
+    """The directory (and run name) of one campaign run: `{condition}_s{seed}`."""
+    return f"{safe_label(condition)}_s{seed}"
 
 
 def read_json(path: str | Path, warnings: list[str] | None = None) -> dict[str, Any] | None:
@@ -149,7 +170,8 @@ class RunDir:
     @cached_property
     def condition(self) -> str | None:
         """The label the metrics rows carry most often, else run.json's, trainer_state's,
-        the configured algorithm's, the directory name's; None when nothing says."""
+        the configured one (`[logging] condition_label`, else the algorithm's), the
+        directory name's; None when nothing says."""
         labels = Counter(
             r["condition"] for r in self.metrics if isinstance(r.get("condition"), str)
         )
@@ -158,6 +180,9 @@ class RunDir:
         for source in (self.run_info, self.trainer_state):
             if isinstance(source.get("condition"), str) and source["condition"]:
                 return source["condition"]
+        label = self.config_value("logging", "condition_label")
+        if isinstance(label, str) and label:  # a campaign condition with overrides
+            return label
         algo = self.config.get("algorithm")
         if isinstance(algo, dict):
             return algo.get("algorithm_mode") or (
@@ -269,8 +294,9 @@ class CampaignDir:
             p = Path(log_dir)
             candidates += [p] if p.is_absolute() else [self.path / p, Path.cwd() / p]
             candidates.append(runs / p.name)
-        if entry.get("condition") is not None and entry.get("seed") is not None:
-            candidates.append(runs / f"{entry['condition']}_s{entry['seed']}")
+        condition, seed = entry.get("condition"), as_int(entry.get("seed"))
+        if isinstance(condition, str) and seed is not None:
+            candidates.append(runs / run_dir_name(condition, seed))
         return next((c for c in candidates if c.is_dir()), None)
 
     def run_dirs(self) -> list[Path]:

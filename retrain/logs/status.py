@@ -206,7 +206,8 @@ def _listed_run(
     else:
         st = RunStatus(path=str(run_dir or campaign.path / "runs" / name), name=name)
         st.state = "failed" if entry.get("status") == "failed" else "pending"
-    st.condition = st.condition or entry.get("condition")
+    label = entry.get("condition")  # the campaign's label (with its overrides) comes first
+    st.condition = label if isinstance(label, str) and label else st.condition
     st.seed = as_int(entry.get("seed"))
     st.exit_code = as_int(entry.get("exit_code"))
     if st.max_steps is None:

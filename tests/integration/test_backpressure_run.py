@@ -9,7 +9,7 @@ from pathlib import Path
 from retrain.config import config_from_dict
 from retrain.logs.console import Console
 from retrain.logs.jsonl import read_jsonl
-from retrain.trainer import train
+from retrain.trainer import Trainer, train
 
 BP_KEYS = {
     "bp_action",
@@ -33,39 +33,52 @@ def _run(raw: dict) -> list[str]:
     return lines
 
 
-def test_batch_size_follows_the_controller_and_survives_resume(tiny_raw, tmp_path):
+def usl_throughput(batch_size: int) -> float:
+    """A known USL curve (lambda 10, sigma 0.1, kappa 0.05: peak near 4.2 prompts)."""
+    p = float(batch_size)
+    return 10.0 * p / (1.0 + 0.1 * (p - 1.0) + 0.05 * p * (p - 1.0))
+
+
+def test_batch_size_follows_the_controller_and_survives_resume(tiny_raw, tmp_path, monkeypatch):
+    # Measured throughput depends on the machine: inject a fixed curve so every decision,
+    # and so the resumed run's batch sizes, are deterministic.
+    monkeypatch.setattr(Trainer, "throughput", staticmethod(lambda r: usl_throughput(r.batch_size)))
     raw = copy.deepcopy(tiny_raw)
-    raw["training"].update(max_steps=5, save_every=3, batch_size=2)
+    raw["training"].update(max_steps=9, save_every=5, batch_size=2)
     raw["backpressure"] = {
         "enabled": True,
         "warmup_steps": 4,
         "min_batch_size": 1,
-        "max_batch_size": 4,
+        "max_batch_size": 8,
     }
     lines = _run(raw)
     rows, _ = read_jsonl(Path(raw["logging"]["log_dir"]) / "metrics.jsonl")
     sizes = [r["batch_size"] for r in rows]
-    assert len(set(sizes)) > 1, sizes  # the warmup ladder explores batch sizes
-    assert sizes[:3] == [1, 2, 4]
+    assert sizes[:4] == [1, 2, 4, 8]  # the warmup ladder explores batch sizes
+    assert [r["bp_regime"] for r in rows[:3]] == ["warmup"] * 3
+    assert all(r["bp_regime"] != "warmup" for r in rows[3:])  # it left warmup...
+    # ...throttled back from 8 and holds one size below the curve's peak (4.2 prompts),
+    # by the throttle margin
+    assert len(set(sizes[4:])) == 1 and 3 <= sizes[4] <= 4
     assert all(set(r) >= BP_KEYS for r in rows)
-    assert rows[0]["bp_regime"] == "warmup"
     step_lines = [line for line in lines if line.startswith("Step ")]
     assert [int(line.split("| bs=")[1].split(" ")[0]) for line in step_lines] == sizes
     gens, _ = read_jsonl(Path(raw["logging"]["log_dir"]) / "emergence" / "generations.jsonl")
     assert len(gens) == sum(s * raw["training"]["group_size"] for s in sizes)
 
-    # Resume at step 3 (the checkpoint) and compare with the straight run.
+    # Resume at step 5 (the checkpoint) and compare with the straight run.
     part = copy.deepcopy(raw)
     part["logging"]["log_dir"] = str(tmp_path / "part")
     part["backend"]["adapter_path"] = str(tmp_path / "part_adapter")
-    part["training"]["max_steps"] = 3
+    part["training"]["max_steps"] = 5
     _run(part)
     state = json.loads((tmp_path / "part" / "trainer_state.json").read_text())
-    assert state["backpressure"] and state["batch_size"] == sizes[3]
+    assert state["backpressure"] and state["batch_size"] == sizes[5]
     resumed = copy.deepcopy(part)
-    resumed["training"]["max_steps"] = 5
+    resumed["training"]["max_steps"] = 9
     resumed["resume"] = {"from": str(tmp_path / "part")}
     _run(resumed)
     rows2, _ = read_jsonl(tmp_path / "part" / "metrics.jsonl")
     assert [r["batch_size"] for r in rows2] == sizes
     assert [r["bp_regime"] for r in rows2] == [r["bp_regime"] for r in rows]
+    assert [r["bp_p_star"] for r in rows2] == [r["bp_p_star"] for r in rows]

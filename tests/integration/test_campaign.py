@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from retrain.cli.main import main as cli_main
 from retrain.config import config_from_dict
 from retrain.errors import ConfigError
 from retrain.logs.jsonl import read_jsonl
+from retrain.logs.rundir import run_dir_name
 
 # ----------------------------------------------------------------------------- stand-in runs
 
@@ -233,6 +235,56 @@ def test_config_problems_stop_the_campaign_before_it_starts(tmp_path):
     with pytest.raises(ConfigError, match="maxrl\\+gtpo_s1"):
         run_campaign(cfg, None, out=lambda s: None)
     assert not (tmp_path / "logs").exists()
+
+
+def test_conditions_with_overrides_run_under_their_labels_and_resume(tmp_path, monkeypatch):
+    """Two conditions that differ only by overrides: separate runs, labels, run.toml
+    values and manifest entries; a resume rebuilds each run from the manifest."""
+    tuned = "grpo+none~lr=0.0001,uncertainty_kind=shannon_entropy"
+    odd = "grpo+none~model.model=org/tiny"
+    odd_name = run_dir_name(odd, 1)
+    fake = Fake(tmp_path, monkeypatch, {odd_name: {"exit": 3}})
+    cfg = campaign_config(
+        tmp_path,
+        seeds=[1],
+        conditions=[
+            {"advantage_mode": "grpo", "transform_mode": "none"},
+            {
+                "advantage_mode": "grpo",
+                "transform_mode": "none",
+                "lr": 1e-4,
+                "uncertainty_kind": "shannon_entropy",
+            },
+            {"advantage_mode": "grpo", "transform_mode": "none", "model": {"model": "org/tiny"}},
+        ],
+    )
+    assert run_campaign(cfg, "camp.toml", out=lambda s: None) == 1
+    d = only_campaign(tmp_path)
+    m = manifest(d)
+    assert m["conditions"] == ["grpo+none", tuned, odd]
+    by = {r["condition"]: r for r in m["runs"]}
+    assert by[tuned]["name"] == f"{tuned}_s1" and by[tuned]["overrides"] == {
+        "lr": 1e-4,
+        "uncertainty_kind": "shannon_entropy",
+    }
+    assert by[odd]["overrides"] == {"model.model": "org/tiny"} and "/" not in by[odd]["name"]
+    assert by["grpo+none"]["overrides"] == {}
+    run_toml = config_from_dict(tomllib.loads(Path(by[tuned]["config_path"]).read_text()))
+    assert run_toml.training.lr == 1e-4 and run_toml.algorithm.uncertainty_kind == "shannon_entropy"
+    assert run_toml.logging.wandb_group == tuned
+    odd_toml = config_from_dict(tomllib.loads(Path(by[odd]["config_path"]).read_text()))
+    assert odd_toml.model.model == "org/tiny" and odd_toml.training.lr == 4e-5
+
+    # resume from a TOML without the overrides: the manifest's conditions are used
+    fake.set_plan({})
+    plain = campaign_config(tmp_path, seeds=[1])
+    plain.resume.from_ = str(d)
+    lines: list[str] = []
+    assert run_campaign(plain, "camp.toml", out=lines.append) == 0
+    assert [e["name"] for e in fake.events() if e["kind"] == "start"][-1] == odd_name
+    again = config_from_dict(tomllib.loads(Path(by[odd]["config_path"]).read_text()))
+    assert again.model.model == "org/tiny"
+    assert manifest(d)["status"] == "finished"
 
 
 def test_resume_needs_a_campaign_directory(tmp_path):

@@ -1,4 +1,5 @@
-"""A plain, per-token Python reference of the advantage pipeline (spec section 1).
+"""A plain, per-token Python reference of the advantage pipeline (spec section 1),
+including the original retrain's SEPA amplification and top-rho surprisal masking.
 
 Deliberately written the slow, obvious way (lists, loops, math) so that the vectorised
 implementation in retrain.advantages can be checked against it, and so the benchmark
@@ -26,15 +27,20 @@ def ref_maxrl(rewards):
     return [(r - mean) / (mean + MAXRL_EPS) for r in rewards]
 
 
+SURPRISAL_NAMES = ("surprisal", "token_surprisal", "neg_logprob", "negative_logprob", "nll")
+VARIANCE_NAMES = ("predictive_variance", "pred_var", "bernoulli_variance")
+ENTROPY_NAMES = ("shannon_entropy", "shannon", "entropy", "token_entropy")
+
+
 def ref_uncertainty(kind, logprobs, entropies=None):
     out = []
     for t, lp in enumerate(logprobs):
-        if kind == "surprisal":
+        if kind in SURPRISAL_NAMES:
             out.append(min(-lp, CAP))
-        elif kind in ("predictive_variance", "pred_var", "bernoulli_variance"):
+        elif kind in VARIANCE_NAMES:
             p = math.exp(lp)
             out.append(p * (1.0 - p))
-        elif kind == "shannon_entropy":
+        elif kind in ENTROPY_NAMES:
             out.append(float(entropies[t]))
         else:
             raise ValueError(kind)
@@ -62,6 +68,44 @@ def ref_sepa_pool(h, plan, lam):
     return [x if p else lam * mean_exec + (1.0 - lam) * x for x, p in zip(h, plan)]
 
 
+def ref_sepa_amp(h, plan, lam, clamp=False):
+    """h' = h + lam (h - mean_exec) on execution tokens, floored at 0 when clamp."""
+    execs = [x for x, p in zip(h, plan) if not p]
+    if not execs or lam == 0:
+        return list(h)
+    mean_exec = sum(execs) / len(execs)
+    out = []
+    for x, p in zip(h, plan):
+        if p:
+            out.append(x)
+        else:
+            y = x + lam * (x - mean_exec)
+            out.append(max(0.0, y) if clamp else y)
+    return out
+
+
+def ref_surprisal_mask(token_advs_G, h_G, rho):
+    """Top-rho masking over one group: (masked advantages, threshold, masked fraction)."""
+    flat = sorted((x for h in h_G for x in h), reverse=True)
+    n = len(flat)
+    if n == 0:
+        return [list(a) for a in token_advs_G], 0.0, 0.0
+    k = min(n, max(1, int(n * rho)))
+    tau = flat[k - 1]
+    masked = 0
+    out = []
+    for advs, hs in zip(token_advs_G, h_G):
+        row = []
+        for a, x in zip(advs, hs):
+            if x < tau:
+                row.append(0.0)
+                masked += 1
+            else:
+                row.append(a)
+        out.append(row)
+    return out, tau, masked / n
+
+
 def ref_token_advantages(
     rewards,
     logprobs_G_T,
@@ -74,10 +118,11 @@ def ref_token_advantages(
     sepa_lambda=0.0,
     uncertainty_kind="surprisal",
     entropies_G_T=None,
+    surprisal_mask_rho=0.0,
 ):
     rewards = [float(r) for r in rewards]
     episode = ref_grpo(rewards) if advantage_mode == "grpo" else ref_maxrl(rewards)
-    out = []
+    out, hs = [], []
     for i, a in enumerate(episode):
         lps = [float(x) for x in logprobs_G_T[i]]
         plan = (
@@ -85,6 +130,7 @@ def ref_token_advantages(
         )
         ents = entropies_G_T[i] if entropies_G_T is not None else None
         h = ref_uncertainty(uncertainty_kind, lps, ents)
+        hs.append(h)
         if transform_mode == "none":
             toks = [a for _ in lps]
         elif transform_mode == "gtpo":
@@ -93,9 +139,16 @@ def ref_token_advantages(
             toks = ref_hicra(ref_gtpo(a, h, gtpo_beta), plan, hicra_alpha)
         elif transform_mode == "gtpo_sepa":
             toks = ref_gtpo(a, ref_sepa_pool(h, plan, sepa_lambda), gtpo_beta)
+        elif transform_mode in ("gtpo_sepa_amp", "gtpo_sepa_amp_c"):
+            amplified = ref_sepa_amp(h, plan, sepa_lambda, clamp=transform_mode.endswith("_c"))
+            toks = ref_gtpo(a, amplified, gtpo_beta)
+        elif transform_mode == "entropy_mask":
+            toks = ref_gtpo(a, h, gtpo_beta)
         else:
             raise ValueError(transform_mode)
         out.append(toks)
+    if transform_mode == "entropy_mask" and surprisal_mask_rho > 0:
+        out = ref_surprisal_mask(out, hs, surprisal_mask_rho)[0]
     return out
 
 

@@ -15,9 +15,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from reference_advantages import (  # noqa: E402
+    ENTROPY_NAMES,
+    SURPRISAL_NAMES,
     ref_batch_advantages,
     ref_exec_plan_stats,
+    ref_surprisal_mask,
     ref_token_advantages,
+    ref_uncertainty,
 )
 
 from retrain.advantages import (  # noqa: E402
@@ -32,9 +36,12 @@ from retrain.advantages import (  # noqa: E402
     grpo,
     maxrl,
     requires_entropies,
+    transform_entropy_mask,
     transform_gtpo,
     transform_gtpo_hicra,
     transform_gtpo_sepa,
+    transform_gtpo_sepa_amp,
+    transform_gtpo_sepa_amp_c,
     transform_none,
 )
 from retrain.registry import (  # noqa: E402
@@ -56,6 +63,11 @@ CONDITIONS = [
     ("grpo", "gtpo"),
     ("grpo", "gtpo_hicra"),
     ("grpo", "gtpo_sepa"),
+    ("maxrl", "gtpo_sepa_amp"),
+    ("maxrl", "gtpo_sepa_amp_c"),
+    ("maxrl", "entropy_mask"),
+    ("grpo", "gtpo_sepa_amp_c"),
+    ("grpo", "entropy_mask"),
 ]
 
 
@@ -307,6 +319,198 @@ def test_builtin_transforms_take_a_context_like_plugins():
     np.testing.assert_allclose(out.token_advantages[1], [-0.5])
 
 
+# ------------------------------------------------------------------ original-era modes
+
+
+@pytest.mark.parametrize("alias", SURPRISAL_NAMES)
+def test_surprisal_aliases(alias):
+    lp = np.array([-0.5, -60.0, 0.0])
+    assert UNCERTAINTY_KINDS.canonical(alias) == "surprisal"
+    assert compute_uncertainty(alias, lp).tolist() == ref_uncertainty(alias, lp.tolist())
+    assert not requires_entropies(alias)
+
+
+@pytest.mark.parametrize("alias", ENTROPY_NAMES)
+def test_shannon_entropy_aliases(alias):
+    ent = np.array([0.1, 2.0, 3.5])
+    assert UNCERTAINTY_KINDS.canonical(alias) == "shannon_entropy"
+    np.testing.assert_array_equal(compute_uncertainty(alias, np.zeros(3), ent), ent)
+    assert requires_entropies(alias) and AdvantagePipeline(uncertainty_kind=alias).needs_entropies
+    with pytest.raises(UncertaintyUnavailableError):
+        tok([1, 0], [[-1.0], [-2.0]], uncertainty_kind=alias)
+
+
+def test_sepa_amp_hand_worked():
+    # h = [1, 3, 5], planning = [F, F, T], lambda = 0.5: exec mean 2
+    # h' = h + 0.5 (h - 2) on execution tokens = [0.5, 3.5, 5]; the mean stays 3
+    out = tok(
+        [1, 0],
+        [[-1.0, -3.0, -5.0], [-1.0]],
+        [[False, False, True], [False]],
+        advantage_mode="grpo",
+        transform_mode="gtpo_sepa_amp",
+        sepa_lambda=0.5,
+    )
+    w = [1 + 0.1 * (x / 3 - 1) for x in (0.5, 3.5, 5.0)]
+    np.testing.assert_allclose(out[0], [0.5 * x for x in w])
+    np.testing.assert_allclose(out[1], [-0.5])
+
+
+def test_sepa_amp_clamped_floors_at_zero_and_uses_the_new_mean():
+    # all execution, lambda = 1: h' = 2 h - mu, mu = 5.2 / 3
+    h = [0.2, 4.0, 1.0]
+    mu = sum(h) / 3
+    raw = [2 * x - mu for x in h]  # the first is negative
+    assert raw[0] < 0
+    lp = [[-x for x in h], [-1.0]]
+    kw = dict(advantage_mode="grpo", sepa_lambda=1.0, gtpo_beta=0.5)
+    amp = tok([1, 0], lp, None, transform_mode="gtpo_sepa_amp", **kw)
+    amp_c = tok([1, 0], lp, None, transform_mode="gtpo_sepa_amp_c", **kw)
+    m = sum(raw) / 3  # == mu: amplification keeps the mean
+    np.testing.assert_allclose(amp[0], [0.5 * max(0.0, 1 + 0.5 * (x / m - 1)) for x in raw])
+    floored = [max(0.0, x) for x in raw]
+    m_c = sum(floored) / 3
+    np.testing.assert_allclose(amp_c[0], [0.5 * (1 + 0.5 * (x / m_c - 1)) for x in floored])
+    assert not np.allclose(amp[0], amp_c[0])
+
+
+@pytest.mark.parametrize("mode", ["gtpo_sepa_amp", "gtpo_sepa_amp_c", "entropy_mask"])
+def test_new_transforms_reduce_to_gtpo(mode):
+    lp, plan = [[-1.0, -3.0, -5.0], [-0.3, -2.0]], [[False, True, False], [False, False]]
+    a = tok([1, 0], lp, plan, transform_mode=mode, sepa_lambda=0.0, surprisal_mask_rho=0.0)
+    b = tok([1, 0], lp, plan, transform_mode="gtpo")
+    for x, y in zip(a, b):
+        assert x.tolist() == y.tolist()
+
+
+def test_sepa_amp_pushes_execution_tokens_apart():
+    lp = [[-1.0, -3.0, -5.0, -0.2], [-1.0]]
+    plan = [[False, False, True, False], [False]]
+    pool = tok([1, 0], lp, plan, transform_mode="gtpo_sepa", sepa_lambda=0.8)
+    gtpo = tok([1, 0], lp, plan, transform_mode="gtpo")
+    amp = tok([1, 0], lp, plan, transform_mode="gtpo_sepa_amp", sepa_lambda=0.8)
+    execs = [0, 1, 3]
+    assert np.ptp(pool[0][execs]) < np.ptp(gtpo[0][execs]) < np.ptp(amp[0][execs])
+    assert amp[0][2] == gtpo[0][2]  # the planning token keeps its h, and the mean is kept
+
+
+def test_entropy_mask_hand_worked():
+    # group h = [1, 3, 0.1] + [2], rho = 0.5: n = 4, k = 2, tau = 2 (second largest)
+    groups = [([1.0, 0.0], [[-1.0, -3.0, -0.1], [-2.0]], None)]
+    kw = dict(advantage_mode="grpo", transform_mode="entropy_mask", surprisal_mask_rho=0.5)
+    res = batch(groups, **kw)
+    gtpo = tok(*groups[0], advantage_mode="grpo", transform_mode="gtpo")
+    out = res.advantages[0]
+    assert out[0].tolist() == [0.0, gtpo[0][1], 0.0]
+    assert out[1].tolist() == gtpo[1].tolist() == [-0.5]
+    assert res.stats.extra_metrics == {"entropy_mask_threshold": 2.0, "entropy_mask_fraction": 0.5}
+    assert res.stats.to_metrics()["entropy_mask_fraction"] == 0.5
+
+
+def test_entropy_mask_keeps_ties_and_rho_one_keeps_everything():
+    lp = [[-1.0, -1.0], [-1.0, -1.0]]
+    kw = dict(advantage_mode="grpo", transform_mode="entropy_mask")
+    tied = batch([([1.0, 0.0], lp, None)], surprisal_mask_rho=0.25, **kw)
+    assert [a.tolist() for a in tied.advantages[0]] == [[0.5, 0.5], [-0.5, -0.5]]
+    assert tied.stats.extra_metrics["entropy_mask_fraction"] == 0.0
+    everything = batch([([1.0, 0.0], [[-1.0, -3.0], [-2.0]], None)], surprisal_mask_rho=1.0, **kw)
+    gtpo = tok([1.0, 0.0], [[-1.0, -3.0], [-2.0]], advantage_mode="grpo", transform_mode="gtpo")
+    for x, y in zip(everything.advantages[0], gtpo):
+        assert x.tolist() == y.tolist()
+    assert everything.stats.extra_metrics == {
+        "entropy_mask_threshold": 1.0,
+        "entropy_mask_fraction": 0.0,
+    }
+
+
+def test_entropy_mask_rho_zero_logs_nothing_and_other_transforms_ignore_rho():
+    groups = [([1.0, 0.0], [[-1.0, -3.0, -0.1], [-2.0]], None)]
+    assert batch(groups, transform_mode="entropy_mask").stats.extra_metrics == {}
+    # as in the original, only entropy_mask masks: rho does not touch other transforms
+    a = batch(groups, transform_mode="gtpo", surprisal_mask_rho=0.5)
+    b = batch(groups, transform_mode="gtpo")
+    assert a.stats.extra_metrics == {}
+    for x, y in zip(a.advantages[0], b.advantages[0]):
+        assert x.tolist() == y.tolist()
+
+
+@pytest.mark.parametrize("key", ["surprisal_mask_rho", "entropy_mask_rho"])
+def test_entropy_mask_rho_from_transform_params(key):
+    lp = [[-1.0, -3.0, -0.1], [-2.0]]
+    kw = dict(advantage_mode="grpo", transform_mode="entropy_mask")
+    a = tok([1, 0], lp, transform_params={key: 0.5}, **kw)
+    b = tok([1, 0], lp, surprisal_mask_rho=0.5, **kw)
+    c = tok([1, 0], lp, transform_params={key: 0.0}, surprisal_mask_rho=0.5, **kw)
+    for x, y in zip(a, b):
+        assert x.tolist() == y.tolist()
+    assert a[0][0] == 0.0 and c[0][0] != 0.0
+
+
+@pytest.mark.parametrize("rho", [1.5, -0.1, float("nan"), "0.5", True])
+def test_entropy_mask_rho_must_be_in_unit_interval(rho):
+    with pytest.raises(ValueError, match="surprisal_mask_rho"):
+        AdvantagePipeline(transform_mode="entropy_mask", surprisal_mask_rho=rho)
+    with pytest.raises(ValueError, match="surprisal_mask_rho"):
+        AdvantagePipeline(transform_params={"surprisal_mask_rho": rho})
+
+
+@pytest.mark.parametrize("rho", [0.1, 0.3, 0.5, 0.9])
+def test_entropy_mask_batch_matches_reference(rho):
+    rng = np.random.default_rng(int(rho * 100))
+    groups = [_ragged_group(rng, int(rng.integers(1, 7)), 40, p_plan=0.2) for _ in range(10)]
+    groups.append(_ragged_group(rng, 3, 1, np.array([1.0, 0.0, 1.0])))  # no tokens at all
+    kw = dict(advantage_mode="maxrl", transform_mode="entropy_mask", surprisal_mask_rho=rho)
+    fast = batch(groups, **kw)
+    taus, fractions = [], []
+    for (rewards, lp, plan), got in zip(groups, fast.advantages):
+        if got is None:
+            continue
+        ref = ref_token_advantages(rewards, lp, plan, **kw)
+        gtpo = ref_token_advantages(rewards, lp, plan, **{**kw, "surprisal_mask_rho": 0.0})
+        h = [ref_uncertainty("surprisal", list(x)) for x in lp]
+        _, tau, fraction = ref_surprisal_mask(gtpo, h, rho)
+        taus.append(tau)
+        fractions.append(fraction)
+        for f, r in zip(got, ref):
+            np.testing.assert_allclose(f, r, rtol=1e-12, atol=1e-12)
+    m = fast.stats.extra_metrics
+    assert m["entropy_mask_threshold"] == pytest.approx(float(np.mean(taus)), rel=1e-12)
+    assert m["entropy_mask_fraction"] == pytest.approx(float(np.mean(fractions)), rel=1e-12)
+
+
+def test_new_builtin_transforms_take_a_context_like_plugins():
+    ctx = TransformContext(
+        episode_advantages_G=np.array([0.5, -0.5]),
+        logprobs_G_T=[np.array([-1.0, -3.0, -5.0]), np.array([-2.0])],
+        uncertainties_G_T=[np.array([1.0, 3.0, 5.0]), np.array([2.0])],
+        planning_G_T=[np.array([False, False, True]), np.array([False])],
+        sepa_lambda=0.5,
+        surprisal_mask_rho=0.25,
+    )
+    kw = dict(advantage_mode="grpo", sepa_lambda=0.5)
+    lp, plan = [[-1.0, -3.0, -5.0], [-2.0]], [[False, False, True], [False]]
+    for fn, mode in (
+        (transform_gtpo_sepa_amp, "gtpo_sepa_amp"),
+        (transform_gtpo_sepa_amp_c, "gtpo_sepa_amp_c"),
+    ):
+        got = fn(ctx).token_advantages
+        for x, y in zip(got, tok([1, 0], lp, plan, transform_mode=mode, **kw)):
+            np.testing.assert_allclose(x, y)
+    masked = transform_entropy_mask(ctx)
+    assert masked.token_advantages[0][:2].tolist() == [0.0, 0.0]  # k = 1: only h = 5 stays
+    assert masked.extra_metrics == {"entropy_mask_threshold": 5.0, "entropy_mask_fraction": 0.75}
+
+
+@pytest.mark.parametrize(
+    "name,pair", [("grpo_none", ("grpo", "none")), ("maxrl_none", ("maxrl", "none"))]
+)
+def test_none_algorithm_modes(name, pair):
+    assert ALGORITHM_MODES.entry(name).alias_of == pair
+    out = tok([1, 0, 0, 0], [[-1.0, -2.0], [-0.5], [], [-3.0]], algorithm_mode=name)
+    expected = grpo([1, 0, 0, 0]) if pair[0] == "grpo" else maxrl([1, 0, 0, 0])
+    assert [a.tolist() for a in out] == [[expected[0]] * 2, [expected[1]], [], [expected[3]]]
+
+
 # ------------------------------------------------------------------ inputs
 
 
@@ -497,6 +701,7 @@ def test_fast_path_matches_reference_on_random_ragged_groups(adv_mode, tr_mode, 
             sepa_lambda=float(rng.choice([0.0, 0.35, 1.0, rng.random()])),
             uncertainty_kind=kind,
             entropies_G_T=ent,
+            surprisal_mask_rho=float(rng.choice([0.0, 0.2, 0.5, 1.0, rng.random()])),
         )
         fast = compute_token_advantages(rewards, lp, plan, **kw)
         ref = ref_token_advantages(rewards, lp, plan, **kw)
@@ -612,7 +817,12 @@ def test_every_registry_target_of_this_package_resolves():
         (dict(transform_mode="gtpo"), True),
         (dict(transform_mode="gtpo_hicra"), True),
         (dict(transform_mode="gtpo_sepa"), True),
+        (dict(transform_mode="gtpo_sepa_amp"), True),
+        (dict(transform_mode="gtpo_sepa_amp_c"), True),
+        (dict(transform_mode="entropy_mask"), True),
         (dict(algorithm_mode="maxrl_gtpo_sepa", transform_mode="none"), True),
+        (dict(algorithm_mode="grpo_none", transform_mode="gtpo"), False),
+        (dict(algorithm_mode="maxrl_none", transform_mode="gtpo"), False),
         (dict(algorithm_mode="maxrl_gtpo", transform_mode="none"), True),
     ],
 )

@@ -138,13 +138,24 @@ def test_sepa_lambda_one_gives_execution_tokens_one_weight(group, beta):
 @given(
     groups(max_t=40),
     st.sampled_from(["grpo", "maxrl"]),
-    st.sampled_from(["none", "gtpo", "gtpo_hicra", "gtpo_sepa"]),
+    st.sampled_from(
+        [
+            "none",
+            "gtpo",
+            "gtpo_hicra",
+            "gtpo_sepa",
+            "gtpo_sepa_amp",
+            "gtpo_sepa_amp_c",
+            "entropy_mask",
+        ]
+    ),
     st.floats(0, 1),
     st.floats(0, 3),
     st.floats(-1, 1),
-    st.sampled_from(["surprisal", "predictive_variance"]),
+    st.sampled_from(["surprisal", "predictive_variance", "nll"]),
+    st.floats(0, 1),
 )
-def test_fast_path_equals_reference(group, adv, tr, lam, beta, alpha, kind):
+def test_fast_path_equals_reference(group, adv, tr, lam, beta, alpha, kind, rho):
     rewards, lps, plans = group
     kw = dict(
         advantage_mode=adv,
@@ -153,11 +164,42 @@ def test_fast_path_equals_reference(group, adv, tr, lam, beta, alpha, kind):
         gtpo_beta=beta,
         hicra_alpha=alpha,
         uncertainty_kind=kind,
+        surprisal_mask_rho=rho,
     )
     fast = compute_token_advantages(rewards, lps, plans, **kw)
     ref = ref_token_advantages(rewards, lps, plans, **kw)
     for f, r in zip(fast, ref):
         np.testing.assert_allclose(f, r, rtol=1e-9, atol=1e-9)
+
+
+@given(groups(max_t=30), st.floats(0.01, 1), st.floats(0, 3))
+def test_entropy_mask_keeps_the_top_k_tokens_and_zeroes_the_rest(group, rho, beta):
+    rewards, lps, plans = group
+    base = dict(advantage_mode="grpo", gtpo_beta=beta)
+    masked = compute_token_advantages(
+        rewards, lps, plans, transform_mode="entropy_mask", surprisal_mask_rho=rho, **base
+    )
+    gtpo = compute_token_advantages(rewards, lps, plans, transform_mode="gtpo", **base)
+    h = np.array([min(-x, 50.0) for lp in lps for x in lp])
+    if h.size == 0:
+        return
+    kept = np.concatenate(masked) == np.concatenate(gtpo)
+    k = max(1, int(h.size * rho))
+    assert kept[np.argsort(-h, kind="stable")[:k]].all()  # the k largest always stay
+    assert (np.concatenate(masked)[~kept] == 0.0).all()
+    assert kept.sum() >= min(k, h.size)
+
+
+@given(groups(max_t=30), st.floats(0, 1))
+def test_sepa_amp_keeps_planning_tokens_and_pushes_execution_apart(group, lam):
+    rewards, lps, plans = group
+    kw = dict(advantage_mode="grpo", sepa_lambda=lam, gtpo_beta=0.5)
+    amp = compute_token_advantages(rewards, lps, plans, transform_mode="gtpo_sepa_amp", **kw)
+    gtpo = compute_token_advantages(rewards, lps, plans, transform_mode="gtpo", **kw)
+    for a, g, p in zip(amp, gtpo, plans):
+        p = np.array(p, dtype=bool)
+        # the completion's mean uncertainty is unchanged, so planning tokens keep their weight
+        np.testing.assert_allclose(a[p], g[p], rtol=1e-9, atol=1e-12)
 
 
 # ------------------------------------------------------------------ SEPA scheduler

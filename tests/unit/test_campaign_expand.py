@@ -12,10 +12,11 @@ import pytest
 from retrain import registry
 from retrain.campaign.expand import (
     STANDARD_CONDITIONS,
+    Condition,
+    campaign_conditions,
     campaign_dir_name,
     campaign_root,
     check_runs,
-    condition_pairs,
     expand_campaign,
     expand_run,
     uses_throttle,
@@ -42,7 +43,7 @@ def test_default_matrix_is_five_standard_conditions_times_eight_seeds():
     cfg = base()
     runs = expand_campaign(cfg, "logs/campaign_x")
     assert len(runs) == 40
-    assert condition_pairs(cfg) == list(STANDARD_CONDITIONS)
+    assert campaign_conditions(cfg) == [Condition(a, t) for a, t in STANDARD_CONDITIONS]
     assert [r.name for r in runs[:8]] == [
         f"grpo+none_s{s}" for s in (42, 101, 202, 303, 404, 505, 606, 707)
     ]
@@ -110,8 +111,8 @@ def test_check_runs_reports_conditions_the_backend_cannot_train(monkeypatch):
     cfg = base(seeds=[1], conditions=[{"advantage_mode": "grpo", "transform_mode": "none"}])
     cfg.backend.backend = "local"
     monkeypatch.setitem(registry.BACKENDS._by_name, "local", aggregating)
-    ok = expand_run(cfg, "grpo", "none", 1, "c")
-    bad = expand_run(cfg, "maxrl", "gtpo", 1, "c")
+    ok = expand_run(cfg, Condition("grpo", "none"), 1, "c")
+    bad = expand_run(cfg, Condition("maxrl", "gtpo"), 1, "c")
     problems = check_runs([ok, bad])
     assert problems and all(p.startswith("maxrl+gtpo_s1: ") for p in problems)
 

@@ -142,6 +142,9 @@ def test_explain_campaign_matrix(capsys):
         "maxrl+gtpo_sepa",
     ]
     assert "maxrl+gtpo_sepa_s707" in camp["matrix"]
+    first = camp["condition_details"][0]
+    assert first["label"] == "grpo+none" and first["overrides"] == []
+    assert first["runs"][0] == "grpo+none_s42" and first["max_steps"] == 500
 
 
 def test_explain_tinker_ignores_inference(tmp_path, capsys):

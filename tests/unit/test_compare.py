@@ -15,6 +15,7 @@ from retrain.compare import stats
 from retrain.compare.comparison import compare_runs
 from retrain.compare.runs import collect_runs, load_run
 from retrain.errors import RetrainError
+from retrain.logs.rundir import run_dir_name
 
 STEPS = 40
 SEEDS = [1, 2, 3, 4, 5, 6, 7, 8]
@@ -390,3 +391,27 @@ def test_campaign_run_without_metrics_is_skipped(campaign, capsys):
     runs, _ = collect_runs([campaign], warnings)
     assert len(runs) == 24
     assert any("grpo+none_s99" in w and "pending" in w for w in warnings)
+
+
+def test_conditions_that_differ_only_by_overrides_are_compared_apart(tmp_path):
+    """A campaign's labels come from its manifest; loose run dirs from their rows."""
+    camp = make_campaign(
+        tmp_path / "logs",
+        {"maxrl+gtpo": (0.3, 0.32), "maxrl+gtpo~lr=0.0001": (0.3, 0.6)},
+        seeds=[1, 2, 3],
+    )
+    runs, order = collect_runs([camp], [])
+    assert order == ["maxrl+gtpo", "maxrl+gtpo~lr=0.0001"]
+    comp = compare_runs(runs, "correct_rate", order=order, baseline="maxrl+gtpo", n_resamples=500)
+    assert [c.condition for c in comp.conditions] == order
+    assert [c.n for c in comp.conditions] == [3, 3]
+    assert comp.pairwise[0].condition == "maxrl+gtpo~lr=0.0001"
+    # loose runs, found by a directory search: the rows' labels keep them apart
+    loose = tmp_path / "loose"
+    rng = np.random.default_rng(3)
+    for label in ("grpo+none", "grpo+none~lr=0.0001,uncertainty_kind=surprisal"):
+        for seed in (1, 2):
+            write_run(loose / run_dir_name(label, seed), label, seed, curve(rng, 0.2, 0.3))
+    runs, order = collect_runs([loose], [])
+    assert order == ["grpo+none", "grpo+none~lr=0.0001,uncertainty_kind=surprisal"]
+    assert sorted(r.label for r in runs)[-1] == "grpo+none~lr=0.0001,uncertainty_kind=surprisal_s2"

@@ -155,3 +155,13 @@ def test_verifiers_examples_keep_their_messages():
 def test_bad_few_shot_is_rejected():
     with pytest.raises(DataError, match="few_shot"):
         PromptRenderer(make_tokenizer(), few_shot=[{"user": "only a question"}])
+
+
+def test_auto_instruction_is_the_original_prompt_for_math_only():
+    from retrain.data.prompts import resolve_instruction
+
+    assert resolve_instruction("auto", "math") == ""  # the problem alone, as the original sent it
+    assert resolve_instruction("auto", "reasoning_gym") == DEFAULT_INSTRUCTION
+    assert resolve_instruction("auto", "jsonl") == DEFAULT_INSTRUCTION
+    assert resolve_instruction("", "jsonl") == ""
+    assert resolve_instruction("Answer briefly.", "math") == "Answer briefly."

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from retrain.logs.rundir import CampaignDir, RunDir, is_run_dir, read_json
+from retrain.logs.rundir import (
+    CampaignDir,
+    RunDir,
+    is_run_dir,
+    read_json,
+    run_dir_name,
+    safe_label,
+)
 
 
 def write_rows(path: Path, rows, tail: str = "") -> None:
@@ -153,3 +160,25 @@ def test_campaign_without_a_runs_list(tmp_path):
     campaign = CampaignDir(tmp_path)
     assert campaign.manifest == {} and campaign.entries is None and campaign.run_dirs() == []
     assert campaign.warnings and campaign.warnings[0].startswith("cannot read")
+
+
+def test_condition_label_with_overrides_and_safe_run_dirs(tmp_path):
+    label = "maxrl+gtpo~model=Qwen/Qwen3-0.6B"
+    name = run_dir_name(label, 3)
+    assert "/" not in name and name.endswith("_s3") and name != run_dir_name(label + "x", 3)
+    assert run_dir_name("maxrl+gtpo~lr=0.0001", 3) == "maxrl+gtpo~lr=0.0001_s3"
+    assert safe_label(".hidden") != ".hidden" and not safe_label(".hidden").startswith(".")
+    # a run whose config carries the campaign's label (no rows yet)
+    camp = tmp_path / "campaign_1"
+    run = camp / "runs" / name
+    run.mkdir(parents=True)
+    (run / "run.toml").write_text(
+        '[algorithm]\nadvantage_mode = "maxrl"\ntransform_mode = "gtpo"\n'
+        f'[logging]\ncondition_label = "{label}"\n'
+    )
+    assert RunDir(run).condition == label
+    assert RunDir(run).name_parts == (name[: -len("_s3")], 3)
+    # a manifest entry with only condition + seed finds the sanitised directory
+    (camp / "manifest.json").write_text(json.dumps({"runs": [{"condition": label, "seed": 3}]}))
+    campaign = CampaignDir(camp)
+    assert campaign.run_dir(campaign.entries[0]) == run

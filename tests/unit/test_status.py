@@ -11,6 +11,7 @@ import pytest
 from retrain.cli.main import main as cli_main
 from retrain.cli.status import main as status_main
 from retrain.errors import UsageError
+from retrain.logs.rundir import run_dir_name
 from retrain.logs.status import collect, discover, read_campaign, read_run, render
 
 NOW = 1_700_000_000.0  # fixed and in the past: runs read as stale on the real clock
@@ -234,3 +235,33 @@ def test_cli_errors(tmp_path):
         status_main([str(tmp_path), "--stale-after", "0"])
     with pytest.raises(UsageError):
         status_main(["--bogus"])
+
+
+def test_conditions_that_differ_only_by_overrides_are_separate_groups(tmp_path):
+    """Rows written by a trainer that records only `adv+tx` still group by the manifest's
+    full label, so `lr` variants of one condition never merge."""
+    camp = tmp_path / "campaign_20250101_000000"
+    entries = []
+    labels = ("maxrl+gtpo", "maxrl+gtpo~lr=0.0001", "maxrl+gtpo~model=Qwen/Qwen3-0.6B")
+    for i, label in enumerate(labels):
+        for seed in (1, 2):
+            name = run_dir_name(label, seed)
+            final = 0.2 * (i + 1) + 0.01 * seed
+            write_run(
+                camp / "runs" / name,
+                rates=[0.1, final],
+                status="finished",
+                finished=True,
+                max_steps=2,
+                condition="maxrl+gtpo",  # what the rows say without the full label
+            )
+            entries.append({"name": name, "condition": label, "seed": seed, "status": "finished"})
+    (camp / "manifest.json").write_text(json.dumps({"status": "finished", "runs": entries}))
+    c = read_campaign(camp, now=NOW)
+    assert [s.condition for s in c.conditions] == list(labels)
+    by = {s.condition: s for s in c.conditions}
+    assert by["maxrl+gtpo~lr=0.0001"].runs == 2
+    assert by["maxrl+gtpo~lr=0.0001"].mean == pytest.approx(0.415)
+    text = render(collect(tmp_path, now=NOW))
+    assert "  maxrl+gtpo~lr=0.0001: 2/2 finished" in text
+    assert "  maxrl+gtpo~model=Qwen/Qwen3-0.6B: 2/2 finished" in text
