@@ -173,16 +173,10 @@ def _terms(p: float, x: float) -> list[float] | None:
     return t
 
 
-def _solve(sums: list[float], n: int, distinct: int) -> USLFit:
-    """Weighted least squares of p/X = a + b p + c p^2 from the running sums."""
-    if n < 3 or distinct < 3:
-        return _invalid(
-            f"need observations at >= 3 distinct concurrencies (have {distinct})", n, distinct
-        )
+def _normal_equations(sums: list[float]) -> tuple[np.ndarray, np.ndarray, float]:
+    """The weighted normal equations (matrix, right-hand side) with p rescaled by its
+    weighted RMS `sc`, so the matrix is well conditioned."""
     s0, s1, s2, s3, s4, t0, t1, t2 = sums
-    if not all(math.isfinite(v) for v in sums) or s0 <= 0 or s2 <= 0:
-        return _invalid("non-finite running sums", n, distinct)
-    # Rescale p by its weighted RMS so the normal matrix is well conditioned.
     sc = math.sqrt(s2 / s0)
     m = (
         np.array(
@@ -194,7 +188,29 @@ def _solve(sums: list[float], n: int, distinct: int) -> USLFit:
         )
         / s0
     )
-    r = np.array([t0, t1 / sc, t2 / sc**2]) / s0
+    return m, np.array([t0, t1 / sc, t2 / sc**2]) / s0, sc
+
+
+def _rel_se(beta, r, minv, s0: float, n: int, sc: float, a: float, c: float) -> float | None:
+    """Conservative relative standard error of p* (see the module docstring)."""
+    if n <= 3:
+        return None
+    # Weighted residual sum of squares; sum w y^2 == n because w = 1 / y^2.
+    rss = max(float(n) - float(beta @ r) * s0, 0.0)
+    cov = minv * (rss / (n - 3) / s0)
+    va, vc = float(cov[0, 0]), float(cov[2, 2]) / sc**4
+    return _finite(0.5 * (math.sqrt(max(va, 0.0)) / abs(a) + math.sqrt(max(vc, 0.0)) / c))
+
+
+def _solve(sums: list[float], n: int, distinct: int) -> USLFit:
+    """Weighted least squares of p/X = a + b p + c p^2 from the running sums."""
+    if n < 3 or distinct < 3:
+        return _invalid(
+            f"need observations at >= 3 distinct concurrencies (have {distinct})", n, distinct
+        )
+    if not all(math.isfinite(v) for v in sums) or sums[0] <= 0 or sums[2] <= 0:
+        return _invalid("non-finite running sums", n, distinct)
+    m, r, sc = _normal_equations(sums)
     if not np.all(np.isfinite(m)) or not np.all(np.isfinite(r)):
         return _invalid("non-finite normal equations", n, distinct)
     with np.errstate(all="ignore"):
@@ -215,34 +231,17 @@ def _solve(sums: list[float], n: int, distinct: int) -> USLFit:
     lam = 1.0 / denom
     kappa = c * lam
     sigma = (b + c) * lam
+    fitted = {"sigma": sigma, "kappa": kappa, "lam": lam}
     if not all(math.isfinite(v) for v in (lam, kappa, sigma)):
         return _invalid("non-finite parameters", n, distinct)
     # kappa that adds less than 1e-9 to the denominator over the observed range is rounding.
     if kappa * sc * sc <= 1e-9:
-        return _invalid(
-            "kappa <= 0: no contention seen, no finite optimum",
-            n,
-            distinct,
-            sigma=sigma,
-            kappa=kappa,
-            lam=lam,
-        )
+        return _invalid("kappa <= 0: no contention seen, no finite optimum", n, distinct, **fitted)
     if sigma >= 1.0 - 1e-9:
-        return _invalid(
-            "sigma >= 1: throughput does not scale", n, distinct, sigma=sigma, kappa=kappa, lam=lam
-        )
+        return _invalid("sigma >= 1: throughput does not scale", n, distinct, **fitted)
     p_star = math.sqrt((1.0 - sigma) / kappa)
     if not math.isfinite(p_star) or p_star <= 0:
-        return _invalid("non-finite p*", n, distinct, sigma=sigma, kappa=kappa, lam=lam)
-    # Conservative relative standard error of p* (see the module docstring).
-    rel_se = None
-    if n > 3:
-        # Weighted residual sum of squares; sum w y^2 == n because w = 1 / y^2.
-        rss = max(float(n) - float(beta @ r) * s0, 0.0)
-        var = rss / (n - 3)
-        cov = minv * (var / s0)
-        va, vc = float(cov[0, 0]), float(cov[2, 2]) / sc**4
-        rel_se = _finite(0.5 * (math.sqrt(max(va, 0.0)) / abs(a) + math.sqrt(max(vc, 0.0)) / c))
+        return _invalid("non-finite p*", n, distinct, **fitted)
     return USLFit(
         sigma=sigma,
         kappa=kappa,
@@ -252,7 +251,7 @@ def _solve(sums: list[float], n: int, distinct: int) -> USLFit:
         reason="ok",
         n=n,
         distinct=distinct,
-        p_star_rel_se=rel_se,
+        p_star_rel_se=_rel_se(beta, r, minv, sums[0], n, sc, a, c),
     )
 
 

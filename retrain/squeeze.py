@@ -435,7 +435,6 @@ def compress_adapter(
     """Write a rank-`target_rank` PEFT adapter whose deltas are the truncated SVD of the
     original ones. Returns the output directory."""
     import torch
-    from safetensors.torch import save_file
 
     path = _check_local(adapter_path)
     out = Path(output_path).expanduser()
@@ -490,9 +489,17 @@ def compress_adapter(
     new_cfg["lora_alpha"] = int(new_alpha) if float(new_alpha).is_integer() else new_alpha
     new_cfg["rank_pattern"] = {}
     new_cfg["alpha_pattern"] = {}
+    _write_adapter(path, out, new_weights, new_cfg)
+    return out
+
+
+def _write_adapter(source: Path, out: Path, weights: dict, cfg: dict) -> None:
+    """The compressed adapter beside copies of the source's other files (README,
+    tokenizer files, ...); the weights are written to a temporary name first."""
+    from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    for item in path.iterdir():  # README, tokenizer files, ... travel along
+    for item in source.iterdir():
         if item.is_file() and item.name not in (CONFIG_NAME, SAFETENSORS_NAME, BIN_NAME):
             shutil.copy2(item, out / item.name)
     stale = out / BIN_NAME
@@ -500,13 +507,10 @@ def compress_adapter(
         stale.unlink()
     tmp = out / (SAFETENSORS_NAME + ".tmp")
     save_file(
-        {key: t.contiguous() for key, t in new_weights.items()},
-        str(tmp),
-        metadata={"format": "pt"},
+        {key: t.contiguous() for key, t in weights.items()}, str(tmp), metadata={"format": "pt"}
     )
     tmp.replace(out / SAFETENSORS_NAME)
-    (out / CONFIG_NAME).write_text(json.dumps(new_cfg, indent=2, sort_keys=True) + "\n")
-    return out
+    (out / CONFIG_NAME).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 # ------------------------------------------------------------------------------------------
