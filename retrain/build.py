@@ -44,6 +44,7 @@ class Components:
     backend: Any  # backends.base.Backend
     sampling: SamplingParams  # the seed is set per step
     hyper: TrainHyper
+    evaluator: Any = None  # evaluate.Evaluator when [eval] every > 0
 
 
 def build_pipeline(config: Config) -> AdvantagePipeline:
@@ -157,11 +158,20 @@ def train_hyper(config: Config) -> TrainHyper:
         beta2=o.beta2,
         eps=o.eps,
         max_grad_norm=o.max_grad_norm,
+        policy_loss=t.policy_loss,
+        clip_eps=t.clip_eps,
+        clip_eps_high=t.clip_eps_high or t.clip_eps,
+        clip_ratio_c=t.clip_ratio_c,
+        adv_clip_max=t.adv_clip_max,
+        loss_agg=t.loss_agg,
+        kl_coef=t.kl_coef,
+        kl_estimator=t.kl_estimator,
     )
 
 
 def build(config: Config, say: Callable[[str], None]) -> Components:
     """Every component of a run, in the order that keeps runs reproducible."""
+    from retrain.evaluate import build_evaluator, prepare_held_out
     from retrain.models import load_tokenizer
     from retrain.rewards import build_reward
     from retrain.rollout import Rollout, VocabTable
@@ -176,6 +186,7 @@ def build(config: Config, say: Callable[[str], None]) -> Components:
     vocab = VocabTable(tokenizer)
     say(f"Vocabulary table: {len(vocab)} entries")
     data, renderer = build_data(config, tokenizer, say)
+    held_out = prepare_held_out(config, data, renderer, say) if config.eval.every > 0 else None
     # A verifiers environment scores with its own rubric.
     reward = getattr(data, "reward", None) or build_reward(config.reward, search_paths)
     p = config.planning
@@ -185,7 +196,7 @@ def build(config: Config, say: Callable[[str], None]) -> Components:
     sepa, backpressure = build_sepa(config), build_backpressure(config)
     backend_cls = registry.BACKENDS.resolve(config.backend.backend, search_paths)
     backend = backend_cls(config, tokenizer, say=say)
-    return Components(
+    parts = Components(
         caps,
         pipeline,
         Rollout(backend, reward, renderer, config.reward.correct_threshold),
@@ -201,3 +212,6 @@ def build(config: Config, say: Callable[[str], None]) -> Components:
         sampling_params(config, pipeline),
         train_hyper(config),
     )
+    if held_out is not None:
+        parts.evaluator = build_evaluator(config, parts.rollout, held_out)
+    return parts

@@ -116,6 +116,9 @@ class Entry:
     capabilities: BackendCapabilities | None = None
     options: Mapping[str, OptionSpec] = field(default_factory=dict)
     ignores: tuple[str, ...] = ()  # config keys/sections this entry does not use
+    # backends: "module:attr" of `probe(config) -> [(key, problem)]`, which explain and
+    # doctor run before any model load (servers reachable, directories writable, ...)
+    probe: str = ""
     # advantage pipeline
     alias_of: tuple[str, str] | None = None  # algorithm mode = (advantage_mode, transform_mode)
     kernel: str = ""  # transform mode: name of its vectorised kernel in advantages.transforms
@@ -426,6 +429,14 @@ BACKENDS = Registry(
                 preserves_token_advantages=True,
                 supports_checkpoint_resume=True,
                 token_data=("entropy",),
+                loss_options=(
+                    "ppo_clip",
+                    "dual_clip",
+                    "adv_clip",
+                    "seq_mean_token_sum",
+                    "seq_mean_token_mean",
+                    "kl",
+                ),
             ),
             options={
                 "micro_batch_tokens": OptionSpec(
@@ -453,6 +464,10 @@ BACKENDS = Registry(
                 preserves_token_advantages=True,
                 supports_checkpoint_resume=True,
                 resume_runtime_dependent=True,
+                # The service's "ppo" loss is token-wise PPO clipping with thresholds
+                # (1 - clip_eps, 1 + clip_eps_high); aggregations and advantage clipping
+                # are exact rescalings of the advantages sent. No dual clip, no KL.
+                loss_options=("ppo_clip", "adv_clip", "seq_mean_token_sum", "seq_mean_token_mean"),
             ),
             options={
                 "max_retries": OptionSpec(
@@ -479,8 +494,65 @@ BACKENDS = Registry(
         ),
         Entry(
             "prime_rl",
-            description="an external PRIME-RL trainer + inference server",
-            not_built='use backend = "local" or "tinker" (the PRIME-RL backend is planned)',
+            "retrain.backends.prime_rl:PrimeRLBackend",
+            "an external PRIME-RL trainer + inference server; retrain orchestrates (prime-rl "
+            "formats of commit a6a8eda5c5cc). Tested here against the test receiver in "
+            "scripts/prime_rl_receiver, not against a real prime-rl (docs/prime_rl.md)",
+            requires=("msgspec", "zmq", "httpx"),
+            install="pip install 'retrain[prime_rl]'  (msgspec, pyzmq, httpx; prime-rl itself "
+            "runs separately, installed from source)",
+            capabilities=BackendCapabilities(
+                reports_sync_loss=False,
+                preserves_token_advantages=False,
+                supports_checkpoint_resume=True,
+            ),
+            options={
+                "transport": OptionSpec(
+                    "str",
+                    "filesystem",
+                    "How batches reach the prime-rl trainer: files under adapter_path/rollouts, or ZMQ",
+                    choices=("filesystem", "zmq"),
+                ),
+                "zmq_host": OptionSpec("str", "localhost", "Host of the trainer's ZMQ receiver"),
+                "zmq_port": OptionSpec(
+                    "int", 5555, "Port of the trainer's ZMQ receiver", validator=_positive
+                ),
+                "zmq_hwm": OptionSpec(
+                    "int", 10, "ZMQ high-water mark (batches queued)", validator=_positive
+                ),
+                "sync_wait_s": OptionSpec(
+                    "int",
+                    30,
+                    "Seconds to wait for the trainer's next weight broadcast (STABLE) before sampling",
+                    validator=lambda v: None if v >= 0 else f"sync_wait_s must be >= 0, got {v!r}",
+                ),
+                "sync_poll_s": OptionSpec(
+                    "float", 0.2, "Poll period for broadcast STABLE markers", validator=_positive
+                ),
+                "timeout_s": OptionSpec(
+                    "float", 600.0, "Seconds for one inference request", validator=_positive
+                ),
+                "strict_advantages": OptionSpec(
+                    "bool",
+                    True,
+                    "Refuse completions whose token advantages vary (prime-rl takes one per completion)",
+                    validator=lambda v: (
+                        None
+                        if v
+                        else "strict_advantages = false is not supported: prime-rl takes one "
+                        "advantage per completion, so token advantages would be aggregated silently"
+                    ),
+                ),
+            },
+            ignores=(
+                "[inference] engine",
+                "[inference] attention_kernel/dtype/kv_cache_dtype/prefix_caching",
+                "[backend] devices",
+                "[training] lr/weight_decay",
+                "[optimizer]",
+                "[lora]",
+            ),
+            probe="retrain.backends.prime_rl:probe",
         ),
     ),
     key="[backend] backend",

@@ -25,12 +25,14 @@ from retrain.checkpoint import (
 )
 from retrain.config import Config
 from retrain.errors import RetrainError, TrainingError
-from retrain.logs.console import Console, group_line, step_line
-from retrain.logs.metrics import RunContext, RunCounters, metrics_row
+from retrain.logs.console import Console, eval_line, group_line, step_line
+from retrain.logs.jsonl import JsonlWriter, truncate_from_step
+from retrain.logs.metrics import EVAL, RunContext, RunCounters, eval_fields, eval_row, metrics_row
 from retrain.logs.runlog import RunLog
 from retrain.logs.timer import PhaseTimer
 from retrain.rollout import build_datums, correct_rate, planning_masks, token_groups
-from retrain.types import StepResult, TrainResult
+from retrain.schedule import lr_at
+from retrain.types import EvalResult, StepResult, TrainResult
 
 
 def step_seed(seed: int, step: int) -> int | None:
@@ -95,6 +97,7 @@ class Trainer:
         self.start_step = 0
         self.last_saved_step: int | None = None
         self.last_adapter = ""
+        self._eval_log: JsonlWriter | None = None
 
     def setup(self) -> None:
         self.parts = c = build(self.config, self.say)
@@ -151,7 +154,8 @@ class Trainer:
             )
             datums = build_datums(groups, adv.advantages)
         with timer.phase("training", f"training on {len(datums)} completions"):
-            train = finite_loss(step, c.backend.train_step(datums, c.hyper))
+            hyper = replace(c.hyper, lr=self.scheduled_lr(step))
+            train = finite_loss(step, c.backend.train_step(datums, hyper))
         result = StepResult(
             step,
             groups,
@@ -166,6 +170,12 @@ class Trainer:
         )
         return self._record(result)
 
+    def scheduled_lr(self, step: int) -> float:
+        """The learning rate of `step`: a pure function of the step ([training]
+        lr_schedule, warmup_steps), so a resumed run continues the same schedule."""
+        t = self.config.training
+        return lr_at(step, t.lr, t.lr_schedule, t.warmup_steps, t.max_steps)
+
     def _progress(self, step: int) -> Callable[[str], None]:
         total, done = self.config.training.max_steps, step - self.start_step
         return lambda label: self.console.progress(step, total, label, self.log.started, done)
@@ -176,7 +186,7 @@ class Trainer:
         self.counters.add(result)
         row = metrics_row(
             result,
-            self.context,
+            replace(self.context, lr=self.scheduled_lr(result.step)),
             self.counters,
             examples_seen=c.data.position,
             epoch=c.data.epoch,
@@ -189,6 +199,8 @@ class Trainer:
         for g in result.groups[: self.config.logging.group_lines]:
             self.say(group_line(g.num_correct, len(g), g.example.reference))
         self.say(self._step_line(row))
+        if self._eval_due(result.step + 1):  # the rows carry the evaluation after this step
+            row.update(eval_fields(self.evaluate(result.step + 1)))
         self.log.write_step(result, row)
         return row
 
@@ -213,6 +225,40 @@ class Trainer:
             sepa_lambda=row["sepa_lambda"],
             seconds=row["step_time_s"],
         )
+
+    # ------------------------------------------------------------ held-out evaluation
+
+    def _eval_due(self, done: int) -> bool:
+        """Evaluations run before step 0, every `[eval] every` steps and after the last."""
+        every = self.config.eval.every
+        if self.parts is None or self.parts.evaluator is None or every <= 0:
+            return False
+        return done % every == 0 or done == self.config.training.max_steps
+
+    def evaluate(self, done: int) -> EvalResult:
+        """Evaluate the current adapter on the held-out set after `done` training steps:
+        the console line and the eval.jsonl row (not a training step: nothing trains)."""
+        result = self.parts.evaluator(
+            done,
+            on_phase=lambda label: self.console.status(f"held-out evaluation: {label}"),
+        )
+        self.say(
+            eval_line(
+                done,
+                self.config.condition,
+                correct_rate=result.correct_rate,
+                reward=result.mean_reward,
+                pass_at_k=result.pass_at_k,
+                k=result.samples,
+                problems=result.num_problems,
+                temperature=result.temperature,
+                seconds=result.seconds,
+            )
+        )
+        if self._eval_log is None:
+            self._eval_log = JsonlWriter(self.log_dir / EVAL)
+        self._eval_log.write(eval_row(result, self.config.condition))
+        return result
 
     # ------------------------------------------------------------ checkpoints
 
@@ -256,6 +302,8 @@ class Trainer:
             )
             return 0
         self.log.open(self.start_step)
+        if self.start_step > 0:  # evaluations up to the checkpoint's step stay
+            truncate_from_step(self.log_dir / EVAL, self.start_step + 1)
         self.context = replace(self.context, started=self.log.started)
         stop = _StopRequest()
         stop.install()
@@ -276,6 +324,8 @@ class Trainer:
         """Steps until max_steps or a stop request; returns (status, exit code)."""
         cfg = self.config
         last = cfg.training.max_steps
+        if self.start_step == 0 and self._eval_due(0):
+            self.evaluate(0)
         for step in range(self.start_step, last):
             self.run_step(step)
             done = step + 1
@@ -316,9 +366,26 @@ class Trainer:
             if first and last
             else ""
         )
-        return f"Done: {self.config.training.max_steps} steps, {trend}logs in {self.log_dir}, adapter in {self.last_adapter}"
+        return f"Done: {self.config.training.max_steps} steps, {trend}{self._eval_trend()}logs in {self.log_dir}, adapter in {self.last_adapter}"
+
+    def _eval_trend(self) -> str:
+        from retrain.logs.metrics import read_eval_rows
+
+        try:
+            rows = read_eval_rows(self.log_dir)
+        except RetrainError:
+            return ""
+        if len(rows) < 2:
+            return ""
+        first, last = rows[0], rows[-1]
+        return (
+            f"held-out correct rate {first['eval_correct_rate']:.1%} (after {first['step']} steps) "
+            f"-> {last['eval_correct_rate']:.1%} (after {last['step']} steps); "
+        )
 
     def _close(self, status: str) -> None:
+        if self._eval_log is not None:
+            self._eval_log.close()
         self.log.close(status, self.last_saved_step)
         c = self.parts
         for obj in (c.reward, c.backend, c.data) if c is not None else ():

@@ -145,6 +145,16 @@ class TrainHyper:
     beta2: float
     eps: float
     max_grad_norm: float = 0.0
+    # The objective (retrain/loss.py); the defaults are the plain importance-sampling
+    # policy gradient averaged over the step's tokens.
+    policy_loss: str = "is"  # "is" | "ppo_clip"
+    clip_eps: float = 0.2  # ppo_clip: the ratio's lower bound is 1 - clip_eps
+    clip_eps_high: float = 0.2  # ppo_clip: its upper bound, 1 + clip_eps_high
+    clip_ratio_c: float = 0.0  # dual clip for negative advantages; 0 = off
+    adv_clip_max: float = 0.0  # advantages clipped to [-max, max]; 0 = off
+    loss_agg: str = "token_mean"  # | "seq_mean_token_sum" | "seq_mean_token_mean"
+    kl_coef: float = 0.0  # KL penalty to the reference (LoRA-off) model; 0 = off
+    kl_estimator: str = "k3"  # "k1" | "k2" | "k3"
 
 
 @dataclass
@@ -218,10 +228,15 @@ class BackendCapabilities:
     resume_runtime_dependent: bool = False
     # Per-token data the backend returns besides logprobs (e.g. "entropy").
     token_data: tuple[str, ...] = ()
+    # Loss options implemented beyond the default objective (retrain.loss.LOSS_OPTIONS:
+    # "ppo_clip", "dual_clip", "adv_clip", "seq_mean_token_sum", "seq_mean_token_mean",
+    # "kl"); config loading refuses an option the backend does not list.
+    loss_options: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["token_data"] = list(self.token_data)
+        d["loss_options"] = list(self.loss_options)
         return d
 
 
@@ -291,3 +306,31 @@ class StepResult:
     def correct_rate(self) -> float:
         n = self.num_completions
         return self.num_correct / n if n else 0.0
+
+
+# ---------------------------------------------------------------- held-out evaluation
+
+
+@dataclass
+class EvalResult:
+    """One evaluation of the current adapter on the held-out set (`[eval]`).
+
+    `step` is the number of training steps done when it ran (0 = before training).
+    `correct_rate` and `mean_reward` are over every completion; `pass_at_k` is the
+    unbiased estimator of Chen et al. (2021) with n = k = `samples`, averaged over
+    problems."""
+
+    step: int
+    num_problems: int
+    samples: int
+    temperature: float
+    num_correct: int
+    correct_rate: float
+    mean_reward: float
+    pass_at_k: float
+    seconds: float
+    reward_counters: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_completions(self) -> int:
+        return self.num_problems * self.samples

@@ -62,8 +62,9 @@ def _capabilities_from(value: Any, name: str) -> BackendCapabilities:
     if unknown:
         raise PluginError(f"backend {name}: capability hook has unknown keys {sorted(unknown)}")
     data = dict(value)
-    if "token_data" in data:
-        data["token_data"] = tuple(data["token_data"])
+    for key in ("token_data", "loss_options"):
+        if key in data:
+            data[key] = tuple(data[key])
     return BackendCapabilities(**data)
 
 

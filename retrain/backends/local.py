@@ -1,13 +1,19 @@
 """The local backend: a transformers model with a PEFT LoRA adapter, trained in-process.
 
-Loss (importance-sampling policy gradient), over the completion tokens of all datums:
+Loss: retrain/loss.py's objective. By default (policy_loss = "is", loss_agg =
+"token_mean") the importance-sampling policy gradient over the completion tokens of all
+datums:
 
     loss = -(1/N) * sum_t A_t * exp(logp_t - logp_sampler_t),   N = completion tokens in the step
 
 so the gradient is the advantage-weighted score function, corrected for any drift between
-the weights that sampled and the weights being trained. Micro-batches split a step by a
-token budget; each micro-batch uses the step's N, so the result does not depend on the
-split. Each group's prompt is run once per micro-batch and its KV cache shared by the
+the weights that sampled and the weights being trained. PPO clipping (with clip-higher and
+dual clip), advantage clipping, the other aggregations and a KL penalty to the reference
+model are options; the reference logprobs come from the same model with the LoRA adapter
+disabled (PEFT's `disable_adapter()`), so no second model is held in memory.
+Micro-batches split a step by a token budget; each micro-batch uses the step's
+denominator (and per-completion weights), so the result does not depend on the split.
+Each group's prompt is run once per micro-batch and its KV cache shared by the
 completions (exact: it only skips recomputing identical prefixes).
 """
 
@@ -28,6 +34,7 @@ import torch
 
 from retrain.backends.base import backend_options
 from retrain.errors import BackendError, CheckpointError, TrainingError
+from retrain.loss import LossStats, policy_objective, sequence_weights
 from retrain.models import resolve_model
 from retrain.registry import BACKENDS
 from retrain.types import (
@@ -252,19 +259,38 @@ class LocalBackend:
                 eps=hyper.eps,
             )
         total = sum(len(d.completion_ids) for d in datums)
+        weights, denominator = sequence_weights(
+            [len(d.completion_ids) for d in datums], hyper.loss_agg
+        )
         temperature = self.config.training.temperature
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         ratio_sum = 0.0
         ratio_max = 0.0
+        stats = LossStats()
+        start = 0
         for chunk in self._micro_batches(datums):
-            logp = self.completion_logprobs(
-                chunk[0].prompt_ids, [d.completion_ids for d in chunk], temperature
-            )
+            prompt, completions = chunk[0].prompt_ids, [d.completion_ids for d in chunk]
+            logp = self.completion_logprobs(prompt, completions, temperature)
             mask, adv, old = _padded(chunk, logp.shape[1], logp.device)
+            ref = self._reference_logprobs(prompt, completions, temperature, hyper)
+            seq_w = None
+            if hyper.loss_agg != "token_mean":
+                seq_w = torch.from_numpy(weights[start : start + len(chunk)]).to(logp)
+            start += len(chunk)
+            loss, chunk_stats = policy_objective(
+                logp,
+                old,
+                adv,
+                mask,
+                hyper,
+                denominator=denominator,
+                seq_weights=seq_w,
+                ref_logp=ref,
+            )
+            stats.add(chunk_stats)
             log_ratio = torch.where(mask, logp - old, torch.zeros_like(logp))
-            loss = -(adv * torch.exp(log_ratio) * mask).sum() / total
             value = float(loss.detach())
             if not math.isfinite(value):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -291,7 +317,22 @@ class LocalBackend:
             grad_norm=grad_norm,
             log_ratio_mean=ratio_sum / total,
             log_ratio_max_abs=ratio_max,
+            extra=stats.metrics(),
         )
+
+    def _reference_logprobs(
+        self,
+        prompt_ids: list[int],
+        completions: Sequence[np.ndarray],
+        temperature: float,
+        hyper: TrainHyper,
+    ) -> torch.Tensor | None:
+        """The reference model's logprobs (the same weights with the LoRA adapter off), only
+        when the objective has a KL term."""
+        if hyper.kl_coef <= 0:
+            return None
+        with torch.no_grad(), self.model.disable_adapter():
+            return self.completion_logprobs(prompt_ids, completions, temperature)
 
     def _snapshot(self) -> None:
         """Copy the trained LoRA weights into the sampler's model (split mode)."""

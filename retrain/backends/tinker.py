@@ -8,7 +8,9 @@ One step, as the trainer drives it:
    they changed since the last publish), fire one sampling request per prompt at once, then
    collect token ids + per-token sampler logprobs.
 2. `train_step`: one Tinker `Datum` per completion and one `forward_backward(...,
-   loss_fn="importance_sampling")`, then `optim_step(AdamParams(...))`.
+   loss_fn="importance_sampling")` (or `loss_fn="ppo"` with `clip_low_threshold = 1 -
+   clip_eps`, `clip_high_threshold = 1 + clip_eps_high` for `policy_loss = "ppo_clip"`),
+   then `optim_step(AdamParams(...))`.
 
 Datum layout (Tinker's next-token convention): the model reads `tokens[:-1]` and is scored on
 `target_tokens = tokens[1:]`, with `tokens = prompt + completion`. The completion's targets
@@ -16,7 +18,12 @@ sit at positions `P-1 .. P+C-2`; `logprobs` and `advantages` are 0 on the prompt
 Advantages are sent divided by N, the step's completion-token count: the service's loss is
 a sum over tokens, so its value is then exactly the local backend's per-token mean
 `-(1/N) sum_t A_t exp(logp_t - logp_sampler_t)`, and `lr` / `max_grad_norm` mean the same
-on both backends.
+on both backends. The other aggregations (`loss_agg`) divide by their own per-completion
+factor instead (retrain.loss.token_scales), and `adv_clip_max` clips the advantages
+before they are scaled: both losses are linear in A token by token (PPO's min commutes
+with a positive factor), so every option listed in the registry's `loss_options` for
+Tinker is exact. Dual clip and the KL penalty have no service loss and are refused when
+the config loads.
 
 Robustness: every remote call is retried (bounded, `max_retries` attempts, exponential
 backoff from `retry_backoff_s`) on 5xx, 408/429, timeouts and connection errors; other
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import inspect
 import logging
 import math
 import re
@@ -43,8 +51,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from retrain.backends.base import backend_options
 from retrain.errors import BackendError, CheckpointError
+from retrain.loss import ppo_clipped, token_scales
 from retrain.registry import BACKENDS
 from retrain.types import (
     CheckpointInfo,
@@ -281,8 +292,11 @@ def _tensor(tinker: Any, values: Sequence[float | int], dtype: str) -> Any:
     return tinker.TensorData(data=list(values), dtype=dtype, shape=[len(values)])
 
 
-def build_tinker_datum(tinker: Any, datum: Datum, advantage_scale: float = 1.0) -> Any:
-    """One retrain Datum as a Tinker Datum for the importance-sampling loss."""
+def build_tinker_datum(
+    tinker: Any, datum: Datum, advantage_scale: float = 1.0, adv_clip_max: float = 0.0
+) -> Any:
+    """One retrain Datum as a Tinker Datum for the importance-sampling (or ppo) loss; its
+    advantages clipped to [-adv_clip_max, adv_clip_max] (when > 0), then scaled."""
     # (a Datum's per-token arrays have equal lengths by construction)
     prompt, completion = list(datum.prompt_ids), datum.completion_ids.tolist()
     n_p, n_c = len(prompt), len(completion)
@@ -294,7 +308,10 @@ def build_tinker_datum(tinker: Any, datum: Datum, advantage_scale: float = 1.0) 
     tokens = prompt + completion
     pad = [0.0] * (n_p - 1)
     logprobs = pad + datum.sampler_logprobs.tolist()
-    advantages = pad + (datum.advantages * advantage_scale).tolist()
+    adv = datum.advantages
+    if adv_clip_max > 0:
+        adv = np.clip(adv, -adv_clip_max, adv_clip_max)
+    advantages = pad + (adv * advantage_scale).tolist()
     return tinker.Datum(
         model_input=tinker.ModelInput.from_ints(tokens[:-1]),
         loss_fn_inputs={
@@ -386,6 +403,44 @@ def summarize_forward_backward(
     if count:
         return float(loss), ratio_sum / count, ratio_max, extra
     return float(loss), None, None, extra
+
+
+def loss_request(hyper: TrainHyper) -> tuple[str, dict[str, float] | None]:
+    """(loss_fn, loss_fn_config) of the service for the configured objective."""
+    if hyper.kl_coef > 0 or hyper.clip_ratio_c > 0:
+        raise BackendError(
+            "the Tinker service has no KL penalty or dual-clip loss. Fix: kl_coef = 0 and "
+            "clip_ratio_c = 0, or the local backend"
+        )
+    if hyper.policy_loss == "ppo_clip":
+        return "ppo", {
+            "clip_low_threshold": 1.0 - hyper.clip_eps,
+            "clip_high_threshold": 1.0 + hyper.clip_eps_high,
+        }
+    return LOSS_FN, None
+
+
+def clip_fraction(output: Any, datums: Sequence[Datum], hyper: TrainHyper) -> float | None:
+    """The share of completion tokens whose PPO loss was clipped, from the service's
+    logprobs of this forward pass (None when it returned none)."""
+    outputs = list(getattr(output, "loss_fn_outputs", None) or [])
+    if len(outputs) != len(datums):
+        return None
+    clipped = tokens = 0
+    for out, d in zip(outputs, datums):
+        train_lp = out.get("logprobs") if isinstance(out, dict) else None
+        if train_lp is None:
+            return None
+        start = len(d.prompt_ids) - 1
+        mine = np.asarray(_to_list(train_lp)[start : start + len(d.completion_ids)], dtype=float)
+        if mine.size != d.sampler_logprobs.size:
+            return None
+        cut = ppo_clipped(
+            mine - d.sampler_logprobs, d.advantages, hyper.clip_eps, hyper.clip_eps_high
+        )
+        clipped += int(cut.sum())
+        tokens += mine.size
+    return clipped / tokens if tokens else 0.0
 
 
 def adam_params(tinker: Any, hyper: TrainHyper) -> Any:
@@ -638,14 +693,35 @@ class TinkerBackend:
         if not datums:
             return TrainResult(loss=0.0, num_tokens=0)
         total = sum(len(d.completion_ids) for d in datums)
-        data = [build_tinker_datum(self.tinker, d, 1.0 / total) for d in datums]
+        scales = token_scales([len(d.completion_ids) for d in datums], hyper.loss_agg)
+        data = [
+            build_tinker_datum(self.tinker, d, float(s), hyper.adv_clip_max)
+            for d, s in zip(datums, scales)
+        ]
         params = adam_params(self.tinker, hyper)
         training = self.training
+        loss_fn, loss_config = loss_request(hyper)
+        if loss_config is None:
+            submit = lambda: training.forward_backward(data, loss_fn)  # noqa: E731
+        elif "loss_fn_config" not in inspect.signature(training.forward_backward).parameters:
+            raise BackendError(
+                f'[training] policy_loss = "ppo_clip": tinker SDK {self.version} cannot pass the '
+                "ppo clip thresholds (forward_backward has no loss_fn_config). Fix: a newer SDK, "
+                'or policy_loss = "is"'
+            )
+        else:
+            submit = lambda: training.forward_backward(data, loss_fn, loss_fn_config=loss_config)  # noqa: E731
         output = self._call(
-            lambda: training.forward_backward(data, LOSS_FN).result(self.timeout_s),
-            f"forward_backward ({len(data)} datums)",
+            lambda: submit().result(self.timeout_s),
+            f"forward_backward ({len(data)} datums, loss_fn={loss_fn})",
         )
         loss, ratio_mean, ratio_max, extra = summarize_forward_backward(output, datums)
+        if hyper.policy_loss == "ppo_clip":
+            fraction = clip_fraction(output, datums, hyper)
+            if fraction is not None:
+                extra["clip_fraction"] = fraction
+        else:
+            extra["clip_fraction"] = 0.0
         step = self._call(lambda: training.optim_step(params).result(self.timeout_s), "optim_step")
         self._weights_version += 1
         step_metrics = getattr(step, "metrics", None) or {}

@@ -83,9 +83,15 @@ class Condition:
         return {o.key: o.raw for o in sorted(self.overrides, key=lambda o: o.key)}
 
     def apply(self, config: Config) -> None:
-        """Set the overridden fields on `config` (modes and campaign fields excluded)."""
+        """Set the overridden fields on `config` (modes and campaign fields excluded). A
+        condition that sets clip_eps but not policy_loss means PPO clipping, as in the
+        original (see compat.ppo_from_clip_eps)."""
         for o in self.overrides:
             setattr(getattr(config, o.spec.table), o.spec.attr, o.value)
+        training = {o.spec.attr: o.value for o in self.overrides if o.spec.table == "training"}
+        compat.ppo_from_clip_eps(training)
+        if "policy_loss" in training:
+            config.training.policy_loss = training["policy_loss"]
 
 
 def condition_label(

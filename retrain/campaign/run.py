@@ -100,6 +100,20 @@ def has_checkpoint(run: RunSpec) -> bool:
     return RunDir(run.log_dir).has_checkpoint
 
 
+def last_eval(run: RunSpec) -> dict[str, Any] | None:
+    """The run's last held-out evaluation ([eval]) for the manifest, or None."""
+    from retrain.logs.metrics import read_eval_rows
+
+    try:
+        rows = read_eval_rows(run.log_dir)
+    except RetrainError:
+        return None
+    if not rows:
+        return None
+    keys = ("eval_correct_rate", "eval_mean_reward", "eval_pass_at_k", "eval_k")
+    return {"step": rows[-1].get("step"), **{k: rows[-1].get(k) for k in keys}}
+
+
 def state_finished(run: RunSpec) -> bool:
     return RunDir(run.log_dir).finished
 
@@ -109,7 +123,7 @@ def set_aside_partial_logs(run: RunSpec, attempt: int) -> list[str]:
     rename them `metrics.attempt{n}.jsonl`, `emergence.attempt{n}/`. Returns what moved."""
     moved = []
     log_dir = Path(run.log_dir)
-    for name in ("metrics.jsonl", "emergence"):
+    for name in ("metrics.jsonl", "eval.jsonl", "emergence"):
         path = log_dir / name
         if not path.exists():
             continue
@@ -318,6 +332,7 @@ class Campaign:
     ) -> str:
         ended = time.time()
         if code == 0:
+            extra.setdefault("eval", last_eval(run))
             status = FINISHED
         elif self.stop.is_set():
             status = INTERRUPTED

@@ -36,6 +36,7 @@ CAPABILITY_HELP = {
     "supports_checkpoint_resume": "--resume restores the adapter weights",
     "resume_runtime_dependent": "resume also depends on the remote runtime (e.g. the service must still hold the checkpoint)",
     "token_data": "per-token data besides logprobs (entropy: full-vocabulary entropies for shannon_entropy)",
+    "loss_options": "objective options beyond the importance-sampling token mean (ppo_clip, dual_clip, adv_clip, seq_mean_token_sum, seq_mean_token_mean, kl; retrain man --topic loss)",
 }
 
 

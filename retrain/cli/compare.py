@@ -11,6 +11,7 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from retrain.compare import (
@@ -24,6 +25,7 @@ from retrain.compare import (
     render_markdown,
     render_text,
 )
+from retrain.compare.runs import RunData
 from retrain.errors import RetrainError, UsageError
 
 
@@ -42,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--metric",
         action="append",
         default=None,
-        help="metrics.jsonl field to compare (repeatable or comma-separated; default correct_rate)",
+        help="metrics.jsonl field to compare (repeatable or comma-separated; default correct_rate, "
+        "plus the held-out eval_correct_rate when the runs evaluated)",
     )
     p.add_argument(
         "--baseline",
@@ -77,11 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _metrics(values: list[str] | None) -> list[str]:
+def _metrics(values: list[str] | None, runs: Sequence[RunData] = ()) -> list[str]:
+    """The metrics asked for; by default correct_rate, plus the held-out
+    eval_correct_rate when any run evaluated ([eval])."""
+    default = ["correct_rate"]
+    if any(r.has_metric("eval_correct_rate") for r in runs):
+        default.append("eval_correct_rate")
     out: list[str] = []
-    for v in values or ["correct_rate"]:
+    for v in values or default:
         out += [m.strip() for m in v.split(",") if m.strip()]
-    return list(dict.fromkeys(out)) or ["correct_rate"]
+    return list(dict.fromkeys(out)) or default
 
 
 def _safe(name: str) -> str:
@@ -137,7 +145,7 @@ def main(argv: list[str]) -> int:
     warnings: list[str] = []
     runs, order = collect_runs(args.logdirs, warnings)
     comparisons = []
-    for metric in _metrics(args.metric):
+    for metric in _metrics(args.metric, runs):
         comp = compare_runs(
             runs,
             metric,

@@ -3,7 +3,9 @@
 Each check prints one line, OK / WARN / FAIL, and a fix when it is not OK; the exit
 status is 1 when any check FAILs. Checks: Python, retrain and its extras, torch + CUDA
 (GPU memory), the config, its backend's dependencies, whether the configured model is
-on disk or reachable, the retrain cache, free disk space for logs, and the wandb login.
+on disk or reachable, what the run checks before its first step (the same checks as
+`retrain explain`: data files and tasks, the custom reward, the advantage flow, a resume
+directory), the retrain cache, free disk space for logs, and the wandb login.
 
 Secrets are never printed: for API keys and tokens doctor says only whether they are set.
 torch is imported inside its check only.
@@ -41,6 +43,7 @@ EXTRAS_FALLBACK = {
     "semantic": ["sentence-transformers"],
     "plots": ["matplotlib", "scipy"],
     "judge": ["httpx"],
+    "prime_rl": ["msgspec", "pyzmq", "httpx"],
 }
 EXTRA_PURPOSE = {
     "local": "the local backend (PyTorch/PEFT training and sampling)",
@@ -54,6 +57,7 @@ EXTRA_PURPOSE = {
     "semantic": "[planning] detector = semantic",
     "plots": "retrain compare (statistics and plots)",
     "judge": "[reward] type = judge",
+    "prime_rl": "[backend] backend = prime_rl",
 }
 SKIP_EXTRAS = {"dev"}
 MIN_FREE_GB = 5.0
@@ -374,6 +378,56 @@ def check_backend(config: Any) -> Check:
     return Check("backend", OK, detail)
 
 
+def check_backend_probe(config: Any) -> list[Check]:
+    """The configured backend's own probe (servers, transport directory or socket), run
+    before any model load; nothing for backends without one."""
+    if config is None:
+        return []
+    from retrain.cli.explain import probe_problems
+
+    entry = _entry("backend", config.backend.backend)
+    if entry is None or not entry.probe:
+        return []
+    problems = probe_problems(config)
+    if not problems:
+        return [Check("backend probe", OK, f"{entry.name}: servers and transport answer")]
+    return [
+        Check(
+            "backend probe",
+            FAIL,
+            f"{key}: {problem.split(' Fix: ')[0]}",
+            problem.partition(" Fix: ")[2],
+        )
+        for key, problem in problems
+    ]
+
+
+def check_run(config: Any, path: str | None) -> list[Check]:
+    """What the run itself would refuse before its first step, found the way `retrain
+    explain` finds it (the same report, no model load): the advantage flow against the
+    backend, campaign runs, the data source's file or task, the custom reward, a resume
+    directory, modules of the configured entries. A config that loads but cannot run is a
+    FAIL here, so doctor never passes it. (The model path and the extras have their own
+    lines.)"""
+    if config is None:
+        return []
+    from retrain.cli.explain import build_report
+
+    try:
+        report = build_report(config, str(path or "retrain.toml"))
+    except Exception as exc:  # a check must not take doctor down
+        return [Check("run checks", FAIL, f"{type(exc).__name__}: {exc}", "retrain explain")]
+    errors = [
+        e
+        for e in report.get("errors", [])
+        if not e.startswith("[model] model:") and "retrain[" not in e
+    ]
+    if not errors:
+        return [Check("run checks", OK, "what the run checks before its first step passes")]
+    fix = f"retrain explain {path or 'retrain.toml'} says the same"
+    return [Check("run checks", FAIL, e, fix) for e in errors]
+
+
 def check_model(config: Any, network: bool, probe: Callable[[str], bool] | None = None) -> Check:
     from retrain.models import EMBEDDED_MODELS, cache_dir
 
@@ -546,6 +600,9 @@ def run_checks(
     if torch:
         checks += check_torch(config)
     checks.append(check_backend(config))
+    checks += check_run(config, config_path)
+    if network:
+        checks += check_backend_probe(config)
     checks.append(check_model(config, network))
     checks.append(check_cache())
     checks.append(check_disk(config))

@@ -113,6 +113,19 @@ def _flow_errors(config: Config, info: BackendInfo) -> list[str]:
     return [f"{key}: {message} ({info.source} backend)" for key, message in problems]
 
 
+def probe_problems(config: Config) -> list[tuple[str, str]]:
+    """What the configured built-in backend's probe (its registry entry's `probe`,
+    `probe(config) -> [(key, problem)]`) finds before any model load: servers that do not
+    answer, directories that cannot be written. A probe that fails is one problem itself."""
+    entry = registry.BACKENDS.entry(config.backend.backend)
+    if entry is None or not entry.available or not entry.probe:
+        return []
+    try:
+        return [(str(k), str(p)) for k, p in registry.import_object(entry.probe)(config)]
+    except Exception as exc:  # a broken probe must not hide the rest of the report
+        return [("[backend] backend", f"the {entry.name} probe failed: {exc}")]
+
+
 def _advice(config: Config) -> list[str]:
     """Settings that are valid but probably not what was meant."""
     warnings = []
@@ -128,6 +141,11 @@ def _advice(config: Config) -> list[str]:
     if config.reward.type == "gym" and config.data.source != "reasoning_gym":
         warnings.append(
             "[reward] type = gym scores with reasoning-gym's task scorer; it needs [data] source = reasoning_gym"
+        )
+    if config.eval.every > 0 and config.eval.temperature <= 0 and config.eval.samples > 1:
+        warnings.append(
+            f"[eval] samples = {config.eval.samples} with temperature 0: greedy samples are identical, "
+            "so pass@k equals the correct rate; raise [eval] temperature for pass@k"
         )
     if config.data.source == "reasoning_gym" and config.reward.type == "math":
         warnings.append(
@@ -217,6 +235,431 @@ def _backpressure(config: Config) -> str:
     return f"on: batch size adapts within [{bp.min_batch_size}, {bp.max_batch_size}] after {bp.warmup_steps} warmup steps"
 
 
+def objective_summary(config: Config) -> str:
+    """The training objective in one line: policy loss, aggregation, KL, lr schedule."""
+    t = config.training
+    if t.policy_loss == "ppo_clip":
+        high = t.clip_eps_high or t.clip_eps
+        loss = f"ppo_clip (ratio clipped to [{1 - t.clip_eps:g}, {1 + high:g}]"
+        loss += f", dual clip c={t.clip_ratio_c:g})" if t.clip_ratio_c > 0 else ")"
+    else:
+        loss = "is (importance-sampling policy gradient)"
+    parts = [loss, f"agg {t.loss_agg}"]
+    if t.adv_clip_max > 0:
+        parts.append(f"advantages clipped to +-{t.adv_clip_max:g}")
+    parts.append(
+        f"KL {t.kl_estimator} x {t.kl_coef:g} to the base model (LoRA off)"
+        if t.kl_coef > 0
+        else "KL off"
+    )
+    warmup = f", {t.warmup_steps} warmup steps" if t.warmup_steps else ""
+    parts.append(f"lr {t.lr:g} {t.lr_schedule}{warmup}")
+    return "; ".join(parts)
+
+
+def _eval(config: Config, errors: list[str]) -> str:
+    """The held-out evaluation ([eval]) in words; a jsonl run without its file is an error."""
+    from retrain.evaluate import describe
+
+    e = config.eval
+    if e.every <= 0:
+        return "off ([eval] every = 0)"
+    if config.data.source == "jsonl" and not config.environment.provider and not e.path:
+        errors.append("[eval] path: a held-out evaluation of a jsonl source needs its own file")
+    return describe(config)
+
+
+# ----------------------------------------------------------------------------- what the
+# run checks at start, done here without loading a model (doctor runs the same)
+
+
+def _missing_modules(modules: tuple[str, ...]) -> list[str]:
+    import importlib.util
+
+    missing = []
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def _configured_entries(config: Config) -> list[tuple[str, str, str]]:
+    """(registry kind, config key, name) of the built-in names the run will resolve."""
+    named = [
+        ("backend", "[backend] backend", config.backend.backend),
+        ("reward", "[reward] type", config.reward.type),
+        ("planning_detector", "[planning] detector", config.planning.detector),
+    ]
+    if not config.environment.provider:
+        named.append(("data_source", "[data] source", config.data.source))
+    backend = registry.BACKENDS.entry(config.backend.backend)
+    if backend is None or "[inference]" not in backend.ignores:
+        named.append(("engine", "[inference] engine", config.inference.engine))
+    return named
+
+
+def module_problems(config: Config) -> list[tuple[str, str]]:
+    """Modules a configured built-in entry `requires` that are not installed."""
+    problems = []
+    for kind, key, name in _configured_entries(config):
+        entry = registry.ALL_REGISTRIES[kind].entry(name)
+        if entry is None or not entry.available or not entry.requires:
+            continue
+        missing = _missing_modules(entry.requires)
+        if missing:
+            how = f"; {entry.install}" if entry.install else ""
+            problems.append(
+                (key, f"{name} needs {', '.join(missing)}, which is not installed{how}")
+            )
+    if config.environment.provider == "verifiers" and _missing_modules(("verifiers",)):
+        problems.append(
+            (
+                "[environment] provider",
+                "verifiers is not installed; pip install 'retrain[verifiers]'",
+            )
+        )
+    return problems
+
+
+def _data_problems(config: Config) -> list[tuple[str, str]]:
+    from pathlib import Path
+
+    d = config.data
+    if config.environment.provider:
+        return []
+    if d.source == "jsonl":
+        if not d.path:
+            return [("[data] path", "required for source = 'jsonl'")]
+        if not Path(d.path).expanduser().is_file():
+            return [("[data] path", f"JSONL file {d.path!r} not found")]
+    elif d.source == "math" and d.path and not Path(d.path).expanduser().exists():
+        return [("[data] path", f"{d.path!r} does not exist (a local MATH copy)")]
+    elif d.source == "reasoning_gym":
+        if not d.task:
+            return [("[data] task", "required for source = 'reasoning_gym'")]
+        if _missing_modules(("reasoning_gym",)):
+            return []  # reported by module_problems
+        from retrain.data.reasoning_gym import task_names
+        from retrain.errors import DataError
+
+        try:
+            names = task_names()
+        except DataError as exc:
+            return [("[data] source", str(exc))]
+        if d.task not in names:
+            import difflib
+
+            close = difflib.get_close_matches(d.task, names, n=3)
+            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+            return [("[data] task", f"unknown reasoning-gym task {d.task!r}{hint}")]
+    return []
+
+
+def _reward_problems(config: Config) -> list[tuple[str, str]]:
+    """A custom reward is imported the way the run imports it (its module runs)."""
+    r = config.reward
+    if r.type != "custom":
+        return []
+    from retrain.errors import RetrainError
+    from retrain.rewards.custom import load_custom_function
+
+    try:
+        load_custom_function(r.custom_module, r.custom_function, config.plugins.search_paths)
+    except RetrainError as exc:
+        key, _, message = str(exc).partition(": ")
+        return [(key, message)] if key.startswith("[") else [("[reward] custom_module", str(exc))]
+    return []
+
+
+def _path_problems(config: Config) -> list[tuple[str, str]]:
+    from pathlib import Path
+
+    problems = []
+    model = config.model.model
+    entry = registry.BACKENDS.entry(config.backend.backend)
+    local_weights = entry is None or "[backend] devices" not in entry.ignores
+    path = Path(model).expanduser()
+    if local_weights and (model.startswith((".", "/", "~")) or model.endswith(".gguf")):
+        if not path.exists():
+            problems.append(("[model] model", f"{model!r}: no such file or directory"))
+        elif path.is_dir() and not (path / "config.json").exists():
+            problems.append(("[model] model", f"{model!r}: a directory without config.json"))
+    start = config.resume.from_
+    if start:
+        marker = "manifest.json" if config.campaign is not None else "trainer_state.json"
+        if not (Path(start).expanduser() / marker).is_file():
+            problems.append(("[resume] from", f"{start!r} holds no {marker} to resume from"))
+    return problems
+
+
+def startup_problems(config: Config) -> list[tuple[str, str]]:
+    """(key, problem) for everything the run would refuse at start before its first step,
+    found without loading a model: missing modules of the configured entries, the data
+    source's file or task, the custom reward's module and function, a local model path, a
+    resume directory. (The flow checks and the backend's probe are reported beside these.)"""
+    return (
+        module_problems(config)
+        + _data_problems(config)
+        + _reward_problems(config)
+        + _path_problems(config)
+    )
+
+
+# ----------------------------------------------------------------------------- resolved
+# settings and estimates
+
+
+def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
+    """The values that shape a run, after the TOML, .env and CLI flags."""
+    t, o, lora = config.training, config.optimizer, config.lora
+    ignored = set(info.ignores)
+    out: dict[str, Any] = {
+        "lr": t.lr,
+        "lr_schedule": getattr(t, "lr_schedule", "constant"),
+        "warmup_steps": getattr(t, "warmup_steps", 0),
+        "weight_decay": t.weight_decay,
+        "temperature": t.temperature,
+        "top_p": t.top_p,
+        "max_tokens": t.max_tokens,
+        "seed": t.seed,
+        "optimizer": {
+            "name": "AdamW",
+            "beta1": o.beta1,
+            "beta2": o.beta2,
+            "eps": o.eps,
+            "max_grad_norm": o.max_grad_norm,
+        },
+        "lora": {
+            "rank": config.model.lora_rank,
+            "alpha": lora.alpha or 2 * config.model.lora_rank,
+            "dropout": lora.dropout,
+            "target_modules": list(lora.target_modules) or "all-linear",
+        },
+        "loss": {
+            name: getattr(t, name)
+            for name in (
+                "policy_loss",
+                "loss_agg",
+                "clip_eps",
+                "clip_eps_high",
+                "clip_ratio_c",
+                "adv_clip_max",
+                "kl_coef",
+                "kl_estimator",
+            )
+            if hasattr(t, name)
+        },
+        "devices": None if "[backend] devices" in ignored else config.backend.devices,
+    }
+    if "[inference]" in ignored:
+        out["inference"] = {
+            "engine": f"the {info.name} backend's own sampler",
+            "url": config.model.base_url or None,
+        }
+    else:
+        out["inference"] = {
+            "engine": config.inference.engine,
+            "url": config.inference.url or None,
+        }
+    return out
+
+
+# bytes of one weight by device kind; effective FLOP/s of a step's work by device kind
+_WEIGHT_BYTES = {"cuda": 2, "cpu": 4, "mps": 4}
+_EFFECTIVE_FLOPS = {"cuda": 4e13, "cpu": 5e10, "mps": 2e12}
+PROMPT_TOKENS_GUESS = 256  # prompt length assumed by the memory estimate
+
+
+def _model_config_json(model: str) -> dict[str, Any] | None:
+    """The model's config.json from a local directory, the HF cache or the retrain cache
+    (never the network)."""
+    from pathlib import Path
+
+    from retrain.cli.doctor import _in_hf_cache
+    from retrain.models import cache_dir
+
+    candidates = [Path(model).expanduser()]
+    snap = _in_hf_cache(model)
+    if snap is not None:
+        candidates.append(snap)
+    candidates.append(cache_dir() / "models" / model.replace("/", "--") / "safetensors")
+    for c in candidates:
+        try:
+            return json.loads((c / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def model_shape(model: str) -> dict[str, Any] | None:
+    """Parameter count and the sizes memory depends on, from the model's config.json,
+    else the parameter count in its name (`...-0.6B`, `...-135M`)."""
+    import re
+
+    cfg = _model_config_json(model)
+    if cfg is not None and cfg.get("hidden_size") and cfg.get("num_hidden_layers"):
+        h, layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
+        vocab = int(cfg.get("vocab_size") or 32000)
+        inter = int(cfg.get("intermediate_size") or 4 * h)
+        heads = int(cfg.get("num_attention_heads") or 1)
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or h // heads)
+        attn = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2
+        per_layer = attn + 3 * h * inter
+        embed = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
+        return {
+            "params": layers * per_layer + embed,
+            "hidden": h,
+            "layers": layers,
+            "vocab": vocab,
+            "kv_width": kv_heads * head_dim,
+            "linear_in_out": layers
+            * (2 * h + 2 * (heads * head_dim + kv_heads * head_dim) + 3 * (h + inter)),
+            "source": "config.json",
+        }
+    m = re.search(r"(\d+(?:\.\d+)?)\s*([BbMm])\b", model.replace("-", " ").replace("_", " "))
+    if m:
+        params = float(m.group(1)) * (1e9 if m.group(2).lower() == "b" else 1e6)
+        return {"params": int(params), "source": "model name"}
+    return None
+
+
+def _recent_rates(config: Config) -> dict[str, Any] | None:
+    """Median time per step and sampled tokens per second of the run in [logging] log_dir,
+    when it has logged steps."""
+    import statistics
+    from pathlib import Path
+
+    from retrain.logs.rundir import RunDir, as_number
+
+    path = Path(config.logging.log_dir)
+    if not (path / "metrics.jsonl").is_file():
+        return None
+    rows = RunDir(path).step_rows
+    times = [v for r in rows if (v := as_number(r.get("step_time_s"))) is not None]
+    if not times:
+        return None
+    rates = [
+        tokens / secs
+        for r in rows
+        if (tokens := as_number(r.get("tokens_generated"))) is not None
+        and (secs := as_number(r.get("time_sampling_s")))
+    ]
+    return {
+        "log_dir": str(path),
+        "steps": len(times),
+        "median_step_s": statistics.median(times),
+        "sampled_tokens_per_s": statistics.median(rates) if rates else None,
+    }
+
+
+def estimates(config: Config, info: BackendInfo) -> dict[str, Any]:
+    """Rough peak memory and wall time per step. Memory: the weights, the LoRA adapter
+    with its gradient and two Adam moments (fp32), the sampler's KV cache for a step's
+    completions and the training micro-batch's logits and activations. Time: a recent run's
+    measured median when [logging] log_dir has one, else FLOPs (2 x params per sampled
+    token, 6 x params per trained token) over an effective throughput for the device."""
+    t = config.training
+    completions = t.batch_size * t.group_size
+    tokens = completions * t.max_tokens
+    out: dict[str, Any] = {"sampled_tokens_per_step": tokens}
+    remote = "[backend] devices" in info.ignores
+    shape = model_shape(config.model.model)
+    out["model_params"] = shape["params"] if shape else None
+    device = config.backend.devices.split(",")[0].strip().split(":")[0]
+    device = "cuda" if device in ("gpu", "cuda") else device
+    if remote:
+        out["peak_memory_gib"] = None
+        out["memory_note"] = f"the model runs on the {info.name} service"
+    elif shape is None:
+        out["peak_memory_gib"] = None
+        out["memory_note"] = "unknown model size (no config.json on disk, no size in the name)"
+    else:
+        wbytes = _WEIGHT_BYTES.get(device, 4)
+        weights = shape["params"] * wbytes
+        rank = config.model.lora_rank
+        lora = rank * shape.get("linear_in_out", 0) * 4 * 4  # param, grad, 2 Adam moments
+        extra = 0
+        if "hidden" in shape:
+            context = PROMPT_TOKENS_GUESS + t.max_tokens
+            kv = 2 * shape["layers"] * shape["kv_width"] * wbytes * completions * context
+            # one training micro-batch: a group's prompt and completions (budget-capped)
+            micro = min(4096, PROMPT_TOKENS_GUESS + t.group_size * t.max_tokens)
+            logits = micro * shape["vocab"] * 4 * 3  # logits, log-softmax, their gradient
+            acts = micro * shape["hidden"] * shape["layers"] * wbytes * 34  # per-layer saves
+            extra = kv + logits + acts
+        out["peak_memory_gib"] = round((weights + lora + extra) * 1.1 / 2**30, 2)
+        out["memory_note"] = (
+            f"{device}: weights {weights / 2**30:.2f} GiB + adapter and optimizer + KV cache "
+            f"and activations, prompts of ~{PROMPT_TOKENS_GUESS} tokens (rough, +10%)"
+        )
+    recent = _recent_rates(config)
+    out["recent_run"] = recent
+    if recent is not None:
+        out["step_time_s"] = round(recent["median_step_s"], 2)
+        out["step_time_source"] = f"median of {recent['steps']} steps logged in {recent['log_dir']}"
+    elif shape is not None and not remote:
+        flops = 2 * shape["params"] * tokens + 6 * shape["params"] * tokens
+        out["step_time_s"] = round(flops / _EFFECTIVE_FLOPS.get(device, 5e10), 2)
+        out["step_time_source"] = (
+            f"rough: {flops:.2g} FLOPs at ~{_EFFECTIVE_FLOPS.get(device, 5e10):.0e} FLOP/s ({device}), "
+            "every completion at max_tokens"
+        )
+    else:
+        out["step_time_s"] = None
+        out["step_time_source"] = (
+            "no estimate (remote service or unknown model size; run a few steps)"
+        )
+    return out
+
+
+def _render_settings(report: dict[str, Any]) -> list[str]:
+    s, est = report.get("settings"), report.get("estimates")
+    lines = []
+    if s:
+        o, lora, inf = s["optimizer"], s["lora"], s["inference"]
+        warm = f", {s['warmup_steps']} warmup" if s.get("warmup_steps") else ""
+        lines.append(
+            f"Training:    lr {s['lr']:g} ({s['lr_schedule']}{warm}), weight decay {s['weight_decay']:g}, "
+            f"temperature {s['temperature']:g}, top_p {s['top_p']:g}, seed {s['seed']}"
+        )
+        lines.append(
+            f"Optimizer:   {o['name']} betas ({o['beta1']:g}, {o['beta2']:g}), eps {o['eps']:g}, "
+            f"grad clip {o['max_grad_norm'] or 'off'}"
+        )
+        lines.append(
+            f"LoRA:        rank {lora['rank']}, alpha {lora['alpha']}, dropout {lora['dropout']:g}, "
+            f"modules {lora['target_modules']}"
+        )
+        if s["loss"]:
+            lines.append("Loss:        " + ", ".join(f"{k} {v}" for k, v in s["loss"].items()))
+        where = f" at {inf['url']}" if inf.get("url") else ""
+        dev = f" on {s['devices']}" if s.get("devices") else ""
+        lines.append(f"Sampling:    {inf['engine']}{where}{dev}")
+    if est:
+        mem = (
+            f"~{est['peak_memory_gib']:g} GiB ({est['memory_note']})"
+            if est.get("peak_memory_gib") is not None
+            else est.get("memory_note", "unknown")
+        )
+        params = f"{est['model_params'] / 1e6:,.0f}M params; " if est.get("model_params") else ""
+        lines.append(f"Memory:      {params}peak {mem}")
+        step = (
+            f"~{est['step_time_s']:g} s/step ({est['step_time_source']})"
+            if est.get("step_time_s") is not None
+            else est.get("step_time_source", "unknown")
+        )
+        recent = est.get("recent_run")
+        if recent and recent.get("sampled_tokens_per_s"):
+            step += f"; sampling {recent['sampled_tokens_per_s']:,.0f} tokens/s"
+        lines.append(f"Step time:   {step}")
+    return lines
+
+
 def build_report(config: Config, path: str) -> dict[str, Any]:
     if is_standalone_squeeze(config):
         return _squeeze_report(config, path)
@@ -244,11 +687,15 @@ def build_report(config: Config, path: str) -> dict[str, Any]:
         "data": data_summary(config),
         "reward": config.reward.type,
         "uncertainty_kind": config.algorithm.uncertainty_kind,
+        "objective": objective_summary(config),
+        "settings": resolved_settings(config, info),
+        "estimates": estimates(config, info),
         "per_step": _per_step(config),
         "total_steps": max_steps,
         "checkpoints": _checkpoints(config, info, max_steps),
         "sepa": sepa_summary(config),
         "backpressure": _backpressure(config),
+        "eval": _eval(config, errors),
         "log_dir": config.logging.log_dir,
         "resume_from": config.resume.from_ or None,
         "wandb": config.logging.wandb_project or None,
@@ -256,7 +703,10 @@ def build_report(config: Config, path: str) -> dict[str, Any]:
     if config.campaign is not None:
         report["campaign"] = _campaign_report(config, errors)
         report["total_steps"] = report["campaign"]["total_steps"]
-    report["warnings"] = _advice(config)
+    errors += [f"{key}: {problem}" for key, problem in startup_problems(config)]
+    report["warnings"] = _advice(config) + [
+        f"{key}: {problem}" for key, problem in probe_problems(config)
+    ]
     report["errors"] = errors
     return report
 
@@ -272,7 +722,9 @@ def render(report: dict[str, Any]) -> str:
         return "\n".join(lines)
     b = report["backend"]
     caps = ", ".join(
-        f"{k}={str(v).lower()}" for k, v in b["capabilities"].items() if k != "token_data"
+        f"{k}={str(v).lower()}"
+        for k, v in b["capabilities"].items()
+        if k not in ("token_data", "loss_options")
     )
     ps = report["per_step"]
     ck = report["checkpoints"]
@@ -289,11 +741,14 @@ def render(report: dict[str, Any]) -> str:
         f"Model:       {report['model']['model']} (LoRA rank {report['model']['lora_rank']}, alpha {report['model']['lora_alpha']})",
         f"Data:        {report['data']}",
         f"Reward:      {report['reward']}   uncertainty: {report['uncertainty_kind']}",
+        f"Objective:   {report['objective']}",
+        *_render_settings(report),
         f"Per step:    {ps['batch_size']} prompts x {ps['group_size']} completions = {ps['completions']} completions, <= {ps['sampled_token_upper_bound']:,} sampled tokens ({ps['max_new_tokens_per_completion']} per completion)",
         f"Steps:       {report['total_steps']:,}",
         f"Checkpoints: {('every ' + str(ck['every']) + ' steps (' + str(ck['periodic']) + ') + final') if ck['every'] else 'final only'} -> {ck['adapter_path']}",
         f"SEPA:        {report['sepa']}",
         f"Backpressure: {report['backpressure']}",
+        f"Eval:        {report['eval']}",
         f"Logs:        {report['log_dir']}"
         + (f"   wandb: {report['wandb']}" if report["wandb"] else ""),
     ]

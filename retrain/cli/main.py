@@ -17,6 +17,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("retrain.cli.status:main", "summarise runs and campaigns under a log dir"),
     "compare": ("retrain.cli.compare:main", "compare conditions across seeds with CIs and plots"),
     "squeeze": ("retrain.cli.squeeze:main", "LoRA-Squeeze: analyse/compress an adapter's rank"),
+    "eval": (
+        "retrain.cli.eval:main",
+        "evaluate a saved adapter (or 'base') on the held-out set",
+    ),
     "man": ("retrain.cli.man:main", "the bundled manual"),
     "doctor": ("retrain.cli.doctor:main", "check the installation and environment"),
     "backends": ("retrain.cli.backends:main", "backends, capabilities and options"),

@@ -35,6 +35,8 @@ TOPIC_ORDER = (
     "cli",
     "configuration",
     "advantages",
+    "loss",
+    "eval",
     "sepa",
     "rewards",
     "data",
@@ -53,6 +55,8 @@ REQUIRED_TOPICS = (
     "quickstart",
     "configuration",
     "advantages",
+    "loss",
+    "eval",
     "sepa",
     "rewards",
     "data",
@@ -317,7 +321,9 @@ def gen_plugin_registry() -> str:
 
 def _capability_row(label: str, caps: Any, names: tuple[str, ...]) -> str:
     d = caps.as_dict()
-    cells = [(", ".join(d[f]) or "-") if f == "token_data" else str(d[f]).lower() for f in names]
+    cells = [
+        (", ".join(d[f]) or "-") if isinstance(d[f], list) else str(d[f]).lower() for f in names
+    ]
     return f"| {label} | " + " | ".join(f"`{c}`" for c in cells) + " |"
 
 

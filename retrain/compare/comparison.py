@@ -7,6 +7,11 @@ mean of each over seeds gets a bootstrap CI; each condition is compared with the
 baseline by the difference of means (bootstrap CI and permutation test) and by Fisher's
 exact test on correct counts pooled over seeds and steps. Holm's correction is applied
 within each family of p-values (final, AUC, Fisher) over the conditions compared.
+
+A held-out metric (`eval_correct_rate`, `eval_pass_at_k`, ...; `[eval]`) is compared the
+same way over its evaluations up to H steps done, except that **final** is the last
+evaluation (the adapter after the most training) and Fisher's test uses that
+evaluation's counts.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from retrain.compare.runs import RunData
+from retrain.compare.runs import RunData, is_eval_metric
 from retrain.compare.stats import (
     DEFAULT_RESAMPLES,
     Interval,
@@ -241,11 +246,13 @@ def _condition_order(runs: list[RunData], order: Sequence[str] | None) -> list[s
     return list(dict.fromkeys([*first, *(r.condition for r in runs)]))
 
 
-def _pooled_counts(members: list[RunData], horizon: int) -> tuple[int, int] | None:
+def _pooled_counts(
+    members: list[RunData], horizon: int, metric: str = "correct_rate"
+) -> tuple[int, int] | None:
     """Correct counts summed over the runs; None when any run's counts are unknown."""
     correct = total = 0
     for run in members:
-        counts = run.correct_counts(horizon)
+        counts = run.correct_counts(horizon, metric)
         if not counts:
             return None
         correct, total = correct + counts[0], total + counts[1]
@@ -260,9 +267,10 @@ def _summarise(
     if dup:
         warnings.append(f"{cond}: several runs share seed(s) {dup}; each counts as a replicate")
     series = [r.series(s.metric, s.horizon) for r in members]
-    finals = [float(values[-s.final_window :].mean()) for _, values in series]
+    window = 1 if is_eval_metric(s.metric) else s.final_window  # eval: the last evaluation
+    finals = [float(values[-window:].mean()) for _, values in series]
     aucs = [float(values.mean()) for _, values in series]
-    counts = _pooled_counts(members, s.horizon)
+    counts = _pooled_counts(members, s.horizon, s.metric)
     summary = ConditionSummary(
         cond,
         seeds,

@@ -35,7 +35,11 @@ def plot_curves(comp: Comparison, path: str | Path) -> Path:
             ax.fill_between(
                 curve.steps, curve.low, curve.high, color=line.get_color(), alpha=0.2, linewidth=0
             )
-        ax.set_xlabel("step")
+        ax.set_xlabel(
+            "training steps done (held-out evaluations)"
+            if comp.metric.startswith("eval_")
+            else "step"
+        )
         ax.set_ylabel(comp.metric)
         ax.set_title(f"{comp.metric}: mean over seeds, 95% band (mean +- 1.96 SE)")
         ax.grid(True, alpha=0.3)
@@ -69,7 +73,12 @@ def plot_finals(comp: Comparison, path: str | Path) -> Path:
                 )
         ax.set_xticks(range(len(comp.conditions)))
         ax.set_xticklabels([c.condition for c in comp.conditions], rotation=20, ha="right")
-        ax.set_ylabel(f"{comp.metric} (final, last {comp.final_window} steps)")
+        final = (
+            "the last evaluation"
+            if comp.metric.startswith("eval_")
+            else f"last {comp.final_window} steps"
+        )
+        ax.set_ylabel(f"{comp.metric} (final, {final})")
         ax.set_title("final value per seed; black: mean with 95% bootstrap CI")
         ax.grid(True, axis="y", alpha=0.3)
         fig.tight_layout()

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 
 from retrain.compare.comparison import Comparison
+from retrain.compare.runs import is_eval_metric
 from retrain.compare.stats import Interval
 
 Table = tuple[list[str], list[list[str]]]
@@ -93,6 +94,14 @@ def _md_table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def _explain(comp: Comparison) -> str:
+    if is_eval_metric(comp.metric):
+        return (
+            f"Held-out evaluations after 0..{comp.horizon} training steps. final = the last "
+            f"evaluation; AUC = mean over the evaluations. CIs: percentile bootstrap over seeds "
+            f"({comp.n_resamples} resamples); p perm: two-sided permutation test over seeds; "
+            "Fisher p: two-sided exact test on the last evaluation's correct counts pooled over "
+            "seeds. Holm: adjusted over the comparisons."
+        )
     return (
         f"Steps 0..{comp.horizon - 1}. final = mean of the last {comp.final_window} steps; "
         f"AUC = mean over all compared steps. CIs: percentile bootstrap over seeds "

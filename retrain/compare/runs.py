@@ -3,7 +3,9 @@
 A path given to `retrain compare` is a run directory (metrics.jsonl), a campaign
 directory (manifest.json, its runs under `runs/`), or a folder holding either a few
 levels down. Each run becomes a :class:`RunData`: its condition, seed and one metrics
-row per step.
+row per step, plus its held-out evaluations (eval.jsonl, `[eval]`): an `eval_*` metric
+is read from those, by the number of training steps done when each ran (0 = before
+training), so its curve starts at the base model.
 """
 
 from __future__ import annotations
@@ -11,15 +13,23 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from retrain.errors import UsageError
+from retrain.logs.metrics import read_eval_rows
 from retrain.logs.rundir import MANIFEST, METRICS, CampaignDir, RunDir, as_int, as_number
 
 MAX_SEARCH_DEPTH = 5
+EVAL_PREFIX = "eval_"
+
+
+def is_eval_metric(metric: str) -> bool:
+    """Whether `metric` is a held-out evaluation field (eval.jsonl) rather than a step's."""
+    return metric.startswith(EVAL_PREFIX)
 
 
 @dataclass
@@ -48,14 +58,25 @@ class RunData:
         """Steps logged (the horizon this run reaches: last step + 1)."""
         return self.rows[-1]["step"] + 1 if self.rows else 0
 
+    @cached_property
+    def eval_rows(self) -> list[dict[str, Any]]:
+        """One row per held-out evaluation, by the number of training steps done."""
+        return read_eval_rows(self.path, self.source.metrics)
+
+    def _rows_for(self, metric: str) -> list[dict[str, Any]]:
+        return self.eval_rows if is_eval_metric(metric) else self.rows
+
     def has_metric(self, metric: str) -> bool:
-        return any(as_number(r.get(metric)) is not None for r in self.rows)
+        return any(as_number(r.get(metric)) is not None for r in self._rows_for(metric))
 
     def series(self, metric: str, horizon: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(steps, values) of the metric for steps < horizon, non-finite values dropped."""
+        """(steps, values) of the metric for steps < horizon, non-finite values dropped.
+        An eval_* metric's steps count the training steps done, so its evaluations up to
+        and including `horizon` (the one after the last compared step) are kept."""
         steps, values = [], []
-        for r in self.rows:
-            if horizon is not None and r["step"] >= horizon:
+        limit = None if horizon is None else horizon + int(is_eval_metric(metric))
+        for r in self._rows_for(metric):
+            if limit is not None and r["step"] >= limit:
                 break
             v = as_number(r.get(metric))
             if v is not None:
@@ -63,9 +84,19 @@ class RunData:
                 values.append(v)
         return np.array(steps, dtype=np.int64), np.array(values, dtype=np.float64)
 
-    def correct_counts(self, horizon: int | None = None) -> tuple[int, int] | None:
-        """(correct, completions) pooled over steps < horizon, or None when unknown."""
-        return self.source.correct_counts(horizon)
+    def correct_counts(
+        self, horizon: int | None = None, metric: str = "correct_rate"
+    ) -> tuple[int, int] | None:
+        """(correct, completions) pooled over steps < horizon, or None when unknown. For an
+        eval_* metric: the counts of the last held-out evaluation up to `horizon`."""
+        if not is_eval_metric(metric):
+            return self.source.correct_counts(horizon)
+        rows = [r for r in self.eval_rows if horizon is None or r["step"] <= horizon]
+        if not rows:
+            return None
+        correct = as_int(rows[-1].get("eval_num_correct"))
+        total = as_int(rows[-1].get("eval_num_completions"))
+        return (correct, total) if correct is not None and total else None
 
 
 def load_run(

@@ -141,7 +141,26 @@ RENAMED: dict[tuple[str, str], Renamed] = {
 # Later fields that map onto a key of ours (usable as flags and condition keys too).
 LATER_FIELDS_SUPPORTED: dict[str, tuple[str, str]] = {
     "grad_clip_norm": ("optimizer", "max_grad_norm"),
+    # The loss options keep the later original's names and meanings (0 = off for all but
+    # clip_eps, whose 0 meant "no clipping": see ppo_from_clip_eps).
+    **_fields("training", "clip_eps clip_eps_high clip_ratio_c adv_clip_max"),
 }
+
+
+def ppo_from_clip_eps(section: dict[str, Any]) -> None:
+    """The later original turned PPO clipping on with `clip_eps > 0` (0 = off); here it is
+    `policy_loss = "ppo_clip"`. A `[training]` table that sets clip_eps but not
+    policy_loss means what it meant there: ppo_clip when clip_eps > 0, and the plain
+    loss (the key dropped) when clip_eps = 0."""
+    if "policy_loss" in section or "clip_eps" not in section:
+        return
+    value = section["clip_eps"]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value > 0:
+            section["policy_loss"] = "ppo_clip"
+        elif value == 0:
+            del section["clip_eps"]
+
 
 # The original's [backend] prime_rl_* keys -> their [backend.options] name.
 LEGACY_PRIME_RL: dict[str, str] = {
@@ -168,7 +187,6 @@ class Later:
         return f"not supported in this build: a key of {self.origin}. Fix: {self.advice}"
 
 
-_PPO = "PPO ratio clipping is not in this build (its loss is plain importance sampling): remove the key"
 _COV = (
     "KL-Cov / Clip-Cov entropy control is not in this build: remove the key "
     '(this build trains like policy_loss_mode = "standard")'
@@ -190,19 +208,11 @@ _ROLL = "remove the key: verifiers environments are rolled out in-process here"
 
 _LATER_SPEC: tuple[tuple[str, str, str, str], ...] = (
     # (table, keys, origin, advice); a field is the key, prefixed for echo/model/...
-    ("training", "clip_eps clip_eps_high clip_ratio_c", LATER_MODULE, _PPO),
     (
         "training",
         "policy_loss_mode kl_cov_percent kl_cov_coef clip_cov_ratio clip_cov_min clip_cov_max",
         LATER_MODULE,
         _COV,
-    ),
-    (
-        "training",
-        "adv_clip_max",
-        LATER_MODULE,
-        "advantage capping is not built in: remove the key, or cap in a transform plugin "
-        '([algorithm] transform_mode = "pkg.module.fn")',
     ),
     (
         "training",
@@ -425,6 +435,8 @@ def normalize(
             new = RENAMED[(table, key)]
             _merge_renamed(section, key, new, problems, table)
             renamed[(new.table, new.key)] = (table, key)
+        if table == "training":
+            ppo_from_clip_eps(section)
         if table == "plugins" and isinstance(section.get("search_paths"), str):
             section["search_paths"] = split_paths(section["search_paths"])
         out[table] = section

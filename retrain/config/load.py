@@ -33,6 +33,7 @@ _PREFERRED_OWNER = {
     "model": "model",
     "adapter_path": "backend",
     "ema_decay": "backpressure",
+    "warmup_steps": "training",  # the LR warmup; back pressure's is --bp-warmup-steps
 }
 # Bare names too vague to stand alone as flags (reachable qualified or by alias).
 _NO_BARE_FLAG = {

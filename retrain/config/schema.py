@@ -75,6 +75,10 @@ def _non_empty(value: str) -> str | None:
     return None if value.strip() else "must not be empty"
 
 
+def _zero_or_above_one(value: float) -> str | None:
+    return None if value == 0 or value > 1 else f"must be 0 (off) or > 1, got {value}"
+
+
 def _positive_ints(value: list) -> str | None:
     if any(v < 1 for v in value):
         return f"every entry must be >= 1, got {value}"
@@ -208,6 +212,61 @@ class TrainingConfig:
     weight_decay: float = opt(0.0, "AdamW weight decay", ge=0.0)
     max_examples: int = opt(0, "Limit dataset size. 0 = use all", ge=0)
     save_every: int = opt(20, "Checkpoint every N steps (0 = only at the end)", ge=0)
+    # The objective (retrain/loss.py; `retrain man --topic loss`).
+    policy_loss: str = opt(
+        "is",
+        "Policy loss: is (importance-sampling policy gradient, -A r) or ppo_clip "
+        "(-min(A r, A clip(r, 1 - clip_eps, 1 + clip_eps_high)))",
+        choices=("is", "ppo_clip"),
+    )
+    clip_eps: float = opt(
+        0.2, "ppo_clip: lower clip range, the ratio is kept >= 1 - clip_eps", gt=0.0, le=1.0
+    )
+    clip_eps_high: float = opt(
+        0.0,
+        "ppo_clip: upper clip range (1 + clip_eps_high); above clip_eps is DAPO's clip-higher. "
+        "0 = clip_eps",
+        ge=0.0,
+    )
+    clip_ratio_c: float = opt(
+        0.0,
+        "ppo_clip: dual clip for negative advantages, the token loss is at most -c A (c > 1). 0 = off",
+        ge=0.0,
+        check=_zero_or_above_one,
+        fix="use 0 to turn dual clip off, or a bound such as 3.0",
+    )
+    adv_clip_max: float = opt(
+        0.0, "Clip token advantages to [-adv_clip_max, adv_clip_max] in the loss. 0 = off", ge=0.0
+    )
+    loss_agg: str = opt(
+        "token_mean",
+        "Loss aggregation: token_mean (mean over the step's tokens), seq_mean_token_sum "
+        "(Dr. GRPO: per-completion token sums, averaged over completions) or "
+        "seq_mean_token_mean (GRPO: per-completion token means, averaged over completions)",
+        choices=("token_mean", "seq_mean_token_sum", "seq_mean_token_mean"),
+    )
+    kl_coef: float = opt(
+        0.0,
+        "KL penalty to the reference model (the base weights, LoRA disabled). 0 = off",
+        ge=0.0,
+    )
+    kl_estimator: str = opt(
+        "k3",
+        "KL estimator (Schulman's note, d = logp - logp_ref): k1 = d, k2 = d^2/2, "
+        "k3 = exp(-d) + d - 1",
+        choices=("k1", "k2", "k3"),
+    )
+    lr_schedule: str = opt(
+        "constant",
+        "Learning-rate schedule after warmup: constant, linear (to 0 at max_steps) or cosine "
+        "(to 0 at max_steps)",
+        choices=("constant", "linear", "cosine"),
+    )
+    warmup_steps: int = opt(
+        0,
+        "Linear learning-rate warmup: step s < warmup_steps uses lr * (s + 1) / warmup_steps",
+        ge=0,
+    )
 
 
 @dataclass
@@ -336,7 +395,9 @@ class InferenceConfig:
         "Inference engine: pytorch (in-process; server engines are not built yet)",
         registry_name="engine",
     )
-    url: str = opt("", "Server URL of a server inference engine (none is built yet)")
+    url: str = opt(
+        "", "Server URL: prime_rl's inference server (server inference engines are not built yet)"
+    )
     attention_kernel: str = opt(
         "default",
         "Attention implementation",
@@ -374,6 +435,37 @@ class RewardConfig:
         0.5,
         "A completion counts as correct (correct_rate, the SEPA gate, 'k/n correct') when its reward is above this",
     )
+
+
+# reasoning_gym: the held-out seed stream starts this far above [data] seed.
+EVAL_SEED_OFFSET = 1_000_000_000
+
+
+@dataclass
+class EvalConfig:
+    every: int = opt(
+        0,
+        "Evaluate the current adapter on the held-out set every N steps, and also before step 0 "
+        "and after the last step. 0 = off",
+        ge=0,
+    )
+    size: int = opt(64, "Held-out problems per evaluation", ge=1)
+    temperature: float = opt(
+        0.0, "Sampling temperature of the evaluation. 0 = greedy (argmax)", ge=0.0
+    )
+    samples: int = opt(
+        1,
+        "Completions per held-out problem: the k of pass@k (with temperature 0 they are all the same)",
+        ge=1,
+    )
+    split: str = opt(
+        "test",
+        "The held-out set: math (and plugin sources) load this split; reasoning_gym draws "
+        "problems from a seed stream 10^9 above [data] seed; jsonl reads path; verifiers "
+        "environments use their eval dataset",
+        check=_non_empty,
+    )
+    path: str = opt("", "jsonl: the held-out JSONL file (the same fields as [data] path)")
 
 
 @dataclass
@@ -491,6 +583,7 @@ class Config:
     sepa: SepaConfig = field(default_factory=SepaConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     backpressure: BackpressureConfig = field(default_factory=BackpressureConfig)
     resume: ResumeConfig = field(default_factory=ResumeConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -526,6 +619,7 @@ TABLES: dict[str, type] = {
     "sepa": SepaConfig,
     "inference": InferenceConfig,
     "reward": RewardConfig,
+    "eval": EvalConfig,
     "backpressure": BackpressureConfig,
     "resume": ResumeConfig,
     "logging": LoggingConfig,

@@ -65,14 +65,48 @@ def _missing_entropies(config: Config, capabilities: BackendCapabilities) -> str
     return None
 
 
+def loss_options_used(config: Config) -> list[tuple[str, str]]:
+    """(`[training] key`, loss option) for each part of the objective beyond the default
+    importance-sampling token mean (the names of BackendCapabilities.loss_options)."""
+    t = config.training
+    used = []
+    if t.policy_loss == "ppo_clip":
+        used.append(("[training] policy_loss", "ppo_clip"))
+        if t.clip_ratio_c > 0:
+            used.append(("[training] clip_ratio_c", "dual_clip"))
+    if t.adv_clip_max > 0:
+        used.append(("[training] adv_clip_max", "adv_clip"))
+    if t.loss_agg != "token_mean":
+        used.append(("[training] loss_agg", t.loss_agg))
+    if t.kl_coef > 0:
+        used.append(("[training] kl_coef", "kl"))
+    return used
+
+
+def _loss_option_problems(config: Config, capabilities: BackendCapabilities) -> Problems:
+    backend = config.backend.backend
+    supported = ", ".join(capabilities.loss_options) or "none"
+    return [
+        (
+            key,
+            f"backend {backend!r} does not implement the loss option {option!r} (it supports: "
+            f"{supported}). Fix: remove the key, or use a backend whose capabilities list "
+            f"loss_options {option!r} (local)",
+        )
+        for key, option in loss_options_used(config)
+        if option not in capabilities.loss_options
+    ]
+
+
 def flow_problems(
     config: Config, capabilities: BackendCapabilities, *, token_varying: bool | None
 ) -> Problems:
-    """The advantage flow against what the backend carries: (a) token-varying
-    advantages on a backend that aggregates them per completion; (b) an uncertainty
-    kind that needs entropies the backend (or its engine) does not return.
+    """The advantage flow and the objective against what the backend carries: (a)
+    token-varying advantages on a backend that aggregates them per completion; (b) an
+    uncertainty kind that needs entropies the backend (or its engine) does not return;
+    (c) a loss option (`[training] policy_loss`, ...) the backend does not implement.
     `token_varying=None` means unknown (a plugin, before probing): (a) is skipped."""
-    problems: Problems = []
+    problems: Problems = _loss_option_problems(config, capabilities)
     if token_varying and not capabilities.preserves_token_advantages:
         problems.append(
             (
@@ -119,6 +153,31 @@ def _backpressure(config: Config) -> Problems:
             f"must be <= max_batch_size ({bp.max_batch_size}), got {bp.min_batch_size}",
         )
     ]
+
+
+def _objective(config: Config) -> Problems:
+    """PPO-only keys set for the plain loss, and a warmup that never ends."""
+    t = config.training
+    problems: Problems = []
+    if t.policy_loss != "ppo_clip":
+        for key in ("clip_eps_high", "clip_ratio_c"):
+            if getattr(t, key) > 0:
+                problems.append(
+                    (
+                        f"[training] {key}",
+                        f'only used with policy_loss = "ppo_clip" (policy_loss is {t.policy_loss!r}). '
+                        'Fix: set policy_loss = "ppo_clip", or remove the key',
+                    )
+                )
+    if t.warmup_steps >= t.max_steps:
+        problems.append(
+            (
+                "[training] warmup_steps",
+                f"must be < max_steps ({t.max_steps}), got {t.warmup_steps}: the learning rate "
+                "would never reach lr. Fix: fewer warmup steps",
+            )
+        )
+    return problems
 
 
 def _reward(config: Config) -> Problems:
@@ -194,6 +253,7 @@ def _squeeze(config: Config) -> Problems:
 
 
 CROSS_CHECKS: tuple[Callable[[Config], Problems], ...] = (
+    _objective,
     _backpressure,
     _reward,
     _data,

@@ -5,7 +5,8 @@ Each prompt is prefilled once (left-padded across prompts, with position ids cou
 from the first real token) and its cache is repeated for the group's completions, then
 tokens are sampled step by step at the configured temperature (and, with top_p < 1, from
 the renormalised nucleus), and the recorded logprobs are exactly those of the
-distribution each token was drawn from.
+distribution each token was drawn from. Temperature 0 (held-out evaluation) decodes
+greedily: the argmax token, with logprob 0 (it was chosen with probability 1).
 """
 
 from __future__ import annotations
@@ -141,11 +142,17 @@ class PyTorchEngine:
                 raise BackendError(
                     "the model produced non-finite logits while sampling (have the weights diverged? try a lower [training] lr)"
                 )
-            full = torch.log_softmax(logits.float() / params.temperature, dim=-1)
-            logp = nucleus(full, params.top_p) if params.top_p < 1.0 else full
-            token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
-            tokens[:, t] = token
-            logprobs[:, t] = logp.gather(-1, token[:, None]).squeeze(-1)
+            if params.temperature <= 0.0:  # greedy (evaluation): argmax, probability 1
+                full = torch.log_softmax(logits.float(), dim=-1)
+                token = logits.argmax(dim=-1)
+                tokens[:, t] = token
+                logprobs[:, t] = 0.0
+            else:
+                full = torch.log_softmax(logits.float() / params.temperature, dim=-1)
+                logp = nucleus(full, params.top_p) if params.top_p < 1.0 else full
+                token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+                tokens[:, t] = token
+                logprobs[:, t] = logp.gather(-1, token[:, None]).squeeze(-1)
             if entropies is not None:  # the model's uncertainty: the untruncated distribution
                 entropies[:, t] = -(full.exp() * full).sum(-1)
             steps = t + 1

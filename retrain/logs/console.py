@@ -29,6 +29,29 @@ def step_line(
     )
 
 
+def eval_line(
+    step: int | None,
+    condition: str,
+    *,
+    correct_rate: float,
+    reward: float,
+    pass_at_k: float,
+    k: int,
+    problems: int,
+    temperature: float,
+    seconds: float,
+) -> str:
+    """The held-out evaluation after `step` training steps (0 = before training; None:
+    a saved adapter, `retrain eval`)."""
+    how = "greedy" if temperature <= 0 else f"T={temperature:g}"
+    when = "Eval" if step is None else f"Eval after {step} steps"
+    return (
+        f"{when} [{condition}] | held-out correct={100 * correct_rate:.1f}% | "
+        f"reward={reward:.3f} | pass@{k}={100 * pass_at_k:.1f}% | {problems} problems x {k} ({how}) | "
+        f"time={seconds:.1f}s"
+    )
+
+
 def group_line(correct: int, total: int, answer: str) -> str:
     answer = answer.replace("\n", " ")
     if len(answer) > 60:

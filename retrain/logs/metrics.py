@@ -1,13 +1,18 @@
-"""The rows a step writes: metrics.jsonl, emergence/steps.jsonl, emergence/generations.jsonl.
-Built from a typed StepResult; nothing here measures or decides anything."""
+"""The rows a step writes: metrics.jsonl, emergence/steps.jsonl, emergence/generations.jsonl,
+and eval.jsonl (held-out evaluations). Built from typed records (StepResult,
+EvalResult); nothing here measures or decides anything."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from retrain.types import StepResult
+from retrain.logs.jsonl import read_jsonl
+from retrain.types import EvalResult, StepResult
+
+EVAL = "eval.jsonl"  # one row per held-out evaluation, in the run's log directory
 
 
 @dataclass
@@ -163,3 +168,48 @@ def generation_rows(result: StepResult) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def eval_fields(result: EvalResult) -> dict[str, Any]:
+    """The `eval_*` fields of a held-out evaluation, as metrics.jsonl rows carry them."""
+    return {
+        "eval_step": result.step,
+        "eval_correct_rate": result.correct_rate,
+        "eval_mean_reward": result.mean_reward,
+        "eval_pass_at_k": result.pass_at_k,
+        "eval_k": result.samples,
+        "eval_num_problems": result.num_problems,
+        "eval_num_correct": result.num_correct,
+        "eval_num_completions": result.num_completions,
+        "eval_temperature": result.temperature,
+        "eval_time_s": result.seconds,
+    }
+
+
+def eval_row(result: EvalResult, condition: str) -> dict[str, Any]:
+    """The eval.jsonl row: `step` is the number of training steps done (0 = before
+    training), so a row describes the adapter after that many steps."""
+    return {
+        "step": result.step,
+        "kind": "eval",
+        "condition": condition,
+        **eval_fields(result),
+        **{f"eval_{k}": v for k, v in result.reward_counters.items()},
+        "time": time.time(),
+    }
+
+
+def read_eval_rows(
+    log_dir: str | Path, metrics: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """A run's evaluations by step (the last row wins for a repeated step): eval.jsonl,
+    else the `eval_*` fields of its metrics rows (`metrics`, when given)."""
+    rows, _ = read_jsonl(Path(log_dir) / EVAL)
+    if not rows and metrics:
+        rows = [
+            {**r, "step": r["eval_step"]}
+            for r in metrics
+            if isinstance(r.get("eval_step"), int) and r.get("eval_correct_rate") is not None
+        ]
+    by_step = {r["step"]: r for r in rows if isinstance(r.get("step"), int)}
+    return [by_step[s] for s in sorted(by_step)]

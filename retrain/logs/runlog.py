@@ -5,6 +5,7 @@ heartbeat) and the optional wandb mirror."""
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -73,6 +74,7 @@ class RunLog:
         data = {
             "status": status,
             "pid": os.getpid(),
+            "host": socket.gethostname(),  # `retrain status` checks the pid on this host only
             "condition": self.config.condition,
             "config": self.config_path,
             "max_steps": self.config.training.max_steps,

@@ -6,24 +6,31 @@ directory holds manifest.json (its runs live in `runs/`). Both are read through
 unreadable JSON file becomes a warning, and a run killed without a word shows up as
 `stale` once its heartbeat is old.
 
-States: finished, failed, interrupted, running (heartbeat fresh), stale (run.json says
-running but the heartbeat is older than `stale_after`: by default 3 x the median step
-time, at least 300 s), pending (a campaign run that has not started), unknown.
+States: finished, failed, interrupted, running (heartbeat fresh), dead (run.json says
+running, was written on this host, and its process is gone: killed without a word),
+stale (run.json says running but the heartbeat is older than `stale_after`: by default
+3 x the median step time, at least 300 s; the process may live on another host or hang),
+pending (a campaign run that has not started), unknown. A dead or stale run carries its
+last step, its last checkpoint's step and the command that resumes it.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+import socket
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from retrain.logs.metrics import read_eval_rows
 from retrain.logs.rundir import (
     MANIFEST,
     METRICS,
     RUN_MARKERS,
+    TRAINER_STATE,
     CampaignDir,
     RunDir,
     as_int,
@@ -32,6 +39,7 @@ from retrain.logs.rundir import (
 )
 
 MIN_STALE_S = 300.0
+RESUMABLE = ("dead", "stale", "interrupted")
 STALE_STEP_FACTOR = 3.0
 
 
@@ -48,10 +56,19 @@ class RunStatus:
     running_correct_rate: float | None = None
     mean_reward: float | None = None  # over the logged steps
     last_reward: float | None = None
+    # The last held-out evaluation ([eval]): after how many steps, and its results.
+    last_eval_step: int | None = None
+    last_eval_correct_rate: float | None = None
+    last_eval_pass_at_k: float | None = None
     median_step_s: float | None = None
     eta_s: float | None = None
     heartbeat_age_s: float | None = None
     exit_code: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    last_step: int | None = None  # the last logged step (0-based)
+    checkpoint_step: int | None = None  # steps the last checkpoint holds
+    resume_command: str | None = None  # for a dead, stale or interrupted run
     corrupt_lines: dict[str, list[int]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -67,9 +84,21 @@ class ConditionSummary:
     final_correct_rates: list[float]
     mean: float | None
     std: float | None
+    # The runs' last held-out correct rates ([eval]), when they evaluate.
+    final_eval_correct_rates: list[float] = field(default_factory=list)
+
+    @property
+    def eval_mean(self) -> float | None:
+        rates = self.final_eval_correct_rates
+        return statistics.fmean(rates) if rates else None
+
+    @property
+    def eval_std(self) -> float | None:
+        rates = self.final_eval_correct_rates
+        return statistics.stdev(rates) if len(rates) >= 2 else (0.0 if rates else None)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "eval_mean": self.eval_mean, "eval_std": self.eval_std}
 
 
 @dataclass
@@ -127,6 +156,55 @@ def _fill_metrics(st: RunStatus, rows: list[dict[str, Any]]) -> None:
     st.median_step_s = statistics.median(times) if times else None
 
 
+def _fill_eval(st: RunStatus, run: RunDir) -> None:
+    """The last held-out evaluation: eval.jsonl, else the eval_* fields of metrics rows."""
+    rows = read_eval_rows(run.path, run.metrics)
+    if rows:
+        last = rows[-1]
+        st.last_eval_step = as_int(last.get("step"))
+        st.last_eval_correct_rate = as_number(last.get("eval_correct_rate"))
+        st.last_eval_pass_at_k = as_number(last.get("eval_pass_at_k"))
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this host (one owned by another user
+    counts as alive)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _process_gone(st: RunStatus) -> bool:
+    """run.json was written on this host by a process that no longer exists. Without a
+    host (an older run.json) or from another host nothing is known: the heartbeat decides."""
+    return st.pid is not None and st.host == socket.gethostname() and not process_alive(st.pid)
+
+
+def resume_command(run: RunDir) -> str:
+    """The command that continues the run: its resolved config with `--resume` when a
+    checkpoint exists, else the config alone (the run starts over)."""
+    resolved = run.path / "config.resolved.toml"
+    configured = run.run_info.get("config")
+    if resolved.is_file():
+        config = str(resolved)
+    elif isinstance(configured, str) and configured:
+        config = configured
+    else:
+        config = "CONFIG.toml"
+    command = f"retrain {shlex.quote(config)}"
+    if (run.path / TRAINER_STATE).is_file():
+        command += f" --resume {shlex.quote(str(run.path))}"
+    return command
+
+
 def _state(run: RunDir, st: RunStatus, stale_after: float | None) -> str:
     limit = stale_after
     if limit is None:
@@ -136,6 +214,8 @@ def _state(run: RunDir, st: RunStatus, stale_after: float | None) -> str:
         return "finished"
     if status in ("failed", "interrupted"):
         return status
+    if status == "running" and _process_gone(st):
+        return "dead"
     if status == "running" or (not run.run_info and run.metrics):
         fresh = st.heartbeat_age_s is not None and st.heartbeat_age_s <= limit
         return "running" if fresh else "stale"
@@ -160,7 +240,14 @@ def read_run(
     st.condition = run.condition
     st.max_steps = run.max_steps
     st.steps_done = run.steps_done
+    st.pid = as_int(run.run_info.get("pid"))
+    host = run.run_info.get("host")
+    st.host = host if isinstance(host, str) and host else None
+    logged = [s for r in run.metrics if (s := as_int(r.get("step"))) is not None]
+    st.last_step = max(logged) if logged else None
+    st.checkpoint_step = as_int(run.trainer_state.get("step")) if run.has_checkpoint else None
     _fill_metrics(st, run.metrics)
+    _fill_eval(st, run)
     heartbeat = run.heartbeat
     st.heartbeat_age_s = max(0.0, now - heartbeat) if heartbeat is not None else None
     st.state = _state(run, st, stale_after)
@@ -168,6 +255,8 @@ def read_run(
         st.eta_s = st.median_step_s * max(0, st.max_steps - st.steps_done)
     elif st.state == "finished":
         st.eta_s = 0.0
+    if st.state in RESUMABLE:
+        st.resume_command = resume_command(run)
     return st
 
 
@@ -188,6 +277,11 @@ def _summarise(runs: list[RunStatus]) -> list[ConditionSummary]:
                 final_correct_rates=finals,
                 mean=mean,
                 std=std,
+                final_eval_correct_rates=[
+                    r.last_eval_correct_rate
+                    for r in members
+                    if r.last_eval_correct_rate is not None
+                ],
             )
         )
     return out
@@ -201,8 +295,9 @@ def _listed_run(
     run_dir = campaign.run_dir(entry)
     if run_dir is not None and is_run_dir(run_dir):
         st = read_run(run_dir, now=now, stale_after=stale_after, name=name)
-        if entry.get("status") == "failed" and st.state in ("running", "stale", "unknown"):
+        if entry.get("status") == "failed" and st.state in ("running", "stale", "dead", "unknown"):
             st.state = "failed"  # the process died without updating run.json
+        st.resume_command = None  # a campaign resumes its runs itself
     else:
         st = RunStatus(path=str(run_dir or campaign.path / "runs" / name), name=name)
         st.state = "failed" if entry.get("status") == "failed" else "pending"
@@ -312,6 +407,8 @@ def _run_row(r: RunStatus, name: str) -> list[str]:
     state = r.state
     if r.state == "stale" and r.heartbeat_age_s is not None:
         state = f"stale ({_secs(r.heartbeat_age_s)} ago)"
+    elif r.state == "dead" and r.pid is not None:
+        state = f"dead (pid {r.pid} gone)"
     elif r.state == "failed" and r.exit_code is not None:
         state = f"failed (exit {r.exit_code})"
     return [
@@ -320,13 +417,21 @@ def _run_row(r: RunStatus, name: str) -> list[str]:
         steps,
         _pct(r.last_correct_rate),
         _pct(r.running_correct_rate),
+        _eval_cell(r),
         reward,
         _secs(r.median_step_s),
         _secs(r.eta_s) if r.state == "running" else "-",
     ]
 
 
-HEADER = ["RUN", "STATE", "STEPS", "CORRECT", "RUNNING", "REWARD", "STEP", "ETA"]
+def _eval_cell(r: RunStatus) -> str:
+    """The last held-out correct rate and the step it was measured after."""
+    if r.last_eval_correct_rate is None:
+        return "-"
+    return f"{_pct(r.last_eval_correct_rate)} @{r.last_eval_step}"
+
+
+HEADER = ["RUN", "STATE", "STEPS", "CORRECT", "RUNNING", "EVAL", "REWARD", "STEP", "ETA"]
 
 
 def _table(rows: list[list[str]], indent: str = "") -> list[str]:
@@ -334,6 +439,23 @@ def _table(rows: list[list[str]], indent: str = "") -> list[str]:
     return [
         indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows
     ]
+
+
+def _resume_lines(runs: list[RunStatus], rel) -> list[str]:
+    """For each run that stopped without finishing: where it stopped and how to go on."""
+    lines = []
+    for r in runs:
+        if r.resume_command is None:
+            continue
+        last = "no step logged" if r.last_step is None else f"last step {r.last_step}"
+        ckpt = (
+            "no checkpoint: it starts over"
+            if r.checkpoint_step is None
+            else f"checkpoint at step {r.checkpoint_step}"
+        )
+        lines.append(f"  {rel(r.path)} is {r.state}: {last}, {ckpt}")
+        lines.append(f"    resume: {r.resume_command}")
+    return lines
 
 
 def render(report: StatusReport) -> str:
@@ -352,6 +474,7 @@ def render(report: StatusReport) -> str:
     if report.runs:
         lines.append(f"Runs under {report.root}:")
         lines += _table([HEADER] + [_run_row(r, rel(r.path)) for r in report.runs], "  ")
+        lines += _resume_lines(report.runs, rel)
     for c in report.campaigns:
         if lines:
             lines.append("")
@@ -367,6 +490,11 @@ def render(report: StatusReport) -> str:
                 else f"final correct {100 * cond.mean:.1f}% +- {100 * (cond.std or 0.0):.1f}% "
                 f"(n={len(cond.final_correct_rates)})"
             )
+            if cond.eval_mean is not None:
+                final += (
+                    f", held-out {100 * cond.eval_mean:.1f}% +- {100 * (cond.eval_std or 0.0):.1f}% "
+                    f"(n={len(cond.final_eval_correct_rates)})"
+                )
             lines.append(f"  {cond.condition}: {cond.finished}/{cond.runs} finished, {final}")
             members = [r for r in c.runs if (r.condition or "?") == cond.condition]
             lines += _table([HEADER] + [_run_row(r, r.name) for r in members], "    ")

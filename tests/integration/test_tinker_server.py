@@ -255,7 +255,11 @@ def test_train_resume_and_squeeze_against_a_local_tinker_server(server):
     assert code == 0, out3[-4000:]
     report = json.loads(stdout3[stdout3.index("{") : stdout3.rindex("}") + 1])
     assert report["source_rank"] == 8 and report["num_layers"] > 0
-    assert 1 <= report["recommended_rank"] <= 8
+    # the smallest analysed rank that keeps the target share of the variance
+    variance = {r["rank"]: r["mean_variance"] for r in report["ranks"]}
+    assert sorted(variance) == [1, 2, 4, 8] and variance[8] == pytest.approx(1.0)
+    target = report["min_variance_retention"]
+    assert report["recommended_rank"] == min(r for r in variance if variance[r] >= target - 1e-12)
     print(
         f"[tinker] squeeze ({seconds3:.0f}s): {report['num_layers']} layers, "
         f"recommended rank {report['recommended_rank']} of {report['source_rank']}"

@@ -165,8 +165,10 @@ def test_the_originals_field_names_work_and_later_keys_are_refused_by_name():
         "algorithm.params": "[algorithm] transform_params",
     }
     assert cond.label.startswith("grpo+none~algorithm.params={'alpha': 1},bp_enabled=True,")
-    (problem,) = parse_entry({"advantage_mode": "grpo", "transform_mode": "none", "clip_eps": 0.2})
-    assert problem.startswith("clip_eps: [training] clip_eps is not supported in this build")
+    (problem,) = parse_entry(
+        {"advantage_mode": "grpo", "transform_mode": "none", "kl_cov_coef": 0.2}
+    )
+    assert problem.startswith("kl_cov_coef: [training] kl_cov_coef is not supported in this build")
     (problem,) = parse_entry(
         {"advantage_mode": "grpo", "transform_mode": "none", "echo": {"enabled": True}}
     )

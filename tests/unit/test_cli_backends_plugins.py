@@ -69,8 +69,10 @@ def test_backends_text_lists_builtins_capabilities_and_hooks(project, capsys):
     assert code == 0
     for name in ("local", "tinker", "prime_rl"):
         assert f"{name}  (source=builtin" in out
-    assert "prime_rl  (source=builtin, not built)" in out
-    assert registry.BACKENDS.entry("prime_rl").not_built in out  # its fix
+    assert "prime_rl  (source=builtin, not built)" not in out  # built since issue #14
+    prime = out[out.index("prime_rl  (source=builtin") :]
+    assert "reports_sync_loss=no" in prime and "strict_advantages" in prime
+    assert "test receiver" in prime  # says what it was tested against
     assert "preserves_token_advantages=no" in out  # the plugin default
     for hook in (
         "retrain_backend_capabilities",
@@ -105,7 +107,8 @@ def test_backends_json_matches_the_registry_entries(project, capsys):
             assert set(row["options"]) == set(entry.options)
         else:  # never shown as usable
             assert row["capabilities"] is None and row["installed"] is False
-    assert by_name["prime_rl"]["available"] is False
+    assert by_name["prime_rl"]["available"] is True
+    assert by_name["prime_rl"]["options"]["transport"]["choices"] == ["filesystem", "zmq"]
     engines = {e["name"]: e for e in data["engines"]}
     assert list(engines) == registry.ENGINES.names()
     assert engines["pytorch"]["available"] is True
@@ -118,9 +121,15 @@ def test_backends_json_matches_the_registry_entries(project, capsys):
     assert set(data["capability_fields"]) >= {"reports_sync_loss", "resume_runtime_dependent"}
 
 
-def test_naming_a_backend_that_is_not_built_exits_1(project, capsys):
-    code, _, _ = run(["backends", "prime_rl"], capsys)
+def test_naming_a_backend_that_is_not_built_exits_1(project, capsys, monkeypatch):
+    planned = registry.Entry("planned", description="a future backend", not_built="use local")
+    backends = registry.Registry(
+        "backend", (*registry.BACKENDS.entries, planned), key=registry.BACKENDS.key
+    )
+    monkeypatch.setattr(registry, "BACKENDS", backends)
+    code, _, _ = run(["backends", "planned"], capsys)
     assert code == 1
+    assert run(["backends", "prime_rl"], capsys)[0] == 0
 
 
 def test_dotted_backend_with_and_without_hooks(project, capsys):

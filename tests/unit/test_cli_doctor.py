@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,17 @@ def run(args, capsys):
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    """An isolated working directory, caches and home; the network is never touched."""
+    """An isolated working directory, caches and home; the network is never touched.
+    The process environment is restored afterwards, including variables the test's
+    `retrain doctor` loaded from a .env (monkeypatch.delenv of an unset name records
+    nothing, so it alone would let a loaded WANDB_API_KEY leak into later tests)."""
+    before = dict(os.environ)
+    yield _isolate(tmp_path, monkeypatch)
+    os.environ.clear()
+    os.environ.update(before)
+
+
+def _isolate(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("RETRAIN_CACHE", str(tmp_path / "cache"))
@@ -144,7 +155,7 @@ def test_invalid_config_fails(env, capsys):
     ("text", "key"),
     [
         ('[inference]\nengine = "sglang"\n', "[inference] engine"),
-        ('[backend]\nbackend = "prime_rl"\n', "[backend] backend"),
+        ('[inference]\nengine = "mlx"\n', "[inference] engine"),
     ],
 )
 def test_name_not_built_fails_with_key_line_and_fix(env, capsys, text, key):
@@ -180,7 +191,12 @@ def test_secret_in_dotenv_is_loaded_but_not_shown(env, capsys):
     cfg = write_config(env / "retrain.toml", "org/x", wandb_project="proj")
     code, out, _ = run(["doctor", str(cfg), "--no-network"], capsys)
     assert SECRET not in out and "WANDB_API_KEY is set" in out
-    # (the env fixture's monkeypatch restores WANDB_API_KEY, which load_dotenv set)
+    assert os.environ.get("WANDB_API_KEY") == SECRET  # loaded; the env fixture removes it
+
+
+def test_the_dotenv_secret_did_not_leak_into_later_tests():
+    """Runs after the test above (pytest keeps file order)."""
+    assert os.environ.get("WANDB_API_KEY") != SECRET
 
 
 def test_wandb_netrc_and_not_logged_in(env, capsys, monkeypatch):
@@ -242,3 +258,30 @@ def test_gpu_lines_with_a_faked_cuda(env, monkeypatch):
     assert checks["gpu:0"].status == "OK" and "80.0 GiB (40.0 GiB free)" in checks["gpu:0"].detail
     assert checks["gpu:1"].status == "WARN" and checks["gpu:1"].fix
     assert checks["devices"].status == "FAIL" and "gpu:3" in checks["devices"].detail
+
+
+def test_a_config_that_cannot_run_never_passes(env, capsys):
+    """Each of these loads, but the run would refuse it before its first step."""
+    (env / "data.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
+    good = write_config(env / "good.toml", "org/x")
+    code, out, _ = run(["doctor", str(good), "--json", "--no-network"], capsys)
+    assert checks_by_name(out)["run checks"]["status"] == "OK"
+
+    (env / "data.jsonl").unlink()
+    code, out, _ = run(["doctor", str(good), "--no-network"], capsys)
+    assert code == 1 and "All checks passed" not in out
+    line = next(line for line in out.splitlines() if "run checks" in line)
+    assert line.startswith("FAIL") and "[data] path: JSONL file 'data.jsonl' not found" in line
+    assert f"fix: retrain explain {good} says the same" in out
+
+    bad_reward = env / "reward.toml"
+    bad_reward.write_text(
+        good.read_text() + '[reward]\ntype = "custom"\ncustom_module = "gone.py"\n'
+        '[resume]\nfrom = "logs/old"\n'
+    )
+    (env / "data.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
+    code, out, _ = run(["doctor", str(bad_reward), "--json", "--no-network"], capsys)
+    fails = [c["detail"] for c in json.loads(out)["checks"] if c["name"] == "run checks"]
+    assert code == 1 and len(fails) == 2
+    assert fails[0].startswith("[reward] custom_module: file 'gone.py' not found")
+    assert fails[1] == "[resume] from: 'logs/old' holds no trainer_state.json to resume from"

@@ -170,7 +170,7 @@ def test_explain_refuses_shannon_entropy_on_tinker(tmp_path, capsys):
     ("text", "key", "line"),
     [
         ('[inference]\nengine = "vllm"\n', "[inference] engine", 2),
-        ('[training]\nseed = 1\n[backend]\nbackend = "prime_rl"\n', "[backend] backend", 4),
+        ('[training]\nseed = 1\n[inference]\nengine = "sglang"\n', "[inference] engine", 4),
     ],
 )
 def test_explain_reports_names_that_are_not_built(tmp_path, capsys, text, key, line):
@@ -202,3 +202,162 @@ def test_explain_errors_on_plugin_backend_without_token_advantages(tmp_path, cap
     code, out, _ = run(["explain", str(path)], capsys)
     assert code == 2 and "plugin/default" in out and "ERROR" in out
     assert "token-level advantages" in out
+
+
+# ---------------------------------------------------------------- what the run checks at start
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_explain_shows_resolved_settings_and_cli_overrides(tmp_path, capsys):
+    quick = REPO / "retrain/config/templates/quickstart.toml"
+    args = ["explain", str(quick), "--json", "--lr", "3e-4", "--top-p", "0.9"]
+    code, out, _ = run(args + ["--temperature", "0.8", "--lora-rank", "8"], capsys)
+    s = json.loads(out)["settings"]
+    assert code == 0
+    assert (s["lr"], s["top_p"], s["temperature"]) == (3e-4, 0.9, 0.8)
+    assert s["lr_schedule"] == "constant" and s["seed"] == 0
+    assert s["optimizer"]["name"] == "AdamW" and s["optimizer"]["beta2"] == 0.99
+    assert s["lora"]["rank"] == 8 and s["lora"]["alpha"] == 16
+    assert s["loss"]["policy_loss"] == "is" and s["loss"]["loss_agg"] == "token_mean"
+    assert s["inference"] == {"engine": "pytorch", "url": None} and s["devices"] == "cpu"
+    code, text, _ = run(["explain", str(quick), "--lr", "3e-4", "--top-p", "0.9"], capsys)
+    assert "Training:    lr 0.0003 (constant)" in text and "top_p 0.9" in text
+    assert "Optimizer:   AdamW betas (0.9, 0.99)" in text and "LoRA:        rank 16" in text
+    assert "Sampling:    pytorch on cpu" in text
+
+
+def test_explain_tinker_settings_name_the_service(tmp_path, capsys):
+    path = _write(
+        tmp_path / "t.toml",
+        '[backend]\nbackend = "tinker"\n[model]\nbase_url = "http://127.0.0.1:8000"\n'
+        "[training]\nseed = 1\n",
+    )
+    report = json.loads(run(["explain", str(path), "--json"], capsys)[1])
+    assert report["settings"]["inference"]["url"] == "http://127.0.0.1:8000"
+    assert "tinker" in report["settings"]["inference"]["engine"]
+    assert report["settings"]["devices"] is None
+    est = report["estimates"]
+    assert est["peak_memory_gib"] is None and "service" in est["memory_note"]
+
+
+def _tiny_model(tmp_path: Path) -> Path:
+    """A model directory with only a config.json: the estimate reads its shape."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "intermediate_size": 128,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 100,
+                "tie_word_embeddings": False,
+            }
+        )
+    )
+    return model
+
+
+def test_explain_estimates_memory_and_step_time(tmp_path, capsys):
+    model = _tiny_model(tmp_path)
+    (tmp_path / "d.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
+    path = _write(
+        tmp_path / "r.toml",
+        f'[model]\nmodel = "{model}"\nlora_rank = 4\n[backend]\ndevices = "cpu"\n'
+        f'[data]\nsource = "jsonl"\npath = "{tmp_path / "d.jsonl"}"\n'
+        f'[eval]\nevery = 0\n[logging]\nlog_dir = "{tmp_path / "logs"}"\n'
+        "[training]\nseed = 1\nbatch_size = 2\ngroup_size = 4\nmax_tokens = 10\n",
+    )
+    est = json.loads(run(["explain", str(path), "--json"], capsys)[1])["estimates"]
+    # attention 64*64*2 + 64*32*2, MLP 3*64*128, per layer; untied embeddings 2*100*64
+    assert est["model_params"] == 2 * (8192 + 4096 + 24576) + 12800
+    assert est["sampled_tokens_per_step"] == 2 * 4 * 10
+    assert 0 < est["peak_memory_gib"] < 1
+    assert est["recent_run"] is None and "FLOPs" in est["step_time_source"]
+    flops = 8 * est["model_params"] * 80
+    assert est["step_time_s"] == pytest.approx(flops / 5e10, abs=0.01)
+
+    # a run already logged in log_dir: its measured median wins
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    rows = [
+        {"step": i, "step_time_s": t, "tokens_generated": 400, "time_sampling_s": s}
+        for i, (t, s) in enumerate([(3.0, 1.0), (5.0, 2.0), (4.0, 4.0)])
+    ]
+    (logs / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out, _ = run(["explain", str(path), "--json"], capsys)
+    est = json.loads(out)["estimates"]
+    assert est["step_time_s"] == 4.0 and est["recent_run"]["steps"] == 3
+    assert est["recent_run"]["sampled_tokens_per_s"] == 200.0
+    text = run(["explain", str(path)], capsys)[1]
+    assert f"~4 s/step (median of 3 steps logged in {logs})" in text
+    assert "sampling 200 tokens/s" in text and "Memory:      " in text
+
+
+@pytest.mark.parametrize(
+    "toml, key, message",
+    [
+        ('[data]\nsource = "jsonl"\npath = "nope.jsonl"\n', "[data] path", "not found"),
+        (
+            '[data]\nsource = "reasoning_gym"\ntask = "basic_arithmetik"\n',
+            "[data] task",
+            "unknown reasoning-gym task 'basic_arithmetik' (did you mean 'basic_arithmetic'",
+        ),
+        (
+            '[reward]\ntype = "custom"\ncustom_module = "missing_reward.py"\n',
+            "[reward] custom_module",
+            "not found",
+        ),
+        ('[model]\nmodel = "./no-such-model"\n', "[model] model", "no such file or directory"),
+        ('[resume]\nfrom = "logs/never"\n', "[resume] from", "holds no trainer_state.json"),
+    ],
+)
+def test_explain_reports_what_the_run_would_refuse_at_start(
+    tmp_path, capsys, monkeypatch, toml, key, message
+):
+    monkeypatch.chdir(tmp_path)
+    path = _write(tmp_path / "c.toml", toml + "[training]\nseed = 1\n")
+    code, out, _ = run(["explain", str(path), "--json"], capsys)
+    errors = json.loads(out)["errors"]
+    assert code == 2
+    assert any(e.startswith(f"{key}: ") and message in e for e in errors), errors
+
+
+def test_explain_custom_reward_without_its_function(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_reward.py").write_text("def reward(response, reference):\n    return 1.0\n")
+    path = _write(
+        tmp_path / "c.toml",
+        '[reward]\ntype = "custom"\ncustom_module = "my_reward.py"\n[training]\nseed = 1\n',
+    )
+    code, out, _ = run(["explain", str(path)], capsys)
+    assert code == 2
+    assert "ERROR: [reward] custom_function:" in out and "callables there: reward" in out
+
+
+def test_explain_reports_missing_modules_of_configured_entries(tmp_path, capsys, monkeypatch):
+    from retrain.cli import explain
+
+    real = explain._missing_modules
+    monkeypatch.setattr(
+        explain,
+        "_missing_modules",
+        lambda mods: [m for m in mods if m in ("reasoning_gym", "math_verify")] or real(mods),
+    )
+    path = _write(
+        tmp_path / "c.toml",
+        '[data]\nsource = "reasoning_gym"\ntask = "basic_arithmetic"\n[reward]\ntype = "math"\n'
+        "[training]\nseed = 1\n",
+    )
+    code, out, _ = run(["explain", str(path), "--json"], capsys)
+    errors = json.loads(out)["errors"]
+    assert code == 2
+    assert any(e.startswith("[data] source: reasoning_gym needs reasoning_gym") for e in errors)
+    assert any(e.startswith("[reward] type: math needs math_verify") for e in errors)
+    assert all("retrain[" in e for e in errors)  # each names its install

@@ -119,10 +119,10 @@ def test_every_later_key_is_an_error_naming_its_version(table, key):
 
 def test_later_key_error_names_file_and_line(tmp_path):
     path = tmp_path / "c.toml"
-    path.write_text("[training]\nlr = 1e-5\nclip_eps = 0.2\n\n[echo]\nenabled = true\n")
+    path.write_text("[training]\nlr = 1e-5\nkl_cov_coef = 0.2\n\n[echo]\nenabled = true\n")
     with pytest.raises(ConfigError) as info:
         load_config(path)
-    assert f"[training] clip_eps ({path}:3)" in str(info.value)
+    assert f"[training] kl_cov_coef ({path}:3)" in str(info.value)
     assert f"[echo] enabled ({path}:6)" in str(info.value)
     assert "ECHO" in str(info.value)
 
@@ -147,7 +147,7 @@ def test_unknown_keys_still_get_did_you_mean():
 
 
 def test_later_field_message_for_condition_keys():
-    assert "not supported in this build" in compat.later_field_message("clip_eps")
+    assert "not supported in this build" in compat.later_field_message("kl_cov_coef")
     assert compat.later_field_message("lr") is None
 
 
@@ -240,8 +240,8 @@ def test_flag_wins_over_the_originals_spelling_in_the_toml():
 
 def test_later_flag_is_an_error_naming_its_version():
     with pytest.raises(ConfigError) as info:
-        config_from_dict({}, ["--clip-eps", "0.2"])
-    assert "--clip-eps ([training] clip_eps)" in str(info.value)
+        config_from_dict({}, ["--kl-cov-coef", "0.2"])
+    assert "--kl-cov-coef ([training] kl_cov_coef)" in str(info.value)
     assert "after 2026-02-25" in str(info.value)
 
 

@@ -84,7 +84,8 @@ BAD_INPUTS = [
     ),
     ('[[data.few_shot]]\nuser = "hi"\n', "[data] few_shot"),
     ("[squeeze]\ntarget_ranks = [0, 4]\n", "[squeeze] target_ranks"),
-    ('[backend]\nbackend = "prime_rl"\n', "[backend] backend"),
+    # prime_rl takes one advantage per completion: the default gtpo_sepa is refused
+    ('[backend]\nbackend = "prime_rl"\n', "[algorithm] transform_mode"),
     (
         '[backend]\nbackend = "tinker"\n[algorithm]\nuncertainty_kind = "shannon_entropy"\n',
         "[algorithm] uncertainty_kind",

@@ -1,10 +1,16 @@
 """verifiers environments as data + reward, built locally (the hub cannot be reached).
 
 - v1 API: a real verifiers (0.4.x) Taskset/Task package written to a temp folder.
-- classic API (verifiers <= 0.3.x, not installed here): a package exposing
-  `load_environment()` with the classic Environment shape (dataset rows with a chat
-  `prompt` and `answer`, an async rubric). When classic verifiers is importable, the
-  last test also runs against a real `vf.SingleTurnEnv`.
+- classic API (verifiers <= 0.3.x): a package exposing `load_environment()` with the
+  classic Environment shape (dataset rows with a chat `prompt` and `answer`, an async
+  rubric). verifiers 0.4 (the dev environment's) no longer ships the classic classes, so
+  the test against a real `vf.SingleTurnEnv` runs where verifiers 0.3 is importable, and,
+  opt-in, in a separate environment that has it:
+
+      python -m venv .venv-verifiers03
+      .venv-verifiers03/bin/pip install "verifiers==0.3.1" numpy "tomlkit>=0.13.3,<1" \
+          pytest pytest-timeout hypothesis
+      RETRAIN_CLASSIC_VERIFIERS_PYTHON=.venv-verifiers03/bin/python pytest tests/unit/test_data_verifiers.py
 """
 
 from __future__ import annotations
@@ -12,9 +18,11 @@ from __future__ import annotations
 import importlib
 import os
 import stat
+import subprocess
 import sys
 import textwrap
 import uuid
+from pathlib import Path
 
 import pytest
 from builders import data_source
@@ -345,7 +353,9 @@ def _classic_verifiers_available() -> bool:
 
 
 @pytest.mark.skipif(
-    not _classic_verifiers_available(), reason="needs verifiers <= 0.3 (classic API)"
+    not _classic_verifiers_available(),
+    reason="needs verifiers <= 0.3 (classic API); set RETRAIN_CLASSIC_VERIFIERS_PYTHON to run "
+    "it in an environment that has it (see the module docstring)",
 )
 def test_real_classic_single_turn_env(env_dir):
     name = _unique("real_classic")
@@ -378,3 +388,41 @@ def test_real_classic_single_turn_env(env_dir):
     )
     out = src.reward.score_batch(["\\boxed{1}", "\\boxed{3}"], src.examples[:2])
     assert out.rewards == [1.0, 0.0]
+
+
+CLASSIC_PYTHON = os.environ.get("RETRAIN_CLASSIC_VERIFIERS_PYTHON", "")
+
+
+@pytest.mark.skipif(
+    not CLASSIC_PYTHON or _classic_verifiers_available(),
+    reason="opt-in: RETRAIN_CLASSIC_VERIFIERS_PYTHON names a Python with verifiers 0.3 "
+    "(not needed where verifiers 0.3 is importable: the test above runs directly)",
+)
+def test_real_classic_verifiers_in_their_own_environment():
+    """The classic-API tests, run by an interpreter that has real classic verifiers and
+    this checkout of retrain on its path; the real `vf.SingleTurnEnv` test must pass there,
+    not skip."""
+    repo = Path(__file__).resolve().parents[2]
+    python = Path(CLASSIC_PYTHON)
+    python = python if python.is_absolute() else Path.cwd() / python
+    proc = subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "classic and not own_environment",
+            __file__,
+        ],
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
+    assert "4 passed" in proc.stdout.splitlines()[-1]

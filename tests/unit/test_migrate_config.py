@@ -38,7 +38,7 @@ search_paths = "plugins, more"
 UNSUPPORTED = """\
 [training]
 lr = 1e-5
-clip_eps = 0.2
+kl_cov_coef = 0.2
 
 [echo]
 enabled = true
@@ -49,7 +49,7 @@ seeds = [1]
 [[campaign.conditions]]
 advantage_mode = "grpo"
 transform_mode = "none"
-adv_clip_max = 5.0
+batch_advantage_norm = true
 """
 
 CLEAN = "[training]\nlr = 1e-5\n\n[algorithm]\nsurprisal_mask_rho = 0.1\n"
@@ -142,13 +142,13 @@ def test_unsupported_keys_are_listed_and_kept(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     where = {u["where"]: u for u in report["unsupported"]}
     assert set(where) == {
-        "[training] clip_eps",
+        "[training] kl_cov_coef",
         "[echo] enabled",
         "[[campaign.conditions]] entry 0",
     }
-    assert where["[training] clip_eps"]["line"] == 3
+    assert where["[training] kl_cov_coef"]["line"] == 3
     assert "after 2026-02-25" in where["[echo] enabled"]["message"]
-    assert "adv_clip_max" in where["[[campaign.conditions]] entry 0"]["message"]
+    assert "batch_advantage_norm" in where["[[campaign.conditions]] entry 0"]["message"]
     assert report["written"] is False and path.read_text() == UNSUPPORTED
 
 

@@ -75,11 +75,23 @@ def test_not_built_names_are_never_listed_as_available(kind, name):
         reg.resolve(name)
 
 
-def test_backend_info_refuses_a_backend_that_is_not_built():
+def test_backend_info_refuses_a_backend_that_is_not_built(monkeypatch):
+    planned = registry.Entry("planned", description="a future backend", not_built="use local")
+    backends = registry.Registry(
+        "backend", (*registry.BACKENDS.entries, planned), key=registry.BACKENDS.key
+    )
+    monkeypatch.setattr(registry, "BACKENDS", backends)
     with pytest.raises(PluginError, match="not built"):
-        backend_info("prime_rl")
+        backend_info("planned")
     info = backend_info("tinker")
     assert info.source == "builtin" and "[inference]" in info.ignores
+    prime = backend_info("prime_rl")  # built: scalar advantages, placeholder loss, resume
+    assert prime.source == "builtin" and not prime.capabilities.reports_sync_loss
+    assert not prime.capabilities.preserves_token_advantages
+    assert prime.capabilities.supports_checkpoint_resume
+    assert prime.options["sync_wait_s"].default == 30
+    assert prime.options["sync_poll_s"].default == 0.2
+    assert "[inference] engine" in prime.ignores
 
 
 @pytest.mark.parametrize(("kind", "name", "alias"), ALIASES)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -10,9 +14,17 @@ import pytest
 
 from retrain.cli.main import main as cli_main
 from retrain.cli.status import main as status_main
+from retrain.cli.status import watch
 from retrain.errors import UsageError
 from retrain.logs.rundir import run_dir_name
-from retrain.logs.status import collect, discover, read_campaign, read_run, render
+from retrain.logs.status import (
+    collect,
+    discover,
+    process_alive,
+    read_campaign,
+    read_run,
+    render,
+)
 
 NOW = 1_700_000_000.0  # fixed and in the past: runs read as stale on the real clock
 
@@ -28,6 +40,8 @@ def write_run(
     finished=False,
     condition="grpo+none",
     torn=False,
+    pid=1,
+    host=None,
 ):
     d.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -53,12 +67,13 @@ def write_run(
             json.dumps(
                 {
                     "status": status,
-                    "pid": 1,
+                    "pid": pid,
                     "condition": condition,
                     "max_steps": max_steps,
                     "started_at": NOW - 1000,
                     "heartbeat": NOW - 10 if heartbeat is None else heartbeat,
                     "step": len(rates),
+                    **({"host": host} if host else {}),
                 }
             )
         )
@@ -265,3 +280,144 @@ def test_conditions_that_differ_only_by_overrides_are_separate_groups(tmp_path):
     text = render(collect(tmp_path, now=NOW))
     assert "  maxrl+gtpo~lr=0.0001: 2/2 finished" in text
     assert "  maxrl+gtpo~model=Qwen/Qwen3-0.6B: 2/2 finished" in text
+
+
+# ------------------------------------------------------------------ killed runs
+
+
+def dead_pid() -> int:
+    """The id of a process that has exited and been reaped."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert not process_alive(proc.pid)
+    return proc.pid
+
+
+def test_a_killed_run_on_this_host_is_dead_with_its_resume_command(tmp_path):
+    here = socket.gethostname()
+    run = tmp_path / "killed"
+    # heartbeat 10 s old: fresh by the clock, but the process is gone
+    write_run(run, rates=[0.5, 0.25, 0.5], status="running", pid=dead_pid(), host=here)
+    (run / "config.resolved.toml").write_text("[training]\nmax_steps = 10\n")
+    st = read_run(run, now=NOW)
+    assert st.state == "dead" and st.eta_s is None
+    assert st.last_step == 2 and st.checkpoint_step == 3
+    assert st.resume_command == f"retrain {run / 'config.resolved.toml'} --resume {run}"
+    text = render(collect(tmp_path, now=NOW))
+    assert f"dead (pid {st.pid} gone)" in text
+    assert "killed is dead: last step 2, checkpoint at step 3" in text
+    assert f"resume: retrain {run / 'config.resolved.toml'} --resume {run}" in text
+
+    # the same record with a live pid is running; the fresh heartbeat keeps it so
+    write_run(run, rates=[0.5], status="running", pid=os.getpid(), host=here)
+    alive = read_run(run, now=NOW)
+    assert alive.state == "running" and alive.resume_command is None
+
+
+def test_pid_is_only_checked_on_the_host_that_wrote_it(tmp_path):
+    run = tmp_path / "remote"
+    gone = dead_pid()
+    write_run(run, rates=[0.5], status="running", pid=gone, host="another-host.example")
+    assert read_run(run, now=NOW).state == "running"  # the heartbeat decides
+    write_run(
+        run,
+        rates=[0.5],
+        status="running",
+        pid=gone,
+        host="another-host.example",
+        heartbeat=NOW - 3600,
+    )
+    stale = read_run(run, now=NOW)
+    assert stale.state == "stale" and stale.last_step == 0
+    assert stale.resume_command is not None and "--resume" in stale.resume_command
+    # no host at all (a run.json from an older retrain): no pid check either
+    write_run(run, rates=[0.5], status="running", pid=gone)
+    assert read_run(run, now=NOW).state == "running"
+
+
+def test_a_run_without_a_checkpoint_starts_over(tmp_path):
+    run = tmp_path / "early"
+    write_run(run, rates=[], status="running", pid=dead_pid(), host=socket.gethostname())
+    (run / "trainer_state.json").unlink()
+    (run / "run.json").write_text(
+        json.dumps({**json.loads((run / "run.json").read_text()), "config": "my run.toml"})
+    )
+    st = read_run(run, now=NOW)
+    assert st.state == "dead" and st.last_step is None and st.checkpoint_step is None
+    assert st.resume_command == "retrain 'my run.toml'"
+    assert "no step logged, no checkpoint: it starts over" in render(collect(tmp_path, now=NOW))
+
+
+def test_runlog_records_pid_and_host(tmp_path):
+    from retrain.config import config_from_dict
+    from retrain.logs.runlog import RunLog
+
+    log = RunLog(config_from_dict({}), tmp_path, "retrain.toml", say=lambda s: None)
+    log.write_status("running", step=1)
+    info = json.loads((tmp_path / "run.json").read_text())
+    assert info["pid"] == os.getpid() and info["host"] == socket.gethostname()
+    assert read_run(tmp_path).state == "running"  # this very process
+    info["pid"] = dead_pid()
+    (tmp_path / "run.json").write_text(json.dumps(info))
+    assert read_run(tmp_path).state == "dead"
+
+
+# ------------------------------------------------------------------ --watch
+
+
+def test_watch_refreshes_a_bounded_number_of_times(tree):
+    out, sleeps = [], []
+    assert (
+        watch(tree, interval=0.5, count=3, write=out.append, sleep=sleeps.append, clear=False) == 0
+    )
+    text = "".join(out)
+    assert text.count(f"retrain status {tree} at ") == 3 and text.count("Runs under") == 3
+    assert sleeps == [0.5, 0.5]  # none after the last report
+
+
+def test_watch_sees_a_run_change_between_refreshes(tmp_path):
+    run = tmp_path / "r"
+    write_run(
+        run,
+        rates=[0.5],
+        status="running",
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        heartbeat=time.time(),
+    )
+    out = []
+
+    def kill_it(_):  # between two reports the process dies
+        write_run(
+            run,
+            rates=[0.5, 0.5],
+            status="running",
+            pid=dead_pid(),
+            host=socket.gethostname(),
+            heartbeat=time.time(),
+        )
+
+    watch(tmp_path, interval=1, count=2, as_json=True, write=out.append, sleep=kill_it)
+    states = [json.loads(line)["runs"][0]["state"] for line in "".join(out).splitlines()]
+    assert states == ["running", "dead"]
+
+
+def test_watch_ends_cleanly_on_ctrl_c(tree):
+    out = []
+
+    def interrupt(_):
+        raise KeyboardInterrupt
+
+    assert watch(tree, interval=1, count=None, write=out.append, sleep=interrupt, clear=False) == 0
+    assert "".join(out).count("Runs under") == 1
+
+
+def test_cli_watch(tree, capsys):
+    assert status_main([str(tree), "--watch", "--interval", "0.01", "--count", "2"]) == 0
+    assert capsys.readouterr().out.count("Runs under") == 2
+    assert status_main([str(tree), "--watch", "--interval", "0.01", "--count", "2", "--json"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(json.loads(line)["root"] == str(tree) for line in lines)
+    for bad in (["--count", "2"], ["--watch", "--interval", "0"], ["--watch", "--count", "0"]):
+        with pytest.raises(UsageError):
+            status_main([str(tree), *bad])

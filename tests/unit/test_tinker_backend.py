@@ -163,19 +163,36 @@ def test_parse_sample_response_with_sdk_types():
     assert all(isinstance(x, float) for s in samples for x in s.logprobs)
 
 
-def test_parse_sample_response_from_the_json_a_server_sends():
+def response_from_the_wire(tokens, logprobs, stop_reason):
+    """A SampleResponse decoded by the SDK from what a server sends: JSON for the pydantic
+    SDKs, protobuf bytes (decoded by the SDK's own response_conv) for the dataclass ones
+    (0.38 and later)."""
     cls = tinker.types.SampleResponse
-    if not hasattr(cls, "model_validate"):
-        pytest.skip(
-            f"tinker {tb.sdk_version(tinker)}: SampleResponse is not a pydantic model (no JSON form)"
-        )
-    wire = {
-        "type": "sample",
-        "sequences": [{"stop_reason": "stop", "tokens": [198, EOS], "logprobs": [-0.06, -1.5]}],
-        "prompt_logprobs": None,
-    }
-    samples = tb.parse_sample_response(cls.model_validate(wire), 1, [EOS])
+    if hasattr(cls, "model_validate"):
+        wire = {
+            "type": "sample",
+            "sequences": [{"stop_reason": stop_reason, "tokens": tokens, "logprobs": logprobs}],
+            "prompt_logprobs": None,
+        }
+        return cls.model_validate(wire)
+    pb = pytest.importorskip("tinker.proto.tinker_public_pb2")
+    conv = pytest.importorskip("tinker.proto.response_conv")
+    message = pb.SampleResponse()
+    seq = message.sequences.add()
+    seq.stop_reason = {"stop": pb.STOP_REASON_STOP, "length": pb.STOP_REASON_LENGTH}[stop_reason]
+    seq.tokens = np.asarray(tokens, dtype=np.int32).tobytes()
+    seq.logprobs = np.asarray(logprobs, dtype=np.float32).tobytes()
+    return conv.deserialize_proto_response(message.SerializeToString(), cls)
+
+
+def test_parse_sample_response_from_what_a_server_sends():
+    response = response_from_the_wire([198, EOS], [-0.06, -1.5], "stop")
+    assert isinstance(response, tinker.types.SampleResponse)
+    samples = tb.parse_sample_response(response, 1, [EOS])
     assert samples[0].token_ids.tolist() == [198, EOS] and samples[0].stop_reason == "eos"
+    assert samples[0].logprobs == pytest.approx([-0.06, -1.5], abs=1e-6)
+    cut = tb.parse_sample_response(response_from_the_wire([7, 8], [-1.0, -2.0], "length"), 1, [EOS])
+    assert cut[0].stop_reason == "length" and cut[0].token_ids.tolist() == [7, 8]
 
 
 def test_parse_sample_response_rejects_what_training_cannot_use():
@@ -530,9 +547,16 @@ def test_train_step_sends_is_datums_and_adam_params():
     result = backend.train_step(datums, hyper)
     assert training.calls[0] == ("forward_backward", "importance_sampling", 2)
     assert training.calls[1][0] == "optim_step" and training.calls[1][1].learning_rate == 1e-4
-    # advantages are sent divided by the step's 5 completion tokens
-    sent = training.last_data[0].loss_fn_inputs["advantages"].tolist()
-    assert sent == pytest.approx([0.0, 0.2, 0.2])
+    # advantages are sent with their Datum's sign, divided by the step's 5 completion
+    # tokens: Tinker's importance_sampling loss is -sum(advantages * ratio) per datum,
+    # so the service's loss is the local backend's -(1/N) sum(A * ratio)
+    sent = [d.loss_fn_inputs["advantages"].tolist() for d in training.last_data]
+    assert sent[0] == pytest.approx([0.0, 0.2, 0.2])
+    assert sent[1] == pytest.approx([0.0, -0.2, -0.2, -0.2])
+    for d, adv in zip(datums, sent, strict=True):
+        completion = np.asarray(adv[len(d.prompt_ids) - 1 :])
+        assert np.array_equal(np.sign(completion), np.sign(d.advantages))
+        assert completion == pytest.approx(d.advantages / 5)
     # service loss = -sum(advantages sent) = -(0.4 - 0.6)
     assert result.loss == pytest.approx(0.2) and result.num_tokens == 5
     assert result.grad_norm == 0.5
@@ -576,10 +600,60 @@ def test_resume_without_load_state_names_the_sdk_version():
         backend.load_checkpoint(CheckpointInfo.from_dict({"adapter": "/tmp/adapters/final"}))
 
 
-def test_close_is_idempotent_and_quiet():
-    backend, _, _, _ = make_backend()
+class ClosingService(FakeService):
+    """A service with the newer SDKs' `close(status)`, recording each call."""
+
+    def __init__(self, training, error=None):
+        super().__init__(training)
+        self.closed = []
+        self.error = error
+
+    def close(self, status):
+        self.closed.append(status)
+        if self.error is not None:
+            raise self.error
+        return Future(None)
+
+
+def _backend_on(service, **options):
+    return tb.TinkerBackend(
+        make_config(backend={"options": {"keepalive_s": 0.0, **options}}),
+        SimpleNamespace(eos_token_id=EOS),
+        say=lambda line: None,
+        service_client=service,
+        sleep=lambda s: None,
+    )
+
+
+def test_close_releases_the_session_once():
+    service = ClosingService(FakeTraining())
+    backend = _backend_on(service)
     backend.close()
     backend.close()
+    assert service.closed == ["success"]  # idempotent: the session is ended once
+
+
+def test_close_after_a_failed_call_reports_errored():
+    training = FakeTraining()
+    training.optim_step = lambda params: Future(error=status_error(400))
+    service = ClosingService(training)
+    backend = _backend_on(service)
+    hyper = TrainHyper(lr=1e-4, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8)
+    with pytest.raises(BackendError, match="optim_step failed"):
+        backend.train_step([Datum([1, 2], [3], [-1.0], [1.0])], hyper)
+    backend.close()
+    assert service.closed == ["errored"]
+
+
+def test_close_is_quiet_when_the_service_fails(caplog):
+    service = ClosingService(FakeTraining(), error=ConnectionError("gone tml-abcdef123456"))
+    backend = _backend_on(service)
+    with caplog.at_level("INFO", logger="retrain.backends.tinker"):
+        backend.close()  # the run's own result matters more: logged, not raised
+    assert service.closed == ["success"]
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "releasing the Tinker session failed" in messages and "ConnectionError" in messages
+    assert "abcdef123456" not in messages
 
 
 def test_keepalive_runs_through_the_sdk_holder_and_stops_on_close():

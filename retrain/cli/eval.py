@@ -1,0 +1,153 @@
+"""`retrain eval ADAPTER [--config retrain.toml] [--out FILE] [--json] [--flags]`: evaluate a
+saved adapter, or the base model (`retrain eval base`), on the config's held-out set.
+
+    retrain eval adapters/quickstart/final
+    retrain eval base --size 200 --out base.json
+    retrain eval adapters/run/checkpoint_step_20 --config run.toml --eval-temperature 0.7 --samples 4
+
+The held-out set, sampling and scoring are exactly those of `[eval]` during training
+(`retrain man --topic eval`); nothing is trained. Other `--flags` override config keys
+as they do for `retrain`. The result has the eval.jsonl fields (eval_correct_rate,
+eval_mean_reward, eval_pass_at_k, ...) plus the adapter and config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from retrain.config import DEFAULT_CONFIG, load_config, load_dotenv
+from retrain.errors import RetrainError, UsageError
+
+BASE = "base"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # exit 2 through the CLI's error path, no traceback
+        raise UsageError(f"{message} (see retrain eval --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="retrain eval",
+        description=(
+            "Evaluate a saved LoRA adapter (or the base model: ADAPTER = base) on the config's "
+            "held-out set ([eval]): held-out correct rate, mean reward and pass@k. Config "
+            "keys can be overridden with --{table}-{key} VALUE flags."
+        ),
+    )
+    p.add_argument("adapter", metavar="ADAPTER", help="adapter directory (PEFT), or 'base'")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="the run's TOML (default retrain.toml)")
+    p.add_argument("--out", default="", metavar="FILE", help="also write the result as JSON here")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--size", type=int, default=None, help="held-out problems ([eval] size)")
+    p.add_argument("--samples", type=int, default=None, help="completions per problem (k)")
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy")
+    return p
+
+
+def _adapter_overrides(adapter: str) -> list[str]:
+    """A local PEFT adapter's rank and alpha, as config flags, so the model is built
+    with the LoRA layers the adapter holds."""
+    config_file = Path(adapter) / "adapter_config.json"
+    try:
+        data = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    flags = []
+    if isinstance(data.get("r"), int):
+        flags += ["--model-lora-rank", str(data["r"])]
+    if isinstance(data.get("lora_alpha"), int):
+        flags += ["--lora-alpha", str(data["lora_alpha"])]
+    return flags
+
+
+def _step_of(adapter: str) -> int | None:
+    if adapter == BASE:
+        return 0
+    match = re.search(r"checkpoint_step_(\d+)$", adapter.rstrip("/"))
+    return int(match.group(1)) if match else None
+
+
+def evaluate_adapter(adapter: str, config, say=print) -> dict[str, Any]:
+    """Build the run's components (no training), load `adapter` unless it is `base`,
+    evaluate on the held-out set; the result row."""
+    from retrain.build import build
+    from retrain.evaluate import build_evaluator, prepare_held_out
+    from retrain.logs.console import eval_line
+    from retrain.logs.metrics import eval_row
+    from retrain.types import CheckpointInfo
+
+    parts = build(config, say)
+    try:
+        evaluator = parts.evaluator or build_evaluator(
+            config, parts.rollout, prepare_held_out(config, parts.data, parts.renderer, say)
+        )
+        if adapter != BASE:
+            say(f"Loading adapter {adapter} ...")
+            parts.backend.load_checkpoint(
+                CheckpointInfo(config.backend.backend, adapter=adapter, state=adapter)
+            )
+        step = _step_of(adapter)
+        result = evaluator(step if step is not None else -1)
+        say(
+            eval_line(
+                step,
+                config.condition,
+                correct_rate=result.correct_rate,
+                reward=result.mean_reward,
+                pass_at_k=result.pass_at_k,
+                k=result.samples,
+                problems=result.num_problems,
+                temperature=result.temperature,
+                seconds=result.seconds,
+            )
+        )
+    finally:
+        for obj in (parts.reward, parts.backend, parts.data):
+            close = getattr(obj, "close", None)
+            if close is not None:
+                close()
+    row = eval_row(result, config.condition)
+    row.pop("kind")
+    row["step"] = row["eval_step"] = step  # None: not known from the adapter's name
+    return {"adapter": adapter, "model": config.model.model, **row}
+
+
+def main(argv: list[str]) -> int:
+    args, flags = build_parser().parse_known_args(argv)
+    adapter = args.adapter
+    if adapter != BASE and "://" not in adapter and not Path(adapter).is_dir():
+        raise UsageError(
+            f"adapter {adapter!r} is not a directory (pass a saved adapter such as "
+            "adapters/quickstart/final, or 'base' for the base model)"
+        )
+    for name, value in (
+        ("size", args.size),
+        ("samples", args.samples),
+        ("temperature", args.temperature),
+    ):
+        if value is not None:
+            flags += [f"--eval-{name}", str(value)]
+    if load_dotenv():
+        print("Loaded .env")
+    overrides = [] if adapter == BASE else _adapter_overrides(adapter)
+    config = load_config(args.config, overrides + flags)
+    quiet = args.json
+    data = evaluate_adapter(adapter, config, say=(lambda _t: None) if quiet else print)
+    data["config"] = args.config
+    if args.out:
+        out = Path(args.out)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise RetrainError(f"cannot write {out}: {exc.strerror or exc}") from exc
+    if args.json:
+        print(json.dumps(data, indent=2))
+    elif args.out:
+        print(f"Wrote {args.out}")
+    return 0

@@ -1,0 +1,551 @@
+"""The objective (retrain/loss.py) and the learning-rate schedule (retrain/schedule.py)
+against plain per-token reference implementations of their formulas, on random inputs;
+plus the config keys, the backend capability checks and the Tinker mapping."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from retrain.config import config_from_dict
+from retrain.config.validate import flow_problems, loss_options_used
+from retrain.errors import ConfigError
+from retrain.loss import (
+    KL_ESTIMATORS,
+    LOSS_AGGS,
+    LossStats,
+    policy_objective,
+    ppo_clipped,
+    sequence_weights,
+    token_scales,
+)
+from retrain.registry import BACKENDS
+from retrain.schedule import lr_at
+from retrain.types import BackendCapabilities, TrainHyper
+
+BASE = TrainHyper(lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8)
+
+# ---------------------------------------------------------------- the plain reference
+
+
+def reference_token_loss(lp, old, a, hyper, ref=None):
+    """(loss, d loss / d logp, clipped?, kl) of one token, with plain floats."""
+    if hyper.adv_clip_max > 0:
+        a = min(max(a, -hyper.adv_clip_max), hyper.adv_clip_max)
+    r = math.exp(lp - old)
+    clipped = False
+    if hyper.policy_loss == "is":
+        loss, grad = -a * r, -a * r
+    else:
+        lo, hi = 1 - hyper.clip_eps, 1 + hyper.clip_eps_high
+        unclipped = a * r
+        bounded = a * min(max(r, lo), hi)
+        if bounded < unclipped:  # the clipped surrogate is the smaller: constant in logp
+            objective, grad, clipped = bounded, 0.0, True
+        else:
+            objective, grad = unclipped, -a * r
+        if hyper.clip_ratio_c > 0 and a < 0 and hyper.clip_ratio_c * a > objective:
+            objective, grad, clipped = hyper.clip_ratio_c * a, 0.0, True
+        loss = -objective
+    kl = None
+    if hyper.kl_coef > 0:
+        d = lp - ref
+        kl, dkl = {
+            "k1": (d, 1.0),
+            "k2": (0.5 * d * d, d),
+            "k3": (math.exp(-d) + d - 1, 1 - math.exp(-d)),
+        }[hyper.kl_estimator]
+        loss += hyper.kl_coef * kl
+        grad += hyper.kl_coef * dkl
+    return loss, grad, clipped, kl
+
+
+def reference_objective(seqs, hyper):
+    """seqs: [(logp list, sampler list, adv list, ref list | None)] -> (loss, grads, clip
+    fraction, kl mean), aggregated by hyper.loss_agg with per-token loops."""
+    n_tokens = sum(len(s[0]) for s in seqs)
+    total, grads, clipped, kls = 0.0, [], 0, []
+    for lp, old, adv, ref in seqs:
+        if hyper.loss_agg == "token_mean":
+            scale = 1.0 / n_tokens
+        elif hyper.loss_agg == "seq_mean_token_sum":
+            scale = 1.0 / len(seqs)
+        else:
+            scale = 1.0 / (len(seqs) * len(lp))
+        g = []
+        for t in range(len(lp)):
+            loss, grad, cut, kl = reference_token_loss(
+                lp[t], old[t], adv[t], hyper, None if ref is None else ref[t]
+            )
+            total += scale * loss
+            g.append(scale * grad)
+            clipped += cut
+            if kl is not None:
+                kls.append(kl)
+        grads.append(g)
+    return total, grads, clipped / n_tokens, (sum(kls) / len(kls) if kls else None)
+
+
+def random_batch(rng: random.Random, n: int = 5, spread: float = 0.5, with_ref: bool = True):
+    seqs = []
+    for _ in range(n):
+        k = rng.randint(1, 9)
+        lp = [rng.uniform(-4, -0.05) for _ in range(k)]
+        old = [x + rng.gauss(0, spread) for x in lp]
+        adv = [rng.gauss(0, 1.5) for _ in range(k)]
+        ref = [x + rng.gauss(0, spread) for x in lp] if with_ref else None
+        seqs.append((lp, old, adv, ref))
+    return seqs
+
+
+def padded(seqs, dtype=torch.float64):
+    width = max(len(s[0]) for s in seqs)
+    out = []
+    for j in range(4):
+        t = torch.zeros((len(seqs), width), dtype=dtype)
+        for i, s in enumerate(seqs):
+            if s[j] is not None:
+                t[i, : len(s[j])] = torch.tensor(s[j], dtype=dtype)
+        out.append(t)
+    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        mask[i, : len(s[0])] = True
+    return (*out, mask)
+
+
+def run_objective(seqs, hyper, chunks=None):
+    """policy_objective over `seqs` (optionally split into micro-batches as the local
+    backend does) -> (loss, per-token grads, stats)."""
+    lengths = [len(s[0]) for s in seqs]
+    weights, denominator = sequence_weights(lengths, hyper.loss_agg)
+    chunks = chunks or [len(seqs)]
+    start, total, stats, grads = 0, 0.0, LossStats(), []
+    for size in chunks:
+        part = seqs[start : start + size]
+        logp, old, adv, ref, mask = padded(part)
+        logp.requires_grad_(True)
+        seq_w = None
+        if hyper.loss_agg != "token_mean":
+            seq_w = torch.from_numpy(weights[start : start + size])
+        loss, st = policy_objective(
+            logp,
+            old,
+            adv,
+            mask,
+            hyper,
+            denominator=denominator,
+            seq_weights=seq_w,
+            ref_logp=ref if hyper.kl_coef > 0 else None,
+        )
+        loss.backward()
+        total += float(loss.detach())
+        stats.add(st)
+        grads += [logp.grad[i, : len(s[0])].tolist() for i, s in enumerate(part)]
+        start += size
+    return total, grads, stats
+
+
+OPTION_GRID = [
+    dict(policy_loss="is"),
+    dict(policy_loss="is", adv_clip_max=0.8),
+    dict(policy_loss="ppo_clip", clip_eps=0.2, clip_eps_high=0.2),
+    dict(policy_loss="ppo_clip", clip_eps=0.2, clip_eps_high=0.28),  # clip-higher
+    dict(policy_loss="ppo_clip", clip_eps=0.1, clip_eps_high=0.3, clip_ratio_c=1.5),  # dual
+    dict(
+        policy_loss="ppo_clip", clip_eps=0.2, clip_eps_high=0.28, clip_ratio_c=3.0, adv_clip_max=1.0
+    ),
+    *(dict(policy_loss="is", kl_coef=0.05, kl_estimator=k) for k in KL_ESTIMATORS),
+    *(
+        dict(policy_loss="ppo_clip", kl_coef=0.1, kl_estimator=k, clip_ratio_c=2.0)
+        for k in KL_ESTIMATORS
+    ),
+]
+
+
+@pytest.mark.parametrize(("options", "loss_agg"), list(itertools.product(OPTION_GRID, LOSS_AGGS)))
+def test_objective_matches_the_per_token_reference(options, loss_agg):
+    hyper = replace(BASE, loss_agg=loss_agg, **options)
+    for seed in range(4):
+        seqs = random_batch(random.Random(seed * 31 + 7))
+        want_loss, want_grads, want_clip, want_kl = reference_objective(seqs, hyper)
+        loss, grads, stats = run_objective(seqs, hyper)
+        assert loss == pytest.approx(want_loss, rel=1e-10, abs=1e-12)
+        for g, w in zip(grads, want_grads, strict=True):
+            assert g == pytest.approx(w, rel=1e-9, abs=1e-12)
+        metrics = stats.metrics()
+        assert metrics["clip_fraction"] == pytest.approx(want_clip)
+        if hyper.kl_coef > 0:
+            assert metrics["kl_mean"] == pytest.approx(want_kl, rel=1e-10)
+        else:
+            assert "kl_mean" not in metrics
+
+
+def test_ppo_clip_actually_clips_on_these_inputs():
+    """The random batches of the comparison above reach every branch of the dual-clipped
+    loss (else the comparison would prove little)."""
+    hyper = replace(BASE, policy_loss="ppo_clip", clip_eps=0.1, clip_eps_high=0.3, clip_ratio_c=1.5)
+    branches = set()
+    for seed in range(4):
+        for lp, old, adv, _ in random_batch(random.Random(seed * 31 + 7)):
+            for t in range(len(lp)):
+                _, _, cut, _ = reference_token_loss(lp[t], old[t], adv[t], hyper)
+                r = math.exp(lp[t] - old[t])
+                if adv[t] < 0 and cut and r >= 0.9:
+                    branches.add("dual")
+                else:
+                    branches.add(("pos" if adv[t] > 0 else "neg") + ("-clipped" if cut else ""))
+    assert branches == {"pos", "pos-clipped", "neg", "neg-clipped", "dual"}
+
+
+@pytest.mark.parametrize("loss_agg", LOSS_AGGS)
+def test_micro_batches_sum_to_the_whole_step(loss_agg):
+    hyper = replace(BASE, policy_loss="ppo_clip", loss_agg=loss_agg, kl_coef=0.1, clip_ratio_c=2.0)
+    seqs = random_batch(random.Random(3), n=7)
+    whole, g_whole, s_whole = run_objective(seqs, hyper)
+    split, g_split, s_split = run_objective(seqs, hyper, chunks=[2, 1, 3, 1])
+    assert split == pytest.approx(whole, rel=1e-12)
+    for a, b in zip(g_whole, g_split, strict=True):
+        assert a == pytest.approx(b, rel=1e-12, abs=1e-15)
+    assert s_whole.metrics() == pytest.approx(s_split.metrics())
+
+
+def test_default_objective_is_bitwise_the_previous_loss():
+    """policy_loss = "is", token_mean: exactly -(1/N) sum A exp(logp - old) as the local
+    backend computed it before the options existed (value and gradient, float32)."""
+    seqs = random_batch(random.Random(11), n=6, with_ref=False)
+    logp, old, adv, _, mask = padded(seqs, dtype=torch.float32)
+    total = int(mask.sum())
+    a = logp.clone().requires_grad_(True)
+    log_ratio = torch.where(mask, a - old, torch.zeros_like(a))
+    before = -(adv * torch.exp(log_ratio) * mask).sum() / total
+    before.backward()
+    b = logp.clone().requires_grad_(True)
+    _, denominator = sequence_weights([len(s[0]) for s in seqs], "token_mean")
+    now, stats = policy_objective(b, old, adv, mask, BASE, denominator=denominator)
+    now.backward()
+    assert torch.equal(before.detach(), now.detach())
+    assert torch.equal(a.grad, b.grad)
+    assert stats.metrics() == {"clip_fraction": 0.0}
+
+
+def test_ppo_with_ratios_inside_the_band_is_the_plain_loss():
+    seqs = random_batch(random.Random(5), spread=0.01, with_ref=False)
+    plain, g_plain, _ = run_objective(seqs, BASE)
+    ppo, g_ppo, stats = run_objective(seqs, replace(BASE, policy_loss="ppo_clip"))
+    assert ppo == pytest.approx(plain, rel=1e-12)
+    for a, b in zip(g_plain, g_ppo, strict=True):
+        assert a == pytest.approx(b, rel=1e-12)
+    assert stats.clipped == 0
+
+
+def test_kl_is_zero_when_the_adapter_changes_nothing():
+    seqs = [(lp, old, adv, list(lp)) for lp, old, adv, _ in random_batch(random.Random(2))]
+    for k in KL_ESTIMATORS:
+        _, _, stats = run_objective(seqs, replace(BASE, kl_coef=0.3, kl_estimator=k))
+        assert stats.metrics()["kl_mean"] == 0.0
+
+
+def test_aggregation_weights():
+    lengths = [3, 1, 4]
+    assert token_scales(lengths, "token_mean").tolist() == pytest.approx([1 / 8] * 3)
+    assert token_scales(lengths, "seq_mean_token_sum").tolist() == pytest.approx([1 / 3] * 3)
+    assert token_scales(lengths, "seq_mean_token_mean").tolist() == pytest.approx(
+        [1 / 9, 1 / 3, 1 / 12]
+    )
+    with pytest.raises(ValueError):
+        sequence_weights(lengths, "sum")
+
+
+def test_numpy_clip_mask_matches_the_torch_statistics():
+    rng = random.Random(9)
+    seqs = random_batch(rng, n=10, spread=0.5, with_ref=False)
+    hyper = replace(BASE, policy_loss="ppo_clip", clip_eps=0.15, clip_eps_high=0.25)
+    _, _, stats = run_objective(seqs, hyper)
+    cut = sum(
+        int(ppo_clipped(np.subtract(lp, old), np.asarray(adv), 0.15, 0.25).sum())
+        for lp, old, adv, _ in seqs
+    )
+    assert cut == stats.clipped
+
+
+# ---------------------------------------------------------------- the lr schedule
+
+
+def reference_lr(step, base, schedule, warmup, max_steps):
+    if step < warmup:
+        return base * (step + 1) / warmup
+    p = (step - warmup) / (max_steps - warmup)
+    return {
+        "constant": base,
+        "linear": base * (1 - p),
+        "cosine": base * (1 + math.cos(math.pi * p)) / 2,
+    }[schedule]
+
+
+@pytest.mark.parametrize("schedule", ["constant", "linear", "cosine"])
+@pytest.mark.parametrize("warmup", [0, 1, 7])
+def test_lr_schedule_matches_its_formula(schedule, warmup):
+    rng = random.Random(warmup)
+    for _ in range(20):
+        max_steps = rng.randint(warmup + 1, 200)
+        base = rng.uniform(1e-6, 1e-2)
+        for step in range(max_steps):
+            got = lr_at(step, base, schedule, warmup, max_steps)
+            assert got == pytest.approx(reference_lr(step, base, schedule, warmup, max_steps))
+            assert 0 < got <= base * (1 + 1e-12)
+
+
+def test_lr_schedule_shape():
+    assert [lr_at(s, 1.0, "linear", 2, 6) for s in range(6)] == pytest.approx(
+        [0.5, 1.0, 1.0, 0.75, 0.5, 0.25]
+    )
+    assert lr_at(4, 1.0, "cosine", 0, 8) == pytest.approx(0.5)
+    assert lr_at(99, 3e-5, "constant", 0, 100) == 3e-5
+    with pytest.raises(ValueError):
+        lr_at(0, 1.0, "step", 0, 10)
+
+
+# ---------------------------------------------------------------- config and capabilities
+
+
+def test_defaults_are_the_previous_objective():
+    from retrain.build import train_hyper
+
+    hyper = train_hyper(config_from_dict({}))
+    assert (hyper.policy_loss, hyper.loss_agg, hyper.kl_coef) == ("is", "token_mean", 0.0)
+    assert (hyper.adv_clip_max, hyper.clip_ratio_c) == (0.0, 0.0)
+    t = config_from_dict({}).training
+    assert (t.lr_schedule, t.warmup_steps) == ("constant", 0)
+
+
+def test_keys_reach_the_train_hyper():
+    from retrain.build import train_hyper
+
+    config = config_from_dict(
+        {
+            "training": {
+                "policy_loss": "ppo_clip",
+                "clip_eps": 0.1,
+                "clip_ratio_c": 3.0,
+                "adv_clip_max": 2.0,
+                "loss_agg": "seq_mean_token_sum",
+                "kl_coef": 0.01,
+                "kl_estimator": "k2",
+            }
+        }
+    )
+    hyper = train_hyper(config)
+    assert hyper.clip_eps == hyper.clip_eps_high == 0.1  # 0 = clip_eps
+    assert (hyper.clip_ratio_c, hyper.adv_clip_max, hyper.kl_estimator) == (3.0, 2.0, "k2")
+    assert [o for _, o in loss_options_used(config)] == [
+        "ppo_clip",
+        "dual_clip",
+        "adv_clip",
+        "seq_mean_token_sum",
+        "kl",
+    ]
+    high = train_hyper(
+        config_from_dict({"training": {"policy_loss": "ppo_clip", "clip_eps_high": 0.28}})
+    )
+    assert (high.clip_eps, high.clip_eps_high) == (0.2, 0.28)
+
+
+@pytest.mark.parametrize(
+    ("training", "expected"),
+    [
+        ({"clip_ratio_c": 0.5, "policy_loss": "ppo_clip"}, "[training] clip_ratio_c"),
+        ({"clip_ratio_c": 3.0}, 'only used with policy_loss = "ppo_clip"'),
+        ({"clip_eps_high": 0.3, "policy_loss": "is"}, "[training] clip_eps_high"),
+        ({"loss_agg": "sum"}, "[training] loss_agg"),
+        ({"kl_estimator": "k4"}, "[training] kl_estimator"),
+        ({"lr_schedule": "step"}, "[training] lr_schedule"),
+        ({"warmup_steps": 5, "max_steps": 5}, "[training] warmup_steps"),
+        ({"clip_eps": 1.5, "policy_loss": "ppo_clip"}, "[training] clip_eps"),
+    ],
+)
+def test_bad_loss_settings_are_config_errors(training, expected):
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"training": training})
+    assert expected in str(info.value)
+
+
+def test_the_original_clip_eps_turns_ppo_on_as_it_did_there():
+    """The later original's clip_eps > 0 meant PPO clipping (0 = off)."""
+    assert config_from_dict({"training": {"clip_eps": 0.2}}).training.policy_loss == "ppo_clip"
+    off = config_from_dict({"training": {"clip_eps": 0.0}}).training
+    assert (off.policy_loss, off.clip_eps) == ("is", 0.2)
+    flags = config_from_dict(
+        {}, ["--clip-eps", "0.3", "--clip-ratio-c", "3", "--adv-clip-max", "4"]
+    )
+    assert (flags.training.policy_loss, flags.training.clip_eps) == ("ppo_clip", 0.3)
+    assert (flags.training.clip_ratio_c, flags.training.adv_clip_max) == (3.0, 4.0)
+    explicit = config_from_dict({"training": {"policy_loss": "is", "clip_eps": 0.3}})
+    assert explicit.training.policy_loss == "is"
+
+
+def test_local_supports_every_option_and_tinker_what_its_service_computes():
+    local = BACKENDS.entry("local").capabilities.loss_options
+    tinker = BACKENDS.entry("tinker").capabilities.loss_options
+    assert set(local) == {
+        "ppo_clip",
+        "dual_clip",
+        "adv_clip",
+        "seq_mean_token_sum",
+        "seq_mean_token_mean",
+        "kl",
+    }
+    assert set(tinker) == {"ppo_clip", "adv_clip", "seq_mean_token_sum", "seq_mean_token_mean"}
+
+
+def test_a_backend_without_the_option_is_refused_generically():
+    config = config_from_dict(
+        {
+            "training": {"policy_loss": "ppo_clip", "kl_coef": 0.1},
+            "algorithm": {"transform_mode": "none"},
+        }
+    )
+    plain = flow_problems(config, BackendCapabilities(), token_varying=False)
+    assert [k for k, _ in plain] == ["[training] policy_loss", "[training] kl_coef"]
+    assert "does not implement the loss option 'kl'" in plain[1][1]
+    some = BackendCapabilities(loss_options=("ppo_clip",))
+    assert [k for k, _ in flow_problems(config, some, token_varying=False)] == [
+        "[training] kl_coef"
+    ]
+    assert flow_problems(config_from_dict({}), BackendCapabilities(), token_varying=False) == []
+
+
+def test_tinker_refuses_kl_and_dual_clip_when_the_config_loads():
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(
+            {
+                "backend": {"backend": "tinker"},
+                "training": {"policy_loss": "ppo_clip", "clip_ratio_c": 3.0, "kl_coef": 0.1},
+            }
+        )
+    text = str(info.value)
+    assert "[training] clip_ratio_c" in text and "'dual_clip'" in text
+    assert "[training] kl_coef" in text and "'kl'" in text
+    config_from_dict(
+        {
+            "backend": {"backend": "tinker"},
+            "training": {
+                "policy_loss": "ppo_clip",
+                "loss_agg": "seq_mean_token_mean",
+                "adv_clip_max": 2.0,
+            },
+        }
+    )
+
+
+# ---------------------------------------------------------------- Tinker's service losses
+
+
+class _FakeTinker:
+    class ModelInput:
+        @staticmethod
+        def from_ints(tokens):
+            return list(tokens)
+
+    class TensorData:
+        def __init__(self, data, dtype, shape):
+            self.data = data
+
+    class Datum:
+        def __init__(self, model_input, loss_fn_inputs):
+            self.model_input = model_input
+            self.loss_fn_inputs = loss_fn_inputs
+
+
+def _service_loss(loss_fn, config, inputs, train_logprobs):
+    """The Tinker service's documented losses (a sum over every target position)."""
+    adv = np.asarray(inputs["advantages"].data, dtype=np.float64)
+    sampler = np.asarray(inputs["logprobs"].data, dtype=np.float64)
+    r = np.exp(train_logprobs - sampler)
+    if loss_fn == "importance_sampling":
+        return float(-(r * adv).sum())
+    bounded = np.clip(r, config["clip_low_threshold"], config["clip_high_threshold"])
+    return float(-np.minimum(r * adv, bounded * adv).sum())
+
+
+@pytest.mark.parametrize("loss_agg", LOSS_AGGS)
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(),
+        dict(adv_clip_max=0.7),
+        dict(policy_loss="ppo_clip", clip_eps=0.15, clip_eps_high=0.3),
+    ],
+)
+def test_tinker_service_losses_equal_the_local_objective(options, loss_agg):
+    from retrain.backends.tinker import build_tinker_datum, loss_request
+    from retrain.types import Datum
+
+    hyper = replace(BASE, loss_agg=loss_agg, **options)
+    f32 = lambda xs: [float(np.float32(x)) for x in xs]  # noqa: E731  (what a Datum holds)
+    seqs = [
+        (lp, f32(old), f32(adv), None)
+        for lp, old, adv, _ in random_batch(random.Random(17), n=6, spread=0.4, with_ref=False)
+    ]
+    datums = [Datum([1, 2, 3], list(range(4, 4 + len(lp))), old, adv) for lp, old, adv, _ in seqs]
+    scales = token_scales([len(s[0]) for s in seqs], loss_agg)
+    loss_fn, config = loss_request(hyper)
+    service = 0.0
+    for d, s, (lp, *_rest) in zip(datums, scales, seqs, strict=True):
+        td = build_tinker_datum(_FakeTinker, d, float(s), hyper.adv_clip_max)
+        train = np.concatenate([np.zeros(2), np.asarray(lp)])  # prompt positions: 0 = sampler
+        service += _service_loss(loss_fn, config, td.loss_fn_inputs, train)
+    local, _, _ = run_objective(seqs, hyper)
+    assert service == pytest.approx(local, rel=1e-6)
+    if hyper.policy_loss == "ppo_clip":
+        assert (loss_fn, config) == (
+            "ppo",
+            {"clip_low_threshold": 0.85, "clip_high_threshold": 1.3},
+        )
+    else:
+        assert (loss_fn, config) == ("importance_sampling", None)
+
+
+def test_tinker_train_step_sends_the_ppo_loss_and_reports_clip_fraction():
+    pytest.importorskip("tinker")
+    import test_tinker_backend as fake
+
+    class PpoTraining(fake.FakeTraining):
+        def forward_backward(self, data, loss_fn, loss_fn_config=None):
+            future = super().forward_backward(data, loss_fn)
+            self.calls[-1] = ("forward_backward", loss_fn, loss_fn_config, len(data))
+            return future
+
+    backend, training, _, _ = fake.make_backend(PpoTraining())
+    datums = [
+        fake.Datum([1, 2], [3, fake.EOS], [-1.0, -2.0], [1.0, 1.0]),
+        fake.Datum([1, 2], [4, 5, fake.EOS], [-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]),
+    ]
+    hyper = replace(
+        BASE,
+        policy_loss="ppo_clip",
+        clip_eps=0.2,
+        clip_eps_high=0.005,
+        loss_agg="seq_mean_token_sum",
+    )
+    result = backend.train_step(datums, hyper)
+    assert training.calls[0] == (
+        "forward_backward",
+        "ppo",
+        {"clip_low_threshold": 0.8, "clip_high_threshold": 1.005},
+        2,
+    )
+    # seq_mean_token_sum: each completion's advantages divided by G = 2
+    sent = [d.loss_fn_inputs["advantages"].tolist()[1:] for d in training.last_data]
+    assert sent == [pytest.approx([0.5, 0.5]), pytest.approx([-0.5, -0.5, -0.5])]
+    # the fake trainer's logprobs are the sampler's + 0.01: r = 1.01 > 1.005 clips the
+    # positive-advantage tokens (2 of 5)
+    assert result.extra["clip_fraction"] == pytest.approx(2 / 5)
+    plain = backend.train_step(datums, BASE)
+    assert training.calls[-2][:2] == ("forward_backward", "importance_sampling")
+    assert plain.extra["clip_fraction"] == 0.0
