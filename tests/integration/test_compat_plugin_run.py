@@ -17,21 +17,9 @@ from retrain.logs.jsonl import read_jsonl
 from retrain.trainer import train
 
 # The original README's "Custom Transform (TOML-first)" module, verbatim.
-README_MODULE = """
-from retrain.advantages import TransformSpec
-
-def _entropy_transform(entropies, planning_mask, sepa_lambda):
-    return [e if m else e + sepa_lambda for e, m in zip(entropies, planning_mask)]
-
-def make_transform_spec():
-    return TransformSpec(
-        name="entropy_shift",
-        use_gtpo=True,
-        needs_planning=True,
-        uses_sepa_controller=True,
-        entropy_transform=_entropy_transform,
-    )
-"""
+README_MODULE = (
+    Path(__file__).parents[1] / "fixtures/original_plugins/readme_transform.py"
+).read_text()
 
 # The original docs' "Custom transform (context-style)" module, verbatim.
 DOCS_MODULE = """

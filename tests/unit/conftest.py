@@ -16,3 +16,26 @@ def project(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path_importer_cache", dict(sys.path_importer_cache))
     sys.path_importer_cache.pop("plugins", None)
     return tmp_path
+
+
+@pytest.fixture
+def import_counts(monkeypatch):
+    """Records every registry import and every importlib.invalidate_caches call."""
+    import importlib
+
+    from retrain import registry
+
+    counts = {"imports": [], "invalidations": []}
+    real_import, real_invalidate = registry.import_object, importlib.invalidate_caches
+
+    def counting_import(*args, **kw):
+        counts["imports"].append(args[0])
+        return real_import(*args, **kw)
+
+    def counting_invalidate():
+        counts["invalidations"].append(1)
+        real_invalidate()
+
+    monkeypatch.setattr(registry, "import_object", counting_import)
+    monkeypatch.setattr(importlib, "invalidate_caches", counting_invalidate)
+    return counts

@@ -306,24 +306,8 @@ def test_context_types_are_exported():
 # ------------------------------------------------------------------ built once
 
 
-def test_pipeline_resolves_plugins_once(P, monkeypatch):
-    import importlib
-
-    from retrain import registry
-
-    imports, invalidations = [], []
-    real_import, real_invalidate = registry.import_object, importlib.invalidate_caches
-
-    def counting_import(*args, **kw):
-        imports.append(args[0])
-        return real_import(*args, **kw)
-
-    def counting_invalidate():
-        invalidations.append(1)
-        real_invalidate()
-
-    monkeypatch.setattr(registry, "import_object", counting_import)
-    monkeypatch.setattr(importlib, "invalidate_caches", counting_invalidate)
+def test_pipeline_resolves_plugins_once(P, monkeypatch, import_counts):
+    imports, invalidations = import_counts["imports"], import_counts["invalidations"]
     pipeline = AdvantagePipeline(
         advantage_mode=path(P, "adv_two"),
         transform_mode=path(P, "tr_scale"),

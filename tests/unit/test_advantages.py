@@ -848,24 +848,8 @@ def test_needs_entropies():
     assert not AdvantagePipeline().needs_entropies
 
 
-def test_builtin_pipeline_resolves_at_construction_only(monkeypatch):
-    import importlib
-
-    from retrain import registry
-
-    imports, invalidations = [], []
-    real_import, real_invalidate = registry.import_object, importlib.invalidate_caches
-
-    def counting_import(*args, **kw):
-        imports.append(args[0])
-        return real_import(*args, **kw)
-
-    def counting_invalidate():
-        invalidations.append(1)
-        real_invalidate()
-
-    monkeypatch.setattr(registry, "import_object", counting_import)
-    monkeypatch.setattr(importlib, "invalidate_caches", counting_invalidate)
+def test_builtin_pipeline_resolves_at_construction_only(monkeypatch, import_counts):
+    imports, invalidations = import_counts["imports"], import_counts["invalidations"]
     pipeline = AdvantagePipeline(advantage_mode="grpo", uncertainty_kind="pred_var")
     assert imports and "retrain.advantages.episode:grpo_grouped" in imports
     built = (len(imports), len(invalidations))

@@ -150,21 +150,9 @@ def test_top_level_exports_the_original_plugin_names():
 # ------------------------------------------------------------------ transforms
 
 
-README_SPEC = """
-from retrain.advantages import TransformSpec
-
-def _entropy_transform(entropies, planning_mask, sepa_lambda):
-    return [e if m else e + sepa_lambda for e, m in zip(entropies, planning_mask)]
-
-def make_transform_spec():
-    return TransformSpec(
-        name="entropy_shift",
-        use_gtpo=True,
-        needs_planning=True,
-        uses_sepa_controller=True,
-        entropy_transform=_entropy_transform,
-    )
-"""
+README_SPEC = (
+    Path(__file__).parents[1] / "fixtures/original_plugins/readme_transform.py"
+).read_text()
 
 
 def test_readme_factory_spec_from_the_working_directory(workdir):
