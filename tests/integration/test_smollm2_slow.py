@@ -96,7 +96,13 @@ def test_quickstart_learns_on_smollm2_and_a_frozen_control_does_not(tmp_path):
     # the same weights, prompts and seeds: step 0 is the same in both runs
     assert trained[0]["correct_rate"] == control[0]["correct_rate"]
     assert sum(r["num_datums"] for r in trained[:WINDOW]) > 0  # informative groups to learn from
-    assert t_rise >= 0.2, f"the trained run did not learn: {t_first:.3f} -> {t_last:.3f}"
+    # At lr 1e-3 most of the learning happens inside the first window, so the untrained
+    # level is the frozen control's mean over all its steps (same prompts and seeds).
+    untrained = sum(r["correct_rate"] for r in control) / len(control)
+    assert t_last >= untrained + 0.2, (
+        f"the trained run did not learn: {untrained:.3f} -> {t_last:.3f}"
+    )
+    assert t_rise >= 0.0
     assert c_rise <= 0.15, f"the control rose without training: {c_first:.3f} -> {c_last:.3f}"
     assert t_last >= c_last + 0.15
 
