@@ -46,6 +46,17 @@ class Components:
     hyper: TrainHyper
     evaluator: Any = None  # evaluate.Evaluator when [eval] every > 0
 
+    def close(self, say: Callable[[str], None]) -> None:
+        """Release the reward's workers, the backend and the data source; a failure is
+        reported, never raised (it must not hide the run's own error)."""
+        for obj in (self.reward, self.backend, self.data):
+            close = getattr(obj, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception as exc:
+                    say(f"warning: closing {type(obj).__name__} failed: {exc}")
+
 
 def build_pipeline(config: Config) -> AdvantagePipeline:
     a = config.algorithm

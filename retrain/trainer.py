@@ -26,8 +26,7 @@ from retrain.checkpoint import (
 from retrain.config import Config
 from retrain.errors import RetrainError, TrainingError
 from retrain.logs.console import Console, eval_line, group_line, step_line
-from retrain.logs.jsonl import JsonlWriter, truncate_from_step
-from retrain.logs.metrics import EVAL, RunContext, RunCounters, eval_fields, eval_row, metrics_row
+from retrain.logs.metrics import RunContext, RunCounters, eval_fields, metrics_row
 from retrain.logs.runlog import RunLog
 from retrain.logs.timer import PhaseTimer
 from retrain.rollout import build_datums, correct_rate, planning_masks, token_groups
@@ -97,7 +96,6 @@ class Trainer:
         self.start_step = 0
         self.last_saved_step: int | None = None
         self.last_adapter = ""
-        self._eval_log: JsonlWriter | None = None
 
     def setup(self) -> None:
         self.parts = c = build(self.config, self.say)
@@ -242,22 +240,8 @@ class Trainer:
             done,
             on_phase=lambda label: self.console.status(f"held-out evaluation: {label}"),
         )
-        self.say(
-            eval_line(
-                done,
-                self.config.condition,
-                correct_rate=result.correct_rate,
-                reward=result.mean_reward,
-                pass_at_k=result.pass_at_k,
-                k=result.samples,
-                problems=result.num_problems,
-                temperature=result.temperature,
-                seconds=result.seconds,
-            )
-        )
-        if self._eval_log is None:
-            self._eval_log = JsonlWriter(self.log_dir / EVAL)
-        self._eval_log.write(eval_row(result, self.config.condition))
+        self.say(eval_line(done, self.config.condition, result))
+        self.log.write_eval(result)
         return result
 
     # ------------------------------------------------------------ checkpoints
@@ -302,8 +286,6 @@ class Trainer:
             )
             return 0
         self.log.open(self.start_step)
-        if self.start_step > 0:  # evaluations up to the checkpoint's step stay
-            truncate_from_step(self.log_dir / EVAL, self.start_step + 1)
         self.context = replace(self.context, started=self.log.started)
         stop = _StopRequest()
         stop.install()
@@ -384,17 +366,9 @@ class Trainer:
         )
 
     def _close(self, status: str) -> None:
-        if self._eval_log is not None:
-            self._eval_log.close()
         self.log.close(status, self.last_saved_step)
-        c = self.parts
-        for obj in (c.reward, c.backend, c.data) if c is not None else ():
-            close = getattr(obj, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception as exc:  # closing must not hide the run's own error
-                    self.say(f"warning: closing {type(obj).__name__} failed: {exc}")
+        if self.parts is not None:
+            self.parts.close(self.say)
 
 
 def train(config: Config, config_path: str | None = None, *, console: Console | None = None) -> int:

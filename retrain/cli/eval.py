@@ -93,24 +93,9 @@ def evaluate_adapter(adapter: str, config, say=print) -> dict[str, Any]:
             )
         step = _step_of(adapter)
         result = evaluator(step if step is not None else -1)
-        say(
-            eval_line(
-                step,
-                config.condition,
-                correct_rate=result.correct_rate,
-                reward=result.mean_reward,
-                pass_at_k=result.pass_at_k,
-                k=result.samples,
-                problems=result.num_problems,
-                temperature=result.temperature,
-                seconds=result.seconds,
-            )
-        )
+        say(eval_line(step, config.condition, result))
     finally:
-        for obj in (parts.reward, parts.backend, parts.data):
-            close = getattr(obj, "close", None)
-            if close is not None:
-                close()
+        parts.close(say)
     row = eval_row(result, config.condition)
     row.pop("kind")
     row["step"] = row["eval_step"] = step  # None: not known from the adapter's name

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from retrain.types import EvalResult
 
 
 def step_line(
@@ -29,26 +32,16 @@ def step_line(
     )
 
 
-def eval_line(
-    step: int | None,
-    condition: str,
-    *,
-    correct_rate: float,
-    reward: float,
-    pass_at_k: float,
-    k: int,
-    problems: int,
-    temperature: float,
-    seconds: float,
-) -> str:
+def eval_line(step: int | None, condition: str, result: EvalResult) -> str:
     """The held-out evaluation after `step` training steps (0 = before training; None:
     a saved adapter, `retrain eval`)."""
-    how = "greedy" if temperature <= 0 else f"T={temperature:g}"
+    r, k = result, result.samples
+    how = "greedy" if r.temperature <= 0 else f"T={r.temperature:g}"
     when = "Eval" if step is None else f"Eval after {step} steps"
     return (
-        f"{when} [{condition}] | held-out correct={100 * correct_rate:.1f}% | "
-        f"reward={reward:.3f} | pass@{k}={100 * pass_at_k:.1f}% | {problems} problems x {k} ({how}) | "
-        f"time={seconds:.1f}s"
+        f"{when} [{condition}] | held-out correct={100 * r.correct_rate:.1f}% | "
+        f"reward={r.mean_reward:.3f} | pass@{k}={100 * r.pass_at_k:.1f}% | "
+        f"{r.num_problems} problems x {k} ({how}) | time={r.seconds:.1f}s"
     )
 
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from retrain.errors import RetrainError
 from retrain.logs.jsonl import JsonlWriter, truncate_from_step, write_json_atomic
-from retrain.logs.metrics import generation_rows, steps_row
+from retrain.logs.metrics import EVAL, eval_row, generation_rows, steps_row
 from retrain.logs.rundir import GENERATIONS, METRICS, RUN_INFO
-from retrain.types import StepResult
+from retrain.types import EvalResult, StepResult
 
 STEP_FILES = (METRICS, "emergence/steps.jsonl", str(GENERATIONS))
 
@@ -43,6 +43,8 @@ class RunLog:
                     self.say(
                         f"Moved {moved} rows after step {start_step} of {name} to its .superseded.jsonl"
                     )
+            # an evaluation's step counts steps done: the one at the checkpoint's step stays
+            truncate_from_step(self.log_dir / EVAL, start_step + 1)
         header = f"Resolved configuration of the run in {self.log_dir} (written by retrain)."
         path = self.log_dir / "config.resolved.toml"
         try:
@@ -69,6 +71,12 @@ class RunLog:
         if self.wandb is not None:
             self.wandb.log(row, generations)
         self.write_status("running", step=result.step + 1)
+
+    def write_eval(self, result: EvalResult) -> None:
+        """One eval.jsonl row (the file is created by the first evaluation)."""
+        if EVAL not in self._writers:
+            self._writers[EVAL] = JsonlWriter(self.log_dir / EVAL)
+        self._writers[EVAL].write(eval_row(result, self.config.condition))
 
     def write_status(self, status: str, **extra: Any) -> None:
         data = {

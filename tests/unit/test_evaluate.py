@@ -185,8 +185,7 @@ def test_rows_and_console_line():
     assert fields["eval_step"] == 15 and fields["eval_num_completions"] == 64
     row = eval_row(result, "grpo+none")
     assert row["step"] == 15 and row["kind"] == "eval" and row["eval_no_answer_rate"] == 0.1
-    line = eval_line(15, "grpo+none", correct_rate=0.625, reward=0.625, pass_at_k=0.625, k=1,
-                     problems=64, temperature=0.0, seconds=3.5)  # fmt: skip
+    line = eval_line(15, "grpo+none", result)
     assert line.startswith("Eval after 15 steps [grpo+none] | held-out correct=62.5%")
     assert "greedy" in line
 
