@@ -177,6 +177,26 @@ def train_hyper(config: Config) -> TrainHyper:
         loss_agg=t.loss_agg,
         kl_coef=t.kl_coef,
         kl_estimator=t.kl_estimator,
+        tis_cap=t.tis_cap,
+    )
+
+
+def build_rollout(config: Config, data: Any, backend: Any, reward: Any, renderer: Any) -> Any:
+    """Single-turn sampling, or the turn-by-turn rollout when the environment talks back
+    (a multi-turn verifiers environment; see retrain/multiturn.py)."""
+    from retrain.rollout import Rollout
+
+    turn_env = getattr(data, "turn_environment", None)
+    if turn_env is None:
+        return Rollout(backend, reward, renderer, config.reward.correct_threshold)
+    from retrain.multiturn import MultiTurnRollout
+
+    return MultiTurnRollout(
+        backend,
+        turn_env,
+        renderer,
+        config.reward.correct_threshold,
+        turn_timeout_s=config.environment.turn_timeout_s,
     )
 
 
@@ -185,7 +205,7 @@ def build(config: Config, say: Callable[[str], None]) -> Components:
     from retrain.evaluate import build_evaluator, prepare_held_out
     from retrain.models import load_tokenizer
     from retrain.rewards import build_reward
-    from retrain.rollout import Rollout, VocabTable
+    from retrain.rollout import VocabTable
 
     search_paths = tuple(config.plugins.search_paths)
     registry.add_search_paths(search_paths)
@@ -210,7 +230,7 @@ def build(config: Config, say: Callable[[str], None]) -> Components:
     parts = Components(
         caps,
         pipeline,
-        Rollout(backend, reward, renderer, config.reward.correct_threshold),
+        build_rollout(config, data, backend, reward, renderer),
         tokenizer,
         vocab,
         data,

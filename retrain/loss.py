@@ -9,6 +9,9 @@ Per token t of completion i, with r = exp(logp - logp_sampler) and A the advanta
               eps_high > eps is DAPO's clip-higher, Yu et al. 2025)
               and, when clip_ratio_c = c > 1, for A < 0:
               l = -max(min(A r, A clip(r, ...)), c A)      (dual clip, Ye et al. 2020)
+    + tis     l *= min(1, tis_cap / r)  (weight detached: truncated importance sampling,
+              Yao et al. 2025, bounds tokens a mismatched sampler, e.g. a server engine,
+              made unlikely: their contribution is capped at tis_cap A)
     + kl      l += kl_coef * k(logp - logp_ref), the reference being the base model
               (the LoRA disabled), with Schulman's estimators of KL(pi || ref):
               k1 = d,  k2 = d^2 / 2,  k3 = exp(-d) + d - 1,  d = logp - logp_ref
@@ -44,6 +47,7 @@ LOSS_OPTIONS = (
     "seq_mean_token_sum",
     "seq_mean_token_mean",
     "kl",
+    "tis",
 )
 
 
@@ -85,17 +89,22 @@ class LossStats:
     tokens: int = 0
     clipped: float = 0.0  # tokens whose loss took a clipped branch (no gradient)
     kl_sum: float | None = None  # sum of the KL estimator; None when kl_coef = 0
+    truncated: float | None = None  # tokens whose ratio exceeded tis_cap; None when off
 
     def add(self, other: LossStats) -> None:
         self.tokens += other.tokens
         self.clipped += other.clipped
         if other.kl_sum is not None:
             self.kl_sum = (self.kl_sum or 0.0) + other.kl_sum
+        if other.truncated is not None:
+            self.truncated = (self.truncated or 0.0) + other.truncated
 
     def metrics(self) -> dict[str, float]:
         out = {"clip_fraction": self.clipped / self.tokens if self.tokens else 0.0}
         if self.kl_sum is not None:
             out["kl_mean"] = self.kl_sum / self.tokens if self.tokens else 0.0
+        if self.truncated is not None:
+            out["tis_truncated_fraction"] = self.truncated / self.tokens if self.tokens else 0.0
         return out
 
 
@@ -155,6 +164,11 @@ def policy_objective(
         raise ValueError(
             f"unknown policy_loss {hyper.policy_loss!r}; valid: {', '.join(POLICY_LOSSES)}"
         )
+    tis_cap = getattr(hyper, "tis_cap", 0.0)
+    if tis_cap > 0:
+        over = ratio.detach()
+        per_token = per_token * (tis_cap / over).clamp(max=1.0)
+        stats.truncated = float(((over > tis_cap) & mask).sum())
     if hyper.kl_coef > 0:
         if ref_logp is None:
             raise ValueError("kl_coef > 0 needs the reference logprobs (ref_logp)")

@@ -218,8 +218,6 @@ def _positive(value: Any) -> str | None:
     return None if value > 0 else f"must be > 0, got {value!r}"
 
 
-_SERVER_ENGINE = 'sample in-process with engine = "pytorch" (server engines are planned)'
-
 ADVANTAGE_MODES = Registry(
     "advantage_mode",
     (
@@ -436,6 +434,7 @@ BACKENDS = Registry(
                     "seq_mean_token_sum",
                     "seq_mean_token_mean",
                     "kl",
+                    "tis",
                 ),
             ),
             options={
@@ -445,13 +444,17 @@ BACKENDS = Registry(
                     "Token budget per forward/backward micro-batch (bounds memory)",
                     validator=_positive,
                 ),
-                "threads": OptionSpec("int", 0, "torch CPU threads. 0 = torch's default"),
+                "threads": OptionSpec(
+                    "int", 0, "torch CPU threads. 0 = chosen from the free cores before each phase"
+                ),
                 "prompt_batch": OptionSpec(
                     "int",
                     0,
                     "Prompts sampled together in one generate call. 0 = all of the step's prompts",
                 ),
             },
+            # a server engine's server: answers, serves a model, can hot-swap LoRA
+            probe="retrain.engines.http:probe",
         ),
         Entry(
             "tinker",
@@ -568,15 +571,25 @@ ENGINES = Registry(
             install="pip install 'retrain[local]'",
             capabilities=BackendCapabilities(token_data=("entropy",)),
         ),
+        # Server engines (retrain/engines/http.py): sampling over HTTP, training in-process,
+        # the adapter pushed to the server after every optimizer step. Logprobs only (no
+        # entropies). `retrain backends` says which were run against a real server.
         *(
-            Entry(name, description=desc, not_built=_SERVER_ENGINE)
+            Entry(
+                name,
+                "retrain.engines.http:HTTPEngine",
+                desc,
+                requires=("httpx",),
+                install="pip install 'retrain[judge]'  (httpx); the server runs separately",
+                capabilities=BackendCapabilities(),
+            )
             for name, desc in (
-                ("max", "Modular MAX server over HTTP"),
-                ("vllm", "vLLM server over HTTP (LoRA hot-load)"),
-                ("sglang", "SGLang server over HTTP (LoRA hot-load)"),
-                ("trtllm", "TensorRT-LLM server over HTTP"),
-                ("mlx", "MLX-LM server over HTTP"),
-                ("openai", "any OpenAI-compatible /v1/completions server"),
+                ("max", "Modular MAX max serve (LoRA on GPUs only)"),
+                ("vllm", "vLLM server (LoRA hot-load)"),
+                ("sglang", "SGLang server (LoRA unload + load)"),
+                ("trtllm", "TensorRT-LLM trtllm-serve (LoRA per request)"),
+                ("mlx", "MLX-LM mlx_lm.server (adapter per request)"),
+                ("openai", "any OpenAI-compatible /v1/completions server (best effort)"),
             )
         ),
     ),

@@ -88,8 +88,10 @@ def correct_rate(groups: Sequence[GroupRollout]) -> float:
 
 
 def planning_masks(detector, vocab: VocabTable, samples: Sequence[Sample]) -> list[np.ndarray]:
-    """Per completion, which tokens belong to a planning phrase."""
-    pieces = [vocab.token_strings(s.token_ids.tolist()) for s in samples]
+    """Per completion, which of the MODEL's tokens belong to a planning phrase (a
+    multi-turn trajectory's environment tokens are left out: the masks have one entry
+    per model token, like the advantage pipeline's arrays)."""
+    pieces = [vocab.token_strings(s.model_tokens(s.token_ids).tolist()) for s in samples]
     texts, offsets = [], []
     for p in pieces:
         lengths = np.array([len(x) for x in p], dtype=np.int64)
@@ -104,13 +106,17 @@ def planning_masks(detector, vocab: VocabTable, samples: Sequence[Sample]) -> li
 def token_groups(
     groups: Sequence[GroupRollout], planning: Sequence[list[np.ndarray]], with_entropies: bool
 ) -> list[TokenGroup]:
-    """The advantage pipeline's view of each group."""
+    """The advantage pipeline's view of each group: the model's tokens only (a
+    multi-turn trajectory's environment tokens are gathered out, so GTPO/HICRA/SEPA and
+    the planning masks never see them; build_datums scatters the advantages back)."""
     return [
         TokenGroup(
             rewards_G=np.asarray(g.rewards, dtype=np.float64),
-            logprobs_G_T=[s.logprobs for s in g.samples],
+            logprobs_G_T=[s.model_tokens(s.logprobs) for s in g.samples],
             planning_G_T=plan,
-            entropies_G_T=[s.entropies for s in g.samples] if with_entropies else None,
+            entropies_G_T=[s.model_tokens(s.entropies) for s in g.samples]
+            if with_entropies
+            else None,
         )
         for g, plan in zip(groups, planning, strict=True)
     ]
@@ -121,9 +127,25 @@ def build_datums(
 ) -> list[Datum]:
     """One Datum per non-empty completion of every kept group (skipped groups carry None)."""
     return [
-        Datum(group.prompt_ids, sample.token_ids, sample.logprobs, adv)
+        Datum(
+            group.prompt_ids,
+            sample.token_ids,
+            sample.logprobs,
+            scatter_model_tokens(adv, sample.loss_mask),
+            sample.loss_mask,
+        )
         for group, adv_G in zip(groups, advantages, strict=True)
         if adv_G is not None
         for sample, adv in zip(group.samples, adv_G, strict=True)
-        if len(sample)
+        if len(sample) and (sample.loss_mask is None or sample.loss_mask.any())
     ]
+
+
+def scatter_model_tokens(values_M: np.ndarray, mask_T: np.ndarray | None) -> np.ndarray:
+    """Per-model-token values placed at the model's positions of the whole trajectory,
+    0 at the environment's (the inverse of Sample.model_tokens)."""
+    if mask_T is None:
+        return values_M
+    out_T = np.zeros(mask_T.size, dtype=np.float64)
+    out_T[mask_T] = values_M
+    return out_T

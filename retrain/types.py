@@ -56,6 +56,15 @@ def _floats(x: Any) -> np.ndarray:
     return x if isinstance(x, np.ndarray) and x.dtype == np.float64 else np.asarray(x, np.float64)
 
 
+def _mask(x: Any, n: int, what: str) -> np.ndarray | None:
+    if x is None:
+        return None
+    mask = x if isinstance(x, np.ndarray) and x.dtype == np.bool_ else np.asarray(x, np.bool_)
+    if mask.shape != (n,):
+        raise ValueError(f"{what} has {n} tokens but a loss mask of shape {mask.shape}")
+    return mask
+
+
 @dataclass
 class Sample:
     """One sampled completion. `logprobs_T[t]` is the sampler's logprob of token t at the
@@ -65,6 +74,10 @@ class Sample:
     logprobs: np.ndarray  # float64, (T,)
     stop_reason: str  # "eos" | "length"
     entropies: np.ndarray | None = None  # float64, (T,): full-vocabulary entropies
+    # Multi-turn trajectories (retrain.multiturn): True where the model sampled the token,
+    # False where the environment wrote it (kept as context, never trained on; its
+    # logprob is 0). None = every token is the model's (single-turn sampling).
+    loss_mask: np.ndarray | None = None  # bool, (T,)
 
     def __post_init__(self):
         self.token_ids = _ids(self.token_ids)
@@ -75,6 +88,11 @@ class Sample:
             raise ValueError(
                 f"a sample has {self.token_ids.size} tokens but {self.logprobs.size} logprobs"
             )
+        self.loss_mask = _mask(self.loss_mask, self.token_ids.size, "a sample")
+
+    def model_tokens(self, values: Any) -> Any:
+        """`values` (one per token, or None) at the model's tokens only."""
+        return values if values is None or self.loss_mask is None else values[self.loss_mask]
 
     def __len__(self) -> int:
         return int(self.token_ids.size)
@@ -92,6 +110,9 @@ class GroupRollout:
     rewards: list[float]
     answers: list[str | None]
     correct: list[bool]
+    # Multi-turn rollouts: per completion, the transcript as messages
+    # {"role", "content", "turn"} (emergence/generations.jsonl); None for single-turn.
+    transcripts: list[list[dict[str, Any]]] | None = None
 
     @property
     def num_correct(self) -> int:
@@ -124,6 +145,9 @@ class Datum:
     completion_ids: np.ndarray  # int64, (T,)
     sampler_logprobs: np.ndarray  # float64, (T,)
     advantages: np.ndarray  # float64, (T,)
+    # True = trained on (the model's tokens); False = context only (a multi-turn
+    # environment's tokens: advantage 0, logprob 0, out of the loss). None = all True.
+    loss_mask: np.ndarray | None = None  # bool, (T,)
 
     def __post_init__(self):
         self.completion_ids = _ids(self.completion_ids)
@@ -135,6 +159,19 @@ class Datum:
                 f"a datum has {n} tokens, {self.sampler_logprobs.size} logprobs and "
                 f"{self.advantages.size} advantages"
             )
+        self.loss_mask = _mask(self.loss_mask, n, "a datum")
+
+    @property
+    def trained_mask(self) -> np.ndarray:
+        """Which completion tokens the loss sees (all of them unless masked)."""
+        if self.loss_mask is None:
+            return np.ones(self.completion_ids.size, dtype=np.bool_)
+        return self.loss_mask
+
+    @property
+    def num_trained_tokens(self) -> int:
+        n = self.completion_ids.size
+        return n if self.loss_mask is None else int(self.loss_mask.sum())
 
 
 @dataclass(frozen=True)
@@ -155,6 +192,7 @@ class TrainHyper:
     loss_agg: str = "token_mean"  # | "seq_mean_token_sum" | "seq_mean_token_mean"
     kl_coef: float = 0.0  # KL penalty to the reference (LoRA-off) model; 0 = off
     kl_estimator: str = "k3"  # "k1" | "k2" | "k3"
+    tis_cap: float = 0.0  # truncated importance sampling cap on the ratio; 0 = off
 
 
 @dataclass

@@ -81,8 +81,19 @@ class LocalBackend:
 
         self.config = config
         self.options = backend_options("local", config.backend.options)
-        if self.options["threads"]:
-            torch.set_num_threads(self.options["threads"])
+        from retrain.threads import ThreadPolicy
+
+        # threads = 0: chosen from the free cores before each phase (retrain/threads.py).
+        self.threads = ThreadPolicy(self.options["threads"])
+        say(self.threads.describe(self.threads.apply()))
+        # A server engine is reached before the model loads, so a server that is down (or
+        # cannot hot-swap LoRA) fails first, with its URL and start command.
+        self.server = None
+        if config.inference.engine != "pytorch":
+            from retrain.engines.http import build_engine
+
+            eos0 = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+            self.server = build_engine(config, tokenizer, eos0, say)
         devices = parse_devices(config.backend.devices, say)
         self.train_device = devices[-1]
         self.infer_device = devices[0]
@@ -141,12 +152,12 @@ class LocalBackend:
         )
 
     def _build_engine(self, config, pad: int):
-        engine = config.inference.engine
-        if engine != "pytorch":
-            raise BackendError(
-                f"[inference] engine = {engine!r}: this build of the local backend samples with the in-process "
-                "'pytorch' engine only; server engines (vllm, sglang, ...) need their CUDA servers. Fix: engine = \"pytorch\""
-            )
+        if self.server is not None:
+            from retrain.engines.sync import LIVE_DIR, LiveAdapterDir
+
+            self.server.eos_ids = sorted(self.eos_ids)
+            self.live = LiveAdapterDir(Path(config.backend.adapter_path) / LIVE_DIR, keep=2)
+            return self.server
         from retrain.engines.pytorch import PyTorchEngine
 
         return PyTorchEngine(
@@ -156,6 +167,8 @@ class LocalBackend:
             self.infer_device,
             prefix_caching=config.inference.prefix_caching,
             prompt_batch=self.options["prompt_batch"],
+            dtype=config.inference.dtype,
+            threads=self.threads,
         )
 
     # ------------------------------------------------------------ sampling
@@ -230,6 +243,24 @@ class LocalBackend:
         return chunks
 
     def train_step(self, datums: list[Datum], hyper: TrainHyper) -> TrainResult:
+        self.threads.apply("training")
+        result = self._optimize(datums, hyper)
+        # The counts the thread policy chose this step (metrics.jsonl: is the box busy?)
+        result.extra.update(self.threads.metrics())
+        if self.server is not None:
+            if datums:  # the weights changed: the server samples from them next step
+                self._push_adapter()
+            result.extra.update(self.server.metrics())
+        return result
+
+    def _push_adapter(self) -> None:
+        """Publish the adapter to a new live folder and have the server load it."""
+        version, folder = self.live.publish(
+            lambda tmp: self.model.save_pretrained(tmp, safe_serialization=True)
+        )
+        self.server.sync_adapter(folder, version)
+
+    def _optimize(self, datums: list[Datum], hyper: TrainHyper) -> TrainResult:
         if not datums:
             return TrainResult(loss=0.0, num_tokens=0)
         if self.split_mode:  # training runs on its own thread; the sampler waits for the snapshot
@@ -258,9 +289,10 @@ class LocalBackend:
                 betas=(hyper.beta1, hyper.beta2),
                 eps=hyper.eps,
             )
-        total = sum(len(d.completion_ids) for d in datums)
+        # Only trained tokens count (a multi-turn environment's tokens are context).
+        total = sum(d.num_trained_tokens for d in datums)
         weights, denominator = sequence_weights(
-            [len(d.completion_ids) for d in datums], hyper.loss_agg
+            [d.num_trained_tokens for d in datums], hyper.loss_agg
         )
         temperature = self.config.training.temperature
         self.model.train()
@@ -315,7 +347,7 @@ class LocalBackend:
             loss=loss_sum,
             num_tokens=total,
             grad_norm=grad_norm,
-            log_ratio_mean=ratio_sum / total,
+            log_ratio_mean=ratio_sum / max(total, 1),
             log_ratio_max_abs=ratio_max,
             extra=stats.metrics(),
         )
@@ -400,9 +432,12 @@ class LocalBackend:
             )
         if self.split_mode:
             self._snapshot()
+        if self.server is not None:  # the server samples from the resumed adapter
+            self._push_adapter()
 
     def close(self) -> None:
-        pass
+        if self.server is not None:
+            self.server.close()
 
 
 def _padded(
@@ -415,7 +450,7 @@ def _padded(
     old = np.zeros((n, width), dtype=np.float32)
     for i, d in enumerate(chunk):
         k = d.completion_ids.size
-        mask[i, :k] = True
+        mask[i, :k] = d.trained_mask  # environment tokens stay out of the loss
         adv[i, :k] = d.advantages
         old[i, :k] = d.sampler_logprobs
     return tuple(torch.from_numpy(x).to(device) for x in (mask, adv, old))

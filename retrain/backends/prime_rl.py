@@ -190,10 +190,11 @@ def training_sample(datum: Datum, temperature: float, *, strict: bool = True) ->
         prompt_ids=[int(t) for t in datum.prompt_ids],
         prompt_mask=[False] * n_prompt,
         completion_ids=datum.completion_ids.tolist(),
-        completion_mask=[True] * n_completion,
+        # Environment tokens of a multi-turn trajectory are context, not trained.
+        completion_mask=datum.trained_mask.tolist(),
         completion_logprobs=datum.sampler_logprobs.tolist(),
         completion_temperatures=[float(temperature)] * n_completion,
-        advantage=scalar_advantage(datum.advantages, strict=strict),
+        advantage=scalar_advantage(datum.advantages[datum.trained_mask], strict=strict),
     )
 
 

@@ -692,8 +692,10 @@ class TinkerBackend:
     def train_step(self, datums: list[Datum], hyper: TrainHyper) -> TrainResult:
         if not datums:
             return TrainResult(loss=0.0, num_tokens=0)
-        total = sum(len(d.completion_ids) for d in datums)
-        scales = token_scales([len(d.completion_ids) for d in datums], hyper.loss_agg)
+        # Environment tokens of multi-turn trajectories carry advantage 0 (no gradient
+        # under Tinker's per-token losses) and are not counted as trained tokens.
+        total = sum(d.num_trained_tokens for d in datums)
+        scales = token_scales([d.num_trained_tokens for d in datums], hyper.loss_agg)
         data = [
             build_tinker_datum(self.tinker, d, float(s), hyper.adv_clip_max)
             for d, s in zip(datums, scales)

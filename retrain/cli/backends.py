@@ -117,9 +117,40 @@ def engine_rows() -> list[dict[str, Any]]:
                 "installed": e.available and not missing,
                 "missing_modules": missing,
                 "dependency_hint": e.install,
+                "supports": engine_support(e.name),
             }
         )
     return rows
+
+
+_LORA_SYNC = {
+    "load": "POST /v1/load_lora_adapter (in place)",
+    "sglang": "/unload_lora_adapter + /load_lora_adapter",
+    "trtllm": "lora_request per request",
+    "mlx": "adapters per request",
+}
+
+
+def engine_support(name: str) -> dict[str, Any]:
+    """What an engine supports (server engines: from their wire dialect)."""
+    from retrain.engines.http import DIALECTS
+
+    if name not in DIALECTS:
+        return {
+            "where": "in-process",
+            "token_ids": True,
+            "entropy": True,
+            "lora_sync": "shared weights",
+        }
+    d = DIALECTS[name]
+    return {
+        "where": "server over HTTP /v1/completions",
+        "default_url": d.default_url or "(required)",
+        "token_ids": d.token_prompts,
+        "entropy": False,
+        "lora_sync": _LORA_SYNC[d.lora],
+        "verified": d.verified or "wire format only (no real server here)",
+    }
 
 
 def _plugin_names(
@@ -229,6 +260,15 @@ def _render_engines(engines: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"  {e['name'].ljust(width)}  {_status(e).ljust(state_width)}  {e['description']}{needs}"
         )
+        sup = e.get("supports") or {}
+        if sup and e["available"]:
+            url = f", url {sup['default_url']}" if "default_url" in sup else ""
+            lines.append(
+                f"  {''.ljust(width)}  {''.ljust(state_width)}  {sup['where']}{url}; prompts as "
+                f"{'token ids' if sup['token_ids'] else 'text'}; entropy {_yes(sup['entropy'])}; "
+                f"LoRA sync: {sup['lora_sync']}"
+                + (f"; verified: {sup['verified']}" if "verified" in sup else "")
+            )
     fixes = dict.fromkeys(e["not_built"] for e in engines if e["not_built"])
     lines += [f"  fix (not built): {fix}" for fix in fixes]
     return lines

@@ -154,15 +154,19 @@ def _advice(config: Config) -> list[str]:
     return warnings
 
 
-def _per_step(config: Config) -> dict[str, int]:
+def _per_step(config: Config) -> dict[str, Any]:
     t = config.training
     completions = t.batch_size * t.group_size
+    # With an environment the cap applies to each model turn of a conversation.
+    unit = "model turn" if config.environment.provider else "completion"
+    turns = max(config.environment.max_turns, 1) if config.environment.provider else 1
     return {
+        "tokens_per": unit,
         "batch_size": t.batch_size,
         "group_size": t.group_size,
         "completions": completions,
         "max_new_tokens_per_completion": t.max_tokens,
-        "sampled_token_upper_bound": completions * t.max_tokens,
+        "sampled_token_upper_bound": completions * t.max_tokens * turns,
     }
 
 
@@ -685,7 +689,12 @@ def build_report(config: Config, path: str) -> dict[str, Any]:
             "lora_alpha": config.lora.alpha or 2 * config.model.lora_rank,
         },
         "data": data_summary(config),
-        "reward": config.reward.type,
+        # A verifiers environment scores with its own rubric; [reward] is not used.
+        "reward": (
+            f"the environment's rubric ({config.environment.id})"
+            if config.environment.provider
+            else config.reward.type
+        ),
         "uncertainty_kind": config.algorithm.uncertainty_kind,
         "objective": objective_summary(config),
         "settings": resolved_settings(config, info),
@@ -704,9 +713,12 @@ def build_report(config: Config, path: str) -> dict[str, Any]:
         report["campaign"] = _campaign_report(config, errors)
         report["total_steps"] = report["campaign"]["total_steps"]
     errors += [f"{key}: {problem}" for key, problem in startup_problems(config)]
-    report["warnings"] = _advice(config) + [
-        f"{key}: {problem}" for key, problem in probe_problems(config)
-    ]
+    probed = [f"{key}: {problem}" for key, problem in probe_problems(config)]
+    # A server engine's server must answer before step 0 (the run would stop there), so
+    # its problems are errors; other probes (prime_rl) may find a server started later.
+    server_engine = config.backend.backend == "local" and config.inference.engine != "pytorch"
+    errors += probed if server_engine else []
+    report["warnings"] = _advice(config) + ([] if server_engine else probed)
     report["errors"] = errors
     return report
 
@@ -743,7 +755,7 @@ def render(report: dict[str, Any]) -> str:
         f"Reward:      {report['reward']}   uncertainty: {report['uncertainty_kind']}",
         f"Objective:   {report['objective']}",
         *_render_settings(report),
-        f"Per step:    {ps['batch_size']} prompts x {ps['group_size']} completions = {ps['completions']} completions, <= {ps['sampled_token_upper_bound']:,} sampled tokens ({ps['max_new_tokens_per_completion']} per completion)",
+        f"Per step:    {ps['batch_size']} prompts x {ps['group_size']} completions = {ps['completions']} completions, <= {ps['sampled_token_upper_bound']:,} sampled tokens ({ps['max_new_tokens_per_completion']} per {ps['tokens_per']})",
         f"Steps:       {report['total_steps']:,}",
         f"Checkpoints: {('every ' + str(ck['every']) + ' steps (' + str(ck['periodic']) + ') + final') if ck['every'] else 'final only'} -> {ck['adapter_path']}",
         f"SEPA:        {report['sepa']}",

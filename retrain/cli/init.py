@@ -96,7 +96,12 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="retrain init", description="Write a starter retrain TOML."
     )
-    parser.add_argument("--template", "-t", default=None, help="quickstart | experiment | campaign")
+    parser.add_argument(
+        "--template",
+        "-t",
+        default=None,
+        help="quickstart | experiment | campaign | multiturn (see --list)",
+    )
     parser.add_argument(
         "--output",
         "-o",

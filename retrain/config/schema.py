@@ -256,6 +256,15 @@ class TrainingConfig:
         "k3 = exp(-d) + d - 1",
         choices=("k1", "k2", "k3"),
     )
+    tis_cap: float = opt(
+        0.0,
+        "Truncated importance sampling: a token whose ratio exp(logp - logp_sampler) exceeds "
+        "tis_cap is weighted tis_cap / ratio (no gradient through the weight), bounding "
+        "large sampler/trainer mismatches (server engines). 0 = off",
+        ge=0.0,
+        check=_zero_or_above_one,
+        fix="use 0 to turn it off, or a cap such as 2.0",
+    )
     lr_schedule: str = opt(
         "constant",
         "Learning-rate schedule after warmup: constant, linear (to 0 at max_steps) or cosine "
@@ -339,6 +348,12 @@ class EnvironmentConfig:
     args: Any = opt({}, "Environment kwargs as a TOML table (or a JSON string)")
     max_turns: int = opt(-1, "Multi-turn safety cap. -1 = environment default", ge=-1)
     auto_install: bool = opt(False, "Install a missing Prime Hub environment automatically")
+    turn_timeout_s: float = opt(
+        60.0,
+        "Multi-turn: seconds an environment may take to answer one turn (or to score); "
+        "a conversation past it fails (reward 0, not trained on, counted)",
+        gt=0.0,
+    )
 
 
 @dataclass
@@ -392,18 +407,38 @@ class SepaConfig:
 class InferenceConfig:
     engine: str = opt(
         "pytorch",
-        "Inference engine: pytorch (in-process; server engines are not built yet)",
+        "Inference engine: pytorch (in-process), or a server sampled over HTTP: vllm, sglang, "
+        "trtllm, mlx, max, openai (retrain backends lists what each supports)",
         registry_name="engine",
     )
     url: str = opt(
-        "", "Server URL: prime_rl's inference server (server inference engines are not built yet)"
+        "",
+        "Server URL of a server engine (empty = its default: vllm/max :8000, sglang :30000, "
+        "trtllm :31000, mlx :8080; openai needs one), or prime_rl's inference server",
     )
+    api_key: str = opt(
+        "",
+        "Bearer token for the server. Empty = none ($OPENAI_API_KEY for openai). Never logged",
+        secret=True,
+    )
+    timeout: float = opt(300.0, "Seconds allowed per server request", gt=0.0)
+    max_retries: int = opt(
+        4, "Retries of a server request on 429/5xx, timeouts and dropped connections", ge=0
+    )
+    max_connections: int = opt(16, "Server requests in flight at once (one per prompt)", ge=1)
     attention_kernel: str = opt(
         "default",
         "Attention implementation",
         choices=("default", "flash", "triton", "tk", "cutlass"),
     )
-    dtype: str = opt("auto", "Inference dtype", choices=("auto", "bf16", "fp8", "fp4"))
+    dtype: str = opt(
+        "auto",
+        "Inference dtype. pytorch engine: auto (the trained model's dtype; the adapter is "
+        "merged into a sampling copy) or bf16 (a bf16 sampling copy: the sampler's logprobs "
+        "are its own and the importance ratio corrects the difference; see "
+        "docs/performance.md)",
+        choices=("auto", "bf16", "fp8", "fp4"),
+    )
     kv_cache_dtype: str = opt("auto", "KV cache dtype", choices=("auto", "bf16", "fp8", "int8"))
     prefix_caching: bool = opt(True, "Share the prompt KV cache across a group's completions")
 

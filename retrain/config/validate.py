@@ -80,6 +80,8 @@ def loss_options_used(config: Config) -> list[tuple[str, str]]:
         used.append(("[training] loss_agg", t.loss_agg))
     if t.kl_coef > 0:
         used.append(("[training] kl_coef", "kl"))
+    if t.tis_cap > 0:
+        used.append(("[training] tis_cap", "tis"))
     return used
 
 
@@ -232,6 +234,55 @@ def _backend_options(config: Config) -> Problems:
     return problems
 
 
+def _engine_settings(config: Config) -> Problems:
+    """The spec's engine-tuning keys that no built-in engine acts on yet: a value other
+    than the default is an error, not a silent no-op. (A server engine's dtype and
+    kernels are chosen when the server starts: scripts/vllm_server/start.sh.)"""
+    inf = config.inference
+    if not _samples_through_engine(config) or registry.ENGINES.entry(inf.engine) is None:
+        return []
+    where = (
+        "the pytorch engine samples in the model's dtype or bf16"
+        if inf.engine == "pytorch"
+        else f"a {inf.engine} server picks it when it starts (e.g. vLLM --dtype/--kv-cache-dtype)"
+    )
+    unused = [
+        ("[inference] attention_kernel", inf.attention_kernel != "default", '"default"'),
+        ("[inference] kv_cache_dtype", inf.kv_cache_dtype != "auto", '"auto"'),
+        (
+            "[inference] dtype",
+            inf.dtype in ("fp8", "fp4") or (inf.engine != "pytorch" and inf.dtype != "auto"),
+            '"auto"' + (' or "bf16"' if inf.engine == "pytorch" else ""),
+        ),
+    ]
+    return [
+        (key, f"is not applied by engine {inf.engine!r} in this version ({where}). Fix: {fix}")
+        for key, bad, fix in unused
+        if bad
+    ]
+
+
+def _inference(config: Config) -> Problems:
+    """A server engine needs the local backend, and `openai` a URL (it has no default)."""
+    engine = config.inference.engine
+    problems = _engine_settings(config)
+    if problems:
+        return problems
+    if engine == "pytorch" or not _samples_through_engine(config):
+        return []
+    if config.backend.backend != "local":
+        return []  # a plugin backend decides what it does with [inference]
+    if engine == "openai" and not config.inference.url.strip():
+        return [
+            (
+                "[inference] url",
+                'engine = "openai" has no default URL. Fix: url = "http://HOST:PORT" of an '
+                "OpenAI-compatible server with /v1/completions and logprobs",
+            )
+        ]
+    return []
+
+
 def _squeeze(config: Config) -> Problems:
     sq = config.squeeze
     if sq is None or not sq.source_rank:
@@ -259,6 +310,7 @@ CROSS_CHECKS: tuple[Callable[[Config], Problems], ...] = (
     _data,
     _builtin_flow,
     _backend_options,
+    _inference,
     _squeeze,
 )
 

@@ -8,9 +8,12 @@
     auto_install = false            # true: `prime env install <id>` when missing
 
 The environment's training examples become the data, and its scorer becomes
-`data_source.reward` (a Reward-like object), so `[reward] type` is not used. retrain
-samples ONE completion per prompt and scores it; multi-turn environments (tools, games)
-are not rolled out turn by turn - a warning says so.
+`data_source.reward` (a Reward-like object), so `[reward] type` is not used. A
+single-turn environment gets one completion per prompt, scored by that reward. An
+environment that talks back (a classic `MultiTurnEnv`, or a v1 taskset package that
+exports its own `Env`) is exposed as `turn_environment`, and the run rolls it out turn by
+turn with retrain's own sampler (retrain/multiturn.py; `[environment] max_turns`,
+`turn_timeout_s`).
 
 Supported verifiers versions (both were probed; see the tests):
 - the classic API, verifiers 0.1.x - 0.3.x: the environment package exposes
@@ -24,6 +27,15 @@ Supported verifiers versions (both were probed; see the tests):
   becomes an example and `task.score(trace)` (its `@vf.reward` functions and judges,
   without a runtime) scores a one-turn trace holding the completion. An infinite taskset
   is cut at `[data] size` tasks.
+
+Multi-turn (both APIs, retrain plays the model's seat):
+- classic: the environment's own `rollout()` loop runs unchanged (env_response, its
+  `@vf.stop` conditions, cleanup) with a retrain client whose responses are the sampled
+  turns; its rubric scores each group.
+- v1: the package's `Env` subclass (one agent seat) runs its `run(task, agents)`; the
+  seat's `interaction(task).turn(...)` returns the sampled turn as a `vf.Segment`. The
+  task's rewards, what `run` recorded on the trace, and the Env's `finalize` score it.
+  Tool-calling harnesses (MCP toolsets) and user-opened tasks (no prompt) are not driven.
 
 An environment without a training dataset (evaluation-only: only `eval_dataset`, or a
 taskset that yields nothing) fails fast with a DataError saying what to do instead.
@@ -105,6 +117,10 @@ def import_environment(
     for p in search_paths:
         if p and p not in sys.path:
             sys.path.insert(0, p)
+    from retrain.environments import ENVIRONMENTS_DIR
+
+    if str(ENVIRONMENTS_DIR) not in sys.path:  # retrain's own environments, found last
+        sys.path.append(str(ENVIRONMENTS_DIR))
     name = module_name(env_id)
     target = _find_module(name)
     if target is None and auto_install:
@@ -455,6 +471,248 @@ class TaskScoreReward(Reward):
         self._loop.close()
 
 
+# -- multi-turn: verifiers environments driven by retrain's sampler -----------------
+DEFAULT_MAX_TURNS = 8  # when neither [environment] max_turns nor the environment sets one
+
+
+def _v1_env_class(env_id: str) -> Any:
+    """The taskset package's own multi-turn `Env` subclass, or None (a plain taskset:
+    verifiers runs it with SingleAgentEnv, which retrain samples in one turn)."""
+    from verifiers.v1.utils import loaders
+
+    cls = loaders.environment_class(env_id)
+    return None if cls.__name__ == "SingleAgentEnv" else cls
+
+
+def _v1_opening(task: Any) -> list[dict[str, str]]:
+    data = task.data
+    msgs = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
+    if isinstance(data.prompt, str):
+        return msgs + [{"role": "user", "content": data.prompt}]
+    return msgs + (_message_dicts(data.prompt) or [])
+
+
+class _V1Interaction:
+    """verifiers' `Interaction` surface (`turn`, `trace`) with retrain as the model: each
+    turn's reply is sampled by retrain's batched sampler instead of a harness."""
+
+    def __init__(self, task: Any, ask: Any) -> None:
+        import verifiers.v1 as vf
+
+        self.vf, self.task, self.ask = vf, task, ask
+        self.trace = TaskScoreReward.build_trace(task, "")
+        self.trace.nodes.pop()  # build_trace ends with a reply; the turns add them
+        self.trace.root_reply, self.trace.is_completed = None, False
+        self.messages = _v1_opening(task)
+        self.started = self.over = False
+
+    def _append(self, message: Any, sampled: bool = False) -> None:
+        parent = len(self.trace.nodes) - 1 if self.trace.nodes else None
+        self.trace.nodes.append(
+            self.vf.MessageNode(parent=parent, message=message, sampled=sampled)
+        )
+
+    async def turn(self, message: Any = None) -> Any:
+        from retrain.multiturn import MalformedMessages, check_messages
+
+        vf = self.vf
+        if self.over:
+            raise RuntimeError("the exchange is over (the run ended); read interaction.trace")
+        if message is None and self.started:
+            raise MalformedMessages("turn() without a message after the opening turn")
+        if message is not None:
+            new = check_messages(
+                [{"role": "user", "content": message}] if isinstance(message, str) else message
+            )
+            for m in new:
+                self.messages.append(m)
+                cls = {"user": vf.UserMessage, "system": vf.SystemMessage}.get(
+                    m["role"], vf.UserMessage
+                )
+                self._append(cls(content=m["content"]))
+        self.started = True
+        reply = await self.ask(list(self.messages))
+        if reply is None:  # retrain's max_turns
+            self.over = True
+            self.trace.stop("max_turns")
+            return vf.Segment(messages=[], terminated=True)
+        self.messages.append({"role": "assistant", "content": reply})
+        assistant = vf.AssistantMessage(content=reply)
+        self._append(assistant, sampled=True)
+        self.trace.root_reply = reply
+        return vf.Segment(messages=[assistant], root_reply=reply)
+
+
+class _V1Agent:
+    """One seat of a verifiers v1 Env, played by the model retrain trains."""
+
+    def __init__(self, name: str, config: Any, ask: Any, played: list[Any]) -> None:
+        self.name, self.config, self.ask, self.played = name, config, ask, played
+        self.trainable = True
+
+    @contextlib.asynccontextmanager
+    async def interaction(self, task: Any, **_: Any):
+        interaction = _V1Interaction(task, self.ask)
+        self.played.append((task, interaction))
+        yield interaction
+        if not interaction.trace.is_completed:
+            interaction.trace.stop("user_closed")
+
+    async def run(self, task: Any, **_: Any) -> Any:
+        raise DataError(
+            "this verifiers Env calls agent.run(); retrain drives multi-turn environments "
+            "through agent.interaction(task) turns"
+        )
+
+
+class V1TurnEnvironment:
+    """A verifiers v1 `Env` (its `run(task, agents)` is the control flow) whose single
+    agent seat is played by retrain's sampler; scored by the task's rewards plus what
+    the Env recorded on the trace (and its `finalize`)."""
+
+    def __init__(self, env: Any, env_id: str, max_turns: int) -> None:
+        from verifiers.v1.configs.agent import agent_config_fields
+
+        seats = agent_config_fields(env.config)
+        if len(seats) != 1:
+            raise DataError(
+                f"verifiers environment {env_id!r} has {len(seats)} agent seats "
+                f"({sorted(seats)}); retrain trains environments with one agent seat"
+            )
+        ((self.seat, spec),) = seats.items()
+        self.env, self.env_id = env, env_id
+        self.max_turns = max_turns if max_turns > 0 else (spec.max_turns or DEFAULT_MAX_TURNS)
+
+    async def play(self, example: Example, ask: Any) -> Any:
+        import verifiers.v1 as vf
+
+        task = example.meta["task"]
+        played: list[Any] = []
+        agents = vf.Agents(self.env.config, lambda name, spec: _V1Agent(name, spec, ask, played))
+        await self.env.setup(agents)
+        await self.env.run(task, agents)
+        if not played:
+            raise DataError(f"verifiers environment {self.env_id!r} ran no interaction")
+        return played
+
+    async def score(self, example: Example, states: Sequence[Any]) -> list[float]:
+        import verifiers.v1 as vf
+
+        rewards = []
+        for played in states:
+            task, trace = played[-1][0], played[-1][1].trace
+            await task.score(trace)
+            episode = vf.Episode(
+                env=vf.EnvInfo(id=self.env_id),
+                task=vf.TraceTask(
+                    type=type(task).__name__, data=task.data, key=task.key, hash=task.hash
+                ),
+                traces=[i.trace for _, i in played],
+            )
+            await self.env.finalize(task, episode)
+            rewards.append(float(trace.reward))
+        return rewards
+
+
+def _classic_client(ask: Any) -> Any:
+    """A classic verifiers `Client` whose responses are the model's turns sampled by
+    retrain (the environment's own rollout loop runs unchanged around it)."""
+    import time
+
+    import verifiers as vf
+    from verifiers.clients import Client
+
+    class RetrainClient(Client):
+        def setup_client(self, config: Any) -> Any:
+            return None
+
+        async def to_native_tool(self, tool: Any) -> Any:
+            return tool
+
+        async def to_native_prompt(self, messages: Any) -> tuple[Any, dict]:
+            return messages, {}
+
+        async def get_native_response(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+        async def raise_from_native_response(self, response: Any) -> None:
+            return None
+
+        async def from_native_response(self, response: Any) -> Any:
+            return response
+
+        async def close(self) -> None:
+            return None
+
+        async def get_response(self, prompt: Any, model: str, **kwargs: Any) -> Any:
+            text = await ask(list(prompt))
+            over = text is None
+            message = vf.types.ResponseMessage(
+                content="" if over else text,
+                finish_reason="length" if over else "stop",
+                is_truncated=over,
+            )
+            return vf.types.Response(
+                id="retrain", created=int(time.time()), model=model, message=message
+            )
+
+    return RetrainClient(None)
+
+
+class ClassicTurnEnvironment:
+    """A classic verifiers MultiTurnEnv (0.3.x): its own `rollout` loop (env_response,
+    stop conditions, cleanup) with retrain's sampler as the client; scored by its
+    rubric, a group at a time."""
+
+    def __init__(self, env: Any, env_id: str, max_turns: int) -> None:
+        env_turns = int(getattr(env, "max_turns", -1) or -1)
+        self.max_turns = (
+            max_turns if max_turns > 0 else (env_turns if env_turns > 0 else DEFAULT_MAX_TURNS)
+        )
+        env.max_turns = self.max_turns  # the environment's own stop condition agrees
+        self.env, self.env_id = env, env_id
+
+    async def play(self, example: Example, ask: Any) -> Any:
+        row = example.meta["row"]
+        inp = {k: row[k] for k in ("prompt", "answer", "info", "example_id", "task") if k in row}
+        inp.setdefault("example_id", example.meta.get("row_index", 0))
+        if isinstance(inp.get("prompt"), str):
+            inp["prompt"] = [{"role": "user", "content": inp["prompt"]}]
+        state = await self.env.rollout(inp, _classic_client(ask), "retrain", {})
+        if state.get("error") is not None:
+            raise state["error"]
+        return state
+
+    def truncated(self, state: Any) -> bool:
+        return state is not None and state.get("stop_condition") == "max_turns_reached"
+
+    async def score(self, example: Example, states: Sequence[Any]) -> list[float]:
+        rubric = self.env.rubric
+        if hasattr(rubric, "score_group"):
+            await rubric.score_group(list(states))
+        else:
+            for state in states:
+                await rubric.score_rollout(state)
+        return [float(state["reward"]) for state in states]
+
+
+def is_classic_multi_turn(env: Any) -> bool:
+    """A classic environment that talks back: a MultiTurnEnv that is not single-turn."""
+    names = {c.__name__ for c in type(env).__mro__}
+    return "MultiTurnEnv" in names and "SingleTurnEnv" not in names
+
+
+def _v1_turn_environment(env_cls: Any, env_id: str, args: dict[str, Any], max_turns: int) -> Any:
+    from verifiers.v1.utils import loaders
+
+    try:
+        config = loaders.resolve_env_config({"taskset": {**args, "id": env_id}})
+        env = env_cls(config)
+    except Exception as exc:
+        raise DataError(f"loading verifiers environment {env_id!r} failed: {exc}") from exc
+    return V1TurnEnvironment(env, env_id, max_turns)
+
+
 def _parse_args(raw: Any) -> dict[str, Any]:
     if raw is None or raw == "":
         return {}
@@ -497,10 +755,15 @@ class VerifiersSource(DataSource):
         )
         self.env_id = env_id
         self.env: Any = None
+        # Set when the environment talks back (retrain.multiturn drives it turn by turn).
+        self.turn_environment: Any = None
         if exports_v1_taskset(module):
             self.api = "v1"
             examples, self.env = _v1_examples(env_id, args, size)
             reward: Reward = TaskScoreReward(env_id)
+            env_cls = _v1_env_class(env_id)
+            if env_cls is not None:
+                self.turn_environment = _v1_turn_environment(env_cls, env_id, args, self.max_turns)
         elif callable(getattr(module, "load_environment", None)):
             self.api = "classic"
             try:
@@ -515,7 +778,8 @@ class VerifiersSource(DataSource):
                 ) from exc
             examples = _classic_examples(self.env, env_id)
             reward = ClassicRubricReward(self.env, env_id)
-            self._warn_multi_turn()
+            if is_classic_multi_turn(self.env):
+                self.turn_environment = ClassicTurnEnvironment(self.env, env_id, self.max_turns)
         else:
             raise DataError(
                 f"module {module.__name__!r} for environment {env_id!r} is not a verifiers "
@@ -557,17 +821,6 @@ class VerifiersSource(DataSource):
             seed=data.seed,
             search_paths=search_paths,
         )
-
-    def _warn_multi_turn(self) -> None:
-        env_turns = getattr(self.env, "max_turns", 1)
-        turns = self.max_turns if self.max_turns > 0 else env_turns
-        if turns is not None and turns != 1 and type(self.env).__name__ != "SingleTurnEnv":
-            logger.warning(
-                "verifiers environment %r is multi-turn (max_turns=%s); retrain samples and "
-                "scores a single completion per prompt, without environment responses",
-                self.env_id,
-                turns,
-            )
 
     def close(self) -> None:
         if self.reward is not None:

@@ -7,6 +7,17 @@ tokens are sampled step by step at the configured temperature (and, with top_p <
 the renormalised nucleus), and the recorded logprobs are exactly those of the
 distribution each token was drawn from. Temperature 0 (held-out evaluation) decodes
 greedily: the argmax token, with logprob 0 (it was chosen with probability 1).
+
+Speed (docs/performance.md): a PEFT LoRA model runs four extra small operators per
+adapted linear for every decoded token. When the model is a plain LoRA PEFT model, the
+engine samples from a `MergedSampler` instead: an adapter-free copy whose adapted linears
+hold W + scaling * B @ A, re-merged only when the adapter's weights changed (their version
+counters moved). In float32 the merged logprobs equal the adapter's to rounding (~1e-6);
+with `[inference] dtype = "bf16"` the copy is bfloat16 (faster matmuls on CPUs with
+AVX512-BF16/AMX and on GPUs), the sampled distribution is the bf16 model's and the
+recorded logprobs are exactly its own, so the trainer's importance ratio corrects the
+bf16/fp32 difference (`log_ratio_mean`/`log_ratio_max_abs` show its size). A
+`retrain.threads.ThreadPolicy` picks torch's thread count before each call.
 """
 
 from __future__ import annotations
@@ -52,6 +63,9 @@ class PyTorchEngine:
         *,
         prefix_caching: bool = True,
         prompt_batch: int = 0,
+        dtype: str = "auto",
+        merge_lora: bool = True,
+        threads=None,
     ):
         self.model = model
         self.eos_ids = sorted(eos_ids)
@@ -59,6 +73,24 @@ class PyTorchEngine:
         self.device = device
         self.prefix_caching = prefix_caching
         self.prompt_batch = prompt_batch
+        self.threads = threads  # retrain.threads.ThreadPolicy, or None to leave torch as is
+        if dtype not in ("auto", "bf16"):
+            raise BackendError(
+                f'[inference] dtype = "{dtype}": the pytorch engine samples in "auto" (the model\'s dtype) or "bf16"'
+            )
+        # bf16 needs a copy of the weights; "auto" keeps the training model's dtype.
+        target = torch.bfloat16 if dtype == "bf16" else None
+        self.merged = MergedSampler.build(model, target) if merge_lora else None
+        if self.merged is None and target is not None:
+            raise BackendError(
+                '[inference] dtype = "bf16" needs a plain LoRA adapter on the pytorch engine (set dtype = "auto")'
+            )
+
+    def _sampling_model(self):
+        if self.merged is None:
+            return self.model
+        self.merged.refresh()
+        return self.merged.model
 
     @torch.inference_mode()
     def sample(
@@ -69,20 +101,25 @@ class PyTorchEngine:
             generator.manual_seed(params.seed)
         else:
             generator.seed()
+        if self.threads is not None:
+            self.threads.apply("sampling")
         chunk = self.prompt_batch or len(prompts_B)
         out: list[list[Sample]] = []
         was_training = self.model.training
         self.model.eval()
+        model = self._sampling_model()
         try:
             for start in range(0, len(prompts_B), chunk):
                 out.extend(
-                    self._sample_chunk(prompts_B[start : start + chunk], n, params, generator)
+                    self._sample_chunk(
+                        model, prompts_B[start : start + chunk], n, params, generator
+                    )
                 )
         finally:
             self.model.train(was_training)
         return out
 
-    def _prefill(self, prompts: list[list[int]], n: int) -> tuple[torch.Tensor, _Decode]:
+    def _prefill(self, model, prompts: list[list[int]], n: int) -> tuple[torch.Tensor, _Decode]:
         """Run the prompts once; returns the next-token logits per row (prompt x n) and
         the decoding state (cache, attention mask, positions)."""
         from transformers import DynamicCache
@@ -91,8 +128,8 @@ class PyTorchEngine:
             batch = left_pad(prompts, self.pad_id, self.device)
         else:  # every completion prefills its own copy of the prompt
             batch = left_pad([p for p in prompts for _ in range(n)], self.pad_id, self.device)
-        cache = DynamicCache(config=self.model.config)
-        out = self.model(
+        cache = DynamicCache(config=model.config)
+        out = model(
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,
             position_ids=batch.position_ids,
@@ -110,13 +147,13 @@ class PyTorchEngine:
             position = position.repeat_interleave(n, dim=0)
         return logits, _Decode(cache, mask, position)
 
-    def _next_logits(self, token: torch.Tensor, state: _Decode) -> torch.Tensor:
+    def _next_logits(self, model, token: torch.Tensor, state: _Decode) -> torch.Tensor:
         """Feed one sampled token per row; finished rows keep decoding (their tokens are
         discarded) so shapes stay fixed."""
         rows = token.shape[0]
         state.mask = torch.cat([state.mask, state.mask.new_ones((rows, 1))], dim=1)
         state.position = state.position + 1
-        out = self.model(
+        out = model(
             input_ids=token[:, None],
             attention_mask=state.mask,
             position_ids=state.position,
@@ -126,9 +163,14 @@ class PyTorchEngine:
         return out.logits[:, -1, :]
 
     def _sample_chunk(
-        self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator
+        self,
+        model,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator,
     ) -> list[list[Sample]]:
-        logits, state = self._prefill(prompts, n)
+        logits, state = self._prefill(model, prompts, n)
         rows, width = logits.shape[0], params.max_tokens
         eos = torch.tensor(self.eos_ids, device=self.device)
         tokens = torch.empty((rows, width), dtype=torch.long, device=self.device)
@@ -148,7 +190,10 @@ class PyTorchEngine:
                 tokens[:, t] = token
                 logprobs[:, t] = 0.0
             else:
-                full = torch.log_softmax(logits.float() / params.temperature, dim=-1)
+                scaled = logits.float()
+                if params.temperature != 1.0:
+                    scaled = scaled / params.temperature
+                full = torch.log_softmax(scaled, dim=-1)
                 logp = nucleus(full, params.top_p) if params.top_p < 1.0 else full
                 token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
                 tokens[:, t] = token
@@ -161,7 +206,7 @@ class PyTorchEngine:
             finished |= hit
             if bool(finished.all()) or t + 1 == width:
                 break
-            logits = self._next_logits(token, state)
+            logits = self._next_logits(model, token, state)
         samples = _to_samples(tokens[:, :steps], logprobs[:, :steps], entropies, lengths, finished)
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
 
@@ -176,6 +221,111 @@ def nucleus(logp: torch.Tensor, top_p: float) -> torch.Tensor:
     drop_sorted = before >= top_p  # the mass before this token already reaches top_p
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+
+
+class MergedSampler:
+    """An adapter-free copy of a PEFT LoRA model for sampling: each adapted linear is a
+    plain `nn.Linear` holding W + scaling * B @ A, re-merged when the adapter changed.
+
+    In the model's own dtype the copy shares every weight that LoRA does not touch (only
+    the merged weights are new memory); with another dtype (bf16) it is a full copy."""
+
+    def __init__(self, model, pairs: list, dtype: torch.dtype | None):
+        self.model = model
+        self.pairs = pairs  # (PEFT lora.Linear in the trained model, nn.Linear in the copy)
+        self.dtype = dtype
+        self._seen: tuple = ()
+
+    @classmethod
+    def build(cls, peft_model, dtype: torch.dtype | None) -> MergedSampler | None:
+        """None when `peft_model` is not a PEFT model with plain LoRA linears only (DoRA,
+        several active adapters, embeddings, ...): the engine then samples from it as is."""
+        import copy
+
+        layers = _plain_lora_layers(peft_model)
+        if not layers:
+            return None
+        base = peft_model.get_base_model()
+        own = next(base.parameters()).dtype
+        same = dtype is None or dtype == own
+        # Sharing the frozen weights through deepcopy's memo keeps them out of the copy.
+        memo = {id(p): p for p in base.parameters()} if same else {}
+        copy_ = copy.deepcopy(base, memo)
+        pairs = []
+        for name, layer in layers:
+            parent_name, _, attr = name.rpartition(".")
+            parent = copy_.get_submodule(parent_name.removeprefix("base_model.model."))
+            w = layer.base_layer.weight
+            plain = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device)
+            plain.weight = torch.nn.Parameter(torch.empty_like(w), requires_grad=False)
+            if layer.base_layer.bias is not None:
+                plain.bias = layer.base_layer.bias if same else copy.deepcopy(layer.base_layer.bias)
+            setattr(parent, attr, plain)
+            pairs.append((layer, plain))
+        if not same:
+            copy_.to(dtype)
+        copy_.requires_grad_(False)
+        copy_.eval()
+        return cls(copy_, pairs, None if same else dtype)
+
+    def refresh(self) -> None:
+        """Re-merge when any adapter tensor was replaced or updated in place."""
+        seen = tuple(
+            (id(t), t._version)
+            for layer, _ in self.pairs
+            for t in (_lora_a(layer).weight, _lora_b(layer).weight)
+        )
+        if seen == self._seen:
+            return
+        with torch.no_grad():
+            for layer, plain in self.pairs:
+                adapter = layer.active_adapters[0]
+                a, b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight
+                w = layer.base_layer.weight
+                if self.dtype is None:
+                    torch.addmm(w, b, a, alpha=layer.scaling[adapter], out=plain.weight)
+                else:
+                    plain.weight.copy_(torch.addmm(w, b, a, alpha=layer.scaling[adapter]))
+        self._seen = seen
+
+
+def _lora_a(layer):
+    return layer.lora_A[layer.active_adapters[0]]
+
+
+def _lora_b(layer):
+    return layer.lora_B[layer.active_adapters[0]]
+
+
+def _plain_lora_layers(model) -> list:
+    """(name, layer) of every LoRA layer when all are plain, unmerged, single-adapter LoRA
+    linears (weights stored out x in); else []."""
+    try:
+        from peft import PeftModel
+        from peft.tuners.lora.layer import Linear as LoraLinear
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:
+        return []
+    if not isinstance(model, PeftModel):
+        return []
+    layers = []
+    for name, module in model.named_modules():
+        if not isinstance(module, BaseTunerLayer):
+            continue
+        plain = type(module) is LoraLinear and len(module.active_adapters) == 1
+        adapter = module.active_adapters[0] if plain else None
+        if (
+            not plain
+            or module.merged
+            or module.fan_in_fan_out
+            or module.use_dora.get(adapter, False)
+            or getattr(module, "lora_bias", {}).get(adapter, False)
+            or adapter not in module.lora_A
+            or not isinstance(module.base_layer, torch.nn.Linear)
+        ):
+            return []
+        layers.append((name, module))
+    return layers
 
 
 @dataclass

@@ -57,7 +57,8 @@ class RunContext:
 
 def _completion_stats(result: StepResult) -> dict[str, Any]:
     samples = [s for g in result.groups for s in g.samples]
-    lengths = [len(s) for s in samples]
+    # the model's tokens (a multi-turn trajectory's environment tokens are not generated)
+    lengths = [len(s) if s.loss_mask is None else int(s.loss_mask.sum()) for s in samples]
     tokens = sum(lengths)
     row = {
         "tokens_generated": tokens,
@@ -167,6 +168,9 @@ def generation_rows(result: StepResult) -> list[dict[str, Any]]:
                     else None,
                 }
             )
+            if g.transcripts is not None:  # multi-turn: the conversation, turn by turn
+                rows[-1]["turns"] = sum(m["role"] == "assistant" for m in g.transcripts[i])
+                rows[-1]["transcript"] = g.transcripts[i]
     return rows
 
 

@@ -85,7 +85,7 @@ def test_backends_text_lists_builtins_capabilities_and_hooks(project, capsys):
     assert "micro_batch_tokens" in out and "keepalive_s" in out
     assert "source=plugin/default" in out
     engines = out[out.index("Inference engines") :]
-    assert "pytorch" in engines and "vllm" in engines and "not built" in engines
+    assert "pytorch" in engines and "vllm" in engines and "LoRA sync" in engines
 
 
 def test_backends_json_matches_the_registry_entries(project, capsys):
@@ -112,7 +112,9 @@ def test_backends_json_matches_the_registry_entries(project, capsys):
     engines = {e["name"]: e for e in data["engines"]}
     assert list(engines) == registry.ENGINES.names()
     assert engines["pytorch"]["available"] is True
-    assert engines["vllm"]["available"] is False and engines["vllm"]["not_built"]
+    assert engines["vllm"]["available"] is True and not engines["vllm"]["not_built"]
+    assert engines["vllm"]["supports"]["default_url"] == "http://127.0.0.1:8000"
+    assert engines["sglang"]["supports"]["verified"].startswith("wire format only")
     assert data["hooks"] == {
         "capabilities": ["retrain_backend_capabilities", "RETRAIN_BACKEND_CAPABILITIES"],
         "option_schema": ["retrain_backend_option_schema", "RETRAIN_BACKEND_OPTION_SCHEMA"],
@@ -188,7 +190,7 @@ def test_plugins_lists_every_builtin_kind(project, capsys):
         for name in registry.ALL_REGISTRIES[kind].names():
             assert f"  {name} " in out
     vllm = next(line for line in out.splitlines() if line.startswith("  vllm "))
-    assert "not built" in vllm and registry.ENGINES.entry("vllm").not_built in vllm
+    assert "not built" not in vllm and registry.ENGINES.entry("vllm").description in vllm
     algo = next(line for line in out.splitlines() if line.startswith("  maxrl_gtpo "))
     assert "alias of advantage_mode maxrl, transform_mode gtpo" in algo
     code, out, _ = run(["plugins", "--json"], capsys)
@@ -205,7 +207,7 @@ def test_plugins_lists_every_builtin_kind(project, capsys):
         assert [e["name"] for e in data["builtin"][kind]] == registry.ALL_REGISTRIES[kind].names()
     engines = {e["name"]: e for e in data["builtin"]["engine"]}
     assert engines["pytorch"]["available"] and engines["pytorch"]["target"]
-    assert not engines["vllm"]["available"] and not engines["vllm"]["target"]
+    assert engines["vllm"]["available"] and engines["vllm"]["target"]
     algo = data["builtin"]["algorithm_mode"][0]
     assert algo["alias_of"] == ["maxrl", "gtpo"] and algo["target"] == ""
     assert data["search_paths"] == ["plugins"] and data["discovered"] == []

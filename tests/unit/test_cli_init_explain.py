@@ -35,12 +35,12 @@ def test_help_and_version(capsys):
 def test_init_list_names_every_template(capsys):
     code, out, _ = run(["init", "--list"], capsys)
     assert code == 0
-    for name in ("quickstart", "experiment", "campaign"):
+    for name in ("quickstart", "experiment", "campaign", "multiturn"):
         line = next(line for line in out.splitlines() if line.startswith(name))
         assert len(line.split(None, 1)[1]) > 20  # a real one-line description
 
 
-@pytest.mark.parametrize("name", ["quickstart", "experiment", "campaign"])
+@pytest.mark.parametrize("name", ["quickstart", "experiment", "campaign", "multiturn"])
 def test_init_writes_valid_template_and_refuses_overwrite(tmp_path, capsys, monkeypatch, name):
     monkeypatch.chdir(tmp_path)
     out_path = tmp_path / f"{name}.toml"
@@ -167,20 +167,31 @@ def test_explain_refuses_shannon_entropy_on_tinker(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    ("text", "key", "line"),
+    ("text", "needle"),
     [
-        ('[inference]\nengine = "vllm"\n', "[inference] engine", 2),
-        ('[training]\nseed = 1\n[inference]\nengine = "sglang"\n', "[inference] engine", 4),
+        # nothing listens on port 9: the server is down
+        (
+            '[inference]\nengine = "vllm"\nurl = "http://127.0.0.1:9"\n',
+            "scripts/vllm_server/start.sh",
+        ),
+        ('[inference]\nengine = "sglang"\nurl = "http://127.0.0.1:9"\n', "sglang.launch_server"),
     ],
 )
-def test_explain_reports_names_that_are_not_built(tmp_path, capsys, text, key, line):
+def test_explain_fails_on_a_server_engine_whose_server_does_not_answer(
+    tmp_path, capsys, text, needle
+):
     path = tmp_path / "t.toml"
     path.write_text(text)
+    code, out, _ = run(["explain", str(path)], capsys)
+    assert code == 2 and "ERROR: [inference] url" in out and "http://127.0.0.1:9" in out
+    assert needle in out and "Fix:" in out
+
+
+def test_explain_openai_engine_needs_a_url(tmp_path, capsys):
+    path = tmp_path / "t.toml"
+    path.write_text('[inference]\nengine = "openai"\n')
     code, _, err = run(["explain", str(path)], capsys)
-    assert code == 2 and key in err and f"{path}:{line}" in err
-    assert "not built in this version" in err and "Fix:" in err
-    code, out, _ = run(["explain", str(path), "--json"], capsys)
-    assert code == 2 and any(key in e for e in json.loads(out)["errors"])
+    assert code == 2 and "[inference] url" in err and "no default URL" in err
 
 
 def test_explain_plugin_backend_without_entropies(tmp_path, capsys, monkeypatch):

@@ -75,7 +75,7 @@ BAD_INPUTS = [
     ('[environment]\nprovider = "verifiers"\n', "[environment] id"),
     ('[environment]\nprovider = "gym"\n', "[environment] provider"),
     ('[environment]\nargs = "{not json"\n', "[environment] args"),
-    ('[inference]\nengine = "vllm"\n', "[inference] engine"),
+    ('[inference]\nengine = "openai"\n', "[inference] url"),
     ("[campaign]\nseeds = [1, 1]\n", "[campaign] seeds"),
     ('[campaign]\nseeds = ["a"]\n', "[campaign] seeds"),
     (

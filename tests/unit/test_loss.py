@@ -399,6 +399,7 @@ def test_local_supports_every_option_and_tinker_what_its_service_computes():
         "seq_mean_token_sum",
         "seq_mean_token_mean",
         "kl",
+        "tis",
     }
     assert set(tinker) == {"ppo_clip", "adv_clip", "seq_mean_token_sum", "seq_mean_token_mean"}
 

@@ -338,8 +338,9 @@ def test_sample_train_sync_save_and_resume(tmp_path):
     params = SamplingParams(max_tokens=4, temperature=0.8, seed=11)
     groups = b.sample([[1, 3], [4]], 3, params)
     assert [len(g) for g in groups] == [3, 3] and server.updates == []
-    assert server.samples[0]["tokens"] == [1, 3] and server.samples[0]["n"] == 3
-    assert server.samples[0]["return_token_ids"] is True and server.samples[0]["logprobs"] is True
+    # The two prompts' requests are in flight together: find the first prompt's by its tokens.
+    first = next(s for s in server.samples if s["tokens"] == [1, 3])
+    assert first["n"] == 3 and first["return_token_ids"] is True and first["logprobs"] is True
     assert {s["seed"] for s in server.samples} == {11, 14}
 
     result = b.train_step([datum()], HYPER)

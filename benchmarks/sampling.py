@@ -1,0 +1,177 @@
+"""Sampling throughput: retrain's pytorch engine vs plain HF `generate` on the same batch.
+
+The quickstart's batch (4 prompts x 8 completions, 24 new tokens, temperature 1, no
+top-k/top-p) on SmolLM2-135M-Instruct with a fresh LoRA adapter (r16, all projections),
+as the trainer samples it. Every completion runs the full 24 tokens (eos is ignored by
+both) so tokens/s compare like for like. Variants alternate within one invocation, round
+by round; medians are reported with the load average of each measurement.
+
+    python benchmarks/sampling.py --rounds 5
+    python benchmarks/sampling.py --threads 1,2 --variants generate,engine,unmerged,bf16
+
+Variants: generate (HF `generate` on the PEFT model), engine (retrain's engine, merged
+LoRA, float32), unmerged (the engine on the PEFT model as is), bf16 (`[inference] dtype =
+"bf16"`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+BATCH, GROUP, TOKENS = 4, 8, 24
+
+
+def load(dtype=torch.float32):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from retrain.models import load_tokenizer, resolve_model
+
+    name = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(name).path, dtype=dtype)
+    lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
+    model = get_peft_model(model, lora)
+    # A trained adapter is not zero: give B small values so the LoRA path computes.
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.01)
+    return model, load_tokenizer(name)
+
+
+def prompts(tokenizer) -> list[list[int]]:
+    from retrain.build import build_data
+    from retrain.cli.init import templates
+    from retrain.config import load_config
+
+    path = Path("/tmp/retrain-sampling-bench.toml")
+    path.write_text(templates()["quickstart"])
+    config = load_config(path, [])
+    data, renderer = build_data(config, tokenizer, lambda s: None)
+    return [renderer.encode(e) for e in data.next_batch(BATCH)]
+
+
+def run_generate(model, tokenizer, prompts_B, seed: int) -> int:
+    width = max(len(p) for p in prompts_B)
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts_B])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts_B])
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=TOKENS,
+            min_new_tokens=TOKENS,
+            num_return_sequences=GROUP,
+            pad_token_id=pad,
+        )
+    return (out.shape[1] - width) * out.shape[0]
+
+
+def run_engine(engine, prompts_B, seed: int) -> int:
+    from retrain.types import SamplingParams
+
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=TOKENS, seed=seed)
+    groups = engine.sample(prompts_B, GROUP, params)
+    return sum(len(s.token_ids) for g in groups for s in g)
+
+
+def make_engine(model, tokenizer, **kw):
+    from retrain.engines.pytorch import PyTorchEngine
+
+    # eos id -1 never occurs: every row decodes all TOKENS
+    return PyTorchEngine(model, {-1}, tokenizer.pad_token_id, torch.device("cpu"), **kw)
+
+
+def mismatch(model, tokenizer, prompts_B, engines: dict) -> dict:
+    """Sampler vs trainer logprobs on the tokens each engine sampled: the trainer's are the
+    float32 PEFT model's (what the importance ratio compares against)."""
+    out = {}
+    for name, engine in engines.items():
+        groups = engine.sample(prompts_B, GROUP, _params(seed=123))
+        diffs = []
+        for prompt, group in zip(prompts_B, groups):
+            for s in group:
+                ids = torch.tensor([prompt + s.token_ids.tolist()])
+                with torch.inference_mode():
+                    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+                want = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])
+                diffs.append(want[:, 0].double().numpy() - s.logprobs)
+        flat = torch.tensor([d for x in diffs for d in x])
+        out[name] = {"mean": float(flat.mean()), "max_abs": float(flat.abs().max())}
+        print(
+            f"{name:<10} trainer - sampler logprob: mean {out[name]['mean']:+.2e}, max |.| {out[name]['max_abs']:.2e}"
+        )
+    return out
+
+
+def _params(seed: int):
+    from retrain.types import SamplingParams
+
+    return SamplingParams(temperature=1.0, top_p=1.0, max_tokens=TOKENS, seed=seed)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--threads", default=str(torch.get_num_threads()))
+    p.add_argument("--variants", default="generate,engine,unmerged,bf16")
+    p.add_argument("--json", default="benchmarks/results/sampling.json")
+    p.add_argument("--mismatch", action="store_true", help="only the logprob mismatch")
+    args = p.parse_args(argv)
+    model, tokenizer = load()
+    model.eval()
+    prompts_B = prompts(tokenizer)
+    if args.mismatch:
+        engines = {k: make_engine(model, tokenizer, dtype=k) for k in ("auto", "bf16")}
+        result = mismatch(model, tokenizer, prompts_B, engines)
+        Path(args.json).write_text(json.dumps({"mismatch": result}, indent=2))
+        return 0
+    engines = {
+        "engine": make_engine(model, tokenizer),
+        "unmerged": make_engine(model, tokenizer, merge_lora=False),
+        "bf16": make_engine(model, tokenizer, dtype="bf16"),
+    }
+    runners = {"generate": lambda s: run_generate(model, tokenizer, prompts_B, s)}
+    for name, engine in engines.items():
+        runners[name] = lambda s, e=engine: run_engine(e, prompts_B, s)
+    variants = [(v, int(t)) for v in args.variants.split(",") for t in args.threads.split(",")]
+    runs: dict[str, list[dict]] = {f"{v}/t{t}": [] for v, t in variants}
+    for r in range(args.rounds + 1):  # round 0 warms up
+        for v, t in variants:
+            torch.set_num_threads(t)
+            start = time.perf_counter()
+            tokens = runners[v](r)
+            seconds = time.perf_counter() - start
+            load1 = os.getloadavg()[0]
+            print(f"round {r} {v}/t{t}: {tokens / seconds:.1f} tok/s, load {load1:.1f}", flush=True)
+            if r:
+                runs[f"{v}/t{t}"].append({"tok_s": tokens / seconds, "s": seconds, "load1": load1})
+    print(f"{'variant':<16} {'tok/s':>8} {'s':>7} {'load':>6}   (median of {args.rounds})")
+    summary = {}
+    for key, rs in runs.items():
+        summary[key] = {k: statistics.median(x[k] for x in rs) for k in ("tok_s", "s", "load1")}
+        s = summary[key]
+        print(f"{key:<16} {s['tok_s']:>8.1f} {s['s']:>7.2f} {s['load1']:>6.1f}")
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"summary": summary, "runs": runs}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

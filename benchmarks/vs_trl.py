@@ -1,0 +1,419 @@
+"""retrain vs TRL's GRPOTrainer on one setup, in one invocation, alternating run by run.
+
+The setup is the quickstart's: SmolLM2-135M-Instruct, reasoning-gym 1-digit addition with
+the system prompt and one worked example, batch 4 prompts x group 8, 24 new tokens,
+temperature 1, LoRA r16/alpha 32 on all seven projections, AdamW lr 2e-4 beta2 0.99, one
+optimizer step per RL step. Both trainers see the same prompts in the same order and
+score with the same reward (retrain's `match`: the last \\boxed{} equals the answer).
+TRL runs with loss_type "dapo", no KL, no gradient checkpointing, fp32 on the CPU.
+
+Each run is a child process (so peak RSS is its own): retrain, TRL, retrain, TRL, ...
+Step 0 of each run is warm-up and left out of the medians. Every step records the load
+average, so a noisy box shows in the JSON.
+
+    pip install -e '.[bench]'                  # TRL is a benchmark-only extra
+    python benchmarks/vs_trl.py --steps 6 --rounds 2
+    python benchmarks/vs_trl.py --contended    # a CPU burner of our own runs beside both
+    python benchmarks/vs_trl.py --only retrain --group-sizes 8,16   # RSS vs group size
+    python benchmarks/vs_trl.py --only retrain --contended --variant auto= \
+        --variant t2="--backend-opt threads=2"     # A/B of retrain variants, alternating
+
+`--contended` starts `--burners` busy processes (default: one per CPU) beside every run,
+each bounded by the run's length (it exits on its own after `--burn-limit` seconds too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SYSTEM = "You are a calculator. Put the final answer in \\boxed{}."
+
+
+# ------------------------------------------------------------------ children
+
+
+def _retrain_config(work: Path, steps: int, group: int, extra: list[str]):
+    from retrain.cli.init import templates
+    from retrain.config import load_config
+
+    path = work / "quickstart.toml"
+    path.write_text(templates()["quickstart"])
+    flags = [
+        *extra,
+        "--max-steps",
+        str(steps),
+        "--training-group-size",
+        str(group),
+        "--save-every",
+        "0",
+        "--eval-every",
+        "0",
+        "--log-dir",
+        str(work / "logs"),
+        "--adapter-path",
+        str(work / "adapter"),
+    ]
+    return load_config(path, flags), path
+
+
+def child_retrain(steps: int, group: int, extra: list[str]) -> dict:
+    from retrain.logs.jsonl import read_jsonl
+    from retrain.trainer import train
+
+    work = Path(tempfile.mkdtemp(prefix="vs-trl-retrain-"))
+    config, path = _retrain_config(work, steps, group, extra)
+    loads: list[float] = []
+    console = _LoadConsole(loads)
+    train(config, str(path), console=console)
+    rows, _ = read_jsonl(work / "logs" / "metrics.jsonl")
+    return {
+        "steps": [
+            {
+                "step_s": r["step_time_s"],
+                "sampling_s": r["time_sampling_s"],
+                "training_s": r["time_training_s"],
+                "reward": r["mean_reward"],
+                "correct": r["correct_rate"],
+                "load1": loads[i] if i < len(loads) else None,
+            }
+            for i, r in enumerate(rows)
+        ],
+    }
+
+
+class _LoadConsole:
+    """retrain's console, quiet, noting the load average at every step line."""
+
+    def __init__(self, loads: list[float]):
+        from retrain.logs.console import Console
+
+        self._inner = Console(stream=sys.stderr, live=False)
+        self._loads = loads
+
+    def print(self, text: str) -> None:
+        if text.startswith("Step "):
+            self._loads.append(os.getloadavg()[0])
+        self._inner.print(text)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def _same_prompts(steps: int, batch: int):
+    """The examples retrain's quickstart draws, in its order, as a datasets.Dataset of
+    chat messages (TRL renders them with the same chat template)."""
+    from retrain.build import build_data
+    from retrain.models import load_tokenizer
+
+    config, _ = _retrain_config(Path(tempfile.mkdtemp(prefix="vs-trl-data-")), steps, 8, [])
+    tokenizer = load_tokenizer(config.model.model)
+    data, renderer = build_data(config, tokenizer, lambda s: None)
+    examples = data.next_batch(steps * batch)
+    rows = [{"prompt": renderer.messages(e), "answer": str(e.reference)} for e in examples]
+    return rows, tokenizer
+
+
+def child_trl(steps: int, group: int, batch: int = 4) -> dict:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from retrain.models import resolve_model
+    from retrain.rewards.boxed import extract_boxed
+
+    torch.manual_seed(0)
+    rows, tokenizer = _same_prompts(steps, batch)
+    tokenizer.padding_side = "left"
+
+    def reward(completions, answer, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [1.0 if extract_boxed(t) == a.strip() else 0.0 for t, a in zip(texts, answer)]
+
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct").path, dtype=torch.float32
+    )
+    work = tempfile.mkdtemp(prefix="vs-trl-trl-")
+    args = GRPOConfig(
+        output_dir=work,
+        per_device_train_batch_size=batch * group,
+        gradient_accumulation_steps=1,
+        num_generations=group,
+        max_completion_length=24,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=2e-4,
+        adam_beta2=0.99,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_steps=steps,
+        loss_type="dapo",
+        beta=0.0,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        bf16=False,
+        shuffle_dataset=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+        disable_tqdm=True,
+    )
+    peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear")
+    timing = _TrlTiming()
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        peft_config=peft,
+        callbacks=[timing.callback(TrainerCallback)],
+    )
+    timing.wrap_generate(trainer.model)
+    trainer.train()
+    return {"steps": timing.steps}
+
+
+class _TrlTiming:
+    """Step wall time from the trainer's callbacks; generation time and reward from its logs."""
+
+    def __init__(self):
+        self.steps: list[dict] = []
+        self._start = 0.0
+        self._generate_s = 0.0
+
+    def wrap_generate(self, model) -> None:
+        """Time `generate` (TRL's own profiling only reports to wandb/mlflow/trackio)."""
+        inner = model.generate
+
+        def generate(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self._generate_s += time.perf_counter() - start
+
+        model.generate = generate
+
+    def callback(self, base):
+        timing = self
+
+        class Timing(base):
+            def on_step_begin(self, args, state, control, **kw):
+                timing._start = time.perf_counter()
+                timing._generate_s = 0.0
+
+            def on_step_end(self, args, state, control, **kw):
+                timing.steps.append(
+                    {
+                        "step_s": time.perf_counter() - timing._start,
+                        "sampling_s": timing._generate_s,
+                        "load1": os.getloadavg()[0],
+                    }
+                )
+
+            def on_log(self, args, state, control, logs=None, **kw):
+                if not logs or "reward" not in logs or not timing.steps:
+                    return
+                timing.steps[-1].update(
+                    reward=logs["reward"],
+                    correct=logs["reward"],  # the reward is 1 for a correct answer, else 0
+                )
+
+        return Timing()
+
+
+# ------------------------------------------------------------------ parent
+
+
+def run_child(kind: str, args, group: int, burn: bool, flags: list[str]) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="vs-trl-out-")) / "result.json"
+    cmd = [sys.executable, __file__, "--child", kind, "--steps", str(args.steps)]
+    cmd += ["--group-sizes", str(group), "--child-out", str(out)]
+    if flags:
+        cmd += ["--", *flags]
+    burners = start_burners(args.burners, args.burn_limit) if burn else []
+    started = time.time()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    finally:
+        stop_burners(burners)
+    if proc.returncode != 0:
+        tail = proc.stderr.decode(errors="replace")[-3000:]
+        raise SystemExit(f"{kind} run failed (exit {proc.returncode}):\n{tail}")
+    result = json.loads(out.read_text())
+    result.update(kind=kind, group_size=group, contended=burn, wall_s=time.time() - started)
+    return result
+
+
+def start_burners(count: int, limit_s: float) -> list[subprocess.Popen]:
+    """Busy processes (pure Python loops), each exiting by itself after `limit_s`."""
+    code = f"import time\nend = time.time() + {limit_s}\nwhile time.time() < end:\n    pass\n"
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(count)]
+
+
+def stop_burners(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait()
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Medians over the steps after step 0 of every run of one kind."""
+    steps = [s for r in runs for s in r["steps"][1:]]
+
+    def med(key):
+        vals = [s[key] for s in steps if s.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    per_step = [
+        statistics.mean(r["steps"][i]["correct"] for r in runs if i < len(r["steps"]))
+        for i in range(max(len(r["steps"]) for r in runs))
+    ]
+    return {
+        "step_s": med("step_s"),
+        "sampling_s": med("sampling_s"),
+        "training_s": med("training_s"),
+        "load1": med("load1"),
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+        "correct_per_step": per_step,
+        "correct_mean": statistics.mean(per_step),
+    }
+
+
+def table(summary: dict) -> str:
+    """The markdown table the README shows."""
+    lines = [
+        "| trainer | setting | step s | sampling s | peak RSS MB | correct rate per step | load avg |",
+        "|---|---|---:|---:|---:|---|---:|",
+    ]
+    for key, s in summary.items():
+        kind, setting = key.split("/", 1)
+        curve = " ".join(f"{c:.2f}" for c in s["correct_per_step"])
+        lines.append(
+            f"| {kind} | {setting} | {s['step_s']:.2f} | {_fmt(s['sampling_s'])} | "
+            f"{s['peak_rss_mb']:.0f} | {curve} | {s['load1']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def ratios(summary: dict) -> list[str]:
+    out = []
+    for key, s in summary.items():
+        name, setting = key.split("/", 1)
+        other = summary.get("trl/" + setting)
+        if name != "trl" and other:
+            out.append(
+                f"{setting}: TRL / {name} step time = {other['step_s'] / s['step_s']:.2f}x, "
+                f"peak RSS {other['peak_rss_mb'] / s['peak_rss_mb']:.1f}x"
+            )
+    return out
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--steps", type=int, default=6, help="steps per run (step 0 is warm-up)")
+    p.add_argument("--rounds", type=int, default=1, help="runs of each trainer, alternating")
+    p.add_argument("--group-sizes", default="8", help="comma list, e.g. 8,16 (RSS vs group)")
+    p.add_argument("--only", choices=["retrain", "trl"], default=None)
+    p.add_argument("--contended", action="store_true", help="with a CPU burner beside each run")
+    p.add_argument("--both", action="store_true", help="quiet and contended, alternating")
+    p.add_argument("--burners", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--burn-limit", type=float, default=1800.0, help="seconds, per burner")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help='a retrain variant NAME="FLAGS" (repeatable), e.g. t2="--backend-opt threads=2"',
+    )
+    p.add_argument("--json", default="benchmarks/results/vs_trl.json")
+    p.add_argument("--child", choices=["retrain", "trl"], help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    p.add_argument("retrain_flags", nargs="*", help="extra retrain config flags (after --)")
+    return p.parse_args(argv)
+
+
+def child_main(args) -> int:
+    group = int(args.group_sizes)
+    if args.child == "retrain":
+        result = child_retrain(args.steps, group, args.retrain_flags)
+    else:
+        result = child_trl(args.steps, group)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    Path(args.child_out).write_text(json.dumps(result))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.child:
+        return child_main(args)
+    kinds = [args.only] if args.only else ["retrain", "trl"]
+    modes = [False, True] if args.both else [args.contended]
+    groups = [int(g) for g in args.group_sizes.split(",")]
+    # (name, kind, retrain flags): TRL once, retrain once per --variant (A/B in one go)
+    trainers = []
+    for kind in kinds:
+        if kind == "trl":
+            trainers.append(("trl", "trl", []))
+        else:
+            variants = [v.partition("=") for v in args.variant] or [("retrain", "", "")]
+            for name, _, flags in variants:
+                trainers.append((name, "retrain", [*flags.split(), *args.retrain_flags]))
+    runs: dict[str, list[dict]] = {}
+    for _ in range(args.rounds):
+        for burn in modes:
+            for group in groups:
+                for name, kind, flags in trainers:
+                    key = f"{name}/g{group}{' contended' if burn else ''}"
+                    print(f"running {key} (load {os.getloadavg()[0]:.1f}) ...", flush=True)
+                    result = run_child(kind, args, group, burn, flags)
+                    runs.setdefault(key, []).append(result)
+                    print(f"  median step {summarise([result])['step_s']:.1f}s", flush=True)
+    summary = {key: summarise(rs) for key, rs in runs.items()}
+    print()
+    print(table(summary))
+    for line in ratios(summary):
+        print(line)
+    result = {
+        "summary": summary,
+        "runs": runs,
+        "args": {k: v for k, v in vars(args).items() if not k.startswith("child")},
+        "machine": {
+            "cpus": len(os.sched_getaffinity(0)),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")},
+        },
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""The max engine against a real Modular MAX server on CPU (opt-in: `-m max`).
+
+`max serve` (modular 26.7.0) serves SmolLM2-135M-Instruct in float32 on 127.0.0.1. The test
+samples through retrain's `max` engine (token-id prompts, `n`, `seed`, logprobs,
+`return_token_ids`) and checks the returned ids and logprobs against the trainer's own
+(HF fp32) logprobs of the same tokens at the same temperature. MAX serves LoRA on GPUs only,
+so on a CPU retrain must refuse to *train* against it before step 0 (the adapter could not
+follow the optimizer): `explain` fails naming `[inference] engine` and why.
+
+    scripts/max_server/setup_venv.sh        # ~/.cache/retrain/servers/max-venv (2 GB)
+    .venv/bin/python -m pytest -m max tests/integration/test_max_engine.py -s
+
+RETRAIN_MAX_URL points the test at a running server instead of starting one (the first
+start compiles for ~2 min).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from vllm_server import CACHE, MODEL_DIR, REPO, free_port, stop
+
+pytestmark = [pytest.mark.max, pytest.mark.timeout(1800)]
+
+VENV = Path(os.environ.get("MAX_VENV", CACHE / "servers" / "max-venv"))
+# MAX 26.7 returns logprobs at temperature 1 whatever the sampling temperature (measured:
+# 1e-4 from HF at T = 1, up to 1.3 off at T = 0.7), so it is sampled at T = 1 and retrain
+# refuses T != 1 on it.
+TEMPERATURE = 1.0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if os.environ.get("RETRAIN_MAX_URL"):
+        yield os.environ["RETRAIN_MAX_URL"].rstrip("/")
+        return
+    if not (VENV / "bin" / "max").exists():
+        pytest.skip(f"no MAX venv at {VENV}. Build it with: scripts/max_server/setup_venv.sh")
+    if not (MODEL_DIR / "config.json").exists():
+        pytest.skip(f"no SmolLM2 safetensors copy at {MODEL_DIR}: run the quickstart once")
+    tmp = tmp_path_factory.mktemp("max")
+    port, pidfile = free_port(), tmp / "max.pid"
+    env = {**os.environ, "MAX_PORT": str(port), "MAX_PIDFILE": str(pidfile)}
+    env.update(MAX_LOG=str(tmp / "max.log"), MAX_VENV=str(VENV), MAX_MODEL=str(MODEL_DIR))
+    start = time.time()
+    result = subprocess.run(
+        [str(REPO / "scripts" / "max_server" / "start.sh"), "--background"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    try:
+        assert result.returncode == 0, f"MAX did not start:\n{result.stdout}\n{result.stderr}"
+        print(f"MAX ready on port {port} in {time.time() - start:.0f}s")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if pidfile.exists():
+            stop(int(pidfile.read_text()))
+
+
+def test_max_samples_token_ids_and_logprobs_that_match_the_trainer(server):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from retrain.engines.http import HTTPEngine
+    from retrain.types import SamplingParams
+
+    tok = AutoTokenizer.from_pretrained(str(MODEL_DIR))
+    engine = HTTPEngine("max", server, tok, {tok.eos_token_id})
+    engine.connect(needs_lora=False)  # sampling only: no LoRA on a CPU
+    prompts = []
+    for q in ("Calculate 3 + 4.", "Calculate 8 + 5."):
+        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    params = SamplingParams(max_tokens=16, temperature=TEMPERATURE, seed=3)
+    start = time.perf_counter()
+    groups = engine.sample(prompts, 4, params)
+    seconds = time.perf_counter() - start
+    assert [len(g) for g in groups] == [4, 4]
+    assert engine.metrics()["engine_prompt_token_fallbacks"] == 0  # token-id prompts taken
+    model = AutoModelForCausalLM.from_pretrained(str(MODEL_DIR), dtype=torch.float32).eval()
+    worst, tokens = 0.0, 0
+    for prompt, group in zip(prompts, groups, strict=True):
+        for sample in group:
+            assert len(sample) > 0 and (sample.logprobs <= 1e-6).all()
+            ids = torch.tensor([prompt + sample.token_ids.tolist()])
+            with torch.no_grad():
+                logits = model(ids).logits[0, len(prompt) - 1 : -1] / TEMPERATURE
+            hf = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+            worst = max(worst, float((hf - torch.from_numpy(sample.logprobs)).abs().max()))
+            tokens += len(sample)
+    print(f"MAX: {tokens} tokens in {seconds:.1f}s; logprobs vs HF at T={TEMPERATURE}: {worst:.2e}")
+    assert worst < 2e-3
+    assert engine.raw_logprobs  # found at connect: the logprobs ignore the temperature
+    with pytest.raises(Exception, match=r"temperature = 1.0"):
+        engine.sample(prompts, 2, SamplingParams(max_tokens=4, temperature=0.7, seed=1))
+    engine.close()
+
+
+def test_training_against_max_on_a_cpu_is_refused_before_step_0(server, tmp_path):
+    from retrain.engines.http import server_problems
+
+    problems, model = server_problems("max", server, needs_lora=True, timeout=30)
+    assert model and problems and problems[0][0] == "[inference] engine"
+    assert "GPUs only" in problems[0][1] and "stale" in problems[0][1]
+    config = tmp_path / "max.toml"
+    config.write_text(f'[inference]\nengine = "max"\nurl = "{server}"\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "retrain.cli.main", "explain", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 2 and "ERROR: [inference] engine" in out.stdout

@@ -1,0 +1,87 @@
+"""Starting and stopping a real vLLM server for the opt-in `-m vllm` tests.
+
+The server runs from its own venv (scripts/vllm_server/setup_venv.sh; it pins torch and
+transformers < 5.20, so it cannot share the project venv) through
+scripts/vllm_server/start.sh, on a free port of 127.0.0.1. RETRAIN_VLLM_URL points the tests
+at a server that is already running instead (it must have been started by start.sh, or
+with the same flags).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(
+    os.environ.get("RETRAIN_CACHE")
+    or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "retrain"
+)
+VENV = Path(os.environ.get("VLLM_VENV", CACHE / "servers" / "vllm-venv"))
+MODEL_DIR = CACHE / "models" / "HuggingFaceTB--SmolLM2-135M-Instruct" / "safetensors"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vllm_url(tmp: Path) -> Iterator[str]:
+    """Yield the URL of a running vLLM server (started here unless RETRAIN_VLLM_URL is
+    set); the server started here is stopped afterwards."""
+    if os.environ.get("RETRAIN_VLLM_URL"):
+        yield os.environ["RETRAIN_VLLM_URL"].rstrip("/")
+        return
+    if not (VENV / "bin" / "python").exists():
+        pytest.skip(f"no vLLM venv at {VENV}. Build it with: scripts/vllm_server/setup_venv.sh")
+    if not (MODEL_DIR / "config.json").exists():
+        pytest.skip(f"no SmolLM2 safetensors copy at {MODEL_DIR}: run the quickstart once")
+    port = free_port()
+    pidfile = tmp / "vllm.pid"
+    env = {
+        **os.environ,
+        "VLLM_PORT": str(port),
+        "VLLM_PIDFILE": str(pidfile),
+        "VLLM_LOG": str(tmp / "vllm.log"),
+        "VLLM_VENV": str(VENV),
+        "VLLM_MODEL": str(MODEL_DIR),
+    }
+    start = time.time()
+    result = subprocess.run(
+        [str(REPO / "scripts" / "vllm_server" / "start.sh"), "--background"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    try:
+        if result.returncode != 0:
+            raise RuntimeError(f"vLLM did not start:\n{result.stdout}\n{result.stderr}")
+        print(f"vLLM ready on port {port} in {time.time() - start:.0f}s")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if pidfile.exists():
+            stop(int(pidfile.read_text()))
+
+
+def stop(pid: int) -> None:
+    """SIGTERM the server (its engine process exits with it), SIGKILL after 30 s."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    for _ in range(60):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+    os.kill(pid, signal.SIGKILL)
