@@ -22,9 +22,6 @@ from retrain.advantages import (  # noqa: E402
 )
 from retrain.sepa import SEPAScheduler  # noqa: E402
 
-settings.register_profile("retrain", max_examples=80, deadline=None)
-settings.load_profile("retrain")
-
 reward = st.floats(-10, 10, allow_nan=False, allow_infinity=False)
 logprob = st.floats(-60.0, 0.0, allow_nan=False, allow_infinity=False)
 
@@ -44,17 +41,20 @@ def groups(draw, min_g=1, max_g=8, max_t=25, binary=False):
     return rewards, lps, plans
 
 
+@settings(max_examples=80)
 @given(st.lists(reward, min_size=1, max_size=64))
 def test_grpo_sums_to_zero(rewards):
     adv = grpo(rewards)
     assert abs(adv.sum()) <= 1e-9 * max(1.0, np.abs(rewards).max()) * len(rewards)
 
 
+@settings(max_examples=80)
 @given(st.integers(1, 64))
 def test_maxrl_all_zero_rewards_give_zeros(g):
     assert not maxrl([0.0] * g).any()
 
 
+@settings(max_examples=80)
 @given(st.lists(st.sampled_from([0.0, 1.0]), min_size=1, max_size=64))
 def test_maxrl_is_grpo_over_success_rate(rewards):
     mean = sum(rewards) / len(rewards)
@@ -62,6 +62,7 @@ def test_maxrl_is_grpo_over_success_rate(rewards):
         np.testing.assert_allclose(maxrl(rewards), grpo(rewards) / (mean + 1e-6), rtol=1e-12)
 
 
+@settings(max_examples=80)
 @given(
     st.lists(
         st.lists(st.floats(-5, 60, allow_nan=False), min_size=0, max_size=30),
@@ -76,6 +77,7 @@ def test_gtpo_weights_are_non_negative(hs, beta):
     assert (gtpo_weights(flat, seg, beta) >= 0).all()
 
 
+@settings(max_examples=80)
 @given(groups())
 def test_gtpo_beta_zero_is_identity(group):
     rewards, lps, plans = group
@@ -87,6 +89,7 @@ def test_gtpo_beta_zero_is_identity(group):
         assert (toks == a).all()
 
 
+@settings(max_examples=80)
 @given(
     groups(),
     st.floats(0, 1, exclude_max=True, allow_nan=False),
@@ -101,11 +104,15 @@ def test_hicra_never_flips_sign_and_leaves_execution_tokens(group, alpha, beta):
     )
     for g, h, p in zip(gtpo, hicra, plans):
         p = np.array(p, dtype=bool)
-        assert (np.sign(g) == np.sign(h)).all()
+        # No flip: HICRA scales planning tokens by (1 + alpha) or keeps them, so a sign
+        # can only survive (a product may underflow to 0 next to a denormal logprob).
+        assert not (((g > 0) & (h < 0)) | ((g < 0) & (h > 0))).any()
+        assert ((h != 0) | (np.abs(g) < 1e-300)).all()
         assert (g[~p] == h[~p]).all()
         assert (np.abs(h[p]) <= np.abs(g[p]) * (1 + alpha) + 1e-12).all()
 
 
+@settings(max_examples=80)
 @given(groups(), st.floats(0, 3, allow_nan=False))
 def test_sepa_lambda_zero_is_gtpo(group, beta):
     rewards, lps, plans = group
@@ -117,6 +124,7 @@ def test_sepa_lambda_zero_is_gtpo(group, beta):
         assert x.tolist() == y.tolist()
 
 
+@settings(max_examples=80)
 @given(groups(binary=True), st.floats(0, 3, allow_nan=False))
 def test_sepa_lambda_one_gives_execution_tokens_one_weight(group, beta):
     rewards, lps, plans = group
@@ -135,6 +143,7 @@ def test_sepa_lambda_one_gives_execution_tokens_one_weight(group, beta):
             assert np.ptp(execs) <= 1e-12 * max(1.0, np.abs(execs).max())
 
 
+@settings(max_examples=80)
 @given(
     groups(max_t=40),
     st.sampled_from(["grpo", "maxrl"]),
@@ -172,6 +181,7 @@ def test_fast_path_equals_reference(group, adv, tr, lam, beta, alpha, kind, rho)
         np.testing.assert_allclose(f, r, rtol=1e-9, atol=1e-9)
 
 
+@settings(max_examples=80)
 @given(groups(max_t=30), st.floats(0.01, 1), st.floats(0, 3))
 def test_entropy_mask_keeps_the_top_k_tokens_and_zeroes_the_rest(group, rho, beta):
     rewards, lps, plans = group
@@ -190,6 +200,7 @@ def test_entropy_mask_keeps_the_top_k_tokens_and_zeroes_the_rest(group, rho, bet
     assert kept.sum() >= min(k, h.size)
 
 
+@settings(max_examples=80)
 @given(groups(max_t=30), st.floats(0, 1))
 def test_sepa_amp_keeps_planning_tokens_and_pushes_execution_apart(group, lam):
     rewards, lps, plans = group
@@ -222,6 +233,7 @@ sched_args = st.fixed_dictionaries(
 )
 
 
+@settings(max_examples=80)
 @given(sched_args, observations)
 def test_scheduler_lambda_in_unit_interval(args, obs):
     s = SEPAScheduler(**args)
@@ -230,6 +242,7 @@ def test_scheduler_lambda_in_unit_interval(args, obs):
         assert 0.0 <= lam <= 1.0 and lam == s.lam
 
 
+@settings(max_examples=80)
 @given(sched_args, observations)
 def test_scheduler_linear_is_monotone(args, obs):
     s = SEPAScheduler(**{**args, "schedule": "linear"})
@@ -240,6 +253,7 @@ def test_scheduler_linear_is_monotone(args, obs):
         prev = lam
 
 
+@settings(max_examples=80)
 @given(sched_args, observations)
 def test_scheduler_is_zero_while_gate_shut(args, obs):
     s = SEPAScheduler(**args)
@@ -252,6 +266,7 @@ def test_scheduler_is_zero_while_gate_shut(args, obs):
             assert lam == 0.0
 
 
+@settings(max_examples=80)
 @given(sched_args, observations, observations)
 def test_scheduler_state_round_trip(args, before, after):
     a = SEPAScheduler(**args)
@@ -264,6 +279,7 @@ def test_scheduler_state_round_trip(args, before, after):
         assert a.update(step, rate, var) == b.update(step, rate, var)
 
 
+@settings(max_examples=80)
 @given(
     st.lists(st.lists(reward, min_size=1, max_size=9), min_size=1, max_size=8),
     st.sampled_from(["grpo", "maxrl"]),
