@@ -252,7 +252,7 @@ class MultiTurnRollout:
             ("environment", stats.environment_s),
             ("scoring", stats.scoring_s),
         ):
-            timer.seconds[phase] = timer.seconds.get(phase, 0.0) + seconds
+            timer.add(phase, seconds)
         groups = self._groups(examples, prompts, trajectories, rewards, params.return_entropy)
         return groups, self._counters(trajectories, stats)
 
@@ -467,8 +467,6 @@ class MultiTurnRollout:
             "env_errors": float(errors.count("error")),
             "env_timeouts": float(errors.count("timeout")),
             "env_malformed": float(errors.count("malformed")),
-            "env_time_s": stats.environment_s,
-            "sampling_time_s": stats.sampling_s,
             "sampler_calls": float(stats.sampler_calls),
         }
 

@@ -24,7 +24,12 @@ class PhaseTimer:
         try:
             yield
         finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            self.add(name, time.perf_counter() - start)
+
+    def add(self, name: str, seconds: float) -> None:
+        """Count time measured elsewhere (phases that interleave, as in a multi-turn
+        rollout) under phase `name`."""
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
     @property
     def total(self) -> float:
