@@ -15,15 +15,13 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import stat
-import subprocess
 import sys
 import textwrap
 import uuid
-from pathlib import Path
 
+import classic_verifiers
 import pytest
 from builders import data_source
 
@@ -345,11 +343,7 @@ def test_not_an_environment(env_dir):
 
 
 def _classic_verifiers_available() -> bool:
-    try:
-        vf = importlib.import_module("verifiers")
-        return hasattr(vf, "SingleTurnEnv") and hasattr(vf, "Rubric")
-    except Exception:
-        return False
+    return classic_verifiers.available("SingleTurnEnv", "Rubric")
 
 
 @pytest.mark.skipif(
@@ -390,11 +384,8 @@ def test_real_classic_single_turn_env(env_dir):
     assert out.rewards == [1.0, 0.0]
 
 
-CLASSIC_PYTHON = os.environ.get("RETRAIN_CLASSIC_VERIFIERS_PYTHON", "")
-
-
 @pytest.mark.skipif(
-    not CLASSIC_PYTHON or _classic_verifiers_available(),
+    not classic_verifiers.PYTHON or _classic_verifiers_available(),
     reason="opt-in: RETRAIN_CLASSIC_VERIFIERS_PYTHON names a Python with verifiers 0.3 "
     "(not needed where verifiers 0.3 is importable: the test above runs directly)",
 )
@@ -402,27 +393,7 @@ def test_real_classic_verifiers_in_their_own_environment():
     """The classic-API tests, run by an interpreter that has real classic verifiers and
     this checkout of retrain on its path; the real `vf.SingleTurnEnv` test must pass there,
     not skip."""
-    repo = Path(__file__).resolve().parents[2]
-    python = Path(CLASSIC_PYTHON)
-    python = python if python.is_absolute() else Path.cwd() / python
-    proc = subprocess.run(
-        [
-            str(python),
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-k",
-            "classic and not own_environment",
-            __file__,
-        ],
-        cwd=repo,
-        env={**os.environ, "PYTHONPATH": str(repo)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = classic_verifiers.run_pytest(__file__, "classic and not own_environment")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
     assert "4 passed" in proc.stdout.splitlines()[-1]

@@ -19,13 +19,11 @@ the v1 API in tests/integration/test_multiturn_run.py).
 
 from __future__ import annotations
 
-import importlib
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import classic_verifiers
 import numpy as np
 import pytest
 
@@ -74,11 +72,7 @@ CLASSIC_ENV = textwrap.dedent(
 
 
 def _classic_verifiers_available() -> bool:
-    try:
-        vf = importlib.import_module("verifiers")
-        return hasattr(vf, "MultiTurnEnv") and hasattr(vf, "Rubric")
-    except Exception:
-        return False
+    return classic_verifiers.available("MultiTurnEnv", "Rubric")
 
 
 class ScriptedSampler:
@@ -145,33 +139,12 @@ def test_classic_multi_turn_env(tmp_path):
     src.close()
 
 
-CLASSIC_PYTHON = os.environ.get("RETRAIN_CLASSIC_VERIFIERS_PYTHON", "")
-
-
 @pytest.mark.skipif(
-    not CLASSIC_PYTHON or _classic_verifiers_available(),
+    not classic_verifiers.PYTHON or _classic_verifiers_available(),
     reason="opt-in: RETRAIN_CLASSIC_VERIFIERS_PYTHON names a Python with verifiers 0.3",
 )
 def test_classic_multi_turn_in_its_own_environment():
-    repo = Path(__file__).resolve().parents[2]
-    proc = subprocess.run(
-        [
-            CLASSIC_PYTHON,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-k",
-            "test_classic_multi_turn_env",
-            __file__,
-        ],
-        cwd=repo,
-        env={**os.environ, "PYTHONPATH": str(repo)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = classic_verifiers.run_pytest(__file__, "test_classic_multi_turn_env")
     assert proc.returncode == 0 and "1 passed" in proc.stdout, (
         proc.stdout[-3000:] + proc.stderr[-2000:]
     )
