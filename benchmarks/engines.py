@@ -3,6 +3,7 @@ same batch in one run.
 
     python benchmarks/engines.py --vllm http://127.0.0.1:8000 --max http://127.0.0.1:8001
     python benchmarks/engines.py --vllm URL --rounds 3 --json out.json
+    python benchmarks/engines.py --llamacpp http://127.0.0.1:8080   # llama-server
 
 The batch is the quickstart's shape: 4 arithmetic prompts (SmolLM2 chat template, the
 quickstart system prompt) x 8 completions x 24 tokens at T = 1 (MAX 26.7 returns T = 1 logprobs only), seeded. Each engine
@@ -82,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name in ("vllm", "max", "sglang", "trtllm", "mlx", "openai"):
         ap.add_argument(f"--{name}", default="", metavar="URL", help=f"a running {name} server")
+    ap.add_argument(
+        "--llamacpp", default="", metavar="URL", help="a running llama-server (openai engine)"
+    )
     ap.add_argument("--adapter", default="", help="also time the servers through this adapter")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-pytorch", action="store_true")
@@ -109,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             rows[f"{name} (through the adapter)"] = time_engine(
                 server_engine(name, url, tokenizer, args.adapter), batch, n, params, args.rounds
             )
+    if args.llamacpp:  # the openai engine recognises llama.cpp and speaks its dialect
+        rows["llamacpp (openai engine, base)"] = time_engine(
+            server_engine("openai", args.llamacpp, tokenizer), batch, n, params, args.rounds
+        )
     print(f"Sampling {len(batch)} prompts x {n} x {params.max_tokens} tokens, T = 1")
     print(f"{'engine':34s} {'tokens/s':>9s}  rounds (s)")
     for name, row in rows.items():

@@ -145,7 +145,8 @@ def engine_support(name: str) -> dict[str, Any]:
     d = DIALECTS[name]
     return {
         "where": "server over HTTP /v1/completions",
-        "default_url": d.default_url or "(required)",
+        "default_url": d.default_url
+        or ("(none: retrain starts max serve itself)" if name == "max" else "(required)"),
         "token_ids": d.token_prompts,
         "entropy": False,
         "lora_sync": _LORA_SYNC[d.lora],

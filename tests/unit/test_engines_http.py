@@ -84,12 +84,23 @@ def test_each_engine_names_the_live_adapter_its_own_way(engine, key, value):
     assert base["model"] == "base" and key not in base or base[key] == "base"
 
 
+def test_llamacpp_requests_turn_truncation_off_and_ask_for_post_sampling_probs():
+    from retrain.engines.http import LLAMACPP
+
+    body = build_request(LLAMACPP, "m", [1, 2], 1, PARAMS, seed=7, adapter=AdapterRef())
+    assert body["top_k"] == 0 and body["min_p"] == 0.0 and body["post_sampling_probs"] is True
+    assert body["prompt"] == [1, 2] and body["seed"] == 7 and body["logprobs"] == 1
+    assert "return_token_ids" not in body and "stop_token_ids" not in body
+    assert not LLAMACPP.honours_n  # one request per completion, seed + i each
+    assert LLAMACPP.name not in DIALECTS  # reached through engine = "openai"
+
+
 def test_default_urls_and_openai_needs_one():
     assert server_url("vllm", "") == "http://127.0.0.1:8000"
     assert server_url("sglang", "") == "http://127.0.0.1:30000"
     assert server_url("trtllm", "") == "http://127.0.0.1:31000"
     assert server_url("mlx", "") == "http://127.0.0.1:8080"
-    assert server_url("max", "") == "http://127.0.0.1:8000"
+    assert server_url("max", "") == ""  # no url: retrain starts max serve (max_serve.py)
     assert server_url("openai", "") == ""
     assert server_url("openai", "http://h:1/v1/") == "http://h:1"
     with pytest.raises(BackendError, match=r"\[inference\] url is empty"):
@@ -138,6 +149,22 @@ def test_parse_other_reply_shapes():
     assert parse_choice(ids).token_ids.tolist() == [9]
     # greedy decoding: each token had probability 1
     assert parse_choice(mlx, greedy=True).logprobs.tolist() == [0.0, 0.0]
+
+
+def test_parse_recorded_llamacpp_reply_reads_ids_and_post_sampling_probs():
+    import math
+
+    from retrain.engines.http import _is_llamacpp, _top_logprobs
+
+    recorded = _fixture("llamacpp_completion.json")
+    (sample,) = parse_reply(recorded["response"], 1)
+    content = recorded["response"]["choices"][0]["logprobs"]["content"]
+    assert sample.token_ids.tolist() == [c["id"] for c in content]
+    assert np.allclose(sample.logprobs, [math.log(c["prob"]) for c in content])
+    assert sample.stop_reason == "length"
+    top = _top_logprobs(recorded["response"]["choices"][0]["logprobs"])
+    assert top == {content[0]["top_probs"][0]["id"]: math.log(content[0]["top_probs"][0]["prob"])}
+    assert _is_llamacpp(recorded["models"]) and not _is_llamacpp(_fixture("vllm_models.json"))
 
 
 def test_a_reply_without_ids_is_refused_rather_than_retokenised():
@@ -253,6 +280,81 @@ def test_reload_failure_is_counted_retried_and_then_stops(patched_async):
         e._ensure_adapter()
 
 
+def _lost_lora(name: str) -> httpx.Response:
+    """vLLM 0.32's real reply to a request naming a LoRA it does not serve (recorded after
+    a restart), with the recorded name replaced by this engine's."""
+    lost = _fixture("vllm_lost_lora.json")
+    text = json.dumps(lost["body"]).replace(lost["lora_name"], name)
+    return httpx.Response(
+        lost["status"], content=text.encode(), headers={"content-type": "application/json"}
+    )
+
+
+def test_a_server_that_lost_the_adapter_gets_it_back_once_and_the_requests_are_retried(
+    patched_async,
+):
+    good = _fixture("vllm_completion_chat.json")["response"]
+    state = {"served": False}
+    loads, models = [], []
+
+    def handler(request):
+        body = json.loads(request.content)
+        if request.url.path == "/v1/load_lora_adapter":
+            loads.append(body)
+            state["served"] = True
+            return httpx.Response(200, text="Success")
+        models.append(body["model"])
+        if body["model"] != "base" and not state["served"]:
+            return _lost_lora(body["model"])
+        return httpx.Response(200, json=good)
+
+    patched_async["transport"] = httpx.MockTransport(handler)
+    e = _engine(handler)
+    e.sync_adapter("/tmp/v000003", 3)
+    state["served"] = False  # the server restarts: it forgets the adapter
+    loads.clear()
+    out = e.sample([[1, 2], [3, 4], [5, 6]], 2, PARAMS)  # three requests see it missing
+    assert [len(g) for g in out] == [2, 2, 2]
+    # one plain (not in-place) load of the latest folder for all three, then each retried
+    assert loads == [{"lora_name": e.lora_name, "lora_path": "/tmp/v000003"}]
+    # 3 replies + 1 to 3 refusals (how many were sent before the re-load depends on the
+    # event loop's order); never the base model
+    assert set(models) == {e.lora_name} and 4 <= len(models) <= 6
+    m = e.metrics()
+    assert m["engine_adapter_resyncs"] == 1 and m["engine_adapter_version"] == 3
+    assert m["engine_prompt_token_fallbacks"] == 0  # a lost adapter is not a prompt problem
+
+
+def test_a_lost_adapter_that_cannot_be_reloaded_stops_the_run(patched_async):
+    def handler(request):
+        if request.url.path == "/v1/load_lora_adapter":
+            if json.loads(request.content)["lora_path"] == "/tmp/v000001":
+                return httpx.Response(200, text="Success")
+            return httpx.Response(404, json={"error": {"message": "No adapter found"}})
+        return _lost_lora(json.loads(request.content)["model"])
+
+    patched_async["transport"] = httpx.MockTransport(handler)
+    e = _engine(handler)
+    e.sync_adapter("/tmp/v000001", 1)
+    e.adapter = AdapterRef(1, "/tmp/gone", e.lora_name)  # the folder the server cannot read
+    with pytest.raises(BackendError, match="lost adapter version 1.*base model"):
+        e.sample([[1, 2]], 2, PARAMS)
+    assert e.metrics()["engine_adapter_resyncs"] == 0
+
+
+def test_the_base_model_missing_is_not_a_lost_adapter(patched_async):
+    """Before any adapter (version 0) a 404 is the server's answer, not a restart."""
+
+    def handler(request):
+        return _lost_lora(json.loads(request.content)["model"])
+
+    patched_async["transport"] = httpx.MockTransport(handler)
+    e = _engine(handler)
+    with pytest.raises(BackendError, match="404"):
+        e.sample([[1, 2]], 2, PARAMS)
+    assert e.metrics()["engine_adapter_resyncs"] == 0
+
+
 def test_reload_bodies_vllm_in_place_after_the_first_and_sglang_unload_load():
     seen = []
 
@@ -323,3 +425,37 @@ def test_a_failed_save_leaves_no_folder(tmp_path):
     with pytest.raises(OSError):
         live.publish(broken)
     assert live.versions() == [] and list((tmp_path / "live").iterdir()) == []
+
+
+# ---------------------------------------------------------------- max without a url
+
+
+def test_max_without_url_and_without_the_max_package_names_both_fixes():
+    from retrain.engines import max_serve
+
+    if max_serve.max_entry_point() is not None:
+        pytest.skip("the max package is installed here (tests/integration/test_max_engine.py)")
+    (problem,) = max_serve.problems(needs_lora=True)
+    assert problem[0] == "[inference] engine" and "pip install modular" in problem[1]
+    assert 'url = "http://127.0.0.1:8000"' in problem[1]
+    with pytest.raises(BackendError, match="pip install modular"):
+        max_serve.ManagedMax("/model")
+
+
+def test_retrains_own_max_serve_command():
+    from retrain.engines.max_serve import ManagedMax
+
+    m = ManagedMax("/model", lora_rank=16, python="/py", entry="max._entrypoints.pipelines:main")
+    try:
+        cpu = m.command(gpu=False)
+        assert cpu[:2] == ["/py", "-c"] and cpu[3:5] == ["max._entrypoints.pipelines:main", "serve"]
+        flags = " ".join(cpu[5:])
+        assert f"--host 127.0.0.1 --port {m.port}" in flags and "--model /model" in flags
+        assert "--devices cpu --quantization-encoding float32" in flags
+        assert "--enable-lora" not in flags  # MAX's LoRA is GPU-only
+        gpu = " ".join(m.command(gpu=True))
+        assert "--devices gpu --enable-lora --max-lora-rank 16 --max-num-loras 2" in gpu
+        assert m.url == f"http://127.0.0.1:{m.port}"
+        m.close()  # never started: nothing to stop
+    finally:
+        m.log.unlink(missing_ok=True)
