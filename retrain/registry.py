@@ -12,11 +12,12 @@ import importlib
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from retrain.errors import PluginError
+from retrain.hardware import MATMUL_DTYPES
 from retrain.types import BackendCapabilities, OptionSpec
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*([.:][A-Za-z_][\w]*)$")
@@ -216,6 +217,13 @@ class Registry:
 
 def _positive(value: Any) -> str | None:
     return None if value > 0 else f"must be > 0, got {value!r}"
+
+
+def _one_of(*choices: str) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if value in choices else f"must be one of {', '.join(choices)}; got {value!r}"
+
+    return check
 
 
 ADVANTAGE_MODES = Registry(
@@ -440,17 +448,34 @@ BACKENDS = Registry(
             options={
                 "micro_batch_tokens": OptionSpec(
                     "int",
-                    4096,
-                    "Token budget per forward/backward micro-batch (bounds memory)",
+                    1024,
+                    "Tokens per packed forward/backward micro-batch (prompts once + completions); "
+                    "bounds training memory",
                     validator=_positive,
                 ),
                 "threads": OptionSpec(
                     "int", 0, "torch CPU threads. 0 = chosen from the free cores before each phase"
                 ),
+                "overlap": OptionSpec(
+                    "bool",
+                    False,
+                    "Train one step behind sampling: step n trains in the background while "
+                    "step n+1 samples from the weights one optimizer step old (the importance "
+                    "ratio corrects it; metrics: off_policy_steps). Needs a sampler that does "
+                    "not share the trained weights: [backend] devices with two entries, or a "
+                    "server [inference] engine",
+                ),
                 "prompt_batch": OptionSpec(
                     "int",
                     0,
                     "Prompts sampled together in one generate call. 0 = all of the step's prompts",
+                ),
+                "dtype": OptionSpec(
+                    "str",
+                    "auto",
+                    "Base weights' dtype: auto (bf16 on a GPU or a CPU with AVX512-BF16/AMX, "
+                    "else fp32), fp32 or bf16. The adapter and the logits stay float32",
+                    validator=_one_of(*MATMUL_DTYPES),
                 ),
             },
             # a server engine's server: answers, serves a model, can hot-swap LoRA

@@ -10,7 +10,8 @@ import statistics
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,24 @@ def finite_loss(step: int, result: TrainResult) -> TrainResult:
     return result
 
 
+@dataclass
+class _PendingStep:
+    """A step sampled, scored and handed to the backend, whose training is not reported
+    yet. With `[backend.options] overlap` it trains in the background while the next step
+    samples. Its metrics row waits here for the TrainResult and is written once complete:
+    rows are appended, never patched, and a reader (status, compare, back pressure) sees
+    each step's own loss and grad_norm on the row of the datums that produced them."""
+
+    step: int
+    make: Callable[[TrainResult], StepResult]
+    finish: Callable[[], TrainResult]  # waits for the training, publishes the new weights
+    wait: Callable[[], None]  # waits only: the run is failing, the result is dropped
+    position: dict[str, Any]  # data position and SEPA gate as they were at this step
+    num_datums: int
+    off_policy_steps: int  # optimizer steps between the sampling and the trained weights
+    timer: PhaseTimer
+
+
 class Trainer:
     def __init__(
         self, config: Config, *, config_path: str | None = None, console: Console | None = None
@@ -96,6 +115,10 @@ class Trainer:
         self.start_step = 0
         self.last_saved_step: int | None = None
         self.last_adapter = ""
+        self.pending: _PendingStep | None = None
+        # The local backend's option (config validation refuses it elsewhere): train step n
+        # in the background while step n+1 samples one optimizer step behind.
+        self.overlap = config.backend.options.get("overlap") is True
 
     def setup(self) -> None:
         self.parts = c = build(self.config, self.say)
@@ -138,11 +161,18 @@ class Trainer:
 
     # ------------------------------------------------------------ one step
 
-    def run_step(self, step: int) -> dict[str, Any]:
+    def run_step(self, step: int) -> dict[str, Any] | None:
+        """Sample, score and compute the advantages of `step`, then train on them. Returns
+        the metrics row written meanwhile: this step's, or with overlap the previous
+        step's (this one's is written when its training is done: settle)."""
         c, timer = self.parts, PhaseTimer(self._progress(step))
-        examples = c.data.next_batch(self.batch_size)
+        # With overlap the previous step may still be training: this step samples from
+        # weights one optimizer step older than those its datums are trained on.
+        off_policy = int(self.pending is not None and self.pending.num_datums > 0)
+        batch_size, group_size = self.batch_size, self.group_size  # as this step used them
+        examples = c.data.next_batch(batch_size)
         params = replace(c.sampling, seed=step_seed(self.config.training.seed, step))
-        groups, reward_counters = c.rollout(examples, self.group_size, params, timer)
+        groups, reward_counters = c.rollout(examples, group_size, params, timer)
         with timer.phase("advantages"):
             planning = [planning_masks(c.detector, c.vocab, g.samples) for g in groups]
             adv = c.pipeline(
@@ -151,22 +181,63 @@ class Trainer:
                 step=step,
             )
             datums = build_datums(groups, adv.advantages)
-        with timer.phase("training", f"training on {len(datums)} completions"):
-            hyper = replace(c.hyper, lr=self.scheduled_lr(step))
-            train = finite_loss(step, c.backend.train_step(datums, hyper))
-        result = StepResult(
-            step,
-            groups,
-            reward_counters,
-            planning,
-            adv,
-            len(datums),
-            train,
-            timer.seconds,
-            self.batch_size,
-            self.group_size,
+        position = {
+            "examples_seen": c.data.position,
+            "epoch": c.data.epoch,
+            "sepa_gate_open": c.sepa.gate_open,
+        }
+        previous = self.settle()  # the previous step's training: wait, publish, write its row
+
+        def make(train: TrainResult) -> StepResult:
+            return StepResult(
+                step,
+                groups,
+                reward_counters,
+                planning,
+                adv,
+                len(datums),
+                train,
+                timer.seconds,
+                batch_size,
+                group_size,
+            )
+
+        finish, wait = self._start_training(step, datums)
+        self.pending = _PendingStep(
+            step, make, finish, wait, position, len(datums), off_policy, timer
         )
-        return self._record(result)
+        return previous if self.overlap else self.settle()
+
+    def _start_training(
+        self, step: int, datums: list
+    ) -> tuple[Callable[[], TrainResult], Callable[[], None]]:
+        """(finish, wait) of the step's training: started in the background with overlap,
+        else run by finish() itself (the blocking backend.train_step)."""
+        c = self.parts
+        hyper = replace(c.hyper, lr=self.scheduled_lr(step))
+        if not self.overlap:
+            return partial(c.backend.train_step, datums, hyper), lambda: None
+        flight = c.backend.start_train_step(datums, hyper)
+        return flight.finish, flight.wait
+
+    def settle(self) -> dict[str, Any] | None:
+        """Wait for the pending step's training (its time counts as the step's training
+        phase: the part not hidden behind sampling), then write its row. Checkpoints and
+        evaluations call it first, so neither ever sees a half-applied step."""
+        p, self.pending = self.pending, None
+        if p is None:
+            return None
+        label = f"training on {p.num_datums} completions"
+        with p.timer.phase("training", label if not self.overlap else f"waiting for {label}"):
+            train = finite_loss(p.step, p.finish())
+        return self._record(p.make(train), p.position, p.off_policy_steps)
+
+    def _abandon(self) -> None:
+        """The run is failing: let a background training end before the model is closed
+        (its result, and any error of its own, are dropped)."""
+        p, self.pending = self.pending, None
+        if p is not None:
+            p.wait()
 
     def scheduled_lr(self, step: int) -> float:
         """The learning rate of `step`: a pure function of the step ([training]
@@ -178,20 +249,23 @@ class Trainer:
         total, done = self.config.training.max_steps, step - self.start_step
         return lambda label: self.console.progress(step, total, label, self.log.started, done)
 
-    def _record(self, result: StepResult) -> dict[str, Any]:
-        """Counters, the metrics row, the back-pressure decision, the console and the logs."""
+    def _record(
+        self, result: StepResult, position: dict[str, Any], off_policy_steps: int
+    ) -> dict[str, Any]:
+        """Counters, the metrics row, the back-pressure decision, the console and the logs.
+        `position` is the data position and SEPA gate as they were at the step."""
         c = self.parts
         self.counters.add(result)
         row = metrics_row(
             result,
             replace(self.context, lr=self.scheduled_lr(result.step)),
             self.counters,
-            examples_seen=c.data.position,
-            epoch=c.data.epoch,
-            sepa_gate_open=c.sepa.gate_open,
+            **position,
         )
+        row["off_policy_steps"] = off_policy_steps
         if c.backpressure is not None:
-            decision = c.backpressure.observe(self.batch_size, self.throughput(result))
+            # the step's own size: with overlap the next step has sampled already
+            decision = c.backpressure.observe(result.batch_size, self.throughput(result))
             row.update(decision.as_metrics())
             self.batch_size = decision.batch_size
         for g in result.groups[: self.config.logging.group_lines]:
@@ -236,6 +310,7 @@ class Trainer:
     def evaluate(self, done: int) -> EvalResult:
         """Evaluate the current adapter on the held-out set after `done` training steps:
         the console line and the eval.jsonl row (not a training step: nothing trains)."""
+        self.settle()  # no-op unless a training is pending: evaluate its weights
         result = self.parts.evaluator(
             done,
             on_phase=lambda label: self.console.status(f"held-out evaluation: {label}"),
@@ -248,6 +323,7 @@ class Trainer:
 
     def checkpoint(self, step: int, *, final: bool = False) -> None:
         """Save after `step` steps are complete: backend first, then the state file."""
+        self.settle()  # the pending training is part of the `step` steps saved
         cfg, c = self.config, self.parts
         name = "final" if final else f"checkpoint_step_{step}"
         info = c.backend.save_checkpoint(Path(cfg.backend.adapter_path) / name)
@@ -299,8 +375,11 @@ class Trainer:
             self.say(f"Aborted; the last checkpoint (step {self.last_saved_step}) is kept.")
             raise
         finally:
-            stop.restore()
-            self._close(status)
+            try:
+                self._abandon()
+            finally:
+                stop.restore()
+                self._close(status)
 
     def _loop(self, stop: _StopRequest) -> tuple[str, int]:
         """Steps until max_steps or a stop request; returns (status, exit code)."""

@@ -33,6 +33,8 @@ import numpy as np
 import torch
 
 from retrain.backends.base import backend_options
+from retrain.backends.packing import MASK_STYLES, Group, completion_logprobs
+from retrain.backends.precision import bf16_linears, use_bf16
 from retrain.errors import BackendError, CheckpointError, TrainingError
 from retrain.loss import LossStats, policy_objective, sequence_weights
 from retrain.models import resolve_model
@@ -72,13 +74,45 @@ def parse_devices(spec: str, warn: Callable[[str], None]) -> list[torch.device]:
     return devices
 
 
+class TrainingInFlight:
+    """One optimizer step running on a background thread (`[backend.options] overlap`)."""
+
+    def __init__(
+        self,
+        run: Callable[[], TrainResult],
+        publish: Callable[[TrainResult], TrainResult],
+    ):
+        self._publish = publish
+        self._out: dict[str, Any] = {}
+        self._thread = threading.Thread(
+            target=self._work, args=(run,), name="retrain-train", daemon=True
+        )
+        self._thread.start()
+
+    def _work(self, run: Callable[[], TrainResult]) -> None:
+        try:
+            self._out["value"] = run()
+        except BaseException as exc:  # re-raised on the caller's thread by finish()
+            self._out["error"] = exc
+
+    def wait(self) -> None:
+        """Wait for the step to end, leaving its result or error unread (the run is
+        already failing)."""
+        self._thread.join()
+
+    def finish(self) -> TrainResult:
+        """Wait for the step, re-raise its error here, or publish the new weights to the
+        sampler and return the result."""
+        self.wait()
+        if "error" in self._out:
+            raise self._out["error"]
+        return self._publish(self._out["value"])
+
+
 class LocalBackend:
     capabilities = BACKENDS.entry("local").capabilities
 
     def __init__(self, config, tokenizer, *, say: Callable[[str], None] = print, model=None):
-        from peft import LoraConfig, get_peft_model
-        from transformers import AutoModelForCausalLM
-
         self.config = config
         self.options = backend_options("local", config.backend.options)
         from retrain.threads import ThreadPolicy
@@ -98,26 +132,11 @@ class LocalBackend:
         self.train_device = devices[-1]
         self.infer_device = devices[0]
         self.split_mode = len(devices) > 1
-        dtype = torch.bfloat16 if self.train_device.type == "cuda" else torch.float32
+        self.bf16 = use_bf16(self.options["dtype"], self.train_device)
         seed = config.training.seed
         if seed >= 0:  # LoRA init draws from the global RNG
             torch.manual_seed(seed)
-        if model is None:
-            resolved = resolve_model(config.model.model)
-            say(
-                f"Loading train model: {config.model.model} on {self.train_device} ({resolved.origin})..."
-            )
-            model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype)
-        model.to(self.train_device)
-        rank = config.model.lora_rank
-        lora = LoraConfig(
-            r=rank,
-            lora_alpha=config.lora.alpha or 2 * rank,
-            lora_dropout=config.lora.dropout,
-            target_modules=list(config.lora.target_modules) or "all-linear",
-            task_type="CAUSAL_LM",
-        )
-        self.model = get_peft_model(model, lora)
+        self.model = self._load_model(config, model, say)
         trainable, total = self.model.get_nb_trainable_parameters()
         say(
             f"trainable params: {trainable:,} || all params: {total:,} || trainable%: {100 * trainable / total:.4f}"
@@ -128,16 +147,7 @@ class LocalBackend:
             self.params, lr=t.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=t.weight_decay
         )
         self.tokenizer = tokenizer
-        eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        eos |= set(
-            gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else []
-        )
-        if not eos:
-            raise BackendError(
-                f"{config.model.model}: the tokenizer defines no eos token; completions could never stop"
-            )
-        self.eos_ids = eos
+        self.eos_ids = eos = stop_ids(tokenizer, self.model, config.model.model)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
         self.sampler_model = self.model
         self._lock = threading.Lock()
@@ -148,8 +158,40 @@ class LocalBackend:
             self.sampler_model.requires_grad_(False)
         self.engine = self._build_engine(config, pad)
         say(
-            f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device})."
+            f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'})."
         )
+
+    def _load_model(self, config, model, say: Callable[[str], None]):
+        """The base model (loaded unless given), in bf16-matmul mode when chosen, on the
+        training device, with a fresh LoRA adapter."""
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        if model is None:
+            resolved = resolve_model(config.model.model)
+            say(
+                f"Loading train model: {config.model.model} on {self.train_device} ({resolved.origin})..."
+            )
+            model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32)
+        if self.bf16:  # bf16 matmuls, float32 residual stream, logits and adapter
+            bf16_linears(model)  # before the move: a GPU never holds the float32 blocks
+        model.to(self.train_device)
+        rank = config.model.lora_rank
+        lora = LoraConfig(
+            r=rank,
+            lora_alpha=config.lora.alpha or 2 * rank,
+            lora_dropout=config.lora.dropout,
+            target_modules=list(config.lora.target_modules) or "all-linear",
+            task_type="CAUSAL_LM",
+        )
+        peft_model = get_peft_model(model, lora)  # PEFT keeps the adapter in float32
+        attention = peft_model.config._attn_implementation
+        if attention not in MASK_STYLES:
+            raise BackendError(
+                f"{config.model.model} uses the {attention!r} attention; the local backend trains with {sorted(MASK_STYLES)}"
+            )
+        self._mask_style = MASK_STYLES[attention]
+        return peft_model
 
     def _build_engine(self, config, pad: int):
         if self.server is not None:
@@ -167,7 +209,9 @@ class LocalBackend:
             self.infer_device,
             prefix_caching=config.inference.prefix_caching,
             prompt_batch=self.options["prompt_batch"],
-            dtype=config.inference.dtype,
+            # bf16 mode: the merged copy's layers are bf16 matmuls like the trainer's
+            # (`[inference] dtype` "bf16" adds nothing then)
+            dtype="auto" if self.bf16 else config.inference.dtype,
             threads=self.threads,
         )
 
@@ -185,72 +229,84 @@ class LocalBackend:
         self, prompt_ids: list[int], completions: Sequence[np.ndarray], temperature: float
     ) -> torch.Tensor:
         """Logprobs (n, Cmax) of each completion's tokens given the prompt, at the sampling
-        temperature, with the prompt's KV cache shared across completions. Pads are 0."""
-        from transformers import DynamicCache
+        temperature; pads are 0."""
+        return self._logprobs([(prompt_ids, completions)], temperature)
 
-        device = self.train_device
-        prompt = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-        cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        first = out.logits[:, -1, :]  # predicts each completion's first token
-        n = len(completions)
-        width = max(len(c) for c in completions)
-        comp_np = np.zeros((n, width), dtype=np.int64)
-        for i, c in enumerate(completions):
-            comp_np[i, : len(c)] = c
-        comp = torch.from_numpy(comp_np).to(device)
-        cache.batch_repeat_interleave(n)
-        positions = torch.arange(len(prompt_ids), len(prompt_ids) + width, device=device).expand(
-            n, width
+    def _logprobs(self, groups: list[Group], temperature: float) -> torch.Tensor:
+        """(completions, longest) logprobs of several prompts' completions, packed into one
+        forward pass (retrain/backends/packing.py)."""
+        return completion_logprobs(
+            self.model, groups, temperature, self._mask_style, self.train_device
         )
-        # Right padding needs no attention mask: causal attention never lets a real
-        # token see the pads that follow it, and pad positions are masked from the loss.
-        rest = (
-            self.model(
-                input_ids=comp[:, :-1],
-                position_ids=positions[:, :-1],
-                past_key_values=cache,
-                use_cache=True,
-            ).logits
-            if width > 1
-            else None
-        )
-        logits = first[:, None, :].expand(n, 1, first.shape[-1])
-        if rest is not None:
-            logits = torch.cat([logits, rest], dim=1)
-        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-        return logp.gather(-1, comp[:, :, None]).squeeze(-1)
 
     def _micro_batches(self, datums: list[Datum]) -> list[list[Datum]]:
-        """Consecutive datums sharing a prompt, split so each chunk fits the token budget."""
+        """Consecutive datums, split so that each chunk's packed row (each prompt once, then
+        its completions) fits the token budget; a group over the budget is split, and its
+        prompt then runs once per chunk."""
         budget = self.options["micro_batch_tokens"]
         chunks: list[list[Datum]] = []
         current: list[Datum] = []
+        used = 0
         for d in datums:
-            same_prompt = current and current[0].prompt_ids == d.prompt_ids
-            width = (
-                max([len(x.completion_ids) for x in current] + [len(d.completion_ids)])
-                if same_prompt
-                else len(d.completion_ids)
-            )
-            fits = same_prompt and len(d.prompt_ids) + (len(current) + 1) * width <= budget
-            if current and not fits:
+            new_prompt = not current or current[-1].prompt_ids != d.prompt_ids
+            size = len(d.completion_ids) + (len(d.prompt_ids) if new_prompt else 0)
+            if current and used + size > budget:
                 chunks.append(current)
-                current = []
+                current, used = [], 0
+                size = len(d.prompt_ids) + len(d.completion_ids)
             current.append(d)
+            used += size
         if current:
             chunks.append(current)
         return chunks
 
     def train_step(self, datums: list[Datum], hyper: TrainHyper) -> TrainResult:
+        """One optimizer step; the sampler has the new weights when it returns."""
         self.threads.apply("training")
-        result = self._optimize(datums, hyper)
-        # The counts the thread policy chose this step (metrics.jsonl: is the box busy?)
-        result.extra.update(self.threads.metrics())
+        seen = self._sampling_metrics()
+        return self._publish(self._optimize(datums, hyper), seen, changed=bool(datums))
+
+    def start_train_step(self, datums: list[Datum], hyper: TrainHyper) -> TrainingInFlight:
+        """`[backend.options] overlap`: start one optimizer step on a background thread and
+        return at once. The sampler keeps the weights it has, so the next step samples one
+        optimizer step behind, until the handle's `finish()` publishes the new ones."""
+        if not self.split_mode and self.server is None:
+            raise BackendError(
+                f"[backend.options] overlap = true: the sampler would read the weights being "
+                f"trained ([backend] devices = {self.config.backend.devices!r} gave one device "
+                "here, with the in-process pytorch engine). Fix: two devices, a server "
+                "[inference] engine, or overlap = false"
+            )
+        self.threads.apply("training")
+        seen = self._sampling_metrics()  # taken now: the next step's sampling changes them
+        return TrainingInFlight(
+            lambda: self._optimize(datums, hyper),
+            lambda result: self._publish(result, seen, changed=bool(datums)),
+        )
+
+    def _sampling_metrics(self) -> dict[str, float]:
+        """The step's sampling side of the metrics: the thread counts the policy chose
+        (is the box busy?) and, with a server, which adapter version sampled."""
+        out = self.threads.metrics()
         if self.server is not None:
-            if datums:  # the weights changed: the server samples from them next step
+            out.update(self.server.metrics())
+        return out
+
+    def _publish(
+        self, result: TrainResult, seen: dict[str, float], *, changed: bool
+    ) -> TrainResult:
+        """Give the sampler the new weights (split mode: its copy; a server: the adapter)
+        and complete the result's metrics."""
+        if changed:
+            if self.split_mode:
+                self._snapshot()
+            if self.server is not None:
                 self._push_adapter()
-            result.extra.update(self.server.metrics())
+        result.extra.update(seen)
+        if self.server is not None:  # the reload just made; the sampled version stays
+            now = self.server.metrics()
+            now.pop("engine_adapter_version", None)
+            result.extra.update(now)
         return result
 
     def _push_adapter(self) -> None:
@@ -261,24 +317,10 @@ class LocalBackend:
         self.server.sync_adapter(folder, version)
 
     def _optimize(self, datums: list[Datum], hyper: TrainHyper) -> TrainResult:
+        """One optimizer step on the trained model (none without datums). The sampler does
+        not see it until _publish."""
         if not datums:
             return TrainResult(loss=0.0, num_tokens=0)
-        if self.split_mode:  # training runs on its own thread; the sampler waits for the snapshot
-            result: dict[str, Any] = {}
-
-            def work():
-                try:
-                    result["value"] = self._train_step(datums, hyper)
-                except BaseException as exc:  # re-raised on the caller's thread
-                    result["error"] = exc
-
-            thread = threading.Thread(target=work, name="retrain-train", daemon=True)
-            thread.start()
-            thread.join()
-            if "error" in result:
-                raise result["error"]
-            self._snapshot()
-            return result["value"]
         return self._train_step(datums, hyper)
 
     def _train_step(self, datums: list[Datum], hyper: TrainHyper) -> TrainResult:
@@ -303,10 +345,10 @@ class LocalBackend:
         stats = LossStats()
         start = 0
         for chunk in self._micro_batches(datums):
-            prompt, completions = chunk[0].prompt_ids, [d.completion_ids for d in chunk]
-            logp = self.completion_logprobs(prompt, completions, temperature)
+            groups = _prompt_groups(chunk)
+            logp = self._logprobs(groups, temperature)
             mask, adv, old = _padded(chunk, logp.shape[1], logp.device)
-            ref = self._reference_logprobs(prompt, completions, temperature, hyper)
+            ref = self._reference_logprobs(groups, temperature, hyper)
             seq_w = None
             if hyper.loss_agg != "token_mean":
                 seq_w = torch.from_numpy(weights[start : start + len(chunk)]).to(logp)
@@ -353,21 +395,18 @@ class LocalBackend:
         )
 
     def _reference_logprobs(
-        self,
-        prompt_ids: list[int],
-        completions: Sequence[np.ndarray],
-        temperature: float,
-        hyper: TrainHyper,
+        self, groups: list[Group], temperature: float, hyper: TrainHyper
     ) -> torch.Tensor | None:
         """The reference model's logprobs (the same weights with the LoRA adapter off), only
         when the objective has a KL term."""
         if hyper.kl_coef <= 0:
             return None
         with torch.no_grad(), self.model.disable_adapter():
-            return self.completion_logprobs(prompt_ids, completions, temperature)
+            return self._logprobs(groups, temperature)
 
     def _snapshot(self) -> None:
-        """Copy the trained LoRA weights into the sampler's model (split mode)."""
+        """Copy the trained LoRA weights into the sampler's model (split mode), between
+        sampling calls (the lock): a step never samples from half-copied weights."""
         with self._lock, torch.no_grad():
             src = dict(self.model.named_parameters())
             for name, p in self.sampler_model.named_parameters():
@@ -438,6 +477,29 @@ class LocalBackend:
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
+
+
+def stop_ids(tokenizer, model, name: str) -> set[int]:
+    """The tokens that end a completion: the tokenizer's eos and the generation config's."""
+    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
+    if not eos:
+        raise BackendError(
+            f"{name}: the tokenizer defines no eos token; completions could never stop"
+        )
+    return eos
+
+
+def _prompt_groups(chunk: Sequence[Datum]) -> list[Group]:
+    """Runs of consecutive datums with the same prompt: (prompt, their completions)."""
+    groups: list[Group] = []
+    for d in chunk:
+        if groups and groups[-1][0] == d.prompt_ids:
+            groups[-1][1].append(d.completion_ids)
+        else:
+            groups.append((d.prompt_ids, [d.completion_ids]))
+    return groups
 
 
 def _padded(

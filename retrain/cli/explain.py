@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from retrain import registry
-from retrain.backends.base import BackendInfo, backend_info
+from retrain.backends.base import BackendInfo, backend_info, backend_options
 from retrain.campaign.expand import (
     Condition,
     RunSpec,
@@ -23,6 +23,7 @@ from retrain.cli.run import is_standalone_squeeze, split_path
 from retrain.config import Config, load_config, load_dotenv
 from retrain.config.validate import flow_problems, static_token_varying
 from retrain.errors import ConfigError, PluginError
+from retrain.hardware import matmul_dtype
 from retrain.types import BackendCapabilities
 
 
@@ -459,6 +460,10 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
         },
         "devices": None if "[backend] devices" in ignored else config.backend.devices,
     }
+    if config.backend.backend == "local":
+        opts = _local_options(config)
+        out["matmuls"] = matmul_dtype(opts["dtype"], _device_kind(config, last=True))
+        out["micro_batch_tokens"] = opts["micro_batch_tokens"]
     if "[inference]" in ignored:
         out["inference"] = {
             "engine": f"the {info.name} backend's own sampler",
@@ -470,6 +475,19 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
             "url": config.inference.url or None,
         }
     return out
+
+
+def _local_options(config: Config) -> dict[str, Any]:
+    """The local backend's options (its defaults when another backend is configured)."""
+    given = config.backend.options if config.backend.backend == "local" else {}
+    return backend_options("local", given)
+
+
+def _device_kind(config: Config, last: bool = False) -> str:
+    """ "cpu", "cuda" or "mps" of `[backend] devices`' first (sampling) or last (training)."""
+    parts = config.backend.devices.split(",")
+    kind = parts[-1 if last else 0].strip().split(":")[0]
+    return "cuda" if kind in ("gpu", "cuda") else kind
 
 
 # bytes of one weight by device kind; effective FLOP/s of a step's work by device kind
@@ -574,8 +592,7 @@ def estimates(config: Config, info: BackendInfo) -> dict[str, Any]:
     remote = "[backend] devices" in info.ignores
     shape = model_shape(config.model.model)
     out["model_params"] = shape["params"] if shape else None
-    device = config.backend.devices.split(",")[0].strip().split(":")[0]
-    device = "cuda" if device in ("gpu", "cuda") else device
+    device = _device_kind(config)
     if remote:
         out["peak_memory_gib"] = None
         out["memory_note"] = f"the model runs on the {info.name} service"
@@ -591,8 +608,9 @@ def estimates(config: Config, info: BackendInfo) -> dict[str, Any]:
         if "hidden" in shape:
             context = PROMPT_TOKENS_GUESS + t.max_tokens
             kv = 2 * shape["layers"] * shape["kv_width"] * wbytes * completions * context
-            # one training micro-batch: a group's prompt and completions (budget-capped)
-            micro = min(4096, PROMPT_TOKENS_GUESS + t.group_size * t.max_tokens)
+            # one training micro-batch: the step's prompts and completions, budget-capped
+            budget = _local_options(config)["micro_batch_tokens"]
+            micro = min(budget, t.batch_size * PROMPT_TOKENS_GUESS + tokens)
             logits = micro * shape["vocab"] * 4 * 3  # logits, log-softmax, their gradient
             acts = micro * shape["hidden"] * shape["layers"] * wbytes * 34  # per-layer saves
             extra = kv + logits + acts
@@ -644,6 +662,11 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
         where = f" at {inf['url']}" if inf.get("url") else ""
         dev = f" on {s['devices']}" if s.get("devices") else ""
         lines.append(f"Sampling:    {inf['engine']}{where}{dev}")
+        if s.get("matmuls"):
+            lines.append(
+                f"Compute:     {s['matmuls']} matmuls (float32 adapter and logits), micro-batches "
+                f"of {s['micro_batch_tokens']} tokens"
+            )
     if est:
         mem = (
             f"~{est['peak_memory_gib']:g} GiB ({est['memory_note']})"

@@ -234,6 +234,25 @@ def _backend_options(config: Config) -> Problems:
     return problems
 
 
+def _overlap(config: Config) -> Problems:
+    """The local backend's `overlap` trains while the next step samples, so the sampler
+    must not read the weights being trained: a second device's copy, or a server."""
+    if config.backend.backend != "local" or config.backend.options.get("overlap") is not True:
+        return []
+    devices = [d for d in config.backend.devices.split(",") if d.strip()]
+    if len(devices) > 1 or config.inference.engine != "pytorch":
+        return []
+    return [
+        (
+            "[backend.options] overlap",
+            f"= true needs a sampler that does not share the trained weights, but [backend] "
+            f"devices = {config.backend.devices!r} is one device with the in-process pytorch "
+            'engine. Fix: devices = "gpu:0,gpu:1" (or "cpu,cpu": a separate sampler copy), '
+            "a server [inference] engine, or overlap = false",
+        )
+    ]
+
+
 def _engine_settings(config: Config) -> Problems:
     """The spec's engine-tuning keys that no built-in engine acts on yet: a value other
     than the default is an error, not a silent no-op. (A server engine's dtype and
@@ -310,6 +329,7 @@ CROSS_CHECKS: tuple[Callable[[Config], Problems], ...] = (
     _data,
     _builtin_flow,
     _backend_options,
+    _overlap,
     _inference,
     _squeeze,
 )

@@ -31,7 +31,9 @@ def tiny_raw(tmp_path, tiny_model_dir) -> dict:
             "adapter_path": str(tmp_path / "adapter"),
             # A fixed thread count: float sums depend on it, and the default policy picks
             # it from the box's load, which would make bit-level comparisons load-dependent.
-            "options": {"threads": 1},
+            # float32 matmuls: "auto" picks bf16 on CPUs with AVX512-BF16, so tolerances
+            # would depend on the machine (test_precision.py covers bf16).
+            "options": {"threads": 1, "dtype": "fp32"},
         },
         "model": {"model": str(tiny_model_dir), "lora_rank": 4},
         "algorithm": {"advantage_mode": "grpo", "transform_mode": "gtpo_hicra"},

@@ -49,7 +49,12 @@ def built(tmp_path_factory, tiny_model_dir):
 
     tmp = tmp_path_factory.mktemp("mt")
     raw = {
-        "backend": {"backend": "local", "devices": "cpu", "adapter_path": str(tmp / "a")},
+        "backend": {
+            "backend": "local",
+            "devices": "cpu",
+            "adapter_path": str(tmp / "a"),
+            "options": {"threads": 1, "dtype": "fp32"},  # as tiny_raw: machine-independent
+        },
         "model": {"model": str(tiny_model_dir), "lora_rank": 4},
         "training": {"max_tokens": 5, "temperature": 1.0},
     }
@@ -92,9 +97,13 @@ def test_turn_two_is_sampled_on_the_environments_reply(built):
     src, spy, rollout = rollout_for(built, "guess-number", {"n": 2}, max_turns=3)
     params = SamplingParams(max_tokens=5, temperature=1.0, seed=1)
     groups, counters = rollout(src.examples[:2], 2, params, PhaseTimer())
-    # one batched sampler call per round, across the four conversations still running
+    # one batched sampler call per round, across the conversations still running (a
+    # random model's reply sometimes holds the secret digit, which ends its game)
+    turns = [max(m["turn"] for m in t) for g in groups for t in g.transcripts]
     assert len(spy.calls) == counters["turns_max"] == 3
-    assert [len(c) for c in spy.calls] == [4, 4, 4]  # a random model never guesses right
+    assert [len(c) for c in spy.calls] == [sum(k > r for k in turns) for r in range(3)]
+    assert turns[0] == 3  # with this seed the first conversation plays every turn
+    assert counters["turns_mean"] == pytest.approx(np.mean(turns))
     g = groups[0]
     s = g.samples[0]
     first, second = spy.calls[0][0], spy.calls[1][0]
@@ -115,7 +124,7 @@ def test_turn_two_is_sampled_on_the_environments_reply(built):
     model_positions = np.flatnonzero(s.loss_mask)
     assert len(model_positions) == int(s.loss_mask.sum()) > 0
     assert np.all(s.logprobs[~s.loss_mask] == 0.0) and np.all(s.logprobs[s.loss_mask] < 0)
-    assert counters["turns_mean"] == 3 and counters["truncated_max_turns_rate"] == 1.0
+    assert counters["truncated_max_turns_rate"] > 0
     assert [m["turn"] for m in g.transcripts[0] if m["role"] == "assistant"] == [1, 2, 3]
     assert counters["env_errors"] == counters["env_timeouts"] == 0
     src.close()

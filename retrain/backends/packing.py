@@ -1,0 +1,138 @@
+"""Packing a micro-batch for the trainer's forward pass.
+
+Each prompt of a micro-batch becomes one row: the prompt, then each of its completions
+(all tokens but the last, which predicts nothing), back to back; rows are right-padded to
+the longest. A block-diagonal causal mask lets every token attend only to its prompt and
+to the earlier tokens of its own completion, and the position ids continue from the prompt
+into each completion. That is the same computation as one right-padded `prompt +
+completion` row per completion, but a prompt runs once for its whole group and a
+completion's padding is never computed, and the micro-batch is one large forward/backward
+instead of a small one per group (bigger matmuls: 1.6x the bf16 rate on a 2-core CPU).
+Logits are computed only at the positions that predict a completion token.
+(One row for the whole micro-batch would also work, but attention then costs the square
+of the micro-batch's length instead of the sum of its groups' squares.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# How each attention implementation takes a custom mask: SDPA a bool mask (True =
+# attend), eager an additive one (0 = attend, -inf = blocked).
+MASK_STYLES = {"sdpa": "bool", "eager": "additive"}
+
+Group = tuple[Sequence[int], Sequence[np.ndarray]]  # (prompt ids, its completions)
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A micro-batch as B rows (one per prompt) of length L; T completion tokens in order."""
+
+    ids: torch.Tensor  # (B, L)
+    positions: torch.Tensor  # (B, L)
+    mask: torch.Tensor  # (B, 1, L, L) who may attend to whom
+    keep: torch.Tensor  # (B, L) bool: the positions whose logits are needed (R in all)
+    row: torch.Tensor  # (T,) for each completion token, the kept row (row-major) predicting it
+    targets: torch.Tensor  # (T,) the completion tokens
+    lengths: tuple[int, ...]  # each completion's length, in order
+
+    def slot(self, width: int) -> torch.Tensor:
+        """(T,) each token's index in a row-major (completions, width) padded layout."""
+        return torch.cat(
+            [i * width + torch.arange(k, dtype=torch.long) for i, k in enumerate(self.lengths)]
+        )
+
+
+@dataclass
+class _Row:
+    """One prompt and its completions, laid out in a row."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    allowed: torch.Tensor  # (n, n) bool
+    keep: list[int]  # positions whose logits are needed, increasing
+    row: list[int]  # for each completion token, its index in `keep`
+
+
+def _row(prompt: Sequence[int], completions: Sequence[np.ndarray]) -> _Row:
+    p = len(prompt)
+    if p < 1 or not completions or min(len(c) for c in completions) < 1:
+        raise ValueError("every prompt and completion needs at least one token")
+    fed = [np.asarray(c[:-1], dtype=np.int64) for c in completions]
+    sizes = [len(f) for f in fed]
+    ids = torch.from_numpy(np.concatenate([np.asarray(prompt, dtype=np.int64), *fed]))
+    # segment 0 is the prompt, segment i + 1 the i-th completion
+    segment = torch.repeat_interleave(torch.arange(len(fed) + 1), torch.tensor([p, *sizes]))
+    positions = torch.cat([torch.arange(p), *(p + torch.arange(k) for k in sizes)])
+    causal = positions[None, :] <= positions[:, None]
+    same = segment[:, None] == segment[None, :]
+    sees_prompt = (segment[None, :] == 0) & (segment[:, None] > 0)
+    keep, row, start = [p - 1], [], p  # the prompt's last position predicts every first token
+    for k in sizes:
+        row.append(0)
+        row.extend(range(len(keep), len(keep) + k))
+        keep.extend(range(start, start + k))
+        start += k
+    return _Row(ids, positions, (same & causal) | sees_prompt, keep, row)
+
+
+def pack(groups: Sequence[Group], style: str) -> Packed:
+    """Pack `groups` (each prompt with at least one completion of at least one token)."""
+    rows = [_row(prompt, completions) for prompt, completions in groups]
+    b, width = len(rows), max(len(r.ids) for r in rows)
+    ids = torch.zeros((b, width), dtype=torch.long)
+    positions = torch.zeros((b, width), dtype=torch.long)
+    # a padding position attends to itself only (a row with nothing to attend to is NaN)
+    allowed = torch.eye(width, dtype=torch.bool).repeat(b, 1, 1)
+    keep = torch.zeros((b, width), dtype=torch.bool)
+    row, offset = [], 0
+    for i, r in enumerate(rows):
+        n = len(r.ids)
+        ids[i, :n], positions[i, :n], allowed[i, :n, :n] = r.ids, r.positions, r.allowed
+        keep[i, r.keep] = True
+        row.extend(offset + j for j in r.row)
+        offset += len(r.keep)
+    if style == "bool":
+        mask = allowed
+    elif style == "additive":
+        mask = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+    else:
+        raise ValueError(f"unknown attention mask style {style!r}")
+    targets = [np.asarray(c, dtype=np.int64) for _, cs in groups for c in cs]
+    return Packed(
+        ids=ids,
+        positions=positions,
+        mask=mask[:, None],
+        keep=keep,
+        row=torch.tensor(row, dtype=torch.long),
+        targets=torch.from_numpy(np.concatenate(targets)),
+        lengths=tuple(len(t) for t in targets),
+    )
+
+
+def completion_logprobs(
+    model, groups: Sequence[Group], temperature: float, style: str, device: torch.device
+) -> torch.Tensor:
+    """Logprobs (completions, longest) of every completion's tokens given its prompt, at
+    `temperature`, in the order of `groups`, right-padded with 0."""
+    packed = pack(groups, style)
+    logits = model(
+        input_ids=packed.ids.to(device),
+        position_ids=packed.positions.to(device),
+        attention_mask=packed.mask.to(device),
+        use_cache=False,
+        logits_to_keep=packed.keep.to(device),
+    ).logits  # (R, vocabulary): the kept positions, row-major
+    # The log softmax at the chosen token only (logsumexp per row, then a gather), so no
+    # (tokens x vocabulary) log-probability tensor is kept for the backward pass.
+    scaled = logits.float() / temperature
+    lse = torch.logsumexp(scaled, dim=-1)
+    row, target = packed.row.to(device), packed.targets.to(device)
+    token_logp = scaled[row, target] - lse[row]
+    n, width = len(packed.lengths), max(packed.lengths)
+    slots = packed.slot(width).to(device)
+    return token_logp.new_zeros(n * width).index_copy(0, slots, token_logp).view(n, width)

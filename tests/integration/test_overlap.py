@@ -1,0 +1,289 @@
+"""`[backend.options] overlap`: step n trains on a background thread while step n+1
+samples from the weights published after step n-1's training. Run on the tiny model in
+split mode (`devices = "cpu,cpu"`: the sampler is a separate copy of the weights).
+
+The weights are recorded where they are used: the sampler's LoRA tensors when a step
+samples, the trainer's after each optimizer step. No timing is asserted."""
+
+from __future__ import annotations
+
+import copy
+import json
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from retrain import trainer as trainer_module
+from retrain.backends.local import LocalBackend
+from retrain.config import config_from_dict
+from retrain.errors import BackendError
+from retrain.logs.console import Console
+from retrain.logs.jsonl import read_jsonl
+from retrain.trainer import train
+
+
+class _Quiet(Console):
+    def __init__(self):
+        super().__init__(live=False)
+        self.lines: list[str] = []
+
+    def print(self, text: str = "") -> None:
+        self.lines.append(text)
+
+
+def run(raw: dict) -> tuple[int, list[str]]:
+    console = _Quiet()
+    return train(config_from_dict(raw), console=console), console.lines
+
+
+def split_raw(tiny_raw: dict, tmp_path: Path, name: str, *, overlap: bool, **training) -> dict:
+    raw = copy.deepcopy(tiny_raw)
+    raw["backend"]["devices"] = "cpu,cpu"
+    raw["backend"]["options"]["overlap"] = overlap
+    raw["backend"]["adapter_path"] = str(tmp_path / name / "adapter")
+    raw["logging"]["log_dir"] = str(tmp_path / name / "logs")
+    raw["training"].update({"max_steps": 4, "save_every": 0, **training})
+    return raw
+
+
+def lora(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def rows_of(raw: dict) -> list[dict]:
+    rows, bad = read_jsonl(Path(raw["logging"]["log_dir"]) / "metrics.jsonl")
+    assert not bad
+    return rows
+
+
+class Recorder:
+    """The sampler's LoRA weights at each sampling call, the trainer's before the first
+    and after every optimizer step, and each step's loss as the backend computed it."""
+
+    def __init__(self, monkeypatch):
+        self.sampled: list[dict] = []
+        self.weights: list[dict] = []  # [initial, after step 0's training, ...]
+        self.losses: list[float] = []
+        sample, optimize, rec = LocalBackend.sample, LocalBackend._optimize, self
+
+        def recording_sample(self, prompts, n, params):
+            if not rec.weights:
+                rec.weights.append(lora(self.model))
+            rec.sampled.append(lora(self.sampler_model))
+            return sample(self, prompts, n, params)
+
+        def recording_optimize(self, datums, hyper):
+            result = optimize(self, datums, hyper)
+            rec.weights.append(lora(self.model))
+            rec.losses.append(result.loss)
+            return result
+
+        monkeypatch.setattr(LocalBackend, "sample", recording_sample)
+        monkeypatch.setattr(LocalBackend, "_optimize", recording_optimize)
+
+
+def test_overlap_samples_one_step_behind_and_reports_each_step_on_its_own_row(
+    tiny_raw, tmp_path, monkeypatch
+):
+    rec = Recorder(monkeypatch)
+    raw = split_raw(tiny_raw, tmp_path, "overlap", overlap=True)
+    code, lines = run(raw)
+    assert code == 0
+    rows = rows_of(raw)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert all(r["num_datums"] > 0 for r in rows), "the parity reward keeps groups informative"
+    # Step 0 samples the initial weights and trains them (on-policy); every later step
+    # samples while the previous one trains: one optimizer step stale.
+    assert [r["off_policy_steps"] for r in rows] == [0, 1, 1, 1]
+    assert len(rec.sampled) == 4 and len(rec.weights) == 5
+    assert same(rec.sampled[0], rec.weights[0])
+    for n in range(1, 4):
+        # the weights after step n-2's update (rec.weights[n-1]), not after step n-1's
+        assert same(rec.sampled[n], rec.weights[n - 1]), n
+        assert not same(rec.sampled[n], rec.weights[n]), n
+    # each row carries the training of its own datums
+    assert [r["loss"] for r in rows] == rec.losses
+    # the final adapter holds the last step's update: the final save waited for it
+    from safetensors.torch import load_file
+
+    final = load_file(str(Path(raw["backend"]["adapter_path"]) / "final/adapter_model.safetensors"))
+    last = {k.replace(".default", ""): v for k, v in rec.weights[-1].items()}
+    assert {k: final[k] for k in last}.keys() == last.keys()
+    assert all(torch.equal(final[k], last[k]) for k in last)
+    assert sum(line.startswith("Step ") for line in lines) == 4
+
+
+def test_without_overlap_split_mode_stays_on_policy(tiny_raw, tmp_path, monkeypatch):
+    rec = Recorder(monkeypatch)
+    raw = split_raw(tiny_raw, tmp_path, "plain", overlap=False)
+    assert run(raw)[0] == 0
+    rows = rows_of(raw)
+    assert [r["off_policy_steps"] for r in rows] == [0, 0, 0, 0]
+    for n in range(4):  # every step samples the weights its datums train
+        assert same(rec.sampled[n], rec.weights[n]), n
+    assert [r["loss"] for r in rows] == rec.losses
+
+    # Step 0 is the same in both modes (same weights, same samples); step 1 is not:
+    # with overlap it was sampled before step 0's update was published.
+    overlapped = split_raw(tiny_raw, tmp_path, "overlap", overlap=True)
+    assert run(overlapped)[0] == 0
+    other = rows_of(overlapped)
+    for key in ("loss", "log_ratio_mean", "grad_norm"):
+        assert other[0][key] == pytest.approx(rows[0][key], abs=1e-6), key
+    assert same(rec.sampled[5], rec.sampled[4])  # the second run's step 1 saw step 0's weights
+    assert not same(rec.sampled[1], rec.sampled[5])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs the CPU fallback of gpu devices")
+def test_gpu_devices_without_cuda_refuse_overlap_by_name(tiny_raw, tmp_path):
+    """Without CUDA `gpu:0,gpu:1` falls back to one CPU device, where the sampler would
+    read the weights being trained: the backend refuses before the first training."""
+    raw = split_raw(tiny_raw, tmp_path, "gpu", overlap=True)
+    raw["backend"]["devices"] = "gpu:0,gpu:1"
+    with pytest.raises(BackendError, match=r"\[backend.options\] overlap = true.*one device"):
+        run(raw)
+    assert not (Path(raw["backend"]["adapter_path"]) / "final").exists()
+
+
+def _raise_on_call(monkeypatch, name: str, call: int, message: str) -> None:
+    original, calls = getattr(LocalBackend, name), {"n": 0}
+
+    def failing(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == call:
+            raise RuntimeError(message)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(LocalBackend, name, failing)
+
+
+@pytest.mark.parametrize(
+    ("where", "call"),
+    [
+        ("_optimize", 3),  # step 2's training, on the background thread
+        ("sample", 4),  # step 3's sampling, on the main thread, while step 2 trains
+    ],
+)
+def test_a_failure_surfaces_and_keeps_the_last_checkpoint(
+    tiny_raw, tmp_path, monkeypatch, where, call
+):
+    rec = Recorder(monkeypatch)
+    raw = split_raw(tiny_raw, tmp_path, "fail", overlap=True, save_every=2)
+    _raise_on_call(monkeypatch, where, call, f"simulated failure in {where}")
+    with pytest.raises(RuntimeError, match=f"simulated failure in {where}"):
+        run(raw)
+    assert not any(t.name == "retrain-train" for t in threading.enumerate())
+    logs = Path(raw["logging"]["log_dir"])
+    state = json.loads((logs / "trainer_state.json").read_text())
+    assert state["step"] == 2 and state["finished"] is False
+    assert json.loads((logs / "run.json").read_text())["status"] == "failed"
+    # step 2 never finished training, so it has no row; the rows saved stay
+    assert [r["step"] for r in rows_of(raw)] == [0, 1]
+    from safetensors.torch import load_file
+
+    saved = load_file(str(Path(state["checkpoint"]["adapter"]) / "adapter_model.safetensors"))
+    after_step_1 = {k.replace(".default", ""): v for k, v in rec.weights[2].items()}
+    assert all(torch.equal(saved[k], after_step_1[k]) for k in after_step_1)
+
+
+def test_stop_and_resume_with_overlap_reproduce_the_uninterrupted_run(
+    tiny_raw, tmp_path, monkeypatch
+):
+    straight = split_raw(tiny_raw, tmp_path, "straight", overlap=True, save_every=2)
+    assert run(straight)[0] == 0
+
+    # The same run stopped after step 1 (as SIGTERM would), then resumed.
+    stops: list = []
+
+    class _Recorded(trainer_module._StopRequest):
+        def __init__(self):
+            super().__init__()
+            stops.append(self)
+
+        def install(self) -> None:
+            pass
+
+    original = trainer_module.Trainer.run_step
+
+    def run_step(self, step):
+        row = original(self, step)
+        if step == 1 and not self.config.resume.from_:
+            stops[-1].signal = signal.SIGTERM
+        return row
+
+    monkeypatch.setattr(trainer_module, "_StopRequest", _Recorded)
+    monkeypatch.setattr(trainer_module.Trainer, "run_step", run_step)
+    part = split_raw(tiny_raw, tmp_path, "part", overlap=True, save_every=0)
+    assert run(part)[0] == 143
+    state = json.loads((Path(part["logging"]["log_dir"]) / "trainer_state.json").read_text())
+    assert state["step"] == 2  # the stop waited for step 1's training and saved it
+    resumed = copy.deepcopy(part)
+    resumed["training"]["save_every"] = 2
+    resumed["resume"] = {"from": part["logging"]["log_dir"]}
+    code, lines = run(resumed)
+    assert code == 0 and any("Resumed from" in line for line in lines)
+
+    a, b = rows_of(straight), rows_of(part)
+    assert [r["step"] for r in b] == [0, 1, 2, 3]
+    # a checkpoint waits for the pending training, so the step after it is on-policy
+    assert [r["off_policy_steps"] for r in a] == [r["off_policy_steps"] for r in b] == [0, 1, 0, 1]
+    for x, y in zip(a, b, strict=True):
+        assert x["loss"] == pytest.approx(y["loss"], abs=1e-6)
+        assert x["mean_reward"] == y["mean_reward"]
+        assert x["examples_seen"] == y["examples_seen"]
+    from safetensors.torch import load_file
+
+    fa, fb = (
+        load_file(str(Path(r["backend"]["adapter_path"]) / "final/adapter_model.safetensors"))
+        for r in (straight, part)
+    )
+    for k in fa:
+        assert torch.allclose(fa[k], fb[k], atol=1e-6), k
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(3600)
+def test_overlap_with_a_vllm_server_samples_the_adapter_one_step_behind(tmp_path):
+    """Opt-in (`-m vllm`, see test_vllm_engine.py): the quickstart on SmolLM2 with a real
+    vLLM server and overlap. Each step samples from the adapter published after the
+    training two steps back: the server's adapter version lags one more step than
+    without overlap, and every trained step still reloads the adapter once."""
+    import tomllib
+
+    from vllm_server import MODEL_DIR, REPO, vllm_url
+
+    servers = vllm_url(tmp_path / "server")
+    url = next(servers)
+    try:
+        template = REPO / "retrain" / "config" / "templates" / "quickstart.toml"
+        raw = tomllib.loads(template.read_text())
+        raw["model"]["model"] = str(MODEL_DIR)
+        raw["training"].update(max_steps=4, save_every=0, seed=1, temperature=0.7)
+        raw["eval"]["every"] = 0
+        raw["backend"]["adapter_path"] = str(tmp_path / "adapters")
+        raw["backend"]["options"] = {"threads": 1, "overlap": True}
+        raw["logging"]["log_dir"] = str(tmp_path / "logs")
+        raw["inference"] = {"engine": "vllm", "url": url}
+        assert run(raw)[0] == 0
+    finally:
+        servers.close()
+    rows = rows_of(raw)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    trained = [r["num_datums"] > 0 for r in rows]
+    assert [r["off_policy_steps"] for r in rows] == [0, *map(int, trained[:-1])]
+    versions = [r["engine_adapter_version"] for r in rows]
+    assert versions[1] == versions[0]  # step 1 sampled while step 0 trained
+    for n in range(2, 4):  # step n samples what step n-2's training published
+        assert versions[n] == versions[n - 1] + trained[n - 2], versions
+    for n in range(1, 4):
+        assert (
+            rows[n]["engine_adapter_reloads"] == rows[n - 1]["engine_adapter_reloads"] + trained[n]
+        )
+    assert all(r["engine_adapter_reload_failures"] == 0 for r in rows)

@@ -1,0 +1,128 @@
+"""The local backend's bf16 mode (`[backend.options] dtype`) and the sampler's early-stop
+bookkeeping, on the tiny random model:
+
+* bf16 mode turns the transformer blocks' frozen linears into bf16 matmuls while the
+  adapter, embeddings, norms and logits stay float32; sampler and trainer then agree to
+  within bf16 rounding, and an update still moves the policy the right way;
+* rows that reach end-of-sequence leave the decoding batch, and every other row's
+  recorded logprobs still equal the trainer's (float32)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from retrain.backends.local import LocalBackend
+from retrain.backends.precision import Bf16Linear, use_bf16
+from retrain.config import config_from_dict
+from retrain.types import Datum, SamplingParams, TrainHyper
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]
+
+
+def make_backend(tiny_raw, tiny_model_dir, dtype: str) -> LocalBackend:
+    from transformers import AutoTokenizer
+
+    raw = copy.deepcopy(tiny_raw)
+    raw["backend"]["options"]["dtype"] = dtype
+    b = LocalBackend(
+        config_from_dict(raw), AutoTokenizer.from_pretrained(tiny_model_dir), say=lambda s: None
+    )
+    with torch.no_grad():  # a trained adapter: B is not zero
+        for name, p in b.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2, generator=torch.Generator().manual_seed(len(name)))
+    return b
+
+
+def agreement(b: LocalBackend, n: int, max_tokens: int, temperature: float) -> np.ndarray:
+    """Trainer minus sampler logprob of every sampled token."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=5)
+    groups = b.sample(PROMPTS, n, params)
+    diffs = []
+    for prompt, group in zip(PROMPTS, groups, strict=True):
+        with torch.no_grad():
+            logp = b.completion_logprobs(prompt, [s.token_ids for s in group], temperature)
+        for i, s in enumerate(group):
+            diffs.append(logp[i, : len(s.token_ids)].double().numpy() - s.logprobs)
+    return np.concatenate(diffs), groups
+
+
+def test_bf16_mode_keeps_the_adapter_norms_and_logits_in_float32(tiny_raw, tiny_model_dir):
+    b = make_backend(tiny_raw, tiny_model_dir, "bf16")
+    base = b.model.get_base_model()
+    blocks = [m for m in base.model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    lora = [m for m in blocks if "lora_" in type(m).__name__ or m.weight.requires_grad]
+    frozen = [m for m in blocks if m not in lora]
+    assert frozen and all(type(m) is Bf16Linear for m in frozen)
+    assert all(m.weight.dtype == torch.bfloat16 for m in frozen)
+    assert all(p.dtype == torch.float32 for p in b.params)  # the adapter
+    head = base.get_output_embeddings()
+    assert type(head) is torch.nn.Linear and head.weight.dtype == torch.float32
+    norms = [p for n, p in base.named_parameters() if "norm" in n]
+    assert norms and all(p.dtype == torch.float32 for p in norms)
+    out = b.model(input_ids=torch.tensor([PROMPTS[0]]))
+    assert out.logits.dtype == torch.float32
+    # the sampler's merged copy runs the same bf16 matmuls
+    assert b.engine.merged is not None
+    assert all(type(plain) is Bf16Linear for _, plain in b.engine.merged.pairs)
+
+
+def test_bf16_sampler_and_trainer_agree_to_bf16_rounding(tiny_raw, tiny_model_dir):
+    exact, _ = agreement(make_backend(tiny_raw, tiny_model_dir, "fp32"), 4, 10, 0.7)
+    assert np.abs(exact).max() < 1e-4
+    diff, _ = agreement(make_backend(tiny_raw, tiny_model_dir, "bf16"), 4, 10, 0.7)
+    # bf16 rounds each matmul's output to 8 significant bits; the sampler runs one token
+    # at a time and the trainer a packed row, so the roundings differ a little
+    assert np.abs(diff).mean() < 0.02 and np.abs(diff).max() < 0.25
+    assert np.abs(diff).max() > 0  # really a bf16 computation
+
+
+def test_bf16_update_moves_the_policy_the_right_way(tiny_raw, tiny_model_dir):
+    b = make_backend(tiny_raw, tiny_model_dir, "bf16")
+    prompt, signs = PROMPTS[0], [1.0, -1.0] * 4
+    group = b.sample([prompt], len(signs), SamplingParams(max_tokens=6, temperature=1.0, seed=21))
+    datums = [
+        Datum(prompt, s.token_ids, s.logprobs, np.full(len(s.token_ids), sign))
+        for s, sign in zip(group[0], signs, strict=True)
+    ]
+
+    def seq_logp():
+        with torch.no_grad():
+            logp = b.completion_logprobs(prompt, [d.completion_ids for d in datums], 1.0)
+        return np.array(
+            [float(logp[i, : len(d.completion_ids)].sum()) for i, d in enumerate(datums)]
+        )
+
+    before = seq_logp()
+    b.train_step(datums, TrainHyper(lr=2e-2, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8))
+    delta = seq_logp() - before
+    assert np.mean(delta[0::2]) > 1e-3 and np.mean(delta[1::2]) < -1e-3
+
+
+def test_auto_picks_bf16_only_where_matmuls_are_native(monkeypatch):
+    import retrain.hardware as hardware
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: False)
+    assert not use_bf16("auto", cpu) and use_bf16("auto", gpu) and use_bf16("bf16", cpu)
+    assert not use_bf16("auto", torch.device("mps"))
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: True)
+    assert use_bf16("auto", cpu) and not use_bf16("fp32", cpu) and not use_bf16("fp32", gpu)
+
+
+def test_finished_rows_leave_the_batch_and_the_rest_stay_exact(tiny_raw, tiny_model_dir):
+    b = make_backend(tiny_raw, tiny_model_dir, "fp32")
+    # a tenth of the vocabulary ends a completion, so rows stop at many different steps
+    b.engine.eos_ids = list(range(20, 30))
+    diff, groups = agreement(b, 6, 12, 1.0)
+    lengths = {len(s.token_ids) for g in groups for s in g}
+    stops = {s.stop_reason for g in groups for s in g}
+    assert len(lengths) >= 4 and stops == {"eos", "length"}
+    for g in groups:
+        for s in g:
+            assert (s.stop_reason == "eos") == (int(s.token_ids[-1]) in range(20, 30))
+            assert not np.isin(s.token_ids[:-1], range(20, 30)).any()  # stopped at the first
+    assert np.abs(diff).max() < 1e-4
