@@ -448,7 +448,7 @@ BACKENDS = Registry(
             options={
                 "micro_batch_tokens": OptionSpec(
                     "int",
-                    1024,
+                    512,
                     "Tokens per packed forward/backward micro-batch (prompts once + completions); "
                     "bounds training memory",
                     validator=_positive,
@@ -468,7 +468,8 @@ BACKENDS = Registry(
                 "prompt_batch": OptionSpec(
                     "int",
                     0,
-                    "Prompts sampled together in one generate call. 0 = all of the step's prompts",
+                    "Prompts decoded together. 0 = as many as keep a batch within 64 completions "
+                    "(at least one prompt), so sampling memory does not grow with the group",
                 ),
                 "dtype": OptionSpec(
                     "str",

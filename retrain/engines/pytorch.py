@@ -3,21 +3,26 @@ local backend trains.
 
 Each prompt is prefilled once (left-padded across prompts, with position ids counted
 from the first real token) and its cache is repeated for the group's completions, then
-tokens are sampled step by step at the configured temperature (and, with top_p < 1, from
-the renormalised nucleus), and the recorded logprobs are exactly those of the
-distribution each token was drawn from. Temperature 0 (held-out evaluation) decodes
-greedily: the argmax token, with logprob 0 (it was chosen with probability 1).
+tokens are drawn step by step at the configured temperature (and, with top_p < 1, from
+the renormalised nucleus) by inverse CDF, one uniform per row, and the recorded logprobs
+are exactly those of the distribution each token was drawn from. A row that reaches
+end-of-sequence leaves the batch (its cache rows are dropped), so the work follows the
+real token count. Temperature 0 (held-out evaluation) decodes greedily: the argmax
+token, with logprob 0 (it was chosen with probability 1). With `prompt_batch = 0` a step
+is decoded in batches of at most `AUTO_ROWS` completions (whole prompts), which bounds
+sampling memory.
 
 Speed (docs/performance.md): a PEFT LoRA model runs four extra small operators per
 adapted linear for every decoded token. When the model is a plain LoRA PEFT model, the
 engine samples from a `MergedSampler` instead: an adapter-free copy whose adapted linears
 hold W + scaling * B @ A, re-merged only when the adapter's weights changed (their version
-counters moved). In float32 the merged logprobs equal the adapter's to rounding (~1e-6);
-with `[inference] dtype = "bf16"` the copy is bfloat16 (faster matmuls on CPUs with
-AVX512-BF16/AMX and on GPUs), the sampled distribution is the bf16 model's and the
-recorded logprobs are exactly its own, so the trainer's importance ratio corrects the
-bf16/fp32 difference (`log_ratio_mean`/`log_ratio_max_abs` show its size). A
-`retrain.threads.ThreadPolicy` picks torch's thread count before each call.
+counters moved). In float32 the merged logprobs equal the adapter's to rounding (~1e-6).
+In the local backend's bf16 mode the copy's layers are bf16 matmuls like the trainer's
+(W + BA rounded to bf16 once per update); `[inference] dtype = "bf16"` on a float32
+trainer gives a wholly bf16 copy. Either way the recorded logprobs are the sampler's own,
+so the trainer's importance ratio corrects the difference (`log_ratio_mean` /
+`log_ratio_max_abs` show its size). A `retrain.threads.ThreadPolicy` picks torch's thread
+count before each call.
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ import torch
 
 from retrain.errors import BackendError
 from retrain.types import Sample, SamplingParams
+
+# Completions decoded at once when `[backend.options] prompt_batch = 0`: sampling memory
+# (KV cache, logits) grows with the rows, so a larger group is decoded in several
+# batches of whole prompts instead of one ever larger batch.
+AUTO_ROWS = 64
 
 
 @dataclass
@@ -103,7 +113,7 @@ class PyTorchEngine:
             generator.seed()
         if self.threads is not None:
             self.threads.apply("sampling")
-        chunk = self.prompt_batch or len(prompts_B)
+        chunk = self.prompt_batch or max(1, AUTO_ROWS // n)
         out: list[list[Sample]] = []
         was_training = self.model.training
         self.model.eval()
