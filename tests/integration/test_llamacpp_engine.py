@@ -87,7 +87,7 @@ def trainer(tmp_path_factory):
             "backend": "local",
             "devices": "cpu",
             "adapter_path": str(tmp / "a"),
-            "options": {"threads": 1, "dtype": "fp32"},  # the fp32 trainer (not bf16 autocast)
+            "options": {"threads": 1, "dtype": "fp32"},  # float32 matmuls: compared to an f32 GGUF
         },
         "model": {"model": str(MODEL_DIR), "lora_rank": 8},
     }
