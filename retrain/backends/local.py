@@ -13,8 +13,10 @@ model are options; the reference logprobs come from the same model with the LoRA
 disabled (PEFT's `disable_adapter()`), so no second model is held in memory.
 Micro-batches split a step by a token budget; each micro-batch uses the step's
 denominator (and per-completion weights), so the result does not depend on the split.
-Each group's prompt is run once per micro-batch and its KV cache shared by the
-completions (exact: it only skips recomputing identical prefixes).
+A micro-batch runs packed (retrain/backends/packing.py): each prompt once, its completions
+after it under a block-diagonal mask, no padding, logits only where a completion token is
+predicted; exact, like one plain row per completion. `[backend.options] dtype` chooses
+bf16 matmuls in the transformer blocks (retrain/backends/precision.py).
 """
 
 from __future__ import annotations
