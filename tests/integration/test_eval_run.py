@@ -6,22 +6,13 @@ import copy
 import json
 
 import pytest
+from run_helpers import QuietConsole
 
 from retrain.cli.main import main as cli_main
 from retrain.config import config_from_dict
 from retrain.config.toml_writer import config_to_toml
-from retrain.logs.console import Console
 from retrain.logs.jsonl import read_jsonl
 from retrain.trainer import train
-
-
-class _Quiet(Console):
-    def __init__(self):
-        super().__init__(live=False)
-        self.lines: list[str] = []
-
-    def print(self, text: str = "") -> None:
-        self.lines.append(text)
 
 
 def _with_eval(raw: dict, **eval_table) -> dict:
@@ -33,7 +24,7 @@ def _with_eval(raw: dict, **eval_table) -> dict:
 def test_run_evaluates_before_step_zero_every_step_and_at_the_end(tiny_raw, tmp_path):
     raw = _with_eval(tiny_raw)
     raw["training"]["max_steps"] = 2
-    console = _Quiet()
+    console = QuietConsole()
     assert train(config_from_dict(raw), console=console) == 0
     log = tmp_path / "logs"
 
@@ -65,7 +56,7 @@ def test_run_evaluates_before_step_zero_every_step_and_at_the_end(tiny_raw, tmp_
 def test_eval_off_by_default_writes_nothing(tiny_raw, tmp_path):
     raw = copy.deepcopy(tiny_raw)
     raw["training"]["max_steps"] = 1
-    assert train(config_from_dict(raw), console=_Quiet()) == 0
+    assert train(config_from_dict(raw), console=QuietConsole()) == 0
     assert not (tmp_path / "logs" / "eval.jsonl").exists()
     rows, _ = read_jsonl(tmp_path / "logs" / "metrics.jsonl")
     assert not any(k.startswith("eval_") for k in rows[0])
@@ -75,7 +66,7 @@ def test_retrain_eval_on_a_saved_adapter_and_the_base_model(tiny_raw, tmp_path, 
     raw = _with_eval(tiny_raw, every=0)  # evaluation off in training: the command still works
     raw["training"]["max_steps"] = 1
     config = config_from_dict(raw)
-    assert train(config, console=_Quiet()) == 0
+    assert train(config, console=QuietConsole()) == 0
     cfg_path = tmp_path / "run.toml"
     cfg_path.write_text(config_to_toml(config), encoding="utf-8")
     adapter = tmp_path / "adapter" / "final"
@@ -131,10 +122,10 @@ def test_greedy_sampling_is_argmax_with_logprob_zero(tiny_model_dir):
 def test_resume_keeps_the_evaluations_up_to_the_checkpoint(tiny_raw, tmp_path):
     raw = _with_eval(tiny_raw)
     raw["training"]["max_steps"] = 2
-    assert train(config_from_dict(raw), console=_Quiet()) == 0
+    assert train(config_from_dict(raw), console=QuietConsole()) == 0
     raw["training"]["max_steps"] = 3
     raw["resume"] = {"from": str(tmp_path / "logs")}
-    console = _Quiet()
+    console = QuietConsole()
     assert train(config_from_dict(raw), console=console) == 0
     evals, _ = read_jsonl(tmp_path / "logs" / "eval.jsonl")
     assert [r["step"] for r in evals] == [0, 1, 2, 3]  # no second evaluation before step 2

@@ -5,31 +5,20 @@ from __future__ import annotations
 
 import copy
 import math
-import signal
 from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import QuietConsole, stop_after_step
 
-import retrain.trainer as trainer_module
 from retrain.config import config_from_dict
-from retrain.logs.console import Console
 from retrain.logs.jsonl import read_jsonl
 from retrain.schedule import lr_at
 from retrain.trainer import train
 
 
-class _Quiet(Console):
-    def __init__(self):
-        super().__init__(live=False)
-        self.lines: list[str] = []
-
-    def print(self, text: str = "") -> None:
-        self.lines.append(text)
-
-
 def run(raw: dict) -> tuple[int, list[dict]]:
-    code = train(config_from_dict(raw), console=_Quiet())
+    code = train(config_from_dict(raw), console=QuietConsole())
     rows, bad = read_jsonl(Path(raw["logging"]["log_dir"]) / "metrics.jsonl")
     assert not bad
     return code, rows
@@ -117,27 +106,8 @@ def test_resume_with_a_schedule_and_kl_matches_the_straight_run(tiny_raw, tmp_pa
     code, rows_a = run(straight)
     assert code == 0
 
-    # The same config stopped after step 1 (as SIGTERM would), then resumed.
-    stops: list = []
-
-    class _Recorded(trainer_module._StopRequest):
-        def __init__(self):
-            super().__init__()
-            stops.append(self)
-
-        def install(self) -> None:
-            pass
-
-    original = trainer_module.Trainer.run_step
-
-    def run_step(self, step):
-        row = original(self, step)
-        if step == 1 and not self.config.resume.from_:
-            stops[-1].signal = signal.SIGTERM
-        return row
-
-    monkeypatch.setattr(trainer_module, "_StopRequest", _Recorded)
-    monkeypatch.setattr(trainer_module.Trainer, "run_step", run_step)
+    # The same run stopped after step 1 (as SIGTERM would), then resumed.
+    stop_after_step(monkeypatch, 1)
     split = with_training(tiny_raw, tmp_path, "split", **options)
     run(split)
     state = (Path(split["logging"]["log_dir"]) / "trainer_state.json").read_text()

@@ -9,33 +9,22 @@ from __future__ import annotations
 
 import copy
 import json
-import signal
 import threading
 from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import QuietConsole, stop_after_step
 
-from retrain import trainer as trainer_module
 from retrain.backends.local import LocalBackend
 from retrain.config import config_from_dict
 from retrain.errors import BackendError
-from retrain.logs.console import Console
 from retrain.logs.jsonl import read_jsonl
 from retrain.trainer import train
 
 
-class _Quiet(Console):
-    def __init__(self):
-        super().__init__(live=False)
-        self.lines: list[str] = []
-
-    def print(self, text: str = "") -> None:
-        self.lines.append(text)
-
-
 def run(raw: dict) -> tuple[int, list[str]]:
-    console = _Quiet()
+    console = QuietConsole()
     return train(config_from_dict(raw), console=console), console.lines
 
 
@@ -200,26 +189,7 @@ def test_stop_and_resume_with_overlap_reproduce_the_uninterrupted_run(
     assert run(straight)[0] == 0
 
     # The same run stopped after step 1 (as SIGTERM would), then resumed.
-    stops: list = []
-
-    class _Recorded(trainer_module._StopRequest):
-        def __init__(self):
-            super().__init__()
-            stops.append(self)
-
-        def install(self) -> None:
-            pass
-
-    original = trainer_module.Trainer.run_step
-
-    def run_step(self, step):
-        row = original(self, step)
-        if step == 1 and not self.config.resume.from_:
-            stops[-1].signal = signal.SIGTERM
-        return row
-
-    monkeypatch.setattr(trainer_module, "_StopRequest", _Recorded)
-    monkeypatch.setattr(trainer_module.Trainer, "run_step", run_step)
+    stop_after_step(monkeypatch, 1)
     part = split_raw(tiny_raw, tmp_path, "part", overlap=True, save_every=0)
     assert run(part)[0] == 143
     state = json.loads((Path(part["logging"]["log_dir"]) / "trainer_state.json").read_text())

@@ -27,8 +27,9 @@ import pytest
 
 pytest.importorskip("msgspec")
 
+from run_helpers import QuietConsole  # noqa: E402
+
 from retrain.config import config_from_dict  # noqa: E402
-from retrain.logs.console import Console  # noqa: E402
 from retrain.logs.jsonl import read_jsonl  # noqa: E402
 from retrain.trainer import train  # noqa: E402
 
@@ -36,17 +37,8 @@ REPO = Path(__file__).resolve().parents[2]
 RECEIVER = REPO / "scripts" / "prime_rl_receiver" / "receiver.py"
 
 
-class _Quiet(Console):
-    def __init__(self):
-        super().__init__(live=False)
-        self.lines: list[str] = []
-
-    def print(self, text: str = "") -> None:
-        self.lines.append(text)
-
-
 def run(raw: dict) -> tuple[int, list[str]]:
-    console = _Quiet()
+    console = QuietConsole()
     code = train(config_from_dict(raw), console=console)
     return code, console.lines
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 from grad_recorder import step_gradients
+from run_helpers import QuietConsole
 
 from retrain.backends.local import LocalBackend
 from retrain.cli.main import main as cli_main
 from retrain.config import config_from_dict
 from retrain.errors import CheckpointError, TrainingError
-from retrain.logs.console import Console
 from retrain.logs.jsonl import read_jsonl
 from retrain.trainer import train
 from retrain.types import Datum, SamplingParams, TrainHyper
@@ -65,17 +65,8 @@ GENERATION_FIELDS = {
 }
 
 
-class _Quiet(Console):
-    def __init__(self):
-        super().__init__(live=False)
-        self.lines: list[str] = []
-
-    def print(self, text: str = "") -> None:
-        self.lines.append(text)
-
-
 def run(raw: dict, **kw) -> tuple[int, list[str]]:
-    console = _Quiet()
+    console = QuietConsole()
     code = train(config_from_dict(raw), console=console, **kw)
     return code, console.lines
 
