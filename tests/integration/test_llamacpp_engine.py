@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from vllm_server import CACHE, MODEL_DIR, REPO, free_port, stop
+from vllm_server import CACHE, MODEL_DIR, served
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.timeout(1800)]
 
@@ -51,26 +51,14 @@ def server(tmp_path_factory):
         pytest.skip(f"no llama.cpp venv at {VENV}: scripts/llamacpp_server/setup_venv.sh")
     if not GGUF.exists():
         pytest.skip(f"no f32 GGUF at {GGUF}: scripts/llamacpp_server/convert_gguf.sh")
-    tmp = tmp_path_factory.mktemp("llamacpp")
-    port, pidfile = free_port(), tmp / "llamacpp.pid"
-    env = {**os.environ, "LLAMACPP_PORT": str(port), "LLAMACPP_PIDFILE": str(pidfile)}
-    env.update(LLAMACPP_LOG=str(tmp / "llamacpp.log"), LLAMACPP_VENV=str(VENV))
-    env.update(LLAMACPP_MODEL=str(GGUF))
-    start = time.time()
-    result = subprocess.run(
-        [str(REPO / "scripts" / "llamacpp_server" / "start.sh"), "--background"],
-        env=env,
-        capture_output=True,
-        text=True,
+    yield from served(
+        "llamacpp",
+        "LLAMACPP",
+        tmp_path_factory.mktemp("llamacpp"),
+        venv=VENV,
+        model=GGUF,
         timeout=600,
     )
-    try:
-        assert result.returncode == 0, f"llama.cpp did not start:\n{result.stdout}\n{result.stderr}"
-        print(f"llama.cpp ready on port {port} in {time.time() - start:.0f}s")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        if pidfile.exists():
-            stop(int(pidfile.read_text()))
 
 
 @pytest.fixture(scope="module")

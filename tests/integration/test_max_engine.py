@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from vllm_server import CACHE, MODEL_DIR, REPO, free_port, stop
+from vllm_server import CACHE, MODEL_DIR, served
 
 pytestmark = [pytest.mark.max, pytest.mark.timeout(1800)]
 
@@ -43,25 +43,9 @@ def server(tmp_path_factory):
         pytest.skip(f"no MAX venv at {VENV}. Build it with: scripts/max_server/setup_venv.sh")
     if not (MODEL_DIR / "config.json").exists():
         pytest.skip(f"no SmolLM2 safetensors copy at {MODEL_DIR}: run the quickstart once")
-    tmp = tmp_path_factory.mktemp("max")
-    port, pidfile = free_port(), tmp / "max.pid"
-    env = {**os.environ, "MAX_PORT": str(port), "MAX_PIDFILE": str(pidfile)}
-    env.update(MAX_LOG=str(tmp / "max.log"), MAX_VENV=str(VENV), MAX_MODEL=str(MODEL_DIR))
-    start = time.time()
-    result = subprocess.run(
-        [str(REPO / "scripts" / "max_server" / "start.sh"), "--background"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
+    yield from served(
+        "max", "MAX", tmp_path_factory.mktemp("max"), venv=VENV, model=MODEL_DIR, timeout=1200
     )
-    try:
-        assert result.returncode == 0, f"MAX did not start:\n{result.stdout}\n{result.stderr}"
-        print(f"MAX ready on port {port} in {time.time() - start:.0f}s")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        if pidfile.exists():
-            stop(int(pidfile.read_text()))
 
 
 def _prompts(tok) -> list[list[int]]:

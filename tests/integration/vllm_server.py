@@ -1,4 +1,5 @@
-"""Starting and stopping a real vLLM server for the opt-in `-m vllm` tests.
+"""Starting and stopping real servers (vLLM, and MAX and llama.cpp through the same
+start-script convention) for the opt-in `-m vllm` / `-m max` / `-m llamacpp` tests.
 
 The server runs from its own venv (scripts/vllm_server/setup_venv.sh; it pins torch and
 transformers < 5.20, so it cannot share the project venv) through
@@ -41,38 +42,72 @@ def vllm_url(tmp: Path) -> Iterator[str]:
         yield os.environ["RETRAIN_VLLM_URL"].rstrip("/")
         return
     need_server_files()
-    port = free_port()
-    pidfile = tmp / "vllm.pid"
+    yield from served("vllm", "VLLM", tmp, venv=VENV, model=MODEL_DIR, timeout=900)
+
+
+def start_server(port: int, pidfile: Path, log: Path) -> int:
+    """Start vLLM by scripts/vllm_server/start.sh on `port` and wait until it is healthy;
+    its pid (also in `pidfile`)."""
+    return run_start_script(
+        "vllm", "VLLM", port, pidfile, log, venv=VENV, model=MODEL_DIR, timeout=900
+    )
+
+
+def served(
+    name: str, prefix: str, tmp: Path, *, venv: Path, model: Path, timeout: int
+) -> Iterator[str]:
+    """Yield the URL of a server started by scripts/{name}_server/start.sh on a free port;
+    it is stopped afterwards."""
+    port, pidfile = free_port(), tmp / f"{name}.pid"
     start = time.time()
     try:
-        start_server(port, pidfile, tmp / "vllm.log")
-        print(f"vLLM ready on port {port} in {time.time() - start:.0f}s")
+        run_start_script(
+            name,
+            prefix,
+            port,
+            pidfile,
+            tmp / f"{name}.log",
+            venv=venv,
+            model=model,
+            timeout=timeout,
+        )
+        print(f"{name} ready on port {port} in {time.time() - start:.0f}s")
         yield f"http://127.0.0.1:{port}"
     finally:
         if pidfile.exists():
             stop(int(pidfile.read_text()))
 
 
-def start_server(port: int, pidfile: Path, log: Path) -> int:
-    """Start vLLM by scripts/vllm_server/start.sh on `port` and wait until it is healthy;
-    its pid (also in `pidfile`)."""
+def run_start_script(
+    name: str,
+    prefix: str,
+    port: int,
+    pidfile: Path,
+    log: Path,
+    *,
+    venv: Path,
+    model: Path,
+    timeout: int,
+) -> int:
+    """Run scripts/{name}_server/start.sh --background (settings in its PREFIX_* variables),
+    which returns once the server is healthy; the server's pid (also in `pidfile`)."""
     env = {
         **os.environ,
-        "VLLM_PORT": str(port),
-        "VLLM_PIDFILE": str(pidfile),
-        "VLLM_LOG": str(log),
-        "VLLM_VENV": str(VENV),
-        "VLLM_MODEL": str(MODEL_DIR),
+        f"{prefix}_PORT": str(port),
+        f"{prefix}_PIDFILE": str(pidfile),
+        f"{prefix}_LOG": str(log),
+        f"{prefix}_VENV": str(venv),
+        f"{prefix}_MODEL": str(model),
     }
     result = subprocess.run(
-        [str(REPO / "scripts" / "vllm_server" / "start.sh"), "--background"],
+        [str(REPO / "scripts" / f"{name}_server" / "start.sh"), "--background"],
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=timeout,
     )
     if result.returncode != 0:
-        raise RuntimeError(f"vLLM did not start:\n{result.stdout}\n{result.stderr}")
+        raise RuntimeError(f"{name} did not start:\n{result.stdout}\n{result.stderr}")
     return int(pidfile.read_text())
 
 
