@@ -14,6 +14,7 @@ average, so a noisy box shows in the JSON.
     pip install -e '.[bench]'                  # TRL is a benchmark-only extra
     python benchmarks/vs_trl.py --steps 6 --rounds 2
     python benchmarks/vs_trl.py --contended    # a CPU burner of our own runs beside both
+    python benchmarks/vs_trl.py --steps 10 --rounds 3 --seeds 0,1,2   # learning, 3 seeds
     python benchmarks/vs_trl.py --only retrain --group-sizes 8,16   # RSS vs group size
     python benchmarks/vs_trl.py --only retrain --contended --variant auto= \
         --variant t2="--backend-opt threads=2"     # A/B of retrain variants, alternating
@@ -124,7 +125,7 @@ def _same_prompts(steps: int, batch: int):
     return rows, tokenizer
 
 
-def child_trl(steps: int, group: int, batch: int = 4) -> dict:
+def child_trl(steps: int, group: int, seed: int, batch: int = 4) -> dict:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -134,7 +135,7 @@ def child_trl(steps: int, group: int, batch: int = 4) -> dict:
     from retrain.models import resolve_model
     from retrain.rewards.boxed import extract_boxed
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     rows, tokenizer = _same_prompts(steps, batch)
     tokenizer.padding_side = "left"
 
@@ -169,7 +170,7 @@ def child_trl(steps: int, group: int, batch: int = 4) -> dict:
         logging_steps=1,
         save_strategy="no",
         report_to="none",
-        seed=0,
+        seed=seed,
         disable_tqdm=True,
     )
     peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear")
@@ -240,9 +241,10 @@ class _TrlTiming:
 # ------------------------------------------------------------------ parent
 
 
-def run_child(kind: str, args, group: int, burn: bool, flags: list[str]) -> dict:
+def run_child(kind: str, args, group: int, burn: bool, flags: list[str], seed: int) -> dict:
     out = Path(tempfile.mkdtemp(prefix="vs-trl-out-")) / "result.json"
     cmd = [sys.executable, __file__, "--child", kind, "--steps", str(args.steps)]
+    cmd += ["--seeds", str(seed)]
     cmd += ["--group-sizes", str(group), "--child-out", str(out)]
     if flags:
         cmd += ["--", *flags]
@@ -256,7 +258,9 @@ def run_child(kind: str, args, group: int, burn: bool, flags: list[str]) -> dict
         tail = proc.stderr.decode(errors="replace")[-3000:]
         raise SystemExit(f"{kind} run failed (exit {proc.returncode}):\n{tail}")
     result = json.loads(out.read_text())
-    result.update(kind=kind, group_size=group, contended=burn, wall_s=time.time() - started)
+    result.update(
+        kind=kind, group_size=group, contended=burn, seed=seed, wall_s=time.time() - started
+    )
     return result
 
 
@@ -336,6 +340,12 @@ def parse(argv):
     p.add_argument("--steps", type=int, default=6, help="steps per run (step 0 is warm-up)")
     p.add_argument("--rounds", type=int, default=1, help="runs of each trainer, alternating")
     p.add_argument("--group-sizes", default="8", help="comma list, e.g. 8,16 (RSS vs group)")
+    p.add_argument(
+        "--seeds",
+        default="0",
+        help="comma list: round r uses seed r mod len (retrain's [training] seed, TRL's seed; "
+        "the prompts stay the same). Several seeds make the correct-rate curves comparable",
+    )
     p.add_argument("--only", choices=["retrain", "trl"], default=None)
     p.add_argument("--contended", action="store_true", help="with a CPU burner beside each run")
     p.add_argument("--both", action="store_true", help="quiet and contended, alternating")
@@ -357,9 +367,10 @@ def parse(argv):
 def child_main(args) -> int:
     group = int(args.group_sizes)
     if args.child == "retrain":
-        result = child_retrain(args.steps, group, args.retrain_flags)
+        flags = [*args.retrain_flags, "--seed", args.seeds]
+        result = child_retrain(args.steps, group, flags)
     else:
-        result = child_trl(args.steps, group)
+        result = child_trl(args.steps, group, int(args.seeds))
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     Path(args.child_out).write_text(json.dumps(result))
     return 0
@@ -382,13 +393,17 @@ def main(argv: list[str] | None = None) -> int:
             for name, _, flags in variants:
                 trainers.append((name, "retrain", [*flags.split(), *args.retrain_flags]))
     runs: dict[str, list[dict]] = {}
-    for _ in range(args.rounds):
+    seeds = [int(s) for s in args.seeds.split(",")]
+    for round_ in range(args.rounds):
+        seed = seeds[round_ % len(seeds)]
         for burn in modes:
             for group in groups:
                 for name, kind, flags in trainers:
                     key = f"{name}/g{group}{' contended' if burn else ''}"
-                    print(f"running {key} (load {os.getloadavg()[0]:.1f}) ...", flush=True)
-                    result = run_child(kind, args, group, burn, flags)
+                    print(
+                        f"running {key} seed {seed} (load {os.getloadavg()[0]:.1f}) ...", flush=True
+                    )
+                    result = run_child(kind, args, group, burn, flags, seed)
                     runs.setdefault(key, []).append(result)
                     print(f"  median step {summarise([result])['step_s']:.1f}s", flush=True)
     summary = {key: summarise(rs) for key, rs in runs.items()}

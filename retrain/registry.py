@@ -449,8 +449,8 @@ BACKENDS = Registry(
                 "micro_batch_tokens": OptionSpec(
                     "int",
                     512,
-                    "Tokens per packed forward/backward micro-batch (prompts once + completions); "
-                    "bounds training memory",
+                    "Positions per packed forward/backward micro-batch (rows x longest row; a row "
+                    "is a prompt, then its completions); bounds training memory",
                     validator=_positive,
                 ),
                 "threads": OptionSpec(

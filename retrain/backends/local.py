@@ -35,7 +35,13 @@ import numpy as np
 import torch
 
 from retrain.backends.base import backend_options
-from retrain.backends.packing import MASK_STYLES, Group, completion_logprobs
+from retrain.backends.packing import (
+    MASK_STYLES,
+    Group,
+    completion_logprobs,
+    padded_area,
+    split,
+)
 from retrain.backends.precision import bf16_linears, use_bf16
 from retrain.errors import BackendError, CheckpointError, TrainingError
 from retrain.loss import LossStats, policy_objective, sequence_weights
@@ -241,26 +247,22 @@ class LocalBackend:
             self.model, groups, temperature, self._mask_style, self.train_device
         )
 
-    def _micro_batches(self, datums: list[Datum]) -> list[list[Datum]]:
-        """Consecutive datums, split so that each chunk's packed row (each prompt once, then
-        its completions) fits the token budget; a group over the budget is split, and its
-        prompt then runs once per chunk."""
-        budget = self.options["micro_batch_tokens"]
-        chunks: list[list[Datum]] = []
-        current: list[Datum] = []
-        used = 0
-        for d in datums:
-            new_prompt = not current or current[-1].prompt_ids != d.prompt_ids
-            size = len(d.completion_ids) + (len(d.prompt_ids) if new_prompt else 0)
-            if current and used + size > budget:
-                chunks.append(current)
-                current, used = [], 0
-                size = len(d.prompt_ids) + len(d.completion_ids)
-            current.append(d)
-            used += size
-        if current:
-            chunks.append(current)
-        return chunks
+    def _micro_batches(self, datums: list[Datum]) -> list[tuple[int, list[Datum]]]:
+        """(first index, datums) of each micro-batch: consecutive datums whose packed layout
+        (rows x longest row) fits the token budget (retrain/backends/packing.py `split`),
+        largest first. The order does not change the step (gradients add up), but the
+        first micro-batch lays out the allocator's heap: when the later, smaller ones fit
+        into the memory it freed, the process's peak RSS stays that of one full
+        micro-batch however many there are (docs/performance.md, Memory)."""
+        items = [(d.prompt_ids, len(d.completion_ids)) for d in datums]
+        chunks, start = [], 0
+        for size in split(items, self.options["micro_batch_tokens"]):
+            chunks.append(
+                (start, datums[start : start + size], padded_area(items[start : start + size]))
+            )
+            start += size
+        chunks.sort(key=lambda c: -c[2])  # stable: equal areas keep their order
+        return [(first, chunk) for first, chunk, _ in chunks]
 
     def train_step(self, datums: list[Datum], hyper: TrainHyper) -> TrainResult:
         """One optimizer step; the sampler has the new weights when it returns."""
@@ -338,46 +340,21 @@ class LocalBackend:
         weights, denominator = sequence_weights(
             [d.num_trained_tokens for d in datums], hyper.loss_agg
         )
-        temperature = self.config.training.temperature
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         ratio_sum = 0.0
         ratio_max = 0.0
         stats = LossStats()
-        start = 0
-        for chunk in self._micro_batches(datums):
-            groups = _prompt_groups(chunk)
-            logp = self._logprobs(groups, temperature)
-            mask, adv, old = _padded(chunk, logp.shape[1], logp.device)
-            ref = self._reference_logprobs(groups, temperature, hyper)
-            seq_w = None
-            if hyper.loss_agg != "token_mean":
-                seq_w = torch.from_numpy(weights[start : start + len(chunk)]).to(logp)
-            start += len(chunk)
-            loss, chunk_stats = policy_objective(
-                logp,
-                old,
-                adv,
-                mask,
-                hyper,
-                denominator=denominator,
-                seq_weights=seq_w,
-                ref_logp=ref,
+        for start, chunk in self._micro_batches(datums):
+            seq_w = None if hyper.loss_agg == "token_mean" else weights[start : start + len(chunk)]
+            value, chunk_ratio_sum, chunk_ratio_max, chunk_stats = self._backward(
+                chunk, hyper, denominator, seq_w
             )
             stats.add(chunk_stats)
-            log_ratio = torch.where(mask, logp - old, torch.zeros_like(logp))
-            value = float(loss.detach())
-            if not math.isfinite(value):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise TrainingError(
-                    f"loss is {value} (non-finite) in a micro-batch of {len(chunk)} completions; the weights were not updated"
-                )
-            loss.backward()
             loss_sum += value
-            lr_det = log_ratio.detach()[mask]
-            ratio_sum += float(lr_det.sum())
-            ratio_max = max(ratio_max, float(lr_det.abs().max()))
+            ratio_sum += chunk_ratio_sum
+            ratio_max = max(ratio_max, chunk_ratio_max)
         max_norm = hyper.max_grad_norm if hyper.max_grad_norm > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         if not math.isfinite(grad_norm):
@@ -395,6 +372,42 @@ class LocalBackend:
             log_ratio_max_abs=ratio_max,
             extra=stats.metrics(),
         )
+
+    def _backward(
+        self,
+        chunk: list[Datum],
+        hyper: TrainHyper,
+        denominator: float,
+        seq_weights: np.ndarray | None,
+    ) -> tuple[float, float, float, LossStats]:
+        """Forward and backward of one micro-batch, gradients added to the parameters';
+        returns (loss, sum and max |log ratio| over its trained tokens, loss stats). Its
+        tensors die on return, before the next micro-batch allocates (no small survivors
+        pinned in the middle of the freed memory)."""
+        groups = _prompt_groups(chunk)
+        temperature = self.config.training.temperature
+        logp = self._logprobs(groups, temperature)
+        mask, adv, old = _padded(chunk, logp.shape[1], logp.device)
+        loss, stats = policy_objective(
+            logp,
+            old,
+            adv,
+            mask,
+            hyper,
+            denominator=denominator,
+            seq_weights=None if seq_weights is None else torch.from_numpy(seq_weights).to(logp),
+            ref_logp=self._reference_logprobs(groups, temperature, hyper),
+        )
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingError(
+                f"loss is {value} (non-finite) in a micro-batch of {len(chunk)} completions; the weights were not updated"
+            )
+        loss.backward()
+        log_ratio = (logp.detach() - old)[mask]
+        largest = float(log_ratio.abs().max()) if log_ratio.numel() else 0.0
+        return value, float(log_ratio.sum()), largest, stats
 
     def _reference_logprobs(
         self, groups: list[Group], temperature: float, hyper: TrainHyper

@@ -28,6 +28,46 @@ MASK_STYLES = {"sdpa": "bool", "eager": "additive"}
 Group = tuple[Sequence[int], Sequence[np.ndarray]]  # (prompt ids, its completions)
 
 
+def split(items: Sequence[tuple[Sequence[int], int]], budget: int) -> list[int]:
+    """Micro-batch sizes for consecutive (prompt ids, completion length) items, in order,
+    such that each micro-batch's packed layout, rows x longest row (the positions the
+    forward pass computes, padding included: `padded_area`), stays within `budget`.
+    Consecutive items with the same prompt share a row; a group that does not fit is split
+    across micro-batches, its prompt then running once in each. Only an item that alone
+    exceeds the budget (prompt + completion) gets a micro-batch over it.
+
+    Bounding the padded area, not the token count, is what bounds memory: rows of 250 and
+    40 tokens compute 500 positions, not 290."""
+    sizes: list[int] = []
+    rows: list[int] = []  # the open micro-batch's row lengths
+    last = None
+    for prompt, length in items:
+        fed = length - 1  # a completion's last token predicts nothing
+        if rows and prompt == last:
+            grown = [*rows[:-1], rows[-1] + fed]
+        else:
+            grown = [*rows, len(prompt) + fed]
+        if not rows or len(grown) * max(grown) > budget:
+            sizes.append(0)  # a new micro-batch
+            grown = [len(prompt) + fed]
+        sizes[-1] += 1
+        rows, last = grown, prompt
+    return sizes
+
+
+def padded_area(items: Sequence[tuple[Sequence[int], int]]) -> int:
+    """Rows x longest row of one micro-batch's packed layout (see `split`)."""
+    rows: list[int] = []
+    last = None
+    for prompt, length in items:
+        if rows and prompt == last:
+            rows[-1] += length - 1
+        else:
+            rows.append(len(prompt) + length - 1)
+        last = prompt
+    return len(rows) * max(rows, default=0)
+
+
 @dataclass(frozen=True)
 class Packed:
     """A micro-batch as B rows (one per prompt) of length L; T completion tokens in order."""

@@ -12,7 +12,12 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from retrain.backends.packing import completion_logprobs, pack  # noqa: E402
+from retrain.backends.packing import (  # noqa: E402
+    completion_logprobs,
+    pack,
+    padded_area,
+    split,
+)
 
 
 def test_layout_worked_by_hand():
@@ -63,6 +68,70 @@ def test_rejects_empty_prompts_and_completions():
         pack([([1], [np.array([1]), np.array([], dtype=np.int64)])], "bool")
     with pytest.raises(ValueError, match="at least one token"):
         pack([([], [np.array([1])])], "bool")
+
+
+def test_split_worked_by_hand():
+    a, b = [1] * 10, [2] * 4  # two prompts of 10 and 4 tokens
+    # rows: a + 5 + 5 = 20 tokens (one row), then b adds a row of 4 + 3 = 7: 2 x 20 = 40
+    assert split([(a, 6), (a, 6), (b, 4)], 40) == [3]
+    assert split([(a, 6), (a, 6), (b, 4)], 39) == [2, 1]  # the second row would pad to 20
+    # one group: a row of 10 + 5 per completion; over the budget it is split, its prompt
+    # running again in each part
+    assert split([(a, 6)] * 3, 25) == [3]
+    assert split([(a, 6)] * 3, 20) == [2, 1]
+    assert split([(a, 6)] * 3, 19) == [1, 1, 1]
+    # an item alone over the budget still gets a micro-batch of its own
+    assert split([(a, 30), (b, 2)], 8) == [1, 1]
+    assert split([], 8) == []
+
+
+def _area(items) -> int:
+    """Rows x longest row of one micro-batch, from the packed layout itself."""
+    groups: list = []
+    for prompt, length in items:
+        completion = np.arange(length) % 50
+        if groups and groups[-1][0] == prompt:
+            groups[-1][1].append(completion)
+        else:
+            groups.append((prompt, [completion]))
+    return pack(groups, "bool").ids.numel()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(1, 30)), max_size=30),
+    st.integers(1, 120),
+)
+def test_split_bounds_the_padded_layout_and_is_greedy(raw, budget):
+    prompts = {k: [k + 1] * (3 + 5 * k) for k in range(4)}  # prompts of 3, 8, 13, 18 tokens
+    items = [(prompts[k], length) for k, length in raw]
+    sizes = split(items, budget)
+    assert sum(sizes) == len(items) and all(s >= 1 for s in sizes)
+    start = 0
+    for size in sizes:
+        chunk = items[start : start + size]
+        start += size
+        # what the forward pass computes stays within the budget, unless one item alone
+        # is over it
+        assert padded_area(chunk) == _area(chunk)
+        assert size == 1 or _area(chunk) <= budget
+        if start < len(items):  # greedy: the next item would not have fit
+            assert _area([*chunk, items[start]]) > budget
+
+
+def test_local_micro_batches_run_largest_first_and_keep_their_place():
+    from types import SimpleNamespace
+
+    from retrain.backends.local import LocalBackend
+
+    a, b = [1] * 10, [2] * 4
+    lengths = [(b, 3), (a, 6), (a, 6), (b, 9)]
+    datums = [SimpleNamespace(prompt_ids=p, completion_ids=np.zeros(n)) for p, n in lengths]
+    backend = SimpleNamespace(options={"micro_batch_tokens": 20})
+    chunks = LocalBackend._micro_batches(backend, datums)
+    # split in order: [b 3] (area 6), [a 6, a 6] (20), [b 9] (12); run largest first
+    assert [(first, len(chunk)) for first, chunk in chunks] == [(1, 2), (3, 1), (0, 1)]
+    assert all(chunk == datums[first : first + len(chunk)] for first, chunk in chunks)
 
 
 def _tiny_llama(attention: str):
