@@ -251,9 +251,9 @@ class LocalBackend:
         """(first index, datums) of each micro-batch: consecutive datums whose packed layout
         (rows x longest row) fits the token budget (retrain/backends/packing.py `split`),
         largest first. The order does not change the step (gradients add up), but the
-        first micro-batch lays out the allocator's heap: when the later, smaller ones fit
-        into the memory it freed, the process's peak RSS stays that of one full
-        micro-batch however many there are (docs/performance.md, Memory)."""
+        later, smaller micro-batches then fit into the memory the first one freed, which
+        keeps the allocator's heap from growing with their number (docs/performance.md,
+        Memory)."""
         items = [(d.prompt_ids, len(d.completion_ids)) for d in datums]
         chunks, start = [], 0
         for size in split(items, self.options["micro_batch_tokens"]):
