@@ -468,8 +468,9 @@ BACKENDS = Registry(
                 "prompt_batch": OptionSpec(
                     "int",
                     0,
-                    "Prompts decoded together. 0 = as many as keep a batch within 64 completions "
-                    "(at least one prompt), so sampling memory does not grow with the group",
+                    "Prompts decoded together. 0 = at most 64 completions at once (whole "
+                    "prompts, or a larger group in parts), so sampling memory does not grow "
+                    "with the group",
                 ),
                 "dtype": OptionSpec(
                     "str",

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from retrain.backends.base import backend_options
+from retrain.backends.logprobs import linear_head
 from retrain.backends.packing import (
     MASK_STYLES,
     Group,
@@ -145,6 +146,9 @@ class LocalBackend:
         if seed >= 0:  # LoRA init draws from the global RNG
             torch.manual_seed(seed)
         self.model = self._load_model(config, model, say)
+        # the output layer split off, so training never holds the whole logits (None: the
+        # model's logits are not a plain linear of its hidden states; logits are kept)
+        self.head = linear_head(self.model)
         trainable, total = self.model.get_nb_trainable_parameters()
         say(
             f"trainable params: {trainable:,} || all params: {total:,} || trainable%: {100 * trainable / total:.4f}"
@@ -244,7 +248,7 @@ class LocalBackend:
         """(completions, longest) logprobs of several prompts' completions, packed into one
         forward pass (retrain/backends/packing.py)."""
         return completion_logprobs(
-            self.model, groups, temperature, self._mask_style, self.train_device
+            self.model, groups, temperature, self._mask_style, self.train_device, self.head
         )
 
     def _micro_batches(self, datums: list[Datum]) -> list[tuple[int, list[Datum]]]:

@@ -8,7 +8,8 @@ into each completion. That is the same computation as one right-padded `prompt +
 completion` row per completion, but a prompt runs once for its whole group and a
 completion's padding is never computed, and the micro-batch is one large forward/backward
 instead of a small one per group (bigger matmuls: 1.6x the bf16 rate on a 2-core CPU).
-Logits are computed only at the positions that predict a completion token.
+Logits are computed only at the positions that predict a completion token, and with the
+model split at its output layer (retrain/backends/logprobs.py) never kept whole.
 (One row for the whole micro-batch would also work, but attention then costs the square
 of the micro-batch's length instead of the sum of its groups' squares.)
 """
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from retrain.backends.logprobs import LinearHead, chosen_logprobs
 
 # How each attention implementation takes a custom mask: SDPA a bool mask (True =
 # attend), eager an additive one (0 = attend, -inf = blocked).
@@ -155,24 +158,35 @@ def pack(groups: Sequence[Group], style: str) -> Packed:
 
 
 def completion_logprobs(
-    model, groups: Sequence[Group], temperature: float, style: str, device: torch.device
+    model,
+    groups: Sequence[Group],
+    temperature: float,
+    style: str,
+    device: torch.device,
+    head: LinearHead | None = None,
 ) -> torch.Tensor:
     """Logprobs (completions, longest) of every completion's tokens given its prompt, at
-    `temperature`, in the order of `groups`, right-padded with 0."""
+    `temperature`, in the order of `groups`, right-padded with 0. With `head` (the model
+    split at its output layer, retrain/backends/logprobs.py) the logits are never kept
+    whole: their memory no longer grows with the completion tokens of the micro-batch."""
     packed = pack(groups, style)
-    logits = model(
+    inputs = dict(
         input_ids=packed.ids.to(device),
         position_ids=packed.positions.to(device),
         attention_mask=packed.mask.to(device),
         use_cache=False,
-        logits_to_keep=packed.keep.to(device),
-    ).logits  # (R, vocabulary): the kept positions, row-major
-    # The log softmax at the chosen token only (logsumexp per row, then a gather), so no
-    # (tokens x vocabulary) log-probability tensor is kept for the backward pass.
-    scaled = logits.float() / temperature
-    lse = torch.logsumexp(scaled, dim=-1)
-    row, target = packed.row.to(device), packed.targets.to(device)
-    token_logp = scaled[row, target] - lse[row]
+    )
+    keep, row, target = (t.to(device) for t in (packed.keep, packed.row, packed.targets))
+    if head is not None:
+        hidden = head.decoder(**inputs).last_hidden_state[keep]  # (R, hidden), row-major
+        token_logp = chosen_logprobs(hidden, head, row, target, temperature)
+    else:
+        # (R, vocabulary): the kept positions, row-major
+        logits = model(**inputs, logits_to_keep=keep).logits
+        # The log softmax at the chosen token only (logsumexp per row, then a gather), so
+        # no (tokens x vocabulary) log-probability tensor is kept for the backward pass.
+        scaled = logits.float() / temperature
+        token_logp = scaled[row, target] - torch.logsumexp(scaled, dim=-1)[row]
     n, width = len(packed.lengths), max(packed.lengths)
     slots = packed.slot(width).to(device)
     return token_logp.new_zeros(n * width).index_copy(0, slots, token_logp).view(n, width)

@@ -11,6 +11,15 @@ time vs a packed row), disagreed by 0.02 on average and up to 0.5 in a token's l
 SmolLM2; with float32 outside the matmuls it is ~0.01 and ~0.1. The sampler records the
 logprobs of the distribution it drew from, so the importance ratio corrects what remains
 (`log_ratio_mean` / `log_ratio_max_abs` show it; docs/performance.md has the numbers).
+
+On a CPU, torch runs bf16 matmuls through oneDNN, which compiles a kernel for every new
+input shape and keeps it in two caches of 1024 entries each (oneDNN's primitive cache and
+ideep's), about 0.5 MB an entry that is never given back. Packed micro-batches, prefills
+and shrinking decode batches give a new row count almost every call, so those caches grew
+by ~5 MB per training micro-batch and ~40 MB per step at group 64, scattered between the
+freed activations, and the heap grew with them. `Bf16Linear` therefore runs the rows of a
+CPU matmul in a fixed set of row counts (`row_tiles`), at most 36 of them, whatever the
+micro-batch, prompt or group size: the caches stop growing after the first steps.
 """
 
 from __future__ import annotations
@@ -25,13 +34,53 @@ def use_bf16(option: str, device: torch.device) -> bool:
     return matmul_dtype(option, device.type) == "bf16"
 
 
+# The largest row count of one CPU bf16 matmul: measured on SmolLM2's four weight shapes,
+# 512 rows run as fast as 1024 (256 rows were up to 25% slower).
+ROW_TILE = 512
+# Row counts up to this run as they are (decode batches of a few rows, where padding would
+# cost the most); above it they are rounded up to 4 sizes per octave.
+EXACT_ROWS = 16
+
+
+def padded_rows(rows: int) -> int:
+    """`rows` (1..ROW_TILE) rounded up to one of the fixed matmul sizes: itself up to
+    EXACT_ROWS, then 4 sizes per octave (20, 24, 28, 32, 40, 48, ...), so the padding is
+    under 25% of the rows."""
+    if rows <= EXACT_ROWS:
+        return rows
+    step = 1 << (rows.bit_length() - 3)  # a quarter of the octave [2^k, 2^(k+1))
+    return -(-rows // step) * step
+
+
+def row_tiles(rows: int) -> list[tuple[int, int, int]]:
+    """(start, rows, padded rows) of each piece of a `rows`-row matmul: whole tiles of
+    ROW_TILE rows, then the rest padded by `padded_rows`."""
+    tiles = []
+    for start in range(0, rows, ROW_TILE):
+        n = min(ROW_TILE, rows - start)
+        tiles.append((start, n, padded_rows(n)))
+    return tiles
+
+
 class Bf16Linear(torch.nn.Linear):
     """A frozen linear layer whose weight is stored in bf16: the matmul runs in bf16 and
-    its output goes back to the input's dtype."""
+    its output goes back to the input's dtype. On a CPU the rows run in the fixed sizes
+    of `row_tiles` (zero rows added, their outputs dropped), so oneDNN's per-shape kernel
+    caches stay small (see the module docstring)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias)
-        return out.to(x.dtype)
+        w = self.weight
+        if x.device.type != "cpu":
+            return torch.nn.functional.linear(x.to(w.dtype), w, self.bias).to(x.dtype)
+        flat = x.reshape(-1, x.shape[-1])
+        pieces = []
+        for start, rows, padded in row_tiles(flat.shape[0]):
+            part = flat[start : start + rows].to(w.dtype)
+            if padded > rows:
+                part = torch.nn.functional.pad(part, (0, 0, 0, padded - rows))
+            pieces.append(torch.nn.functional.linear(part, w, self.bias)[:rows].to(x.dtype))
+        out = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        return out.reshape(*x.shape[:-1], w.shape[0])
 
 
 def bf16_linears(model: torch.nn.Module) -> int:

@@ -24,6 +24,7 @@ from retrain.config import Config, load_config, load_dotenv
 from retrain.config.validate import flow_problems, static_token_varying
 from retrain.errors import ConfigError, PluginError
 from retrain.hardware import matmul_dtype
+from retrain.memory import peak_memory
 from retrain.types import BackendCapabilities
 
 
@@ -490,8 +491,7 @@ def _device_kind(config: Config, last: bool = False) -> str:
     return "cuda" if kind in ("gpu", "cuda") else kind
 
 
-# bytes of one weight by device kind; effective FLOP/s of a step's work by device kind
-_WEIGHT_BYTES = {"cuda": 2, "cpu": 4, "mps": 4}
+# effective FLOP/s of a step's work by device kind
 _EFFECTIVE_FLOPS = {"cuda": 4e13, "cpu": 5e10, "mps": 2e12}
 PROMPT_TOKENS_GUESS = 256  # prompt length assumed by the memory estimate
 
@@ -535,6 +535,7 @@ def model_shape(model: str) -> dict[str, Any] | None:
         embed = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
         return {
             "params": layers * per_layer + embed,
+            "block_params": layers * per_layer,
             "hidden": h,
             "layers": layers,
             "vocab": vocab,
@@ -580,9 +581,9 @@ def _recent_rates(config: Config) -> dict[str, Any] | None:
 
 
 def estimates(config: Config, info: BackendInfo) -> dict[str, Any]:
-    """Rough peak memory and wall time per step. Memory: the weights, the LoRA adapter
-    with its gradient and two Adam moments (fp32), the sampler's KV cache for a step's
-    completions and the training micro-batch's logits and activations. Time: a recent run's
+    """Rough peak memory and wall time per step. Memory: retrain/memory.py's `peak_memory`
+    of the local step (it does not grow with the group size), or the weights alone when
+    only the parameter count is known. Time: a recent run's
     measured median when [logging] log_dir has one, else FLOPs (2 x params per sampled
     token, 6 x params per trained token) over an effective throughput for the device."""
     t = config.training
@@ -599,25 +600,33 @@ def estimates(config: Config, info: BackendInfo) -> dict[str, Any]:
     elif shape is None:
         out["peak_memory_gib"] = None
         out["memory_note"] = "unknown model size (no config.json on disk, no size in the name)"
-    else:
-        wbytes = _WEIGHT_BYTES.get(device, 4)
-        weights = shape["params"] * wbytes
-        rank = config.model.lora_rank
-        lora = rank * shape.get("linear_in_out", 0) * 4 * 4  # param, grad, 2 Adam moments
-        extra = 0
-        if "hidden" in shape:
-            context = PROMPT_TOKENS_GUESS + t.max_tokens
-            kv = 2 * shape["layers"] * shape["kv_width"] * wbytes * completions * context
-            # one training micro-batch: the step's prompts and completions, budget-capped
-            budget = _local_options(config)["micro_batch_tokens"]
-            micro = min(budget, t.batch_size * PROMPT_TOKENS_GUESS + tokens)
-            logits = micro * shape["vocab"] * 4 * 3  # logits, log-softmax, their gradient
-            acts = micro * shape["hidden"] * shape["layers"] * wbytes * 34  # per-layer saves
-            extra = kv + logits + acts
-        out["peak_memory_gib"] = round((weights + lora + extra) * 1.1 / 2**30, 2)
+    elif "hidden" not in shape:  # the size from the model's name: the weights alone
+        out["peak_memory_gib"] = round(shape["params"] * 4 / 2**30, 2)
         out["memory_note"] = (
-            f"{device}: weights {weights / 2**30:.2f} GiB + adapter and optimizer + KV cache "
-            f"and activations, prompts of ~{PROMPT_TOKENS_GUESS} tokens (rough, +10%)"
+            f"{device}: the float32 weights alone (size from the {shape['source']}; no "
+            "config.json on disk for the activations)"
+        )
+    else:
+        opts = _local_options(config)
+        bf16 = matmul_dtype(opts["dtype"], _device_kind(config, last=True)) == "bf16"
+        parts = peak_memory(
+            shape,
+            batch_size=t.batch_size,
+            group_size=t.group_size,
+            max_tokens=t.max_tokens,
+            prompt_tokens=PROMPT_TOKENS_GUESS,
+            micro_batch_tokens=opts["micro_batch_tokens"],
+            prompt_batch=opts["prompt_batch"],
+            block_bytes=2 if bf16 else 4,
+            lora_rank=config.model.lora_rank,
+        )
+        gib = {k: v / 2**30 for k, v in parts.items()}
+        out["peak_memory_gib"] = round(gib["total"], 2)
+        out["memory_note"] = (
+            f"{device}: weights {gib['weights']:.2f} + adapter {gib['adapter']:.2f} + the larger "
+            f"of sampling {gib['sampling']:.2f} and a training micro-batch {gib['training']:.2f} "
+            f"GiB, +15% allocator slack, + {gib['runtime']:.1f} GiB runtime; prompts of "
+            f"~{PROMPT_TOKENS_GUESS} tokens; does not grow with the group size"
         )
     recent = _recent_rates(config)
     out["recent_run"] = recent

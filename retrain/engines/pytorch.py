@@ -9,8 +9,9 @@ are exactly those of the distribution each token was drawn from. A row that reac
 end-of-sequence leaves the batch (its cache rows are dropped), so the work follows the
 real token count. Temperature 0 (held-out evaluation) decodes greedily: the argmax
 token, with logprob 0 (it was chosen with probability 1). With `prompt_batch = 0` a step
-is decoded in batches of at most `AUTO_ROWS` completions (whole prompts), which bounds
-sampling memory.
+is decoded in batches of at most `SAMPLE_ROWS` completions (retrain/memory.py): whole
+prompts, or a group larger than that in parts, each prefilling its prompt once. So
+sampling memory does not grow with the group size.
 
 Speed (docs/performance.md): a PEFT LoRA model runs four extra small operators per
 adapted linear for every decoded token. When the model is a plain LoRA PEFT model, the
@@ -33,12 +34,8 @@ import numpy as np
 import torch
 
 from retrain.errors import BackendError
+from retrain.memory import SAMPLE_ROWS
 from retrain.types import Sample, SamplingParams
-
-# Completions decoded at once when `[backend.options] prompt_batch = 0`: sampling memory
-# (KV cache, logits) grows with the rows, so a larger group is decoded in several
-# batches of whole prompts instead of one ever larger batch.
-AUTO_ROWS = 64
 
 
 @dataclass
@@ -113,21 +110,33 @@ class PyTorchEngine:
             generator.seed()
         if self.threads is not None:
             self.threads.apply("sampling")
-        chunk = self.prompt_batch or max(1, AUTO_ROWS // n)
-        out: list[list[Sample]] = []
+        out: list[list[Sample]] = [[] for _ in prompts_B]
         was_training = self.model.training
         self.model.eval()
         model = self._sampling_model()
         try:
-            for start in range(0, len(prompts_B), chunk):
-                out.extend(
-                    self._sample_chunk(
-                        model, prompts_B[start : start + chunk], n, params, generator
-                    )
+            for first, prompts, rows in self._batches(len(prompts_B), n):
+                groups = self._sample_chunk(
+                    model, prompts_B[first : first + prompts], rows, params, generator
                 )
+                for i, group in enumerate(groups):
+                    out[first + i].extend(group)
         finally:
             self.model.train(was_training)
         return out
+
+    def _batches(self, prompts: int, n: int) -> list[tuple[int, int, int]]:
+        """(first prompt, prompts, completions each) of each decoding batch: with
+        `prompt_batch` that many whole prompts; with 0, at most SAMPLE_ROWS completions, as
+        whole prompts or, for a larger group, one prompt's completions in parts."""
+        if self.prompt_batch or n <= SAMPLE_ROWS:
+            per = self.prompt_batch or SAMPLE_ROWS // n
+            return [(i, min(per, prompts - i), n) for i in range(0, prompts, per)]
+        return [
+            (i, 1, min(SAMPLE_ROWS, n - done))
+            for i in range(prompts)
+            for done in range(0, n, SAMPLE_ROWS)
+        ]
 
     def _prefill(self, model, prompts: list[list[int]], n: int) -> tuple[torch.Tensor, _Decode]:
         """Run the prompts once; returns the next-token logits per row (prompt x n) and

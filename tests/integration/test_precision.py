@@ -126,3 +126,24 @@ def test_finished_rows_leave_the_batch_and_the_rest_stay_exact(tiny_raw, tiny_mo
             assert (s.stop_reason == "eos") == (int(s.token_ids[-1]) in range(20, 30))
             assert not np.isin(s.token_ids[:-1], range(20, 30)).any()  # stopped at the first
     assert np.abs(diff).max() < 1e-4
+
+
+def test_a_group_larger_than_a_decoding_batch_is_sampled_in_exact_parts(
+    tiny_raw, tiny_model_dir, monkeypatch
+):
+    import retrain.engines.pytorch as engine
+
+    b = make_backend(tiny_raw, tiny_model_dir, "fp32")
+    monkeypatch.setattr(engine, "SAMPLE_ROWS", 4)  # a group of 6 is decoded as 4 + 2
+    rows = []
+    inner = b.engine._sample_chunk
+
+    def recording(model, prompts, n, params, generator):
+        rows.append(len(prompts) * n)
+        return inner(model, prompts, n, params, generator)
+
+    monkeypatch.setattr(b.engine, "_sample_chunk", recording)
+    diff, groups = agreement(b, 6, 8, 1.0)
+    assert rows == [4, 2, 4, 2]  # each prompt in two parts, never over 4 rows
+    assert [len(g) for g in groups] == [6, 6]
+    assert np.abs(diff).max() < 1e-4  # every part's logprobs are the trainer's

@@ -1,5 +1,6 @@
 """The pytorch engine's token draw: inverse-CDF sampling against a plain loop, never a
-zero-probability token (even at u's extremes), and the right frequencies."""
+zero-probability token (even at u's extremes), and the right frequencies; and how a step
+is cut into decoding batches of at most 64 completions."""
 
 from __future__ import annotations
 
@@ -74,3 +75,33 @@ def test_greedy_is_the_argmax_with_logprob_zero():
     logits = torch.tensor([[0.1, 3.0, 2.0], [5.0, 0.0, 1.0]])
     token, logp, _ = draw(logits, SamplingParams(max_tokens=1, temperature=0.0), torch.Generator())
     assert token.tolist() == [1, 0] and logp.tolist() == [0.0, 0.0]
+
+
+def _batches(prompts: int, n: int, prompt_batch: int = 0):
+    from types import SimpleNamespace
+
+    from retrain.engines.pytorch import PyTorchEngine
+
+    return PyTorchEngine._batches(SimpleNamespace(prompt_batch=prompt_batch), prompts, n)
+
+
+def test_decoding_batches_worked_by_hand():
+    # (first prompt, prompts, completions each); 0 = at most 64 completions at once
+    assert _batches(4, 8) == [(0, 4, 8)]
+    assert _batches(5, 24) == [(0, 2, 24), (2, 2, 24), (4, 1, 24)]
+    assert _batches(2, 64) == [(0, 1, 64), (1, 1, 64)]
+    # a group larger than 64: each prompt in parts of at most 64
+    assert _batches(2, 100) == [(0, 1, 64), (0, 1, 36), (1, 1, 64), (1, 1, 36)]
+    # an explicit prompt_batch: that many whole prompts, whatever the group
+    assert _batches(5, 100, prompt_batch=2) == [(0, 2, 100), (2, 2, 100), (4, 1, 100)]
+
+
+@given(prompts=st.integers(1, 9), n=st.integers(1, 300))
+def test_decoding_batches_cover_every_completion_within_64_rows(prompts, n):
+    batches = _batches(prompts, n)
+    count = [0] * prompts
+    for first, k, rows in batches:
+        assert k * rows <= 64
+        for i in range(first, first + k):
+            count[i] += rows
+    assert count == [n] * prompts

@@ -1,6 +1,8 @@
 """Packed completions (retrain/backends/packing.py): the mask and row bookkeeping worked by
 hand, and the packed forward pass against one plain full forward per completion on a tiny
-random Llama, for random completion lengths (1 token included) and both attention kinds."""
+random Llama, for random completion lengths (1 token included), both attention kinds, and
+with the logits kept whole or computed from the split-off output layer
+(retrain/backends/logprobs.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from retrain.backends.logprobs import linear_head  # noqa: E402
 from retrain.backends.packing import (  # noqa: E402
     completion_logprobs,
     pack,
@@ -148,7 +151,9 @@ def _tiny_llama(attention: str):
         max_position_embeddings=64,
         attn_implementation=attention,
     )
-    return LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config).eval()
+    model.lm_head.weight.requires_grad_(False)  # frozen, as under LoRA: it can be split off
+    return model
 
 
 MODELS = {}
@@ -171,9 +176,14 @@ def plain_logprobs(model, prompt, completion, temperature=1.0):
     attention=st.sampled_from(["sdpa", "eager"]),
     temperature=st.sampled_from([1.0, 0.7]),
     seed=st.integers(0, 2**16),
+    split_head=st.booleans(),
 )
-def test_packed_equals_one_full_forward_per_completion(shape, attention, temperature, seed):
+def test_packed_equals_one_full_forward_per_completion(
+    shape, attention, temperature, seed, split_head
+):
     model = MODELS.setdefault(attention, _tiny_llama(attention))
+    head = linear_head(model) if split_head else None
+    assert (head is not None) == split_head
     rng = np.random.default_rng(seed)
     groups = [
         (rng.integers(0, 40, p).tolist(), [rng.integers(0, 40, k) for k in lengths])
@@ -181,7 +191,7 @@ def test_packed_equals_one_full_forward_per_completion(shape, attention, tempera
     ]
     style = {"sdpa": "bool", "eager": "additive"}[attention]
     with torch.no_grad():
-        packed = completion_logprobs(model, groups, temperature, style, torch.device("cpu"))
+        packed = completion_logprobs(model, groups, temperature, style, torch.device("cpu"), head)
         i = 0
         for prompt, completions in groups:
             for c in completions:
@@ -192,10 +202,12 @@ def test_packed_equals_one_full_forward_per_completion(shape, attention, tempera
     assert i == packed.shape[0]
 
 
-def test_gradients_match_the_plain_forward():
+@pytest.mark.parametrize("split_head", [False, True])
+def test_gradients_match_the_plain_forward(split_head):
     """The packed path is differentiable like the plain one: same gradient of a weighted
-    sum of logprobs with respect to every weight."""
+    sum of logprobs with respect to every trained weight."""
     model = _tiny_llama("sdpa")
+    head = linear_head(model) if split_head else None
     rng = np.random.default_rng(3)
     groups = [
         (rng.integers(0, 40, 5).tolist(), [rng.integers(0, 40, k) for k in (4, 1, 6)]),
@@ -203,11 +215,12 @@ def test_gradients_match_the_plain_forward():
     ]
     pairs = [(prompt, c) for prompt, cs in groups for c in cs]
     weights = [torch.from_numpy(rng.normal(size=len(c))).float() for _, c in pairs]
-    packed = completion_logprobs(model, groups, 1.0, "bool", torch.device("cpu"))
+    packed = completion_logprobs(model, groups, 1.0, "bool", torch.device("cpu"), head)
     sum(packed[i, : len(c)] @ w for i, ((_, c), w) in enumerate(zip(pairs, weights))).backward()
-    got = [p.grad.clone() for p in model.parameters()]
+    trained = [p for p in model.parameters() if p.requires_grad]
+    got = [p.grad.clone() for p in trained]
     model.zero_grad()
     total = sum(plain_logprobs(model, prompt, c) @ w for (prompt, c), w in zip(pairs, weights))
     total.backward()
-    for g, p in zip(got, model.parameters()):
+    for g, p in zip(got, trained):
         torch.testing.assert_close(g, p.grad, atol=2e-5, rtol=1e-4)
