@@ -4,13 +4,8 @@
 - classic API (verifiers <= 0.3.x): a package exposing `load_environment()` with the
   classic Environment shape (dataset rows with a chat `prompt` and `answer`, an async
   rubric). verifiers 0.4 (the dev environment's) no longer ships the classic classes, so
-  the test against a real `vf.SingleTurnEnv` runs where verifiers 0.3 is importable, and,
-  opt-in, in a separate environment that has it:
-
-      python -m venv .venv-verifiers03
-      .venv-verifiers03/bin/pip install "verifiers==0.3.1" numpy "tomlkit>=0.13.3,<1" \
-          pytest pytest-timeout hypothesis
-      RETRAIN_CLASSIC_VERIFIERS_PYTHON=.venv-verifiers03/bin/python pytest tests/unit/test_data_verifiers.py
+  the test against a real `vf.SingleTurnEnv` runs under an interpreter that has them
+  (tests/unit/classic_verifiers.py: `scripts/verifiers03_venv.sh` builds it; CI does).
 """
 
 from __future__ import annotations
@@ -342,16 +337,10 @@ def test_not_an_environment(env_dir):
 # -- against real classic verifiers, when installed -----------------------------------
 
 
-def _classic_verifiers_available() -> bool:
-    return classic_verifiers.available("SingleTurnEnv", "Rubric")
-
-
-@pytest.mark.skipif(
-    not _classic_verifiers_available(),
-    reason="needs verifiers <= 0.3 (classic API); set RETRAIN_CLASSIC_VERIFIERS_PYTHON to run "
-    "it in an environment that has it (see the module docstring)",
-)
 def test_real_classic_single_turn_env(env_dir):
+    test = "test_real_classic_single_turn_env"
+    if not classic_verifiers.runs_here(__file__, test, "SingleTurnEnv", "Rubric"):
+        return  # it ran, and passed, under the classic interpreter
     name = _unique("real_classic")
     (env_dir / f"{name}.py").write_text(
         textwrap.dedent(
@@ -382,18 +371,3 @@ def test_real_classic_single_turn_env(env_dir):
     )
     out = src.reward.score_batch(["\\boxed{1}", "\\boxed{3}"], src.examples[:2])
     assert out.rewards == [1.0, 0.0]
-
-
-@pytest.mark.skipif(
-    not classic_verifiers.PYTHON or _classic_verifiers_available(),
-    reason="opt-in: RETRAIN_CLASSIC_VERIFIERS_PYTHON names a Python with verifiers 0.3 "
-    "(not needed where verifiers 0.3 is importable: the test above runs directly)",
-)
-def test_real_classic_verifiers_in_their_own_environment():
-    """The classic-API tests, run by an interpreter that has real classic verifiers and
-    this checkout of retrain on its path; the real `vf.SingleTurnEnv` test must pass there,
-    not skip."""
-    proc = classic_verifiers.run_pytest(__file__, "classic and not own_environment")
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
-    assert "4 passed" in proc.stdout.splitlines()[-1]

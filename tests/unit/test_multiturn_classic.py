@@ -3,13 +3,8 @@ by retrain's multi-turn rollout (the environment's own rollout loop, env_respons
 stop conditions run unchanged; retrain is its client).
 
 verifiers 0.4 (the project's) no longer ships the classic classes, so this runs where
-verifiers 0.3 is importable, or opt-in in a separate environment that has it:
-
-    python3.11 -m venv /tmp/vf031
-    /tmp/vf031/bin/pip install "verifiers==0.3.1" numpy "tomlkit>=0.13.3,<1" pytest \
-        pytest-timeout hypothesis transformers tokenizers
-    RETRAIN_CLASSIC_VERIFIERS_PYTHON=/tmp/vf031/bin/python \
-        python -m pytest tests/unit/test_multiturn_classic.py
+verifiers 0.3 is importable, or re-runs itself under an interpreter that has it
+(tests/unit/classic_verifiers.py; `scripts/verifiers03_venv.sh` builds one, and CI does).
 
 That environment has no torch, so the model's turns come from a scripted sampler that
 returns fixed replies as token ids (the part under test is the classic environment path:
@@ -25,7 +20,6 @@ from pathlib import Path
 
 import classic_verifiers
 import numpy as np
-import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -71,8 +65,7 @@ CLASSIC_ENV = textwrap.dedent(
 )
 
 
-def _classic_verifiers_available() -> bool:
-    return classic_verifiers.available("MultiTurnEnv", "Rubric")
+CLASSES = ("MultiTurnEnv", "Rubric")  # the classic API's classes this test needs
 
 
 class ScriptedSampler:
@@ -91,11 +84,9 @@ class ScriptedSampler:
         return [[Sample(ids, [-0.5] * len(ids), "eos")] for _ in prompts]
 
 
-@pytest.mark.skipif(
-    not _classic_verifiers_available(),
-    reason="needs verifiers <= 0.3 (classic API); see the module docstring",
-)
 def test_classic_multi_turn_env(tmp_path):
+    if not classic_verifiers.runs_here(__file__, "test_classic_multi_turn_env", *CLASSES):
+        return  # it ran, and passed, under the classic interpreter
     from tiny_model import build_tokenizer
 
     from retrain.build import build_rollout
@@ -137,14 +128,3 @@ def test_classic_multi_turn_env(tmp_path):
     roles = [(m["role"], m["content"]) for m in groups[1].transcripts[0]]
     assert roles[:2] == [("assistant", "[1]"), ("user", "1 is wrong: higher.")]
     src.close()
-
-
-@pytest.mark.skipif(
-    not classic_verifiers.PYTHON or _classic_verifiers_available(),
-    reason="opt-in: RETRAIN_CLASSIC_VERIFIERS_PYTHON names a Python with verifiers 0.3",
-)
-def test_classic_multi_turn_in_its_own_environment():
-    proc = classic_verifiers.run_pytest(__file__, "test_classic_multi_turn_env")
-    assert proc.returncode == 0 and "1 passed" in proc.stdout, (
-        proc.stdout[-3000:] + proc.stderr[-2000:]
-    )
