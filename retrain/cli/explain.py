@@ -626,8 +626,10 @@ def estimates(config: Config, info: BackendInfo) -> dict[str, Any]:
             f"{device}: weights {gib['weights']:.2f} + adapter {gib['adapter']:.2f} + the larger "
             f"of sampling {gib['sampling']:.2f} and a training micro-batch {gib['training']:.2f} "
             f"GiB, +15% allocator slack, + {gib['runtime']:.1f} GiB runtime; prompts of "
-            f"~{PROMPT_TOKENS_GUESS} tokens; does not grow with the group size"
+            f"~{PROMPT_TOKENS_GUESS} tokens"
         )
+        if not opts["prompt_batch"]:  # with prompt_batch > 0 sampling grows with the group
+            out["memory_note"] += "; does not grow with the group size"
     recent = _recent_rates(config)
     out["recent_run"] = recent
     if recent is not None:

@@ -311,6 +311,31 @@ def test_explain_estimates_memory_and_step_time(tmp_path, capsys):
     assert "sampling 200 tokens/s" in text and "Memory:      " in text
 
 
+def test_explain_memory_does_not_grow_with_the_group(tmp_path, capsys):
+    model = _tiny_model(tmp_path)
+    path = _write(
+        tmp_path / "r.toml",
+        f'[model]\nmodel = "{model}"\nlora_rank = 4\n[backend]\ndevices = "cpu"\n'
+        "[eval]\nevery = 0\n[training]\nbatch_size = 4\nmax_tokens = 10\n",
+    )
+
+    def estimate(*flags):
+        report = json.loads(run(["explain", str(path), "--json", *flags], capsys)[1])
+        return report["estimates"]
+
+    by_group = [estimate("--training-group-size", str(g)) for g in (8, 64, 256, 1024)]
+    peaks = [e["peak_memory_gib"] for e in by_group]
+    assert peaks[0] <= peaks[1] == peaks[2] == peaks[3]
+    assert all("does not grow with the group size" in e["memory_note"] for e in by_group)
+    # whole prompts decoded together: sampling memory grows with the group again
+    fixed = [
+        estimate("--training-group-size", str(g), "--backend-opt", "prompt_batch=2")
+        for g in (256, 1024)
+    ]
+    assert fixed[0]["peak_memory_gib"] < fixed[1]["peak_memory_gib"]
+    assert "does not grow" not in fixed[1]["memory_note"]
+
+
 @pytest.mark.parametrize(
     "toml, key, message",
     [
