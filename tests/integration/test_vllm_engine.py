@@ -123,7 +123,8 @@ def test_quickstart_learns_through_vllm_and_resumes(server, tmp_path):
     print("vLLM quickstart:", json.dumps(report))
     (tmp_path.parent / "vllm_report.json").write_text(json.dumps(report, indent=1))
     for s in range(STEPS):
-        assert abs(rows[s]["log_ratio_mean"]) < 0.05, (s, rows[s]["log_ratio_mean"])
+        if rows[s]["num_datums"]:  # a step whose groups were all uniform trains nothing
+            assert abs(rows[s]["log_ratio_mean"]) < 0.05, (s, rows[s]["log_ratio_mean"])
         assert rows[s]["engine_prompt_token_fallbacks"] == 0
         assert rows[s]["engine_adapter_reload_failures"] == 0
     # Within one process the reload count rises by one per trained step, and each step
