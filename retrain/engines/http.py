@@ -396,8 +396,14 @@ class HTTPEngine:
         """Reach the server before anything else is loaded: health, model list, the LoRA
         endpoint when weights must be synced, and (vLLM) logprobs at the sampling
         temperature. Raises BackendError naming the URL and the start command."""
+        # A server that accepts the connection is up: give its answers the run's request
+        # timeout (a CPU server still finishing a killed run's requests answers slowly).
         problems, model = server_problems(
-            self.name, self.url, needs_lora=needs_lora, api_key=self.options.api_key
+            self.name,
+            self.url,
+            needs_lora=needs_lora,
+            api_key=self.options.api_key,
+            read_timeout=self.options.timeout,
         )
         if problems:
             raise BackendError("; ".join(f"{k}: {p}" for k, p in problems))
@@ -719,10 +725,18 @@ def _base_model(models: Any) -> str:
 
 
 def server_problems(
-    engine: str, url: str, *, needs_lora: bool, api_key: str = "", timeout: float = 5.0
+    engine: str,
+    url: str,
+    *,
+    needs_lora: bool,
+    api_key: str = "",
+    timeout: float = 5.0,
+    read_timeout: float | None = None,
 ) -> tuple[list[tuple[str, str]], str]:
     """(problems with a fix, base model name) of the server at `url`: it answers, serves a
-    model, and (when weights must be synced) has its LoRA endpoint. Loads nothing."""
+    model, and (when weights must be synced) has its LoRA endpoint. Loads nothing. Each
+    request may take `timeout` seconds to connect and `read_timeout` (default the same)
+    to answer."""
     import httpx
 
     dialect = DIALECTS[engine]
@@ -739,8 +753,9 @@ def server_problems(
         return [(key, f'{base!r} is not an http(s) URL. Fix: url = "http://HOST:PORT"')], ""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     start = f"Fix: start it ({dialect.start}), or point [inference] url at it"
+    limits = httpx.Timeout(read_timeout or timeout, connect=timeout)
     try:
-        with httpx.Client(timeout=timeout, headers=headers) as client:
+        with httpx.Client(timeout=limits, headers=headers) as client:
             health = client.get(f"{base}{dialect.health}")
             if health.status_code >= 500:
                 return [
@@ -775,6 +790,16 @@ def server_problems(
                 # tells whether LoRA is on (MAX without --enable-lora answers 501).
                 missing = {"lora_name": "retrain-probe", "lora_path": "/nonexistent/retrain-probe"}
                 lora = client.post(f"{base}{path}", json=missing)
+    except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
+        waited = read_timeout or timeout
+        return [
+            (
+                key,
+                f"{base} accepted the connection but did not answer within {waited:g} s "
+                f"({type(exc).__name__}). Fix: wait until the server is idle (still loading, "
+                "or busy with another run's requests?), or raise [inference] timeout",
+            )
+        ], ""
     except httpx.HTTPError as exc:
         return [(key, f"nothing answers at {base} ({type(exc).__name__}: {exc}). {start}")], ""
     if lora.status_code in (405, 501) or (lora.status_code == 404 and "adapter" not in lora.text):

@@ -397,6 +397,40 @@ def test_a_server_that_is_down_names_the_url_and_the_start_command():
     assert "no default URL" in problems[0][1]
 
 
+def test_a_server_that_accepts_but_does_not_answer_is_told_apart_from_a_down_one():
+    """A real HTTP server on 127.0.0.1 that holds every request until the test lets go:
+    the probe waits `read_timeout` for the answer and says the server is up but busy."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    release = threading.Event()
+
+    class Held(BaseHTTPRequestHandler):
+        def do_GET(self):
+            release.wait(30)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Held)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        problems, model = server_problems(
+            "vllm", url, needs_lora=True, timeout=30, read_timeout=0.2
+        )
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+    assert model == "" and problems[0][0] == "[inference] url"
+    text = problems[0][1]
+    assert "accepted the connection but did not answer within 0.2 s" in text
+    assert "raise [inference] timeout" in text and "nothing answers" not in text
+
+
 # ---------------------------------------------------------------- live adapter folder
 
 
