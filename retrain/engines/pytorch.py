@@ -20,7 +20,7 @@ hold W + scaling * B @ A, re-merged only when the adapter's weights changed (the
 counters moved). In float32 the merged logprobs equal the adapter's to rounding (~1e-6).
 In the local backend's bf16 mode the copy's layers are bf16 matmuls like the trainer's
 (W + BA rounded to bf16 once per update); `[inference] dtype = "bf16"` on a float32
-trainer gives a wholly bf16 copy. Either way the recorded logprobs are the sampler's own,
+trainer gives a wholly bf16 copy (its block linears the same tiled bf16 layer). Either way the recorded logprobs are the sampler's own,
 so the trainer's importance ratio corrects the difference (`log_ratio_mean` /
 `log_ratio_max_abs` show its size). A `retrain.threads.ThreadPolicy` picks torch's thread
 count before each call.
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from retrain.backends.precision import bf16_linears
 from retrain.errors import BackendError
 from retrain.memory import SAMPLE_ROWS
 from retrain.types import Sample, SamplingParams
@@ -311,6 +312,10 @@ class MergedSampler:
             pairs.append((layer, plain))
         if not same:
             copy_.to(dtype)
+            if dtype == torch.bfloat16:
+                # the tiled bf16 layer: on a CPU its matmuls run in a fixed set of row
+                # counts, so oneDNN's per-shape kernel caches stop growing (precision.py)
+                bf16_linears(copy_)
         copy_.requires_grad_(False)
         copy_.eval()
         return cls(copy_, pairs, None if same else dtype)

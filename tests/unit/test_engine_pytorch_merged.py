@@ -87,6 +87,36 @@ def test_the_trained_model_is_untouched_by_building_a_bf16_copy():
     torch.testing.assert_close(logits_of(model, ids), before, atol=0, rtol=0)
 
 
+def test_a_bf16_copy_runs_the_tiled_bf16_layer_and_follows_the_adapter():
+    """The wholly bf16 copy's block linears are the tiled Bf16Linear (fixed matmul row
+    counts on a CPU), merged ones included; the output layer stays a plain linear. Its
+    logits are those of the same copy with plain bf16 linears, and follow an update."""
+    from retrain.backends.precision import Bf16Linear
+
+    model = tiny_peft()
+    merged = MergedSampler.build(model, torch.bfloat16)
+    merged.refresh()
+    linears = [m for m in merged.model.modules() if isinstance(m, torch.nn.Linear)]
+    head = merged.model.get_output_embeddings()
+    assert [type(m) is Bf16Linear for m in linears] == [m is not head for m in linears]
+    assert all(type(plain) is Bf16Linear for _, plain in merged.pairs)
+    ids = torch.randint(0, 64, (3, 40), generator=torch.Generator().manual_seed(4))  # 120 rows
+    before = logits_of(merged.model, ids).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_A" in name:
+                p.add_(0.1)
+    merged.refresh()
+    tiled = logits_of(merged.model, ids).float()
+    assert (tiled - before).abs().max() > 0.2  # the update reached the copy
+    for m in linears:  # the same weights through plain bf16 linears
+        if m is not head:
+            m.__class__ = torch.nn.Linear
+    plain = logits_of(merged.model, ids).float()
+    # the same bf16 products; only the order of a few sums may differ between row counts
+    torch.testing.assert_close(tiled, plain, atol=3e-2, rtol=0)
+
+
 def test_unsupported_models_fall_back_to_sampling_the_model_as_is():
     from transformers import LlamaConfig, LlamaForCausalLM
 
