@@ -26,14 +26,26 @@ RUNTIME_BYTES = 0.6 * 2**30
 SLACK = 1.15
 
 
+def decoding_batches(
+    prompts: int, group_size: int, prompt_batch: int
+) -> list[tuple[int, int, int]]:
+    """(first prompt, prompts, completions each) of each batch the pytorch engine decodes:
+    with `prompt_batch` that many whole prompts; with 0, at most SAMPLE_ROWS completions,
+    as whole prompts or, for a larger group, one prompt's completions in parts."""
+    if prompt_batch or group_size <= SAMPLE_ROWS:
+        per = prompt_batch or SAMPLE_ROWS // group_size
+        return [(i, min(per, prompts - i), group_size) for i in range(0, prompts, per)]
+    return [
+        (i, 1, min(SAMPLE_ROWS, group_size - done))
+        for i in range(prompts)
+        for done in range(0, group_size, SAMPLE_ROWS)
+    ]
+
+
 def sampling_rows(batch_size: int, group_size: int, prompt_batch: int) -> int:
-    """Completions the pytorch engine decodes at once: `prompt_batch` whole prompts, or
-    with 0 at most SAMPLE_ROWS (a larger group in parts)."""
-    if prompt_batch:
-        return min(batch_size, prompt_batch) * group_size
-    if group_size > SAMPLE_ROWS:
-        return SAMPLE_ROWS
-    return min(batch_size, SAMPLE_ROWS // group_size) * group_size
+    """Completions the pytorch engine decodes at once: the largest of its batches."""
+    batches = decoding_batches(batch_size, group_size, prompt_batch)
+    return max((prompts * rows for _, prompts, rows in batches), default=0)
 
 
 def peak_memory(

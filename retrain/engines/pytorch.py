@@ -9,9 +9,10 @@ are exactly those of the distribution each token was drawn from. A row that reac
 end-of-sequence leaves the batch (its cache rows are dropped), so the work follows the
 real token count. Temperature 0 (held-out evaluation) decodes greedily: the argmax
 token, with logprob 0 (it was chosen with probability 1). With `prompt_batch = 0` a step
-is decoded in batches of at most `SAMPLE_ROWS` completions (retrain/memory.py): whole
-prompts, or a group larger than that in parts, each prefilling its prompt once. So
-sampling memory does not grow with the group size.
+is decoded in batches of at most `SAMPLE_ROWS` completions (`decoding_batches` in
+retrain/memory.py, which explain's memory estimate reads too): whole prompts, or a group
+larger than that in parts, each prefilling its prompt once. So sampling memory does not
+grow with the group size.
 
 Speed (docs/performance.md): a PEFT LoRA model runs four extra small operators per
 adapted linear for every decoded token. When the model is a plain LoRA PEFT model, the
@@ -20,9 +21,9 @@ hold W + scaling * B @ A, re-merged only when the adapter's weights changed (the
 counters moved). In float32 the merged logprobs equal the adapter's to rounding (~1e-6).
 In the local backend's bf16 mode the copy's layers are bf16 matmuls like the trainer's
 (W + BA rounded to bf16 once per update); `[inference] dtype = "bf16"` on a float32
-trainer gives a wholly bf16 copy (its block linears the same tiled bf16 layer). Either way the recorded logprobs are the sampler's own,
-so the trainer's importance ratio corrects the difference (`log_ratio_mean` /
-`log_ratio_max_abs` show its size). A `retrain.threads.ThreadPolicy` picks torch's thread
+trainer gives a wholly bf16 copy (its block linears the same tiled bf16 layer). Either
+way the recorded logprobs are the sampler's own, so the trainer's importance ratio
+corrects the difference (`log_ratio_mean` / `log_ratio_max_abs` show its size). A `retrain.threads.ThreadPolicy` picks torch's thread
 count before each call.
 """
 
@@ -35,7 +36,7 @@ import torch
 
 from retrain.backends.precision import bf16_linears
 from retrain.errors import BackendError
-from retrain.memory import SAMPLE_ROWS
+from retrain.memory import decoding_batches
 from retrain.types import Sample, SamplingParams
 
 
@@ -116,7 +117,7 @@ class PyTorchEngine:
         self.model.eval()
         model = self._sampling_model()
         try:
-            for first, prompts, rows in self._batches(len(prompts_B), n):
+            for first, prompts, rows in decoding_batches(len(prompts_B), n, self.prompt_batch):
                 groups = self._sample_chunk(
                     model, prompts_B[first : first + prompts], rows, params, generator
                 )
@@ -125,19 +126,6 @@ class PyTorchEngine:
         finally:
             self.model.train(was_training)
         return out
-
-    def _batches(self, prompts: int, n: int) -> list[tuple[int, int, int]]:
-        """(first prompt, prompts, completions each) of each decoding batch: with
-        `prompt_batch` that many whole prompts; with 0, at most SAMPLE_ROWS completions, as
-        whole prompts or, for a larger group, one prompt's completions in parts."""
-        if self.prompt_batch or n <= SAMPLE_ROWS:
-            per = self.prompt_batch or SAMPLE_ROWS // n
-            return [(i, min(per, prompts - i), n) for i in range(0, prompts, per)]
-        return [
-            (i, 1, min(SAMPLE_ROWS, n - done))
-            for i in range(prompts)
-            for done in range(0, n, SAMPLE_ROWS)
-        ]
 
     def _prefill(self, model, prompts: list[list[int]], n: int) -> tuple[torch.Tensor, _Decode]:
         """Run the prompts once; returns the next-token logits per row (prompt x n) and

@@ -131,10 +131,10 @@ def test_finished_rows_leave_the_batch_and_the_rest_stay_exact(tiny_raw, tiny_mo
 def test_a_group_larger_than_a_decoding_batch_is_sampled_in_exact_parts(
     tiny_raw, tiny_model_dir, monkeypatch
 ):
-    import retrain.engines.pytorch as engine
+    import retrain.memory
 
     b = make_backend(tiny_raw, tiny_model_dir, "fp32")
-    monkeypatch.setattr(engine, "SAMPLE_ROWS", 4)  # a group of 6 is decoded as 4 + 2
+    monkeypatch.setattr(retrain.memory, "SAMPLE_ROWS", 4)  # a group of 6 is decoded as 4 + 2
     rows = []
     inner = b.engine._sample_chunk
 

@@ -78,11 +78,9 @@ def test_greedy_is_the_argmax_with_logprob_zero():
 
 
 def _batches(prompts: int, n: int, prompt_batch: int = 0):
-    from types import SimpleNamespace
+    from retrain.memory import decoding_batches
 
-    from retrain.engines.pytorch import PyTorchEngine
-
-    return PyTorchEngine._batches(SimpleNamespace(prompt_batch=prompt_batch), prompts, n)
+    return decoding_batches(prompts, n, prompt_batch)
 
 
 def test_decoding_batches_worked_by_hand():
