@@ -753,7 +753,8 @@ def server_problems(
         return [(key, f'{base!r} is not an http(s) URL. Fix: url = "http://HOST:PORT"')], ""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     start = f"Fix: start it ({dialect.start}), or point [inference] url at it"
-    limits = httpx.Timeout(read_timeout or timeout, connect=timeout)
+    answer_within = read_timeout or timeout
+    limits = httpx.Timeout(answer_within, connect=timeout)
     try:
         with httpx.Client(timeout=limits, headers=headers) as client:
             health = client.get(f"{base}{dialect.health}")
@@ -791,11 +792,10 @@ def server_problems(
                 missing = {"lora_name": "retrain-probe", "lora_path": "/nonexistent/retrain-probe"}
                 lora = client.post(f"{base}{path}", json=missing)
     except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
-        waited = read_timeout or timeout
         return [
             (
                 key,
-                f"{base} accepted the connection but did not answer within {waited:g} s "
+                f"{base} accepted the connection but did not answer within {answer_within:g} s "
                 f"({type(exc).__name__}). Fix: wait until the server is idle (still loading, "
                 "or busy with another run's requests?), or raise [inference] timeout",
             )
