@@ -13,7 +13,7 @@ from typing import Any
 
 # Completions decoded at once with `prompt_batch = 0` (retrain/engines/pytorch.py).
 SAMPLE_ROWS = 64
-# Positions per output-layer matmul in training (retrain/backends/logprobs.py): 128 x
+# Positions per output-layer matmul in training (retrain/kernels/logprobs.py): 128 x
 # 49152 float32 logits are 25 MB.
 LOGIT_ROWS = 128
 # float32 values a trained position keeps per hidden unit and layer until the backward

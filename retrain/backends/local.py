@@ -13,10 +13,10 @@ model are options; the reference logprobs come from the same model with the LoRA
 disabled (PEFT's `disable_adapter()`), so no second model is held in memory.
 Micro-batches split a step by a token budget; each micro-batch uses the step's
 denominator (and per-completion weights), so the result does not depend on the split.
-A micro-batch runs packed (retrain/backends/packing.py): each prompt once, its completions
+A micro-batch runs packed (retrain/kernels/packing.py): each prompt once, its completions
 after it under a block-diagonal mask, no padding, logits only where a completion token is
 predicted; exact, like one plain row per completion. `[backend.options] dtype` chooses
-bf16 matmuls in the transformer blocks (retrain/backends/precision.py).
+bf16 matmuls in the transformer blocks (retrain/kernels/precision.py).
 """
 
 from __future__ import annotations
@@ -35,16 +35,16 @@ import numpy as np
 import torch
 
 from retrain.backends.base import backend_options
-from retrain.backends.logprobs import linear_head
-from retrain.backends.packing import (
+from retrain.errors import BackendError, CheckpointError, TrainingError
+from retrain.kernels.logprobs import linear_head
+from retrain.kernels.packing import (
     MASK_STYLES,
     Group,
     completion_logprobs,
     padded_area,
     split,
 )
-from retrain.backends.precision import bf16_linears, use_bf16
-from retrain.errors import BackendError, CheckpointError, TrainingError
+from retrain.kernels.precision import bf16_linears, use_bf16
 from retrain.loss import LossStats, policy_objective, sequence_weights
 from retrain.models import resolve_model
 from retrain.registry import BACKENDS
@@ -246,14 +246,14 @@ class LocalBackend:
 
     def _logprobs(self, groups: list[Group], temperature: float) -> torch.Tensor:
         """(completions, longest) logprobs of several prompts' completions, packed into one
-        forward pass (retrain/backends/packing.py)."""
+        forward pass (retrain/kernels/packing.py)."""
         return completion_logprobs(
             self.model, groups, temperature, self._mask_style, self.train_device, self.head
         )
 
     def _micro_batches(self, datums: list[Datum]) -> list[tuple[int, list[Datum]]]:
         """(first index, datums) of each micro-batch: consecutive datums whose packed layout
-        (rows x longest row) fits the token budget (retrain/backends/packing.py `split`),
+        (rows x longest row) fits the token budget (retrain/kernels/packing.py `split`),
         largest first. The order does not change the step (gradients add up), but the
         later, smaller micro-batches then fit into the memory the first one freed, which
         keeps the allocator's heap from growing with their number (docs/performance.md,

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from retrain.backends.precision import bf16_linears
 from retrain.errors import BackendError
+from retrain.kernels.precision import bf16_linears
 from retrain.memory import decoding_batches
 from retrain.types import Sample, SamplingParams
 

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from retrain.backends.local import LocalBackend
-from retrain.backends.precision import Bf16Linear, use_bf16
 from retrain.config import config_from_dict
+from retrain.kernels.precision import Bf16Linear, use_bf16
 from retrain.types import Datum, SamplingParams, TrainHyper
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]

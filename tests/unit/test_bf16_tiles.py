@@ -1,4 +1,4 @@
-"""Row tiles of the bf16 matmuls (retrain/backends/precision.py): the fixed sizes worked
+"""Row tiles of the bf16 matmuls (retrain/kernels/precision.py): the fixed sizes worked
 by hand and as properties, `Bf16Linear` against a plain bf16 linear (values and input
 gradients), and the memory it saves: oneDNN's per-shape kernel caches stop growing."""
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from retrain.backends.precision import (  # noqa: E402
+from retrain.kernels.precision import (  # noqa: E402
     EXACT_ROWS,
     ROW_TILE,
     Bf16Linear,
@@ -104,7 +104,7 @@ def test_bf16_linear_equals_a_plain_bf16_linear(shape):
 MEMORY_PROBE = textwrap.dedent(
     """
     import ctypes, json, torch
-    from retrain.backends.precision import Bf16Linear
+    from retrain.kernels.precision import Bf16Linear
 
     class Info(ctypes.Structure):
         _fields_ = [(n, ctypes.c_size_t) for n in

@@ -91,7 +91,7 @@ def test_a_bf16_copy_runs_the_tiled_bf16_layer_and_follows_the_adapter():
     """The wholly bf16 copy's block linears are the tiled Bf16Linear (fixed matmul row
     counts on a CPU), merged ones included; the output layer stays a plain linear. Its
     logits are those of the same copy with plain bf16 linears, and follow an update."""
-    from retrain.backends.precision import Bf16Linear
+    from retrain.kernels.precision import Bf16Linear
 
     model = tiny_peft()
     merged = MergedSampler.build(model, torch.bfloat16)

@@ -1,4 +1,4 @@
-"""Chosen-token logprobs from the split-off output layer (retrain/backends/logprobs.py):
+"""Chosen-token logprobs from the split-off output layer (retrain/kernels/logprobs.py):
 values and gradients against the plain log-softmax of whole logits on random inputs
 (several row chunks, a bias, temperatures, positions shared by several tokens), a case
 worked by hand, and which models may be split (plain heads only: not soft-capped logits,
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from retrain.backends import logprobs as lp  # noqa: E402
-from retrain.backends.logprobs import LinearHead, chosen_logprobs, linear_head  # noqa: E402
+from retrain.kernels import logprobs as lp  # noqa: E402
+from retrain.kernels.logprobs import LinearHead, chosen_logprobs, linear_head  # noqa: E402
 
 
 def plain(hidden, weight, bias, row, target, temperature):

@@ -1,8 +1,8 @@
-"""Packed completions (retrain/backends/packing.py): the mask and row bookkeeping worked by
+"""Packed completions (retrain/kernels/packing.py): the mask and row bookkeeping worked by
 hand, and the packed forward pass against one plain full forward per completion on a tiny
 random Llama, for random completion lengths (1 token included), both attention kinds, and
 with the logits kept whole or computed from the split-off output layer
-(retrain/backends/logprobs.py)."""
+(retrain/kernels/logprobs.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from retrain.backends.logprobs import linear_head  # noqa: E402
-from retrain.backends.packing import (  # noqa: E402
+from retrain.kernels.logprobs import linear_head  # noqa: E402
+from retrain.kernels.packing import (  # noqa: E402
     completion_logprobs,
     pack,
     padded_area,

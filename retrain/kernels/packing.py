@@ -9,7 +9,7 @@ completion` row per completion, but a prompt runs once for its whole group and a
 completion's padding is never computed, and the micro-batch is one large forward/backward
 instead of a small one per group (bigger matmuls: 1.6x the bf16 rate on a 2-core CPU).
 Logits are computed only at the positions that predict a completion token, and with the
-model split at its output layer (retrain/backends/logprobs.py) never kept whole.
+model split at its output layer (retrain/kernels/logprobs.py) never kept whole.
 (One row for the whole micro-batch would also work, but attention then costs the square
 of the micro-batch's length instead of the sum of its groups' squares.)
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from retrain.backends.logprobs import LinearHead, chosen_logprobs
+from retrain.kernels.logprobs import LinearHead, chosen_logprobs
 
 # How each attention implementation takes a custom mask: SDPA a bool mask (True =
 # attend), eager an additive one (0 = attend, -inf = blocked).
@@ -167,7 +167,7 @@ def completion_logprobs(
 ) -> torch.Tensor:
     """Logprobs (completions, longest) of every completion's tokens given its prompt, at
     `temperature`, in the order of `groups`, right-padded with 0. With `head` (the model
-    split at its output layer, retrain/backends/logprobs.py) the logits are never kept
+    split at its output layer, retrain/kernels/logprobs.py) the logits are never kept
     whole: their memory no longer grows with the completion tokens of the micro-batch."""
     packed = pack(groups, style)
     inputs = dict(
