@@ -71,8 +71,9 @@ def pytorch_engine(path: str, tokenizer):
 
 def server_engine(name: str, url: str, tokenizer, adapter: str = ""):
     from retrain.engines.http import HTTPEngine
+    from retrain.settings import EngineSettings
 
-    engine = HTTPEngine(name, url, tokenizer, {tokenizer.eos_token_id})
+    engine = HTTPEngine(EngineSettings(name, url=url), tokenizer, {tokenizer.eos_token_id})
     engine.connect(needs_lora=bool(adapter))
     if adapter:
         engine.sync_adapter(adapter, 1)

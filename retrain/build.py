@@ -11,19 +11,40 @@ import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from retrain import registry
 from retrain.advantages import AdvantagePipeline, PlanningDetector, make_detector
-from retrain.backends.base import backend_info
+from retrain.backends.base import Backend, backend_info
 from retrain.backpressure import BackPressureController
 from retrain.config import Config
-from retrain.config.validate import flow_problems
+from retrain.config.validate import flow_problems, samples_through_engine
 from retrain.errors import TrainingError
 from retrain.sepa import SEPAScheduler
+from retrain.settings import (
+    EngineSettings,
+    LocalOptions,
+    LocalSettings,
+    LoraSettings,
+    OptimizerSettings,
+    PrimeRLOptions,
+    PrimeRLSettings,
+    TinkerOptions,
+    TinkerSettings,
+)
 from retrain.types import BackendCapabilities, SamplingParams, TrainHyper
+
+if TYPE_CHECKING:  # heavy modules: imported where the components are built
+    from retrain.data import DataSource
+    from retrain.data.prompts import PromptRenderer
+    from retrain.engines.base import Engine, UnboundEngine
+    from retrain.evaluate import Evaluator
+    from retrain.rewards import Reward
+    from retrain.rollout import RolloutFn, VocabTable
+
+Problems = list[tuple[str, str]]
 
 
 @dataclass
@@ -32,19 +53,19 @@ class Components:
 
     capabilities: BackendCapabilities
     pipeline: AdvantagePipeline
-    rollout: Any  # rollout.Rollout: sample + score
-    tokenizer: Any
-    vocab: Any  # rollout.VocabTable
-    data: Any  # data.DataSource
-    renderer: Any  # data.prompts.PromptRenderer
-    reward: Any  # rewards.Reward
+    rollout: RolloutFn  # sample + score one step's groups (single- or multi-turn)
+    tokenizer: Any  # a transformers tokenizer
+    vocab: VocabTable
+    data: DataSource
+    renderer: PromptRenderer
+    reward: Reward
     detector: PlanningDetector
     sepa: SEPAScheduler
     backpressure: BackPressureController | None
-    backend: Any  # backends.base.Backend
+    backend: Backend
     sampling: SamplingParams  # the seed is set per step
-    hyper: TrainHyper
-    evaluator: Any = None  # evaluate.Evaluator when [eval] every > 0
+    hyper: TrainHyper  # the learning rate is set per step
+    evaluator: Evaluator | None = None  # when [eval] every > 0
 
     def close(self, say: Callable[[str], None]) -> None:
         """Release the reward's workers, the backend and the data source; a failure is
@@ -169,6 +190,7 @@ def train_hyper(config: Config) -> TrainHyper:
         beta2=o.beta2,
         eps=o.eps,
         max_grad_norm=o.max_grad_norm,
+        temperature=t.temperature,
         policy_loss=t.policy_loss,
         clip_eps=t.clip_eps,
         clip_eps_high=t.clip_eps_high or t.clip_eps,
@@ -224,25 +246,194 @@ def build(config: Config, say: Callable[[str], None]) -> Components:
     detector = make_detector(
         p.detector, config.logging.strategic_grams or None, p.model, p.threshold
     )
-    sepa, backpressure = build_sepa(config), build_backpressure(config)
-    backend_cls = registry.BACKENDS.resolve(config.backend.backend, search_paths)
-    backend = backend_cls(config, tokenizer, say=say)
+    backend = build_backend(config, tokenizer, say)
     parts = Components(
-        caps,
-        pipeline,
-        build_rollout(config, data, backend, reward, renderer),
-        tokenizer,
-        vocab,
-        data,
-        renderer,
-        reward,
-        detector,
-        sepa,
-        backpressure,
-        backend,
-        sampling_params(config, pipeline),
-        train_hyper(config),
+        capabilities=caps,
+        pipeline=pipeline,
+        rollout=build_rollout(config, data, backend, reward, renderer),
+        tokenizer=tokenizer,
+        vocab=vocab,
+        data=data,
+        renderer=renderer,
+        reward=reward,
+        detector=detector,
+        sepa=build_sepa(config),
+        backpressure=build_backpressure(config),
+        backend=backend,
+        sampling=sampling_params(config, pipeline),
+        hyper=train_hyper(config),
     )
     if held_out is not None:
         parts.evaluator = build_evaluator(config, parts.rollout, held_out)
     return parts
+
+
+# ---------------------------------------------------------------- engines and backends
+
+
+def engine_settings(config: Config) -> EngineSettings:
+    """`[inference]` (and what a server retrain starts must serve) for the engine."""
+    inf = config.inference
+    # The in-process engine decodes `prompt_batch` prompts together: an option of the
+    # backend it samples for (`[backend.options]`, with that backend's default).
+    entry = registry.BACKENDS.entry(config.backend.backend)
+    spec = entry.options.get("prompt_batch") if entry is not None else None
+    prompt_batch = config.backend.options.get("prompt_batch", spec.default if spec else 0)
+    return EngineSettings(
+        engine=inf.engine,
+        url=inf.url,
+        api_key=inf.api_key,
+        timeout=inf.timeout,
+        max_retries=inf.max_retries,
+        max_connections=inf.max_connections,
+        dtype=inf.dtype,
+        prefix_caching=inf.prefix_caching,
+        prompt_batch=prompt_batch,
+        model=config.model.model,
+        lora_rank=config.model.lora_rank,
+    )
+
+
+def build_engine(
+    settings: EngineSettings, tokenizer: Any, say: Callable[[str], None]
+) -> Engine | UnboundEngine:
+    """The `[inference]` engine, from its registry entry's factory (a server engine is
+    reached here, before any model loads, so a server that is down fails first)."""
+    factory = registry.ENGINES.resolve(settings.engine)
+    return factory(settings, tokenizer=tokenizer, say=say)
+
+
+def local_settings(config: Config) -> LocalSettings:
+    m, t, o = config.model, config.training, config.optimizer
+    return LocalSettings(
+        model=m.model,
+        lora=LoraSettings(
+            rank=m.lora_rank,
+            alpha=config.lora.alpha,
+            dropout=config.lora.dropout,
+            target_modules=tuple(config.lora.target_modules),
+        ),
+        optimizer=OptimizerSettings(
+            lr=t.lr, weight_decay=t.weight_decay, beta1=o.beta1, beta2=o.beta2, eps=o.eps
+        ),
+        devices=config.backend.devices,
+        adapter_path=config.backend.adapter_path,
+        seed=t.seed,
+        options=LocalOptions.from_mapping(config.backend.options),
+    )
+
+
+def ignored_settings(config: Config, ignores: tuple[str, ...]) -> tuple[str, ...]:
+    """The settings named by a registry entry's `ignores` ("[table]", "[table] key" or
+    "[table] a/b/c") that the config sets to non-default values (the backend says so)."""
+    import dataclasses
+
+    from retrain.config.schema import TABLES
+
+    out = []
+    for spec in ignores:
+        table, _, keys = spec.lstrip("[").partition("]")
+        section, default = getattr(config, table), TABLES[table]()
+        names = (
+            keys.strip().split("/")
+            if keys.strip()
+            else [f.name for f in dataclasses.fields(section)]
+        )
+        changed = [n for n in names if getattr(section, n) != getattr(default, n)]
+        if changed:
+            out.append(f"[{table}] " + ", ".join(changed))
+    return tuple(out)
+
+
+def tinker_settings(config: Config) -> TinkerSettings:
+    m, b = config.model, config.backend
+    return TinkerSettings(
+        model=m.model,
+        base_url=m.base_url,
+        lora_rank=m.lora_rank,
+        seed=config.training.seed,
+        temperature=config.training.temperature,
+        throttle_dir=b.throttle_dir,
+        max_concurrent=b.max_concurrent,
+        options=TinkerOptions.from_mapping(b.options),
+        ignored=ignored_settings(config, registry.BACKENDS.entry("tinker").ignores),
+    )
+
+
+def prime_rl_settings(config: Config) -> PrimeRLSettings:
+    return PrimeRLSettings(
+        model=config.model.model,
+        output_dir=config.backend.adapter_path,
+        url=config.inference.url,
+        options=PrimeRLOptions.from_mapping(config.backend.options),
+        ignored=ignored_settings(config, registry.BACKENDS.entry("prime_rl").ignores),
+    )
+
+
+# The built-in backends' settings, read from the Config (a dotted-path plugin backend is
+# constructed from the Config itself: `Cls(config, tokenizer, say=...)`, its contract).
+BACKEND_SETTINGS: dict[str, Callable[[Config], Any]] = {
+    "local": local_settings,
+    "tinker": tinker_settings,
+    "prime_rl": prime_rl_settings,
+}
+
+
+def build_backend(
+    config: Config, tokenizer: Any, say: Callable[[str], None], **extra: Any
+) -> Backend:
+    """The configured backend, from typed settings; a backend that samples through the
+    `[inference]` engine gets it built first. `extra` reaches the constructor (tests
+    hand the local backend a model)."""
+    name = config.backend.backend
+    cls = registry.BACKENDS.resolve(name, tuple(config.plugins.search_paths))
+    entry = registry.BACKENDS.entry(name)
+    if entry is None:
+        return cls(config, tokenizer, say=say, **extra)
+    settings = BACKEND_SETTINGS[entry.name](config)
+    if samples_through_engine(config):
+        extra = {"engine": build_engine(engine_settings(config), tokenizer, say), **extra}
+    return cls(settings, tokenizer, say=say, **extra)
+
+
+# ---------------------------------------------------------------- probes (explain, doctor)
+
+
+def probes(config: Config) -> list[str]:
+    """The probes explain and doctor run for this config: the backend's own, and the
+    `[inference]` engine's when the backend samples through it."""
+    backend = registry.BACKENDS.entry(config.backend.backend)
+    if backend is None or not backend.available:
+        return []
+    engine = registry.ENGINES.entry(config.inference.engine)
+    found = [backend.probe] if backend.probe else []
+    if engine is not None and engine.probe and samples_through_engine(config):
+        found.append(engine.probe)
+    return found
+
+
+def _run_probe(target: str, settings: Any, key: str, what: str) -> Problems:
+    try:
+        return [(str(k), str(p)) for k, p in registry.import_object(target)(settings)]
+    except Exception as exc:  # a broken probe must not hide the rest of the report
+        return [(key, f"the {what} probe failed: {exc}")]
+
+
+def engine_problems(config: Config) -> Problems:
+    """What the `[inference]` engine's probe finds before any model load (a server that
+    does not answer, serves no model, cannot hot-swap LoRA), when the backend samples
+    through it. The run would stop there at start: these are errors."""
+    engine = registry.ENGINES.entry(config.inference.engine)
+    if engine is None or engine.probe not in probes(config):
+        return []
+    return _run_probe(engine.probe, engine_settings(config), "[inference] engine", engine.name)
+
+
+def backend_problems(config: Config) -> Problems:
+    """What a built-in backend's own probe (its registry entry's `probe`, given the
+    backend's settings) finds: servers and directories it needs besides the engine."""
+    entry = registry.BACKENDS.entry(config.backend.backend)
+    if entry is None or not entry.available or not entry.probe:
+        return []
+    settings = BACKEND_SETTINGS[entry.name](config)
+    return _run_probe(entry.probe, settings, "[backend] backend", entry.name)

@@ -2,19 +2,23 @@
 judge reward today, server inference engines later), on httpx.
 
     client = sync_client(timeout=30, max_connections=8, api_key=key)
-    data = request_json(client, "POST", url, json=payload, retry=RetryPolicy(), source=...)
+    data = request(client, "POST", url, json=payload, retry=RetryPolicy(), source=...)
 
     aclient = async_client(timeout=30, max_connections=8, api_key=key)   # inside a loop
-    data = await arequest_json(aclient, "POST", url, json=payload, ...)
+    data = await arequest(aclient, "POST", url, json=payload, ...)
 
 Both clients pool connections (at most `max_connections`, kept alive), apply `timeout`
 to each phase (connect, read, write, waiting for a pooled connection) and send the API key
-as a bearer token. `request_json`/`arequest_json` retry HTTP 429 and 5xx, timeouts and
-connection failures up to `retry.max_retries` times with exponential backoff and jitter,
-honouring `Retry-After`, and decode the JSON body. Whatever still fails raises the one
-error type, `HTTPRequestError`: its message names the method, the URL, what happened and
+as a bearer token. `request`/`arequest` retry HTTP 429 and 5xx, timeouts and connection
+failures up to `retry.max_retries` times with exponential backoff and jitter, honouring
+`Retry-After`, and return the decoded JSON body (`reply="json"`), the text (`"text"`), or
+the response whatever its status (`"response"`: for probes that read the status; only
+failures to get a response are retried then). Whatever still fails raises the one error
+type, `HTTPRequestError`: its message names the method, the URL, what happened and
 `source` (the config key the URL came from), never the API key. Requests are retried as
-sent, so use these helpers for requests that are safe to repeat.
+sent: pass `retry=NO_RETRY` for one that is not safe to repeat. Every HTTP request
+retrain makes goes through these two functions (the judge reward, the server engines and
+their probe, the prime_rl backend).
 
 httpx is an optional dependency: `pip install 'retrain[judge]'`.
 """
@@ -39,11 +43,12 @@ except ModuleNotFoundError as _exc:  # pragma: no cover - depends on the install
     ) from _exc
 
 __all__ = [
+    "NO_RETRY",
     "HTTPRequestError",
     "RetryPolicy",
-    "arequest_json",
+    "arequest",
     "async_client",
-    "request_json",
+    "request",
     "sync_client",
 ]
 
@@ -89,8 +94,16 @@ class RetryPolicy:
         return max(0.0, min(self.max_backoff, wait))
 
 
+NO_RETRY = RetryPolicy(max_retries=0)  # for a request that is not safe to repeat
+
+
 def _client_options(
-    timeout: float, max_connections: int, api_key: str, headers: dict[str, str] | None, transport
+    timeout: float,
+    max_connections: int,
+    api_key: str,
+    headers: dict[str, str] | None,
+    transport: Any,
+    connect_timeout: float | None,
 ) -> dict[str, Any]:
     if timeout is None or timeout <= 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
@@ -100,7 +113,7 @@ def _client_options(
     all_headers.update(headers or {})
     n = max(1, int(max_connections))
     return {
-        "timeout": httpx.Timeout(float(timeout)),
+        "timeout": httpx.Timeout(float(timeout), connect=connect_timeout or float(timeout)),
         "limits": httpx.Limits(max_connections=n, max_keepalive_connections=n),
         "headers": all_headers,
         "transport": transport,
@@ -114,10 +127,15 @@ def sync_client(
     api_key: str = "",
     headers: dict[str, str] | None = None,
     transport: httpx.BaseTransport | None = None,
+    connect_timeout: float | None = None,
 ) -> httpx.Client:
     """A pooled blocking client; close it (or use it as a context manager) when done.
-    `transport` replaces the network (tests pass an `httpx.MockTransport`)."""
-    return httpx.Client(**_client_options(timeout, max_connections, api_key, headers, transport))
+    `transport` replaces the network (tests pass an `httpx.MockTransport`);
+    `connect_timeout` (default `timeout`) bounds reaching the server only."""
+    options = _client_options(
+        timeout, max_connections, api_key, headers, transport, connect_timeout
+    )
+    return httpx.Client(**options)
 
 
 def async_client(
@@ -129,7 +147,7 @@ def async_client(
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> httpx.AsyncClient:
     """A pooled asyncio client; create, use and `aclose()` it on one event loop."""
-    options = _client_options(timeout, max_connections, api_key, headers, transport)
+    options = _client_options(timeout, max_connections, api_key, headers, transport, None)
     return httpx.AsyncClient(**options)
 
 
@@ -213,7 +231,12 @@ class _Call:
             retry_after=_retry_after(response),
         )
 
-    def decode(self, response: httpx.Response) -> Any:
+    def reply(self, response: httpx.Response, reply: str) -> Any:
+        """The reply as asked: the response itself, its text, or its decoded JSON."""
+        if reply == "response":
+            return response
+        if reply == "text":
+            return response.text
         try:
             return response.json()
         except ValueError as exc:
@@ -226,7 +249,16 @@ class _Call:
             )
 
 
-def request_json(
+REPLIES = ("json", "text", "response")
+
+
+def _checked_reply(reply: str) -> str:
+    if reply not in REPLIES:
+        raise ValueError(f"reply must be one of {REPLIES}, got {reply!r}")
+    return reply
+
+
+def request(
     client: httpx.Client,
     method: str,
     url: str,
@@ -234,10 +266,13 @@ def request_json(
     json: Any = None,
     retry: RetryPolicy | None = None,
     source: str = "",
+    reply: str = "json",
 ) -> Any:
-    """Send one request with retries (see the module docstring) and return its decoded
-    JSON body. Raises HTTPRequestError."""
+    """Send one request with retries (see the module docstring) and return its reply as
+    asked: the decoded JSON body, the text, or the response itself. Raises
+    HTTPRequestError."""
     call = _Call(client, method, url, retry or RetryPolicy(), source)
+    reply = _checked_reply(reply)
     while True:
         call.attempts += 1
         try:
@@ -247,13 +282,13 @@ def request_json(
         except httpx.RequestError as exc:
             time.sleep(call.transport_error(exc))
             continue
-        wait = call.check(response)
+        wait = None if reply == "response" else call.check(response)
         if wait is None:
-            return call.decode(response)
+            return call.reply(response, reply)
         time.sleep(wait)
 
 
-async def arequest_json(
+async def arequest(
     client: httpx.AsyncClient,
     method: str,
     url: str,
@@ -261,9 +296,11 @@ async def arequest_json(
     json: Any = None,
     retry: RetryPolicy | None = None,
     source: str = "",
+    reply: str = "json",
 ) -> Any:
-    """The asyncio twin of `request_json`."""
+    """The asyncio twin of `request`."""
     call = _Call(client, method, url, retry or RetryPolicy(), source)
+    reply = _checked_reply(reply)
     while True:
         call.attempts += 1
         try:
@@ -273,7 +310,7 @@ async def arequest_json(
         except httpx.RequestError as exc:
             await asyncio.sleep(call.transport_error(exc))
             continue
-        wait = call.check(response)
+        wait = None if reply == "response" else call.check(response)
         if wait is None:
-            return call.decode(response)
+            return call.reply(response, reply)
         await asyncio.sleep(wait)

@@ -18,7 +18,7 @@ from typing import Any
 
 from retrain.errors import PluginError
 from retrain.hardware import MATMUL_DTYPES
-from retrain.types import BackendCapabilities, OptionSpec
+from retrain.types import BackendCapabilities, EngineTraits, OptionSpec
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*([.:][A-Za-z_][\w]*)$")
 
@@ -117,9 +117,12 @@ class Entry:
     capabilities: BackendCapabilities | None = None
     options: Mapping[str, OptionSpec] = field(default_factory=dict)
     ignores: tuple[str, ...] = ()  # config keys/sections this entry does not use
-    # backends: "module:attr" of `probe(config) -> [(key, problem)]`, which explain and
-    # doctor run before any model load (servers reachable, directories writable, ...)
+    # "module:attr" of a probe that explain and doctor run before any model load (servers
+    # reachable, directories writable, ...): backends `probe(config)`, engines
+    # `probe(settings: EngineSettings)`; both return [(key, problem with a fix)]
     probe: str = ""
+    # engines: what the engine is (in-process or a server, what it returns and applies)
+    engine_traits: EngineTraits | None = None
     # advantage pipeline
     alias_of: tuple[str, str] | None = None  # algorithm mode = (advantage_mode, transform_mode)
     kernel: str = ""  # transform mode: name of its vectorised kernel in advantages.transforms
@@ -480,8 +483,6 @@ BACKENDS = Registry(
                     validator=_one_of(*MATMUL_DTYPES),
                 ),
             },
-            # a server engine's server: answers, serves a model, can hot-swap LoRA
-            probe="retrain.engines.http:probe",
         ),
         Entry(
             "tinker",
@@ -592,23 +593,27 @@ ENGINES = Registry(
     (
         Entry(
             "pytorch",
-            "retrain.engines.pytorch:PyTorchEngine",
+            "retrain.engines.pytorch:build",
             "shares the training model in-process (default)",
             requires=("torch", "transformers"),
             install="pip install 'retrain[local]'",
-            capabilities=BackendCapabilities(token_data=("entropy",)),
+            engine_traits=EngineTraits(
+                in_process=True, token_data=("entropy",), dtypes=("auto", "bf16")
+            ),
         ),
-        # Server engines (retrain/engines/http.py): sampling over HTTP, training in-process,
-        # the adapter pushed to the server after every optimizer step. Logprobs only (no
-        # entropies). `retrain backends` says which were run against a real server.
+        # Server engines (retrain/engines/http.py, one Dialect record each in
+        # retrain/engines/dialects.py): sampling over HTTP, training in-process, the adapter
+        # pushed to the server after every optimizer step. Logprobs only (no entropies).
+        # `retrain backends` says which were run against a real server.
         *(
             Entry(
                 name,
-                "retrain.engines.http:HTTPEngine",
+                "retrain.engines.http:build",
                 desc,
                 requires=("httpx",),
                 install="pip install 'retrain[judge]'  (httpx); the server runs separately",
-                capabilities=BackendCapabilities(),
+                probe="retrain.engines.probe:probe",
+                engine_traits=EngineTraits(needs_url=name == "openai"),
             )
             for name, desc in (
                 ("max", "Modular MAX max serve (LoRA on GPUs only)"),
@@ -620,7 +625,9 @@ ENGINES = Registry(
             )
         ),
     ),
-    allow_plugins=False,  # the local backend builds its engines itself; none is pluggable yet
+    # Entry targets are factories `build(settings: EngineSettings, *, tokenizer, say)`
+    # (retrain/engines/base.py); build.py calls them and hands the engine to the backend.
+    allow_plugins=False,
     key="[inference] engine",
 )
 

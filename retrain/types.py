@@ -182,6 +182,9 @@ class TrainHyper:
     beta2: float
     eps: float
     max_grad_norm: float = 0.0
+    # The sampling temperature: the trainer scores tokens at it, so its logprobs are those
+    # of the distribution the sampler drew from ([training] temperature).
+    temperature: float = 1.0
     # The objective (retrain/loss.py); the defaults are the plain importance-sampling
     # policy gradient averaged over the step's tokens.
     policy_loss: str = "is"  # "is" | "ppo_clip"
@@ -276,6 +279,24 @@ class BackendCapabilities:
         d["token_data"] = list(self.token_data)
         d["loss_options"] = list(self.loss_options)
         return d
+
+
+@dataclass(frozen=True)
+class EngineTraits:
+    """What an inference engine is, as config validation, `explain` and the local backend
+    need to know it without building one (they branch on these, never on engine names).
+
+    `in_process`: it samples from the trained model itself, in this process (no weights
+    to push; it is bound to the model once the backend has loaded it); otherwise it is a
+    server, reached over HTTP, to which the backend pushes the adapter after every step.
+    `token_data`: per-token data it returns besides logprobs ("entropy"). `dtypes`: the
+    `[inference] dtype` values it applies (a server picks its dtype when it starts).
+    `needs_url`: it has no default address, so `[inference] url` is required."""
+
+    in_process: bool = False
+    token_data: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ("auto",)
+    needs_url: bool = False
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from retrain.backends.base import backend_options
+from retrain.engines.base import Engine, ServerEngine, UnboundEngine
 from retrain.errors import BackendError, CheckpointError, TrainingError
 from retrain.kernels.logprobs import linear_head
 from retrain.kernels.packing import (
@@ -48,6 +48,7 @@ from retrain.kernels.precision import bf16_linears, use_bf16
 from retrain.loss import LossStats, policy_objective, sequence_weights
 from retrain.models import resolve_model
 from retrain.registry import BACKENDS
+from retrain.settings import LocalSettings
 from retrain.types import (
     CheckpointInfo,
     Datum,
@@ -121,31 +122,32 @@ class TrainingInFlight:
 class LocalBackend:
     capabilities = BACKENDS.entry("local").capabilities
 
-    def __init__(self, config, tokenizer, *, say: Callable[[str], None] = print, model=None):
-        self.config = config
-        self.options = backend_options("local", config.backend.options)
+    def __init__(
+        self,
+        settings: LocalSettings,
+        tokenizer,
+        *,
+        engine: Engine | UnboundEngine,
+        say: Callable[[str], None] = print,
+        model=None,
+    ):
+        """`engine` is built by retrain/build.py from `[inference]` (a server engine is
+        already connected: a server that is down failed before the model loads)."""
         from retrain.threads import ThreadPolicy
 
+        self.settings = settings
+        self.options = settings.options
         # threads = 0: chosen from the free cores before each phase (retrain/threads.py).
-        self.threads = ThreadPolicy(self.options["threads"])
+        self.threads = ThreadPolicy(self.options.threads)
         say(self.threads.describe(self.threads.apply()))
-        # A server engine is reached before the model loads, so a server that is down (or
-        # cannot hot-swap LoRA) fails first, with its URL and start command.
-        self.server = None
-        if config.inference.engine != "pytorch":
-            from retrain.engines.http import build_engine
-
-            eos0 = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-            self.server = build_engine(config, tokenizer, eos0, say)
-        devices = parse_devices(config.backend.devices, say)
+        devices = parse_devices(settings.devices, say)
         self.train_device = devices[-1]
         self.infer_device = devices[0]
         self.split_mode = len(devices) > 1
-        self.bf16 = use_bf16(self.options["dtype"], self.train_device)
-        seed = config.training.seed
-        if seed >= 0:  # LoRA init draws from the global RNG
-            torch.manual_seed(seed)
-        self.model = self._load_model(config, model, say)
+        self.bf16 = use_bf16(self.options.dtype, self.train_device)
+        if settings.seed >= 0:  # LoRA init draws from the global RNG
+            torch.manual_seed(settings.seed)
+        self.model = self._load_model(model, say)
         # the output layer split off, so training never holds the whole logits (None: the
         # model's logits are not a plain linear of its hidden states; logits are kept)
         self.head = linear_head(self.model)
@@ -154,13 +156,12 @@ class LocalBackend:
             f"trainable params: {trainable:,} || all params: {total:,} || trainable%: {100 * trainable / total:.4f}"
         )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        t, o = config.training, config.optimizer
+        o = settings.optimizer
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=t.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=t.weight_decay
+            self.params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
         )
         self.tokenizer = tokenizer
-        self.eos_ids = eos = stop_ids(tokenizer, self.model, config.model.model)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
+        self.eos_ids = stop_ids(tokenizer, self.model, settings.model)
         self.sampler_model = self.model
         self._lock = threading.Lock()
         if self.split_mode:
@@ -168,64 +169,62 @@ class LocalBackend:
 
             self.sampler_model = copy.deepcopy(self.model).to(self.infer_device)
             self.sampler_model.requires_grad_(False)
-        self.engine = self._build_engine(config, pad)
+        self.engine, self.server = self._attach(engine, tokenizer)
         say(
             f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'})."
         )
 
-    def _load_model(self, config, model, say: Callable[[str], None]):
+    def _load_model(self, model, say: Callable[[str], None]):
         """The base model (loaded unless given), in bf16-matmul mode when chosen, on the
         training device, with a fresh LoRA adapter."""
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM
 
+        name = self.settings.model
         if model is None:
-            resolved = resolve_model(config.model.model)
-            say(
-                f"Loading train model: {config.model.model} on {self.train_device} ({resolved.origin})..."
-            )
+            resolved = resolve_model(name)
+            say(f"Loading train model: {name} on {self.train_device} ({resolved.origin})...")
             model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32)
         if self.bf16:  # bf16 matmuls, float32 residual stream, logits and adapter
             bf16_linears(model)  # before the move: a GPU never holds the float32 blocks
         model.to(self.train_device)
-        rank = config.model.lora_rank
-        lora = LoraConfig(
-            r=rank,
-            lora_alpha=config.lora.alpha or 2 * rank,
-            lora_dropout=config.lora.dropout,
-            target_modules=list(config.lora.target_modules) or "all-linear",
+        lora = self.settings.lora
+        peft_config = LoraConfig(
+            r=lora.rank,
+            lora_alpha=lora.effective_alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules) or "all-linear",
             task_type="CAUSAL_LM",
         )
-        peft_model = get_peft_model(model, lora)  # PEFT keeps the adapter in float32
+        peft_model = get_peft_model(model, peft_config)  # PEFT keeps the adapter in float32
         attention = peft_model.config._attn_implementation
         if attention not in MASK_STYLES:
             raise BackendError(
-                f"{config.model.model} uses the {attention!r} attention; the local backend trains with {sorted(MASK_STYLES)}"
+                f"{name} uses the {attention!r} attention; the local backend trains with {sorted(MASK_STYLES)}"
             )
         self._mask_style = MASK_STYLES[attention]
         return peft_model
 
-    def _build_engine(self, config, pad: int):
-        if self.server is not None:
-            from retrain.engines.sync import LIVE_DIR, LiveAdapterDir
+    def _attach(self, engine, tokenizer) -> tuple[Engine, ServerEngine | None]:
+        """(the sampling engine, the server engine or None): an in-process engine is bound
+        to the sampler's model; a server gets the stop tokens and a live-adapter folder
+        to load each step's adapter from."""
+        if engine.traits.in_process:
+            pad = tokenizer.pad_token_id
+            bound = engine.bind(
+                self.sampler_model,
+                eos_ids=self.eos_ids,
+                pad_id=pad if pad is not None else min(self.eos_ids),
+                device=self.infer_device,
+                bf16=self.bf16,
+                threads=self.threads,
+            )
+            return bound, None
+        from retrain.engines.sync import LIVE_DIR, LiveAdapterDir
 
-            self.server.eos_ids = sorted(self.eos_ids)
-            self.live = LiveAdapterDir(Path(config.backend.adapter_path) / LIVE_DIR, keep=2)
-            return self.server
-        from retrain.engines.pytorch import PyTorchEngine
-
-        return PyTorchEngine(
-            self.sampler_model,
-            self.eos_ids,
-            pad,
-            self.infer_device,
-            prefix_caching=config.inference.prefix_caching,
-            prompt_batch=self.options["prompt_batch"],
-            # bf16 mode: the merged copy's layers are bf16 matmuls like the trainer's
-            # (`[inference] dtype` "bf16" adds nothing then)
-            dtype="auto" if self.bf16 else config.inference.dtype,
-            threads=self.threads,
-        )
+        engine.set_stop_ids(sorted(self.eos_ids))
+        self.live = LiveAdapterDir(Path(self.settings.adapter_path) / LIVE_DIR, keep=2)
+        return engine, engine
 
     # ------------------------------------------------------------ sampling
 
@@ -260,7 +259,7 @@ class LocalBackend:
         Memory)."""
         items = [(d.prompt_ids, len(d.completion_ids)) for d in datums]
         chunks, start = [], 0
-        for size in split(items, self.options["micro_batch_tokens"]):
+        for size in split(items, self.options.micro_batch_tokens):
             chunks.append(
                 (start, datums[start : start + size], padded_area(items[start : start + size]))
             )
@@ -281,7 +280,7 @@ class LocalBackend:
         if not self.split_mode and self.server is None:
             raise BackendError(
                 f"[backend.options] overlap = true: the sampler would read the weights being "
-                f"trained ([backend] devices = {self.config.backend.devices!r} gave one device "
+                f"trained ([backend] devices = {self.settings.devices!r} gave one device "
                 "here, with the in-process pytorch engine). Fix: two devices, a server "
                 "[inference] engine, or overlap = false"
             )
@@ -389,7 +388,7 @@ class LocalBackend:
         tensors die on return, before the next micro-batch allocates (no small survivors
         pinned in the middle of the freed memory)."""
         groups = _prompt_groups(chunk)
-        temperature = self.config.training.temperature
+        temperature = hyper.temperature
         logp = self._logprobs(groups, temperature)
         mask, adv, old = _padded(chunk, logp.shape[1], logp.device)
         loss, stats = policy_objective(

@@ -55,9 +55,9 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from retrain.backends.base import backend_options
 from retrain.errors import BackendError, CheckpointError
 from retrain.registry import BACKENDS
+from retrain.settings import PrimeRLSettings
 from retrain.types import CheckpointInfo, Datum, Sample, SamplingParams, TrainHyper, TrainResult
 
 # The prime-rl commit whose transport this module implements (file names, atomic rename,
@@ -398,15 +398,15 @@ def _writable_dir(path: Path) -> str | None:
     return None
 
 
-def probe(config: Any, timeout: float = 2.0) -> list[tuple[str, str]]:
-    """What stands between this config and a run, found without loading anything: the
+def probe(settings: PrimeRLSettings, timeout: float = 2.0) -> list[tuple[str, str]]:
+    """What stands between these settings and a run, found without loading anything: the
     inference URL must answer, the transport's directory must be writable or its ZMQ
     endpoint must be listening, and the wire libraries must be installed. Returns
     (`[table] key`, problem with a fix) pairs; `retrain explain` and `retrain doctor` call it
     through the registry entry's `probe`."""
     problems: list[tuple[str, str]] = []
-    options = backend_options("prime_rl", config.backend.options)
-    url = config.inference.url.strip()
+    options = settings.options
+    url = settings.url.strip()
     if not url:
         problems.append(
             (
@@ -431,8 +431,8 @@ def probe(config: Any, timeout: float = 2.0) -> list[tuple[str, str]]:
         problems.append(
             ("[backend] backend", "prime_rl needs msgspec. Fix: pip install 'retrain[prime_rl]'")
         )
-    output_dir = Path(config.backend.adapter_path).expanduser()
-    if options["transport"] == "zmq":
+    output_dir = Path(settings.output_dir).expanduser()
+    if options.transport == "zmq":
         try:
             import zmq  # noqa: F401
         except ImportError:
@@ -442,7 +442,7 @@ def probe(config: Any, timeout: float = 2.0) -> list[tuple[str, str]]:
                     "zmq needs pyzmq. Fix: pip install 'retrain[prime_rl]'",
                 )
             )
-        host, port = options["zmq_host"], int(options["zmq_port"])
+        host, port = options.zmq_host, int(options.zmq_port)
         if not _tcp_open(host, port, timeout):
             problems.append(
                 (
@@ -478,27 +478,25 @@ class PrimeRLBackend:
 
     def __init__(
         self,
-        config: Any,
+        settings: PrimeRLSettings,
         tokenizer: Any,
         *,
         say: Callable[[str], None] = print,
         sleep: Callable[[float], None] = time.sleep,
         http_client: Any = None,
     ):
-        from retrain.backends.tinker import ignored_settings
-
         self.say = say
         self._sleep = sleep
-        self.options = options = backend_options("prime_rl", config.backend.options)
-        if not options["strict_advantages"]:
+        self.options = options = settings.options
+        if not options.strict_advantages:
             raise BackendError(
                 "[backend.options] strict_advantages = false is not supported: prime-rl takes "
                 "one advantage per completion, and aggregating token advantages silently is refused"
             )
         self.strict = True
-        self.model = config.model.model
-        self.output_dir = Path(config.backend.adapter_path).expanduser()
-        url = config.inference.url.strip().rstrip("/")
+        self.model = settings.model
+        self.output_dir = Path(settings.output_dir).expanduser()
+        url = settings.url.strip().rstrip("/")
         if not url:
             raise BackendError(
                 '[inference] url is empty: set it to prime-rl\'s inference server, e.g. "http://localhost:8000"'
@@ -506,31 +504,29 @@ class PrimeRLBackend:
         self.base_url = url[:-3] if url.endswith("/v1") else url
         self.sample_url = f"{self.base_url}/v1/chat/completions/tokens"
         self.update_url = f"{self.base_url}/update_weights"
-        self.sync_wait_s = max(0, int(options["sync_wait_s"]))
-        self.sync_poll_s = max(0.01, float(options["sync_poll_s"]))
-        self.timeout_s = float(options["timeout_s"])
+        self.sync_wait_s = max(0, int(options.sync_wait_s))
+        self.sync_poll_s = max(0.01, float(options.sync_poll_s))
+        self.timeout_s = float(options.timeout_s)
         self.eos_ids = _eos_ids(tokenizer)
         wire_types()  # msgspec is needed from the first batch on: fail now, not after sampling
 
         self.batches_sent = 0  # the next TrainingBatch's step
         self.loaded_step = -1  # broadcast step in the inference server (-1: its start weights)
         self._synced_for = 0  # the batch count the last weight sync was done for
-        self._temperature = float(config.training.temperature)
         self._closed = False
 
-        ignored = ignored_settings(config, BACKENDS.entry("prime_rl").ignores)
-        if ignored:
+        if settings.ignored:
             say(
-                f"Note: the prime_rl backend ignores {'; '.join(ignored)} (prime-rl's trainer "
-                "owns the optimiser and the LoRA layout; its inference server samples)"
+                f"Note: the prime_rl backend ignores {'; '.join(settings.ignored)} (prime-rl's "
+                "trainer owns the optimiser and the LoRA layout; its inference server samples)"
             )
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        if options["transport"] == "zmq":
+        if options.transport == "zmq":
             self.sender: Any = ZMQSender(
                 self.output_dir,
-                options["zmq_host"],
-                options["zmq_port"],
-                options["zmq_hwm"],
+                options.zmq_host,
+                options.zmq_port,
+                options.zmq_hwm,
                 self.timeout_s,
             )
         else:
@@ -541,17 +537,17 @@ class PrimeRLBackend:
             http_client = sync_client(timeout=self.timeout_s, max_connections=16)
         self.http = http_client
         say(
-            f"PRIME-RL backend ready (transport={options['transport']} -> {self.sender.where}, "
+            f"PRIME-RL backend ready (transport={options.transport} -> {self.sender.where}, "
             f"inference={self.base_url}, prime-rl formats of {PRIME_RL_COMMIT[:12]})."
         )
 
     # ------------------------------------------------------------ plumbing
 
     def _post(self, url: str, payload: dict[str, Any], what: str) -> Any:
-        from retrain.http import HTTPRequestError, RetryPolicy, request_json
+        from retrain.http import HTTPRequestError, RetryPolicy, request
 
         try:
-            return request_json(
+            return request(
                 self.http,
                 "POST",
                 url,
@@ -605,7 +601,6 @@ class PrimeRLBackend:
         if not prompts_B:
             return []
         self.sync_weights()
-        self._temperature = float(params.temperature)
 
         def payload(i: int, prompt: list[int]) -> dict[str, Any]:
             body: dict[str, Any] = {
@@ -643,7 +638,8 @@ class PrimeRLBackend:
         optimises asynchronously, with its own lr and weight decay)."""
         if not datums:
             return TrainResult(loss=0.0, num_tokens=0)
-        samples = [training_sample(d, self._temperature, strict=self.strict) for d in datums]
+        # the temperature the step sampled at: prime-rl's trainer scores tokens at it
+        samples = [training_sample(d, hyper.temperature, strict=self.strict) for d in datums]
         step = self.batches_sent
         self.sender.send(step, encode_batch(samples, step))
         self.batches_sent += 1
@@ -665,7 +661,7 @@ class PrimeRLBackend:
             "prime_rl_commit": PRIME_RL_COMMIT,
             "output_dir": str(self.output_dir),
             "inference_url": self.base_url,
-            "transport": self.options["transport"],
+            "transport": self.options.transport,
             "batches_sent": self.batches_sent,
             "loaded_step": self.loaded_step,
         }

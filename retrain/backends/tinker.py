@@ -40,7 +40,6 @@ return futures of clients; sample responses moved from pydantic models to datacl
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import inspect
 import logging
 import math
@@ -53,10 +52,10 @@ from typing import Any
 
 import numpy as np
 
-from retrain.backends.base import backend_options
 from retrain.errors import BackendError, CheckpointError
 from retrain.loss import ppo_clipped, token_scales
 from retrain.registry import BACKENDS
+from retrain.settings import TinkerSettings
 from retrain.types import (
     CheckpointInfo,
     Datum,
@@ -469,26 +468,6 @@ def checkpoint_name(directory: str | Path) -> str:
     return name or "checkpoint"
 
 
-def ignored_settings(config, ignores: Sequence[str]) -> list[str]:
-    """The settings named by a registry entry's `ignores` ("[table]", "[table] key" or
-    "[table] a/b/c") that the config sets to non-default values."""
-    from retrain.config.schema import TABLES
-
-    out = []
-    for spec in ignores:
-        table, _, keys = spec.lstrip("[").partition("]")
-        section, default = getattr(config, table), TABLES[table]()
-        names = (
-            keys.strip().split("/")
-            if keys.strip()
-            else [f.name for f in dataclasses.fields(section)]
-        )
-        changed = [n for n in names if getattr(section, n) != getattr(default, n)]
-        if changed:
-            out.append(f"[{table}] " + ", ".join(changed))
-    return out
-
-
 # ------------------------------------------------------------------ the backend
 
 
@@ -497,43 +476,41 @@ class TinkerBackend:
 
     def __init__(
         self,
-        config,
+        settings: TinkerSettings,
         tokenizer,
         *,
         say: Callable[[str], None] = print,
         service_client: Any = None,
         sleep: Callable[[float], None] = time.sleep,
     ):
+        from retrain.throttle import throttle_for
+
         self.tinker = import_tinker()
         self.version = sdk_version(self.tinker)
-        self.config = config
         self.tokenizer = tokenizer
         self.say = say
         self._sleep = sleep
-        self.options = backend_options("tinker", config.backend.options)
-        self.timeout_s = float(self.options["timeout_s"])
-        self.base_url = config.model.base_url.strip()
-        self.model = config.model.model
-        self.rank = config.model.lora_rank
+        self.options = settings.options
+        self.timeout_s = float(self.options.timeout_s)
+        self.base_url = settings.base_url.strip()
+        self.model = settings.model
+        self.rank = settings.lora_rank
         self.failed = False
         self._closed = False
         self._weights_version = 0
         self._sampler_version = -1
         self._sampler: Any = None
         self.keepalive: KeepAlive | None = None
-        from retrain.throttle import throttle_for
-
-        self.throttle = throttle_for(config.backend)
-
-        ignored = ignored_settings(config, BACKENDS.entry("tinker").ignores)
-        if ignored:
+        # `[backend] throttle_dir` when set, else the one a campaign gives its workers
+        self.throttle = throttle_for(settings)
+        if settings.ignored:
             say(
-                f"Note: the tinker backend ignores {'; '.join(ignored)} "
+                f"Note: the tinker backend ignores {'; '.join(settings.ignored)} "
                 "(the service runs inference, fixes the LoRA layout and stores checkpoints)"
             )
-        if config.training.temperature != 1.0:
+        if settings.temperature != 1.0:
             say(
-                f"Note: [training] temperature = {config.training.temperature}: Tinker's trainer scores "
+                f"Note: [training] temperature = {settings.temperature}: Tinker's trainer scores "
                 "tokens at temperature 1, so the importance ratio carries the temperature mismatch "
                 "(see log_ratio_mean); temperature = 1.0 avoids it"
             )
@@ -545,7 +522,7 @@ class TinkerBackend:
             lambda: self.tinker.ServiceClient(**kwargs), "connection"
         )
         say(f"Creating LoRA training client (model={self.model}, rank={self.rank})...")
-        seed = config.training.seed if config.training.seed >= 0 else None
+        seed = settings.seed if settings.seed >= 0 else None
         try:
             self.training = self._call(
                 lambda: _resolve(
@@ -592,8 +569,8 @@ class TinkerBackend:
             return call_with_retries(
                 fn,
                 what,
-                attempts=self.options["max_retries"],
-                backoff_s=self.options["retry_backoff_s"],
+                attempts=self.options.max_retries,
+                backoff_s=self.options.retry_backoff_s,
                 throttle=self.throttle,
                 sleep=self._sleep,
                 warn=self.say,
@@ -608,7 +585,7 @@ class TinkerBackend:
             raise
 
     def _start_keepalive(self) -> None:
-        period = float(self.options["keepalive_s"])
+        period = float(self.options.keepalive_s)
         if period <= 0:
             return
         beat = session_heartbeat(self.service, timeout_s=min(30.0, self.timeout_s))

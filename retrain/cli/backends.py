@@ -123,33 +123,26 @@ def engine_rows() -> list[dict[str, Any]]:
     return rows
 
 
-_LORA_SYNC = {
-    "load": "POST /v1/load_lora_adapter (in place)",
-    "sglang": "/unload_lora_adapter + /load_lora_adapter",
-    "trtllm": "lora_request per request",
-    "mlx": "adapters per request",
-}
-
-
 def engine_support(name: str) -> dict[str, Any]:
-    """What an engine supports (server engines: from their wire dialect)."""
-    from retrain.engines.http import DIALECTS
+    """What an engine supports: from its traits, and a server engine's wire dialect."""
+    from retrain.engines.dialects import DIALECTS
 
-    if name not in DIALECTS:
+    traits = registry.ENGINES.entry(name).engine_traits
+    if traits.in_process:
         return {
             "where": "in-process",
             "token_ids": True,
-            "entropy": True,
+            "entropy": "entropy" in traits.token_data,
             "lora_sync": "shared weights",
         }
     d = DIALECTS[name]
+    started = "(none: retrain starts the server itself)" if d.starts_own_server else "(required)"
     return {
         "where": "server over HTTP /v1/completions",
-        "default_url": d.default_url
-        or ("(none: retrain starts max serve itself)" if name == "max" else "(required)"),
+        "default_url": d.default_url or started,
         "token_ids": d.token_prompts,
-        "entropy": False,
-        "lora_sync": _LORA_SYNC[d.lora],
+        "entropy": "entropy" in traits.token_data,
+        "lora_sync": d.lora.describe,
         "verified": d.verified or "wire format only (no real server here)",
     }
 

@@ -383,12 +383,12 @@ def check_backend_probe(config: Any) -> list[Check]:
     before any model load; nothing for backends without one."""
     if config is None:
         return []
-    from retrain.cli.explain import probe_problems
+    from retrain.build import backend_problems, engine_problems, probes
 
     entry = _entry("backend", config.backend.backend)
-    if entry is None or not entry.probe:
+    if entry is None or not probes(config):
         return []
-    problems = probe_problems(config)
+    problems = engine_problems(config) + backend_problems(config)
     if not problems:
         return [Check("backend probe", OK, f"{entry.name}: servers and transport answer")]
     return [

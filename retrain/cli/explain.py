@@ -12,6 +12,7 @@ from typing import Any
 
 from retrain import registry
 from retrain.backends.base import BackendInfo, backend_info, backend_options
+from retrain.build import backend_problems, engine_problems
 from retrain.campaign.expand import (
     Condition,
     RunSpec,
@@ -113,19 +114,6 @@ def _flow_errors(config: Config, info: BackendInfo) -> list[str]:
     running the flow (a plugin transform is probed only at preflight)."""
     problems = flow_problems(config, info.capabilities, token_varying=static_token_varying(config))
     return [f"{key}: {message} ({info.source} backend)" for key, message in problems]
-
-
-def probe_problems(config: Config) -> list[tuple[str, str]]:
-    """What the configured built-in backend's probe (its registry entry's `probe`,
-    `probe(config) -> [(key, problem)]`) finds before any model load: servers that do not
-    answer, directories that cannot be written. A probe that fails is one problem itself."""
-    entry = registry.BACKENDS.entry(config.backend.backend)
-    if entry is None or not entry.available or not entry.probe:
-        return []
-    try:
-        return [(str(k), str(p)) for k, p in registry.import_object(entry.probe)(config)]
-    except Exception as exc:  # a broken probe must not hide the rest of the report
-        return [("[backend] backend", f"the {entry.name} probe failed: {exc}")]
 
 
 def _advice(config: Config) -> list[str]:
@@ -747,12 +735,11 @@ def build_report(config: Config, path: str) -> dict[str, Any]:
         report["campaign"] = _campaign_report(config, errors)
         report["total_steps"] = report["campaign"]["total_steps"]
     errors += [f"{key}: {problem}" for key, problem in startup_problems(config)]
-    probed = [f"{key}: {problem}" for key, problem in probe_problems(config)]
-    # A server engine's server must answer before step 0 (the run would stop there), so
-    # its problems are errors; other probes (prime_rl) may find a server started later.
-    server_engine = config.backend.backend == "local" and config.inference.engine != "pytorch"
-    errors += probed if server_engine else []
-    report["warnings"] = _advice(config) + ([] if server_engine else probed)
+    # An engine's server must answer before step 0 (the run would stop there), so its
+    # problems are errors; a backend's own probe (prime_rl) may find a server started later.
+    errors += [f"{key}: {problem}" for key, problem in engine_problems(config)]
+    probed = [f"{key}: {problem}" for key, problem in backend_problems(config)]
+    report["warnings"] = _advice(config) + probed
     report["errors"] = errors
     return report
 

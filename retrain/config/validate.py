@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from retrain import registry
 from retrain.config.schema import Config
-from retrain.types import BackendCapabilities, check_option
+from retrain.types import BackendCapabilities, EngineTraits, check_option
 
 Problems = list[tuple[str, str]]
 
@@ -41,7 +41,7 @@ def _flow_key(config: Config) -> str:
     return "[algorithm] transform_mode"
 
 
-def _samples_through_engine(config: Config) -> bool:
+def samples_through_engine(config: Config) -> bool:
     """Whether the backend samples with the `[inference]` engine (a built-in backend
     that ignores `[inference]` samples by other means; a plugin backend may use it)."""
     entry = registry.BACKENDS.entry(config.backend.backend)
@@ -55,12 +55,12 @@ def _missing_entropies(config: Config, capabilities: BackendCapabilities) -> str
     backend = config.backend.backend
     if "entropy" not in capabilities.token_data:
         return f"backend {backend!r} returns only logprobs"
-    if not _samples_through_engine(config):
+    if not samples_through_engine(config):
         return None
     engine = registry.ENGINES.entry(config.inference.engine)
     if engine is None:
         return f"engine {config.inference.engine!r} is a plugin not known to return entropies"
-    if engine.capabilities is not None and "entropy" not in engine.capabilities.token_data:
+    if "entropy" not in engine.engine_traits.token_data:
         return f"backend {backend!r} with engine {engine.name!r} returns only logprobs"
     return None
 
@@ -234,21 +234,36 @@ def _backend_options(config: Config) -> Problems:
     return problems
 
 
+def _options_of(config: Config) -> dict:
+    """The option schema of a built-in backend ({} for a plugin)."""
+    entry = registry.BACKENDS.entry(config.backend.backend)
+    return dict(entry.options) if entry is not None else {}
+
+
+def _engine_traits(config: Config) -> EngineTraits | None:
+    """The traits of the `[inference]` engine when the backend samples through it."""
+    entry = registry.ENGINES.entry(config.inference.engine)
+    if entry is None or not samples_through_engine(config):
+        return None
+    return entry.engine_traits
+
+
 def _overlap(config: Config) -> Problems:
     """The local backend's `overlap` trains while the next step samples, so the sampler
     must not read the weights being trained: a second device's copy, or a server."""
-    if config.backend.backend != "local" or config.backend.options.get("overlap") is not True:
+    if config.backend.options.get("overlap") is not True or "overlap" not in _options_of(config):
         return []
     devices = [d for d in config.backend.devices.split(",") if d.strip()]
-    if len(devices) > 1 or config.inference.engine != "pytorch":
+    traits = _engine_traits(config)
+    if len(devices) > 1 or traits is None or not traits.in_process:
         return []
     return [
         (
             "[backend.options] overlap",
             f"= true needs a sampler that does not share the trained weights, but [backend] "
-            f"devices = {config.backend.devices!r} is one device with the in-process pytorch "
-            'engine. Fix: devices = "gpu:0,gpu:1" (or "cpu,cpu": a separate sampler copy), '
-            "a server [inference] engine, or overlap = false",
+            f"devices = {config.backend.devices!r} is one device with the in-process "
+            f'{config.inference.engine} engine. Fix: devices = "gpu:0,gpu:1" (or "cpu,cpu": '
+            "a separate sampler copy), a server [inference] engine, or overlap = false",
         )
     ]
 
@@ -257,12 +272,12 @@ def _engine_settings(config: Config) -> Problems:
     """The spec's engine-tuning keys that no built-in engine acts on yet: a value other
     than the default is an error, not a silent no-op. (A server engine's dtype and
     kernels are chosen when the server starts: scripts/vllm_server/start.sh.)"""
-    inf = config.inference
-    if not _samples_through_engine(config) or registry.ENGINES.entry(inf.engine) is None:
+    inf, traits = config.inference, _engine_traits(config)
+    if traits is None:
         return []
     where = (
-        "the pytorch engine samples in the model's dtype or bf16"
-        if inf.engine == "pytorch"
+        f"the {inf.engine} engine samples in {' or '.join(traits.dtypes)}"
+        if traits.in_process
         else f"a {inf.engine} server picks it when it starts (e.g. vLLM --dtype/--kv-cache-dtype)"
     )
     unused = [
@@ -270,8 +285,8 @@ def _engine_settings(config: Config) -> Problems:
         ("[inference] kv_cache_dtype", inf.kv_cache_dtype != "auto", '"auto"'),
         (
             "[inference] dtype",
-            inf.dtype in ("fp8", "fp4") or (inf.engine != "pytorch" and inf.dtype != "auto"),
-            '"auto"' + (' or "bf16"' if inf.engine == "pytorch" else ""),
+            inf.dtype not in traits.dtypes,
+            " or ".join(f'"{d}"' for d in traits.dtypes),
         ),
     ]
     return [
@@ -282,20 +297,20 @@ def _engine_settings(config: Config) -> Problems:
 
 
 def _inference(config: Config) -> Problems:
-    """A server engine needs the local backend, and `openai` a URL (it has no default)."""
-    engine = config.inference.engine
+    """An engine without a default address needs `[inference] url` (a plugin backend
+    decides what it does with [inference])."""
     problems = _engine_settings(config)
     if problems:
         return problems
-    if engine == "pytorch" or not _samples_through_engine(config):
+    traits = _engine_traits(config)
+    if traits is None or registry.BACKENDS.entry(config.backend.backend) is None:
         return []
-    if config.backend.backend != "local":
-        return []  # a plugin backend decides what it does with [inference]
-    if engine == "openai" and not config.inference.url.strip():
+    if traits.needs_url and not config.inference.url.strip():
+        engine = config.inference.engine
         return [
             (
                 "[inference] url",
-                'engine = "openai" has no default URL. Fix: url = "http://HOST:PORT" of an '
+                f'engine = "{engine}" has no default URL. Fix: url = "http://HOST:PORT" of an '
                 "OpenAI-compatible server with /v1/completions and logprobs",
             )
         ]

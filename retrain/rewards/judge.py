@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from retrain.errors import RewardError
-from retrain.http import HTTPRequestError, RetryPolicy, arequest_json, async_client
+from retrain.http import HTTPRequestError, RetryPolicy, arequest, async_client
 from retrain.rewards.base import BatchScore, LoopThread, Reward
 from retrain.rewards.boxed import extract_boxed
 from retrain.types import Example
@@ -148,7 +148,7 @@ class JudgeReward(Reward):
         assert self._slots is not None
         async with self._slots:
             try:
-                data = await arequest_json(
+                data = await arequest(
                     self._client,
                     "POST",
                     self.url,

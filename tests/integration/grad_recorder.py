@@ -4,6 +4,8 @@ a near-zero gradient would flip it and hide what is being compared)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 
 class GradRecorder:
     """Stands in for the backend's optimizer: keeps the step's (clipped) gradients."""
@@ -21,7 +23,7 @@ class GradRecorder:
 
 def step_gradients(backend, datums, hyper, budget: int):
     """(TrainResult, gradients) of one local-backend step at micro-batch budget `budget`."""
-    backend.options["micro_batch_tokens"] = budget
+    backend.options = dataclasses.replace(backend.options, micro_batch_tokens=budget)
     optimizer, backend.optimizer = backend.optimizer, GradRecorder(backend.params)
     try:
         result = backend.train_step(datums, hyper)

@@ -66,7 +66,7 @@ def trainer(tmp_path_factory):
     """The local backend (pytorch engine, fp32) whose logprobs the server must match."""
     from transformers import AutoTokenizer
 
-    from retrain.backends.local import LocalBackend
+    from retrain.build import build_backend
     from retrain.config.load import config_from_dict
 
     tmp = tmp_path_factory.mktemp("trainer")
@@ -80,7 +80,7 @@ def trainer(tmp_path_factory):
         "model": {"model": str(MODEL_DIR), "lora_rank": 8},
     }
     tok = AutoTokenizer.from_pretrained(str(MODEL_DIR))
-    backend = LocalBackend(config_from_dict(raw), tok, say=lambda s: None)
+    backend = build_backend(config_from_dict(raw), tok, say=lambda s: None)
     yield tok, backend
     backend.close()
 
@@ -89,10 +89,11 @@ def test_openai_engine_samples_from_llamacpp_what_the_trainer_would(server, trai
     import torch
 
     from retrain.engines.http import HTTPEngine
+    from retrain.settings import EngineSettings
     from retrain.types import SamplingParams
 
     tok, backend = trainer
-    engine = HTTPEngine("openai", server, tok, {tok.eos_token_id})
+    engine = HTTPEngine(EngineSettings("openai", url=server), tok, {tok.eos_token_id})
     engine.connect(needs_lora=False)  # sampling only: it cannot load adapters at runtime
     assert engine.dialect.name == "llamacpp" and not engine.raw_logprobs
     prompts = []
@@ -132,9 +133,10 @@ def test_openai_engine_samples_from_llamacpp_what_the_trainer_would(server, trai
 
 
 def test_training_against_llamacpp_is_refused_before_step_0(server, tmp_path):
-    from retrain.engines.http import server_problems
+    from retrain.engines.dialects import DIALECTS
+    from retrain.engines.probe import server_problems
 
-    problems, model = server_problems("openai", server, needs_lora=True, timeout=30)
+    problems, model = server_problems(DIALECTS["openai"], server, needs_lora=True, timeout=30)
     assert model and problems and problems[0][0] == "[inference] engine"
     assert "llama.cpp" in problems[0][1] and "stale" in problems[0][1]
     config = tmp_path / "llamacpp.toml"

@@ -146,10 +146,10 @@ def test_micro_batching_does_not_change_the_update_under_every_option(tiny_raw, 
     from grad_recorder import step_gradients
     from transformers import AutoTokenizer
 
-    from retrain.backends.local import LocalBackend
+    from retrain.build import build_backend
     from retrain.types import Datum, SamplingParams, TrainHyper
 
-    b = LocalBackend(
+    b = build_backend(
         config_from_dict(tiny_raw),
         AutoTokenizer.from_pretrained(tiny_model_dir),
         say=lambda s: None,

@@ -95,9 +95,10 @@ def test_max_samples_token_ids_and_logprobs_that_match_the_trainer(server):
     from transformers import AutoTokenizer
 
     from retrain.engines.http import HTTPEngine
+    from retrain.settings import EngineSettings
 
     tok = AutoTokenizer.from_pretrained(str(MODEL_DIR))
-    engine = HTTPEngine("max", server, tok, {tok.eos_token_id})
+    engine = HTTPEngine(EngineSettings("max", url=server), tok, {tok.eos_token_id})
     _check_against_trainer(engine, tok, "MAX")
     engine.close()
 
@@ -122,6 +123,7 @@ def test_retrain_starts_samples_from_and_stops_its_own_max_serve():
 
     from retrain.engines.http import HTTPEngine
     from retrain.engines.max_serve import ManagedMax
+    from retrain.settings import EngineSettings
 
     python = str(VENV / "bin" / "python")
     managed = ManagedMax(str(MODEL_DIR), python=python, entry=_max_venv_entry(), ready_s=1500)
@@ -131,7 +133,7 @@ def test_retrain_starts_samples_from_and_stops_its_own_max_serve():
         print(f"managed max serve ready on {url} in {time.time() - start:.0f}s")
         pid = managed.process.pid
         tok = AutoTokenizer.from_pretrained(str(MODEL_DIR))
-        engine = HTTPEngine("max", url, tok, {tok.eos_token_id})
+        engine = HTTPEngine(EngineSettings("max", url=url), tok, {tok.eos_token_id})
         engine.owned = managed
         _check_against_trainer(engine, tok, "MAX (started by retrain)")
         engine.close()  # stops the server it owns
@@ -176,9 +178,10 @@ def test_max_without_url_is_explained_before_any_model_load(tmp_path):
 
 
 def test_training_against_max_on_a_cpu_is_refused_before_step_0(server, tmp_path):
-    from retrain.engines.http import server_problems
+    from retrain.engines.dialects import DIALECTS
+    from retrain.engines.probe import server_problems
 
-    problems, model = server_problems("max", server, needs_lora=True, timeout=30)
+    problems, model = server_problems(DIALECTS["max"], server, needs_lora=True, timeout=30)
     assert model and problems and problems[0][0] == "[inference] engine"
     assert "GPUs only" in problems[0][1] and "stale" in problems[0][1]
     config = tmp_path / "max.toml"

@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from retrain.backends.local import LocalBackend
-from retrain.build import build_rollout
+from retrain.build import build_backend, build_rollout
 from retrain.config import config_from_dict
 from retrain.config.schema import DataConfig, EnvironmentConfig
 from retrain.data import build_data_source
@@ -59,7 +58,7 @@ def built(tmp_path_factory, tiny_model_dir):
         "training": {"max_tokens": 5, "temperature": 1.0},
     }
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    backend = LocalBackend(config_from_dict(raw), tok, say=lambda s: None)
+    backend = build_backend(config_from_dict(raw), tok, say=lambda s: None)
     yield tok, backend
     backend.close()
 

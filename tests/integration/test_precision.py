@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from retrain.backends.local import LocalBackend
+from retrain.build import build_backend
 from retrain.config import config_from_dict
 from retrain.kernels.precision import Bf16Linear, use_bf16
 from retrain.types import Datum, SamplingParams, TrainHyper
@@ -27,7 +28,7 @@ def make_backend(tiny_raw, tiny_model_dir, dtype: str) -> LocalBackend:
 
     raw = copy.deepcopy(tiny_raw)
     raw["backend"]["options"]["dtype"] = dtype
-    b = LocalBackend(
+    b = build_backend(
         config_from_dict(raw), AutoTokenizer.from_pretrained(tiny_model_dir), say=lambda s: None
     )
     with torch.no_grad():  # a trained adapter: B is not zero

@@ -18,6 +18,7 @@ from grad_recorder import step_gradients
 from run_helpers import QuietConsole
 
 from retrain.backends.local import LocalBackend
+from retrain.build import build_backend
 from retrain.cli.main import main as cli_main
 from retrain.config import config_from_dict
 from retrain.errors import CheckpointError, TrainingError
@@ -334,7 +335,7 @@ def backend(tiny_raw, tiny_model_dir):
     from transformers import AutoTokenizer
 
     config = config_from_dict(tiny_raw)
-    b = LocalBackend(config, AutoTokenizer.from_pretrained(tiny_model_dir), say=lambda s: None)
+    b = build_backend(config, AutoTokenizer.from_pretrained(tiny_model_dir), say=lambda s: None)
     with torch.no_grad():  # a non-trivial adapter, so the check covers LoRA too
         for name, p in b.model.named_parameters():
             if "lora_B" in name:
@@ -369,7 +370,7 @@ def test_prefix_caching_off_samples_the_same_distribution(tiny_raw, tiny_model_d
 
     raw = copy.deepcopy(tiny_raw)
     raw["inference"] = {"prefix_caching": False}
-    b = LocalBackend(
+    b = build_backend(
         config_from_dict(raw), AutoTokenizer.from_pretrained(tiny_model_dir), say=lambda s: None
     )
     group = b.sample([[5, 6, 7], [8, 9]], 2, SamplingParams(max_tokens=6, temperature=1.0, seed=1))
@@ -405,7 +406,7 @@ def test_split_mode_syncs_the_sampler(tiny_raw, tiny_model_dir):
 
     raw = copy.deepcopy(tiny_raw)
     raw["backend"]["devices"] = "cpu,cpu"
-    b = LocalBackend(
+    b = build_backend(
         config_from_dict(raw), AutoTokenizer.from_pretrained(tiny_model_dir), say=lambda s: None
     )
     assert b.split_mode and b.sampler_model is not b.model

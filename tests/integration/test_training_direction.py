@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from retrain.backends.local import LocalBackend
+from retrain.build import build_backend
 from retrain.config import config_from_dict
 from retrain.types import Datum, SamplingParams, TrainHyper
 
@@ -32,7 +33,7 @@ def backend(tiny_raw, tiny_model_dir):
     raw = copy.deepcopy(tiny_raw)
     raw["training"]["temperature"] = 1.0
     config = config_from_dict(raw)
-    return LocalBackend(config, AutoTokenizer.from_pretrained(tiny_model_dir), say=lambda s: None)
+    return build_backend(config, AutoTokenizer.from_pretrained(tiny_model_dir), say=lambda s: None)
 
 
 def sampled_datums(backend: LocalBackend, signs: list[float]) -> list[Datum]:
@@ -161,6 +162,7 @@ def test_the_tinker_backends_datums_under_tinkers_loss_move_the_policy_the_same_
     from types import SimpleNamespace
 
     from retrain.backends.tinker import TinkerBackend
+    from retrain.build import tinker_settings
 
     datums = sampled_datums(backend, SIGNS)
     n = sum(len(d.completion_ids) for d in datums)
@@ -194,7 +196,10 @@ def test_the_tinker_backends_datums_under_tinkers_loss_move_the_policy_the_same_
         }
     )
     remote = TinkerBackend(
-        config, SimpleNamespace(eos_token_id=2), say=lambda s: None, service_client=service
+        tinker_settings(config),
+        SimpleNamespace(eos_token_id=2),
+        say=lambda s: None,
+        service_client=service,
     )
     try:
         result = remote.train_step(datums, HYPER)

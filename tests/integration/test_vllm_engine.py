@@ -153,10 +153,11 @@ def test_engine_ids_and_logprobs_match_the_trainer(server):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from retrain.engines.http import HTTPEngine
+    from retrain.settings import EngineSettings
     from retrain.types import SamplingParams
 
     tok = AutoTokenizer.from_pretrained(str(MODEL_DIR))
-    engine = HTTPEngine("vllm", server, tok, {tok.eos_token_id})
+    engine = HTTPEngine(EngineSettings("vllm", url=server), tok, {tok.eos_token_id})
     engine.connect(needs_lora=True)
     prompt = tok.apply_chat_template(
         [{"role": "user", "content": "Calculate 3 + 4."}], add_generation_prompt=True
@@ -185,10 +186,11 @@ def test_openai_engine_samples_and_syncs_through_vllms_openai_api(server, tmp_pa
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from retrain.engines.http import HTTPEngine
+    from retrain.settings import EngineSettings
     from retrain.types import SamplingParams
 
     tok = AutoTokenizer.from_pretrained(str(MODEL_DIR))
-    engine = HTTPEngine("openai", server, tok, {tok.eos_token_id})
+    engine = HTTPEngine(EngineSettings("openai", url=server), tok, {tok.eos_token_id})
     engine.connect(needs_lora=True)
     prompt = list(tok.encode("The capital of France is"))
     params = SamplingParams(max_tokens=8, temperature=0.7, seed=9)
@@ -236,6 +238,7 @@ def test_a_restarted_server_gets_the_live_adapter_back(tmp_path):
     from retrain.engines.http import HTTPEngine
     from retrain.engines.sync import LiveAdapterDir
     from retrain.errors import BackendError
+    from retrain.settings import EngineSettings
     from retrain.types import SamplingParams
 
     need_server_files()
@@ -250,7 +253,9 @@ def test_a_restarted_server_gets_the_live_adapter_back(tmp_path):
     port, pidfile = free_port(), tmp_path / "vllm.pid"
     pid = start_server(port, pidfile, tmp_path / "vllm-1.log")
     try:
-        engine = HTTPEngine("vllm", f"http://127.0.0.1:{port}", tok, {tok.eos_token_id})
+        engine = HTTPEngine(
+            EngineSettings("vllm", url=f"http://127.0.0.1:{port}"), tok, {tok.eos_token_id}
+        )
         engine.connect(needs_lora=True)
         assert engine.sync_adapter(folder, version)
         engine.sample([prompt], 2, params)

@@ -12,21 +12,21 @@ import httpx
 import numpy as np
 import pytest
 
-from retrain.engines.http import (
+from retrain.engines.dialects import (
     DIALECTS,
+    LLAMACPP,
     LORA_NAME,
     AdapterRef,
-    HTTPEngine,
-    HTTPOptions,
-    build_request,
-    parse_choice,
-    parse_reply,
-    server_problems,
+    recognised,
     server_url,
 )
+from retrain.engines.http import HTTPEngine
+from retrain.engines.probe import server_problems
 from retrain.engines.sync import LiveAdapterDir
+from retrain.engines.wire import build_request, parse_choice, parse_reply, top_logprobs
 from retrain.errors import BackendError
 from retrain.registry import ENGINES
+from retrain.settings import EngineSettings
 from retrain.types import SamplingParams
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
@@ -85,8 +85,6 @@ def test_each_engine_names_the_live_adapter_its_own_way(engine, key, value):
 
 
 def test_llamacpp_requests_turn_truncation_off_and_ask_for_post_sampling_probs():
-    from retrain.engines.http import LLAMACPP
-
     body = build_request(LLAMACPP, "m", [1, 2], 1, PARAMS, seed=7, adapter=AdapterRef())
     assert body["top_k"] == 0 and body["min_p"] == 0.0 and body["post_sampling_probs"] is True
     assert body["prompt"] == [1, 2] and body["seed"] == 7 and body["logprobs"] == 1
@@ -96,22 +94,32 @@ def test_llamacpp_requests_turn_truncation_off_and_ask_for_post_sampling_probs()
 
 
 def test_default_urls_and_openai_needs_one():
-    assert server_url("vllm", "") == "http://127.0.0.1:8000"
-    assert server_url("sglang", "") == "http://127.0.0.1:30000"
-    assert server_url("trtllm", "") == "http://127.0.0.1:31000"
-    assert server_url("mlx", "") == "http://127.0.0.1:8080"
-    assert server_url("max", "") == ""  # no url: retrain starts max serve (max_serve.py)
-    assert server_url("openai", "") == ""
-    assert server_url("openai", "http://h:1/v1/") == "http://h:1"
+    assert server_url(DIALECTS["vllm"], "") == "http://127.0.0.1:8000"
+    assert server_url(DIALECTS["sglang"], "") == "http://127.0.0.1:30000"
+    assert server_url(DIALECTS["trtllm"], "") == "http://127.0.0.1:31000"
+    assert server_url(DIALECTS["mlx"], "") == "http://127.0.0.1:8080"
+    assert server_url(DIALECTS["max"], "") == ""  # no url: retrain starts max serve (max_serve.py)
+    assert server_url(DIALECTS["openai"], "") == ""
+    assert server_url(DIALECTS["openai"], "http://h:1/v1/") == "http://h:1"
     with pytest.raises(BackendError, match=r"\[inference\] url is empty"):
-        HTTPEngine("openai", "", None, {2})
+        HTTPEngine(EngineSettings("openai"), None, {2})
 
 
 def test_every_server_engine_is_a_built_registry_entry():
-    for name in DIALECTS:
+    for name, dialect in DIALECTS.items():
         entry = ENGINES.entry(name)
-        assert entry.available and entry.target == "retrain.engines.http:HTTPEngine"
-        assert "entropy" not in entry.capabilities.token_data  # logprobs only
+        assert entry.available and entry.target == "retrain.engines.http:build"
+        traits = entry.engine_traits
+        assert not traits.in_process and "entropy" not in traits.token_data  # logprobs only
+        assert entry.probe == "retrain.engines.probe:probe"
+        # config validation reads the trait, the engine the dialect: they must agree
+        assert traits.needs_url == (not dialect.default_url and not dialect.starts_own_server)
+
+
+def test_the_in_process_engine_is_the_only_one_that_returns_entropies():
+    in_process = [e.name for e in ENGINES.entries if e.engine_traits.in_process]
+    entropies = [e.name for e in ENGINES.entries if "entropy" in e.engine_traits.token_data]
+    assert in_process == entropies == ["pytorch"]
 
 
 # ---------------------------------------------------------------- recorded replies
@@ -154,17 +162,17 @@ def test_parse_other_reply_shapes():
 def test_parse_recorded_llamacpp_reply_reads_ids_and_post_sampling_probs():
     import math
 
-    from retrain.engines.http import _is_llamacpp, _top_logprobs
-
     recorded = _fixture("llamacpp_completion.json")
     (sample,) = parse_reply(recorded["response"], 1)
     content = recorded["response"]["choices"][0]["logprobs"]["content"]
     assert sample.token_ids.tolist() == [c["id"] for c in content]
     assert np.allclose(sample.logprobs, [math.log(c["prob"]) for c in content])
     assert sample.stop_reason == "length"
-    top = _top_logprobs(recorded["response"]["choices"][0]["logprobs"])
+    top = top_logprobs(recorded["response"]["choices"][0]["logprobs"])
     assert top == {content[0]["top_probs"][0]["id"]: math.log(content[0]["top_probs"][0]["prob"])}
-    assert _is_llamacpp(recorded["models"]) and not _is_llamacpp(_fixture("vllm_models.json"))
+    openai = DIALECTS["openai"]
+    assert recognised(openai, recorded["models"]) is LLAMACPP
+    assert recognised(openai, _fixture("vllm_models.json")) is openai
 
 
 def test_a_reply_without_ids_is_refused_rather_than_retokenised():
@@ -186,7 +194,7 @@ class _Tok:
 
 def _engine(handler, engine="vllm", **options) -> HTTPEngine:
     """An engine whose sync calls (reloads) are answered by `handler` (recorded replies)."""
-    e = HTTPEngine(engine, "http://server", _Tok(), {2}, HTTPOptions(**options))
+    e = HTTPEngine(EngineSettings(engine, url="http://server", **options), _Tok(), {2})
     e.model = "base"
     e._client = httpx.Client(transport=httpx.MockTransport(handler))
     e._client.event_hooks = {"request": [e._count_send]}
@@ -388,12 +396,14 @@ def test_reload_bodies_vllm_in_place_after_the_first_and_sglang_unload_load():
 
 
 def test_a_server_that_is_down_names_the_url_and_the_start_command():
-    problems, model = server_problems("vllm", "http://127.0.0.1:9", needs_lora=True, timeout=1)
+    problems, model = server_problems(
+        DIALECTS["vllm"], "http://127.0.0.1:9", needs_lora=True, timeout=1
+    )
     assert model == "" and problems[0][0] == "[inference] url"
     assert (
         "http://127.0.0.1:9" in problems[0][1] and "scripts/vllm_server/start.sh" in problems[0][1]
     )
-    problems, _ = server_problems("openai", "", needs_lora=True)
+    problems, _ = server_problems(DIALECTS["openai"], "", needs_lora=True)
     assert "no default URL" in problems[0][1]
 
 
@@ -419,7 +429,7 @@ def test_a_server_that_accepts_but_does_not_answer_is_told_apart_from_a_down_one
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         problems, model = server_problems(
-            "vllm", url, needs_lora=True, timeout=30, read_timeout=0.2
+            DIALECTS["vllm"], url, needs_lora=True, timeout=30, read_timeout=0.2
         )
     finally:
         release.set()

@@ -17,9 +17,9 @@ from retrain.errors import RetrainError
 from retrain.http import (
     HTTPRequestError,
     RetryPolicy,
-    arequest_json,
+    arequest,
     async_client,
-    request_json,
+    request,
     sync_client,
 )
 
@@ -50,7 +50,7 @@ def _client(script: Script, **kw) -> httpx.Client:
 
 def _post(script: Script, **kw):
     with _client(script) as client:
-        return request_json(client, "post", URL, json={"q": 1}, retry=FAST, **kw)
+        return request(client, "post", URL, json={"q": 1}, retry=FAST, **kw)
 
 
 def test_success_sends_json_and_the_bearer_key():
@@ -138,7 +138,7 @@ def test_a_body_that_is_not_json_is_an_error():
 
 def test_unreachable_real_port():
     with sync_client(timeout=0.5) as client, pytest.raises(HTTPRequestError, match="connection"):
-        request_json(client, "GET", "http://127.0.0.1:9/", retry=RetryPolicy(0))
+        request(client, "GET", "http://127.0.0.1:9/", retry=RetryPolicy(0))
 
 
 def test_retry_policy_delay():
@@ -157,7 +157,7 @@ def test_retry_after_as_an_http_date_is_honoured():
     policy = RetryPolicy(max_retries=1, backoff=0.001, max_backoff=0.3)
     t0 = time.monotonic()
     with _client(script) as client:
-        assert request_json(client, "GET", URL, retry=policy) == 1
+        assert request(client, "GET", URL, retry=policy) == 1
     assert time.monotonic() - t0 >= 0.25  # waited (up to max_backoff) as told
 
 
@@ -171,10 +171,10 @@ def test_async_twin():
 
     async def main():
         async with async_client(api_key=KEY, transport=httpx.MockTransport(flaky)) as client:
-            assert await arequest_json(client, "POST", URL, json={}, retry=FAST) == 2
+            assert await arequest(client, "POST", URL, json={}, retry=FAST) == 2
         async with async_client(api_key=KEY, transport=httpx.MockTransport(down)) as client:
             with pytest.raises(HTTPRequestError, match=r"\(x\) failed: HTTP 503: \*\*\*$"):
-                await arequest_json(client, "GET", URL, retry=RetryPolicy(0), source="x")
+                await arequest(client, "GET", URL, retry=RetryPolicy(0), source="x")
 
     calls: list = []
     asyncio.run(main())

@@ -130,7 +130,7 @@ def test_local_micro_batches_run_largest_first_and_keep_their_place():
     a, b = [1] * 10, [2] * 4
     lengths = [(b, 3), (a, 6), (a, 6), (b, 9)]
     datums = [SimpleNamespace(prompt_ids=p, completion_ids=np.zeros(n)) for p, n in lengths]
-    backend = SimpleNamespace(options={"micro_batch_tokens": 20})
+    backend = SimpleNamespace(options=SimpleNamespace(micro_batch_tokens=20))
     chunks = LocalBackend._micro_batches(backend, datums)
     # split in order: [b 3] (area 6), [a 6, a 6] (20), [b 9] (12); run largest first
     assert [(first, len(chunk)) for first, chunk in chunks] == [(1, 2), (3, 1), (0, 1)]

@@ -9,6 +9,7 @@ in a separate process.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -24,6 +25,7 @@ import pytest
 pytest.importorskip("msgspec")
 
 from retrain.backends import prime_rl as prl  # noqa: E402
+from retrain.build import prime_rl_settings  # noqa: E402
 from retrain.config import config_from_dict  # noqa: E402
 from retrain.errors import BackendError, CheckpointError, ConfigError  # noqa: E402
 from retrain.http import sync_client  # noqa: E402
@@ -321,7 +323,7 @@ class FakeServer:
 def make_backend(tmp_path, server, **options):
     cfg = prime_config(tmp_path, **{"sync_wait_s": 0, "sync_poll_s": 0.01, **options})
     client = sync_client(timeout=5, transport=httpx.MockTransport(server))
-    return prl.PrimeRLBackend(cfg, Tok(), say=lambda _: None, http_client=client)
+    return prl.PrimeRLBackend(prime_rl_settings(cfg), Tok(), say=lambda _: None, http_client=client)
 
 
 def broadcast(out: Path, step: int) -> Path:
@@ -343,7 +345,8 @@ def test_sample_train_sync_save_and_resume(tmp_path):
     assert first["n"] == 3 and first["return_token_ids"] is True and first["logprobs"] is True
     assert {s["seed"] for s in server.samples} == {11, 14}
 
-    result = b.train_step([datum()], HYPER)
+    # the step's TrainHyper carries the temperature it sampled at ([training] temperature)
+    result = b.train_step([datum()], dataclasses.replace(HYPER, temperature=0.8))
     assert result.loss == 0.0 and result.num_tokens == 4
     assert (
         prl.decode_batch(prl.rollout_path(out, 0).read_bytes()).examples[0].completion_temperatures
@@ -418,11 +421,11 @@ def test_probe_names_the_url_and_the_zmq_socket(tmp_path):
     dead = free_port()
     cfg = prime_config(tmp_path, transport="zmq", zmq_host="127.0.0.1", zmq_port=dead)
     cfg.inference.url = f"http://127.0.0.1:{dead}"
-    keys = dict(prl.probe(cfg, timeout=0.5))
+    keys = dict(prl.probe(prime_rl_settings(cfg), timeout=0.5))
     assert "nothing answers" in keys["[inference] url"]
     assert f"tcp://127.0.0.1:{dead}" in keys["[backend.options] zmq_port"]
     cfg.inference.url = ""
-    assert "is empty" in dict(prl.probe(cfg, timeout=0.5))["[inference] url"]
+    assert "is empty" in dict(prl.probe(prime_rl_settings(cfg), timeout=0.5))["[inference] url"]
 
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))
@@ -430,7 +433,7 @@ def test_probe_names_the_url_and_the_zmq_socket(tmp_path):
         port = listening.getsockname()[1]
         ok = prime_config(tmp_path)
         ok.inference.url = f"http://127.0.0.1:{port}"
-        assert prl.probe(ok, timeout=0.5) == []
+        assert prl.probe(prime_rl_settings(ok), timeout=0.5) == []
 
 
 def test_probe_reports_an_unwritable_adapter_path(tmp_path):
@@ -438,7 +441,10 @@ def test_probe_reports_an_unwritable_adapter_path(tmp_path):
     blocker.write_text("")
     cfg = prime_config(tmp_path)
     cfg.backend.adapter_path = str(blocker / "sub")
-    assert "not a directory" in dict(prl.probe(cfg, timeout=0.1))["[backend] adapter_path"]
+    assert (
+        "not a directory"
+        in dict(prl.probe(prime_rl_settings(cfg), timeout=0.1))["[backend] adapter_path"]
+    )
 
 
 def test_explain_and_doctor_run_the_probe_before_any_model_load(tmp_path):

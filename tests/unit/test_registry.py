@@ -11,7 +11,7 @@ from retrain.config import config_from_dict, load_config
 from retrain.config.schema import TABLES, table_fields
 from retrain.config.validate import flow_problems, static_token_varying
 from retrain.errors import ConfigError, PluginError
-from retrain.types import BackendCapabilities
+from retrain.types import BackendCapabilities, EngineTraits
 
 ENTRIES = [(kind, e) for kind, reg in registry.ALL_REGISTRIES.items() for e in reg.entries]
 TARGETS = [(kind, e.name) for kind, e in ENTRIES if e.target]
@@ -179,8 +179,8 @@ def test_shannon_entropy_needs_entropies():
 def test_shannon_entropy_needs_an_engine_that_returns_them(monkeypatch):
     quiet = registry.Entry(
         "pytorch",
-        "retrain.engines.pytorch:PyTorchEngine",
-        capabilities=BackendCapabilities(token_data=()),
+        "retrain.engines.pytorch:build",
+        engine_traits=EngineTraits(in_process=True, token_data=()),
     )
     config = _config(transform_mode="none", uncertainty_kind="shannon_entropy")
     monkeypatch.setattr(registry, "ENGINES", registry.Registry("inference engine", (quiet,)))

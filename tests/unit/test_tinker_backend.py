@@ -24,6 +24,7 @@ httpx = pytest.importorskip("httpx", reason="httpx comes with the tinker SDK")
 
 from retrain.backends import tinker as tb  # noqa: E402
 from retrain.backends.base import backend_info  # noqa: E402
+from retrain.build import tinker_settings  # noqa: E402
 from retrain.config import config_from_dict  # noqa: E402
 from retrain.errors import BackendError, CheckpointError  # noqa: E402
 from retrain.registry import BACKENDS  # noqa: E402
@@ -468,7 +469,7 @@ def make_backend(training=None, config=None):
     lines = []
     sleeps = []
     backend = tb.TinkerBackend(
-        config or make_config(),
+        tinker_settings(config or make_config()),
         SimpleNamespace(eos_token_id=EOS),
         say=lines.append,
         service_client=FakeService(training),
@@ -617,7 +618,7 @@ class ClosingService(FakeService):
 
 def _backend_on(service, **options):
     return tb.TinkerBackend(
-        make_config(backend={"options": {"keepalive_s": 0.0, **options}}),
+        tinker_settings(make_config(backend={"options": {"keepalive_s": 0.0, **options}})),
         SimpleNamespace(eos_token_id=EOS),
         say=lambda line: None,
         service_client=service,
@@ -687,7 +688,7 @@ def test_keepalive_runs_through_the_sdk_holder_and_stops_on_close():
     service = FakeService(FakeTraining())
     service.holder = Holder()
     backend = tb.TinkerBackend(
-        make_config(backend={"options": {"keepalive_s": 0.01}}),
+        tinker_settings(make_config(backend={"options": {"keepalive_s": 0.01}})),
         SimpleNamespace(eos_token_id=EOS),
         say=lambda line: None,
         service_client=service,
@@ -828,7 +829,7 @@ def test_a_failed_training_client_creation_ends_the_session():
 
     with pytest.raises(BackendError, match="training-client creation failed: BadRequestError"):
         tb.TinkerBackend(
-            make_config(),
+            tinker_settings(make_config()),
             SimpleNamespace(eos_token_id=EOS),
             say=lambda line: None,
             service_client=Service(FakeTraining()),
