@@ -83,7 +83,9 @@ class TrainingHandle(Protocol):
 
 
 class TrainsSteps(Protocol):
-    """What the strategies need of a backend: the blocking and the background step."""
+    """What the strategies call on the backend: train_step (BlockingTraining; every
+    backend has it) or start_train_step (OverlappedTraining; the local backend, the one
+    that offers `overlap`)."""
 
     def train_step(self, datums: list[Datum], hyper: TrainHyper) -> TrainResult: ...
 
