@@ -35,6 +35,7 @@ from retrain.config import Config
 from retrain.config.schema import EVAL_SEED_OFFSET, DataConfig
 from retrain.errors import DataError
 from retrain.logs.timer import PhaseTimer
+from retrain.rollout import RolloutFn
 from retrain.types import EvalResult, Example, GroupRollout, SamplingParams
 
 # Which problems of a large held-out split are used: the same for every run and seed.
@@ -126,7 +127,7 @@ class Evaluator:
 
     def __init__(
         self,
-        rollout: Any,
+        rollout: RolloutFn,
         examples: Sequence[Example],
         params: SamplingParams,
         samples: int,
@@ -244,7 +245,7 @@ def prepare_held_out(
     return examples
 
 
-def build_evaluator(config: Config, rollout: Any, examples: Sequence[Example]) -> Evaluator:
+def build_evaluator(config: Config, rollout: RolloutFn, examples: Sequence[Example]) -> Evaluator:
     """The run's Evaluator: the training Rollout on the held-out problems, in chunks of
     at most one training step's completions."""
     e, t = config.eval, config.training

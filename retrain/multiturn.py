@@ -215,8 +215,8 @@ class StepStats:
 
 @dataclass
 class MultiTurnRollout:
-    """A drop-in for retrain.rollout.Rollout when the environment is multi-turn: the
-    same call, the same GroupRollout records (with loss masks and transcripts)."""
+    """The multi-turn RolloutFn (retrain.rollout): the same call as the single-turn
+    Rollout, the same GroupRollout records (with loss masks and transcripts)."""
 
     backend: Any
     environment: TurnEnvironment
@@ -471,6 +471,7 @@ class MultiTurnRollout:
         }
 
     def close(self) -> None:
+        """Stop the event loop the conversations run on."""
         self.loop.close()
 
 

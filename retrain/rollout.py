@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -35,6 +35,26 @@ class VocabTable:
             "" if i in self.special else self.pieces[i] if 0 <= i < len(self.pieces) else ""
             for i in ids
         ]
+
+
+class RolloutFn(Protocol):
+    """What the trainer and the held-out evaluator call to sample and score one batch:
+    `Rollout` (single-turn) or `multiturn.MultiTurnRollout`."""
+
+    def __call__(
+        self,
+        examples: Sequence[Example],
+        group_size: int,
+        params: SamplingParams,
+        timer: PhaseTimer,
+    ) -> tuple[list[GroupRollout], dict[str, float]]:
+        """`group_size` scored completions per example, as one GroupRollout each, and the
+        reward counters (reward_errors, reward_timeouts, no_answer_rate, ...) for the
+        metrics row; the phases it spends (sampling, scoring, ...) are added to `timer`."""
+
+    def close(self) -> None:
+        """Release what the rollout holds of its own (multi-turn: its event loop); the
+        backend and the reward it calls are closed by their owner."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +100,9 @@ class Rollout:
             )
             k += n
         return groups, scored.counters()
+
+    def close(self) -> None:
+        pass  # nothing of its own: the backend and the reward are closed by their owner
 
 
 def correct_rate(groups: Sequence[GroupRollout]) -> float:

@@ -1,19 +1,18 @@
 """The training loop. It only sequences calls: data -> rollout (sample + score) ->
-advantages -> backend.train_step -> controllers -> logs -> checkpoint. No formula lives
-here, and nothing is built here: retrain.build makes the components."""
+advantages -> training (retrain.stepping: blocking, or overlapped with the next step's
+sampling) -> controllers -> logs -> checkpoint. No formula lives here, and nothing is
+built here: retrain.build makes the components."""
 
 from __future__ import annotations
 
-import math
 import signal
 import statistics
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from functools import partial
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retrain.build import Components, build
 from retrain.checkpoint import (
@@ -25,14 +24,20 @@ from retrain.checkpoint import (
     save_state,
 )
 from retrain.config import Config
-from retrain.errors import RetrainError, TrainingError
+from retrain.errors import RetrainError
 from retrain.logs.console import Console, eval_line, group_line, step_line
 from retrain.logs.metrics import RunContext, RunCounters, eval_fields, metrics_row
 from retrain.logs.runlog import RunLog
 from retrain.logs.timer import PhaseTimer
 from retrain.rollout import build_datums, correct_rate, planning_masks, token_groups
 from retrain.schedule import lr_at
-from retrain.types import EvalResult, StepResult, TrainResult
+from retrain.stepping import SampledStep, StepTraining, step_training
+from retrain.types import Datum, EvalResult, GroupRollout, RunPosition, StepResult
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from retrain.advantages import BatchAdvantages
 
 
 def step_seed(seed: int, step: int) -> int | None:
@@ -74,32 +79,6 @@ def threading_main() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def finite_loss(step: int, result: TrainResult) -> TrainResult:
-    if not math.isfinite(result.loss):
-        raise TrainingError(
-            f"step {step}: the backend reported a non-finite loss ({result.loss}); stopping (the last checkpoint is kept)"
-        )
-    return result
-
-
-@dataclass
-class _PendingStep:
-    """A step sampled, scored and handed to the backend, whose training is not reported
-    yet. With `[backend.options] overlap` it trains in the background while the next step
-    samples. Its metrics row waits here for the TrainResult and is written once complete:
-    rows are appended, never patched, and a reader (status, compare, back pressure) sees
-    each step's own loss and grad_norm on the row of the datums that produced them."""
-
-    step: int
-    make: Callable[[TrainResult], StepResult]
-    finish: Callable[[], TrainResult]  # waits for the training, publishes the new weights
-    wait: Callable[[], None]  # waits only: the run is failing, the result is dropped
-    position: dict[str, Any]  # data position and SEPA gate as they were at this step
-    num_datums: int
-    off_policy_steps: int  # optimizer steps between the sampling and the trained weights
-    timer: PhaseTimer
-
-
 class Trainer:
     def __init__(
         self, config: Config, *, config_path: str | None = None, console: Console | None = None
@@ -115,10 +94,7 @@ class Trainer:
         self.start_step = 0
         self.last_saved_step: int | None = None
         self.last_adapter = ""
-        self.pending: _PendingStep | None = None
-        # The local backend's option (config validation refuses it elsewhere): train step n
-        # in the background while step n+1 samples one optimizer step behind.
-        self.overlap = config.backend.options.get("overlap") is True
+        self.training: StepTraining | None = None
 
     def setup(self) -> None:
         self.parts = c = build(self.config, self.say)
@@ -133,6 +109,10 @@ class Trainer:
             loss_is_placeholder=not c.capabilities.reports_sync_loss,
             started=self.log.started,
         )
+        # The local backend's option: train step n in the background while step n+1
+        # samples one optimizer step behind.
+        overlap = self.config.backend.options.get("overlap") is True
+        self.training = step_training(c.backend, overlap=overlap)
 
     def restore(self, resume_from: str) -> bool:
         """Load trainer_state.json + the backend checkpoint. False when already finished."""
@@ -162,82 +142,61 @@ class Trainer:
     # ------------------------------------------------------------ one step
 
     def run_step(self, step: int) -> dict[str, Any] | None:
-        """Sample, score and compute the advantages of `step`, then train on them. Returns
-        the metrics row written meanwhile: this step's, or with overlap the previous
-        step's (this one's is written when its training is done: settle)."""
+        """Sample, score and compute the advantages of `step`, hand it to the training and
+        record every step whose training is done. Returns the last row written: this
+        step's, or with overlap the previous step's (this one's waits for settle)."""
         c, timer = self.parts, PhaseTimer(self._progress(step))
-        # With overlap the previous step may still be training: this step samples from
-        # weights one optimizer step older than those its datums are trained on.
-        off_policy = int(self.pending is not None and self.pending.num_datums > 0)
-        batch_size, group_size = self.batch_size, self.group_size  # as this step used them
+        off_policy = self.training.steps_behind  # read before sampling: a step in flight
+        batch_size, group_size = self.batch_size, self.group_size  # as this step uses them
         examples = c.data.next_batch(batch_size)
         params = replace(c.sampling, seed=step_seed(self.config.training.seed, step))
         groups, reward_counters = c.rollout(examples, group_size, params, timer)
         with timer.phase("advantages"):
-            planning = [planning_masks(c.detector, c.vocab, g.samples) for g in groups]
-            adv = c.pipeline(
-                token_groups(groups, planning, c.pipeline.needs_entropies),
-                sepa_lambda=lambda stats: c.sepa.update(step, correct_rate(groups), stats.exec_var),
-                step=step,
-            )
-            datums = build_datums(groups, adv.advantages)
-        position = {
-            "examples_seen": c.data.position,
-            "epoch": c.data.epoch,
-            "sepa_gate_open": c.sepa.gate_open,
-        }
-        previous = self.settle()  # the previous step's training: wait, publish, write its row
-
-        def make(train: TrainResult) -> StepResult:
-            return StepResult(
-                step,
-                groups,
-                reward_counters,
-                planning,
-                adv,
-                len(datums),
-                train,
-                timer.seconds,
-                batch_size,
-                group_size,
-            )
-
-        finish, wait = self._start_training(step, datums)
-        self.pending = _PendingStep(
-            step, make, finish, wait, position, len(datums), off_policy, timer
+            planning, adv, datums = self._advantages(step, groups)
+        sampled = SampledStep(
+            step=step,
+            groups=groups,
+            reward_counters=reward_counters,
+            planning=planning,
+            advantages=adv,
+            datums=datums,
+            batch_size=batch_size,
+            group_size=group_size,
+            position=self._position(),
+            off_policy_steps=off_policy,
+            timer=timer,
         )
-        return previous if self.overlap else self.settle()
-
-    def _start_training(
-        self, step: int, datums: list
-    ) -> tuple[Callable[[], TrainResult], Callable[[], None]]:
-        """(finish, wait) of the step's training: started in the background with overlap,
-        else run by finish() itself (the blocking backend.train_step)."""
-        c = self.parts
         hyper = replace(c.hyper, lr=self.scheduled_lr(step))
-        if not self.overlap:
-            return partial(c.backend.train_step, datums, hyper), lambda: None
-        flight = c.backend.start_train_step(datums, hyper)
-        return flight.finish, flight.wait
+        row = None  # with overlap the first step hands back nothing
+        for result in self.training.submit(sampled, hyper):
+            row = self._record(result)
+        return row
 
-    def settle(self) -> dict[str, Any] | None:
-        """Wait for the pending step's training (its time counts as the step's training
-        phase: the part not hidden behind sampling), then write its row. Checkpoints and
-        evaluations call it first, so neither ever sees a half-applied step."""
-        p, self.pending = self.pending, None
-        if p is None:
-            return None
-        label = f"training on {p.num_datums} completions"
-        with p.timer.phase("training", label if not self.overlap else f"waiting for {label}"):
-            train = finite_loss(p.step, p.finish())
-        return self._record(p.make(train), p.position, p.off_policy_steps)
+    def _advantages(
+        self, step: int, groups: list[GroupRollout]
+    ) -> tuple[list[list[np.ndarray]], BatchAdvantages, list[Datum]]:
+        """The planning masks, the pipeline's advantages (SEPA is updated from inside the
+        call, with this step's execution-token variance) and the datums of kept groups."""
+        c = self.parts
+        planning = [planning_masks(c.detector, c.vocab, g.samples) for g in groups]
+        adv = c.pipeline(
+            token_groups(groups, planning, c.pipeline.needs_entropies),
+            sepa_lambda=lambda stats: c.sepa.update(step, correct_rate(groups), stats.exec_var),
+            step=step,
+        )
+        return planning, adv, build_datums(groups, adv.advantages)
 
-    def _abandon(self) -> None:
-        """The run is failing: let a background training end before the model is closed
-        (its result, and any error of its own, are dropped)."""
-        p, self.pending = self.pending, None
-        if p is not None:
-            p.wait()
+    def _position(self) -> RunPosition:
+        c = self.parts
+        return RunPosition(
+            examples_seen=c.data.position, epoch=c.data.epoch, sepa_gate_open=c.sepa.gate_open
+        )
+
+    def settle(self) -> None:
+        """Record the step still training (with overlap). Checkpoints and evaluations call
+        it first, so neither ever sees a half-applied step."""
+        for result in self.training.settle():
+            self._record(result)
 
     def scheduled_lr(self, step: int) -> float:
         """The learning rate of `step`: a pure function of the step ([training]
@@ -249,20 +208,19 @@ class Trainer:
         total, done = self.config.training.max_steps, step - self.start_step
         return lambda label: self.console.progress(step, total, label, self.log.started, done)
 
-    def _record(
-        self, result: StepResult, position: dict[str, Any], off_policy_steps: int
-    ) -> dict[str, Any]:
-        """Counters, the metrics row, the back-pressure decision, the console and the logs.
-        `position` is the data position and SEPA gate as they were at the step."""
-        c = self.parts
+    def _record(self, result: StepResult) -> dict[str, Any]:
+        """Counters, the metrics row, the back-pressure decision, the console and the logs."""
+        c, where = self.parts, result.position
         self.counters.add(result)
         row = metrics_row(
             result,
             replace(self.context, lr=self.scheduled_lr(result.step)),
             self.counters,
-            **position,
+            examples_seen=where.examples_seen,
+            epoch=where.epoch,
+            sepa_gate_open=where.sepa_gate_open,
         )
-        row["off_policy_steps"] = off_policy_steps
+        row["off_policy_steps"] = result.off_policy_steps
         if c.backpressure is not None:
             # the step's own size: with overlap the next step has sampled already
             decision = c.backpressure.observe(result.batch_size, self.throughput(result))
@@ -376,7 +334,7 @@ class Trainer:
             raise
         finally:
             try:
-                self._abandon()
+                self.training.abandon()  # a background training ends before the model closes
             finally:
                 stop.restore()
                 self._close(status)

@@ -338,6 +338,17 @@ def check_option(name: str, spec: OptionSpec, value: Any) -> str | None:
 # ---------------------------------------------------------------- one step
 
 
+@dataclass(frozen=True)
+class RunPosition:
+    """Where the run stood when a step sampled: the data position and the SEPA gate.
+    The step keeps its own copy: with `[backend.options] overlap` the next step has moved
+    both by the time this step's row is written."""
+
+    examples_seen: int
+    epoch: int
+    sepa_gate_open: bool
+
+
 @dataclass
 class StepResult:
     """Everything one training step produced, for the logs and the controllers."""
@@ -352,6 +363,8 @@ class StepResult:
     seconds: dict[str, float]  # wall time per phase: sampling, scoring, advantages, training
     batch_size: int
     group_size: int
+    position: RunPosition  # as it was when this step sampled
+    off_policy_steps: int  # optimizer steps between the weights sampled and those trained
 
     @property
     def num_completions(self) -> int:

@@ -58,6 +58,7 @@ class Recorder:
 
     def __init__(self, monkeypatch):
         self.sampled: list[dict] = []
+        self.completions: list[int] = []  # n of each sampling call (training: group_size)
         self.weights: list[dict] = []  # [initial, after step 0's training, ...]
         self.losses: list[float] = []
         sample, optimize, rec = LocalBackend.sample, LocalBackend._optimize, self
@@ -66,6 +67,7 @@ class Recorder:
             if not rec.weights:
                 rec.weights.append(lora(self.model))
             rec.sampled.append(lora(self.sampler_model))
+            rec.completions.append(n)
             return sample(self, prompts, n, params)
 
         def recording_optimize(self, datums, hyper):
@@ -128,6 +130,26 @@ def test_without_overlap_split_mode_stays_on_policy(tiny_raw, tmp_path, monkeypa
         assert other[0][key] == pytest.approx(rows[0][key], abs=1e-6), key
     assert same(rec.sampled[5], rec.sampled[4])  # the second run's step 1 saw step 0's weights
     assert not same(rec.sampled[1], rec.sampled[5])
+
+
+def test_an_evaluation_with_overlap_sees_the_weights_of_the_steps_before_it(
+    tiny_raw, tmp_path, monkeypatch
+):
+    """A step's row (with the evaluation due after it) is written before the next step
+    starts training: the evaluation samples exactly the weights of the steps done."""
+    rec = Recorder(monkeypatch)
+    raw = split_raw(tiny_raw, tmp_path, "eval", overlap=True)
+    raw["eval"] = {"every": 2, "size": 3, "temperature": 0.0, "samples": 1}
+    assert run(raw)[0] == 0
+    rows = rows_of(raw)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["off_policy_steps"] for r in rows] == [0, 1, 1, 1]
+    assert [r.get("eval_step") for r in rows] == [None, 2, None, 4]
+    # sampling calls: eval(0), steps 0, 1, 2, eval(2) while step 2 waits, step 3, eval(4)
+    assert rec.completions == [1, 4, 4, 4, 1, 4, 1]
+    assert same(rec.sampled[0], rec.weights[0])
+    assert same(rec.sampled[4], rec.weights[2])  # after steps 0 and 1, not step 2
+    assert same(rec.sampled[6], rec.weights[4])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs the CPU fallback of gpu devices")
