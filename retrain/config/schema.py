@@ -215,9 +215,10 @@ class TrainingConfig:
     # The objective (retrain/loss.py; `retrain man --topic loss`).
     policy_loss: str = opt(
         "is",
-        "Policy loss: is (importance-sampling policy gradient, -A r) or ppo_clip "
-        "(-min(A r, A clip(r, 1 - clip_eps, 1 + clip_eps_high)))",
-        choices=("is", "ppo_clip"),
+        "Policy loss: is (importance-sampling policy gradient, -A r), ppo_clip "
+        "(-min(A r, A clip(r, 1 - clip_eps, 1 + clip_eps_high))), or a dotted path to your "
+        "objective fn(inputs, hyper) -> TokenLoss (local backend only; retrain man --topic loss)",
+        registry_name="policy_loss",
     )
     clip_eps: float = opt(
         0.2, "ppo_clip: lower clip range, the ratio is kept >= 1 - clip_eps", gt=0.0, le=1.0
