@@ -100,10 +100,10 @@ def _loss_option_problems(config: Config, capabilities: BackendCapabilities) -> 
             usable = ("is", *capabilities.loss_options)
             builtins = [n for n in registry.OBJECTIVES.names(available_only=True) if n in usable]
             problem = (
-                f"{config.training.policy_loss!r} is your own objective (a dotted path), which "
-                f"only a backend that computes the loss in-process can run; backend {backend!r} "
-                f"does not (its capabilities lack loss_options {USER_OBJECTIVE!r}). Fix: "
-                f'policy_loss = one of {", ".join(builtins)}, or backend = "local"'
+                f"{config.training.policy_loss!r} is your own objective (a dotted path); only a "
+                f"backend that computes the loss in-process can run it, and backend {backend!r} "
+                f"does not list loss_options {USER_OBJECTIVE!r}. Fix: a built-in policy_loss it "
+                f'runs ({", ".join(builtins)}), or backend = "local"'
             )
         else:
             problem = (
