@@ -212,7 +212,7 @@ class TrainingConfig:
     weight_decay: float = opt(0.0, "AdamW weight decay", ge=0.0)
     max_examples: int = opt(0, "Limit dataset size. 0 = use all", ge=0)
     save_every: int = opt(20, "Checkpoint every N steps (0 = only at the end)", ge=0)
-    # The objective (retrain/loss.py; `retrain man --topic loss`).
+    # The objective (retrain/loss/; `retrain man --topic loss`).
     policy_loss: str = opt(
         "is",
         "Policy loss: is (importance-sampling policy gradient, -A r), ppo_clip "
