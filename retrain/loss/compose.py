@@ -118,7 +118,7 @@ def kl_penalty(
     return per_token + coef * kl, float(kl.detach()[mask].sum())
 
 
-def kl_estimate(log_ratio_ref: Any, estimator: str) -> Any:
+def kl_estimate(log_ratio_ref: Tensor, estimator: str) -> Tensor:
     """Schulman's k1/k2/k3 estimator of KL(pi || ref) per token, d = logp - logp_ref."""
     d = log_ratio_ref
     if estimator == "k1":

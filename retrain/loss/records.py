@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from retrain.types import TrainHyper
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # tensors: == would compare elementwise
 class LossInputs:
     """One micro-batch of per-token tensors, as an objective sees it.
 
@@ -49,7 +49,7 @@ class LossInputs:
         return self.log_ratio().exp()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # tensors: == would compare elementwise
 class TokenLoss:
     """What an objective returns: the loss of every token before truncated importance
     sampling, the KL penalty, the per-completion weights and the aggregation, which the
@@ -92,7 +92,7 @@ class LossStats:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # tensors: == would compare elementwise
 class LossOutputs:
     """The composed loss of one micro-batch."""
 
