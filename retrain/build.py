@@ -304,6 +304,8 @@ def build_engine(
 
 
 def local_settings(config: Config) -> LocalSettings:
+    from retrain.loss import resolve_objective
+
     m, t, o = config.model, config.training, config.optimizer
     return LocalSettings(
         model=m.model,
@@ -320,6 +322,7 @@ def local_settings(config: Config) -> LocalSettings:
         adapter_path=config.backend.adapter_path,
         seed=t.seed,
         options=LocalOptions.from_mapping(config.backend.options),
+        loss=resolve_objective(t.policy_loss, tuple(config.plugins.search_paths)),
     )
 
 

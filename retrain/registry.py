@@ -18,7 +18,7 @@ from typing import Any
 
 from retrain.errors import PluginError
 from retrain.hardware import MATMUL_DTYPES
-from retrain.types import BackendCapabilities, EngineTraits, OptionSpec
+from retrain.types import LOSS_OPTIONS, BackendCapabilities, EngineTraits, OptionSpec
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*([.:][A-Za-z_][\w]*)$")
 
@@ -438,15 +438,7 @@ BACKENDS = Registry(
                 preserves_token_advantages=True,
                 supports_checkpoint_resume=True,
                 token_data=("entropy",),
-                loss_options=(
-                    "ppo_clip",
-                    "dual_clip",
-                    "adv_clip",
-                    "seq_mean_token_sum",
-                    "seq_mean_token_mean",
-                    "kl",
-                    "tis",
-                ),
+                loss_options=LOSS_OPTIONS,  # all of them, a dotted-path policy_loss included
             ),
             options={
                 "micro_batch_tokens": OptionSpec(
@@ -631,6 +623,27 @@ ENGINES = Registry(
     key="[inference] engine",
 )
 
+# Policy losses (retrain/loss/objectives.py): fn(inputs: LossInputs, hyper: TrainHyper)
+# -> TokenLoss, resolved once per run by retrain.loss.resolve_objective. Any name other
+# than "is" is a loss option a backend must list (a built-in under its own name, a
+# dotted path as types.USER_OBJECTIVE).
+OBJECTIVES = Registry(
+    "policy_loss",
+    (
+        Entry(
+            "is",
+            "retrain.loss.objectives:importance_sampling",
+            "-A r: the importance-sampling policy gradient (default)",
+        ),
+        Entry(
+            "ppo_clip",
+            "retrain.loss.objectives:ppo_clip",
+            "-min(A r, A clip(r, 1 - clip_eps, 1 + clip_eps_high)); dual clip with clip_ratio_c",
+        ),
+    ),
+    key="[training] policy_loss",
+)
+
 ALL_REGISTRIES: dict[str, Registry] = {
     "advantage_mode": ADVANTAGE_MODES,
     "transform_mode": TRANSFORM_MODES,
@@ -641,4 +654,5 @@ ALL_REGISTRIES: dict[str, Registry] = {
     "data_source": DATA_SOURCES,
     "backend": BACKENDS,
     "engine": ENGINES,
+    "policy_loss": OBJECTIVES,
 }

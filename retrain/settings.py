@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from retrain.loss import LossFn
 
 
 def _options(cls, backend: str, given: Mapping[str, Any]):
@@ -96,6 +99,7 @@ class LocalSettings:
     adapter_path: str  # where checkpoints and, with a server engine, live adapters go
     seed: int  # -1 = unseeded (LoRA init draws from torch's global RNG)
     options: LocalOptions
+    loss: LossFn  # [training] policy_loss, resolved once (a dotted path imported here)
 
 
 # ---------------------------------------------------------------- remote backends

@@ -257,6 +257,23 @@ class CheckpointInfo:
 
 # ---------------------------------------------------------------- registry records
 
+# A dotted-path `[training] policy_loss` (retrain.loss): only a backend that computes the
+# loss in-process can run a user's objective.
+USER_OBJECTIVE = "user_objective"
+# What a backend may list in BackendCapabilities.loss_options: the parts of the objective
+# beyond policy_loss = "is" with loss_agg = "token_mean", which every backend implements
+# (config/validate.py's loss_options_used names the keys that ask for each).
+LOSS_OPTIONS = (
+    "ppo_clip",
+    "dual_clip",
+    "adv_clip",
+    "seq_mean_token_sum",
+    "seq_mean_token_mean",
+    "kl",
+    "tis",
+    USER_OBJECTIVE,
+)
+
 
 @dataclass(frozen=True)
 class BackendCapabilities:
@@ -269,9 +286,8 @@ class BackendCapabilities:
     resume_runtime_dependent: bool = False
     # Per-token data the backend returns besides logprobs (e.g. "entropy").
     token_data: tuple[str, ...] = ()
-    # Loss options implemented beyond the default objective (retrain.loss.LOSS_OPTIONS:
-    # "ppo_clip", "dual_clip", "adv_clip", "seq_mean_token_sum", "seq_mean_token_mean",
-    # "kl"); config loading refuses an option the backend does not list.
+    # Loss options implemented beyond the default objective (names from LOSS_OPTIONS);
+    # config loading refuses an option the backend does not list.
     loss_options: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:

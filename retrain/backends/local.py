@@ -45,7 +45,7 @@ from retrain.kernels.packing import (
     split,
 )
 from retrain.kernels.precision import bf16_linears, use_bf16
-from retrain.loss import LossStats, policy_objective, sequence_weights
+from retrain.loss import LossFn, LossInputs, LossStats, resolve_objective, sequence_weights
 from retrain.models import resolve_model
 from retrain.registry import BACKENDS
 from retrain.settings import LocalSettings
@@ -137,6 +137,7 @@ class LocalBackend:
 
         self.settings = settings
         self.options = settings.options
+        self.loss_fn = settings.loss  # the policy loss, resolved once by build.py
         # threads = 0: chosen from the free cores before each phase (retrain/threads.py).
         self.threads = ThreadPolicy(self.options.threads)
         say(self.threads.describe(self.threads.apply()))
@@ -343,6 +344,8 @@ class LocalBackend:
         weights, denominator = sequence_weights(
             [d.num_trained_tokens for d in datums], hyper.loss_agg
         )
+        weighted = hyper.loss_agg != "token_mean"  # token_mean's weights are all 1
+        loss_fn = self._loss_for(hyper)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
@@ -350,9 +353,9 @@ class LocalBackend:
         ratio_max = 0.0
         stats = LossStats()
         for start, chunk in self._micro_batches(datums):
-            seq_w = None if hyper.loss_agg == "token_mean" else weights[start : start + len(chunk)]
+            seq_w = weights[start : start + len(chunk)] if weighted else None
             value, chunk_ratio_sum, chunk_ratio_max, chunk_stats = self._backward(
-                chunk, hyper, denominator, seq_w
+                chunk, hyper, loss_fn, denominator, seq_w
             )
             stats.add(chunk_stats)
             loss_sum += value
@@ -376,10 +379,19 @@ class LocalBackend:
             extra=stats.metrics(),
         )
 
+    def _loss_for(self, hyper: TrainHyper) -> LossFn:
+        """The objective build.py resolved from `[training] policy_loss`; a step whose
+        hyper names another one (a caller driving the backend directly) resolves it once
+        and keeps it."""
+        if self.loss_fn.name != hyper.policy_loss:
+            self.loss_fn = resolve_objective(hyper.policy_loss)
+        return self.loss_fn
+
     def _backward(
         self,
         chunk: list[Datum],
         hyper: TrainHyper,
+        loss_fn: LossFn,
         denominator: float,
         seq_weights: np.ndarray | None,
     ) -> tuple[float, float, float, LossStats]:
@@ -391,26 +403,26 @@ class LocalBackend:
         temperature = hyper.temperature
         logp = self._logprobs(groups, temperature)
         mask, adv, old = _padded(chunk, logp.shape[1], logp.device)
-        loss, stats = policy_objective(
+        inputs = LossInputs(
             logp,
             old,
             adv,
             mask,
-            hyper,
-            denominator=denominator,
+            denominator,
             seq_weights=None if seq_weights is None else torch.from_numpy(seq_weights).to(logp),
             ref_logp=self._reference_logprobs(groups, temperature, hyper),
         )
-        value = float(loss.detach())
+        out = loss_fn(inputs, hyper)
+        value = float(out.loss.detach())
         if not math.isfinite(value):
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainingError(
                 f"loss is {value} (non-finite) in a micro-batch of {len(chunk)} completions; the weights were not updated"
             )
-        loss.backward()
+        out.loss.backward()
         log_ratio = (logp.detach() - old)[mask]
         largest = float(log_ratio.abs().max()) if log_ratio.numel() else 0.0
-        return value, float(log_ratio.sum()), largest, stats
+        return value, float(log_ratio.sum()), largest, out.stats
 
     def _reference_logprobs(
         self, groups: list[Group], temperature: float, hyper: TrainHyper

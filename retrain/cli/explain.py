@@ -236,8 +236,10 @@ def objective_summary(config: Config) -> str:
         high = t.clip_eps_high or t.clip_eps
         loss = f"ppo_clip (ratio clipped to [{1 - t.clip_eps:g}, {1 + high:g}]"
         loss += f", dual clip c={t.clip_ratio_c:g})" if t.clip_ratio_c > 0 else ")"
-    else:
+    elif t.policy_loss == "is":
         loss = "is (importance-sampling policy gradient)"
+    else:  # a dotted path (config validation admits nothing else)
+        loss = f"{t.policy_loss} (your objective: fn(inputs, hyper) -> TokenLoss)"
     parts = [loss, f"agg {t.loss_agg}"]
     if t.adv_clip_max > 0:
         parts.append(f"advantages clipped to +-{t.adv_clip_max:g}")

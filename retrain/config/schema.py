@@ -212,12 +212,13 @@ class TrainingConfig:
     weight_decay: float = opt(0.0, "AdamW weight decay", ge=0.0)
     max_examples: int = opt(0, "Limit dataset size. 0 = use all", ge=0)
     save_every: int = opt(20, "Checkpoint every N steps (0 = only at the end)", ge=0)
-    # The objective (retrain/loss.py; `retrain man --topic loss`).
+    # The objective (retrain/loss/; `retrain man --topic loss`).
     policy_loss: str = opt(
         "is",
-        "Policy loss: is (importance-sampling policy gradient, -A r) or ppo_clip "
-        "(-min(A r, A clip(r, 1 - clip_eps, 1 + clip_eps_high)))",
-        choices=("is", "ppo_clip"),
+        "Policy loss: is (importance-sampling policy gradient, -A r), ppo_clip "
+        "(-min(A r, A clip(r, 1 - clip_eps, 1 + clip_eps_high))), or a dotted path to your "
+        "objective fn(inputs, hyper) -> TokenLoss (local backend only; retrain man --topic loss)",
+        registry_name="policy_loss",
     )
     clip_eps: float = opt(
         0.2, "ppo_clip: lower clip range, the ratio is kept >= 1 - clip_eps", gt=0.0, le=1.0

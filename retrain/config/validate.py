@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from retrain import registry
 from retrain.config.schema import Config
-from retrain.types import BackendCapabilities, EngineTraits, check_option
+from retrain.types import USER_OBJECTIVE, BackendCapabilities, EngineTraits, check_option
 
 Problems = list[tuple[str, str]]
 
@@ -67,13 +67,17 @@ def _missing_entropies(config: Config, capabilities: BackendCapabilities) -> str
 
 def loss_options_used(config: Config) -> list[tuple[str, str]]:
     """(`[training] key`, loss option) for each part of the objective beyond the default
-    importance-sampling token mean (the names of BackendCapabilities.loss_options)."""
+    importance-sampling token mean (the names of BackendCapabilities.loss_options): a
+    built-in policy_loss other than "is" under its own name, a dotted path as
+    USER_OBJECTIVE."""
     t = config.training
     used = []
-    if t.policy_loss == "ppo_clip":
-        used.append(("[training] policy_loss", "ppo_clip"))
-        if t.clip_ratio_c > 0:
-            used.append(("[training] clip_ratio_c", "dual_clip"))
+    if t.policy_loss != "is":
+        builtin = registry.OBJECTIVES.is_builtin(t.policy_loss)
+        option = registry.OBJECTIVES.canonical(t.policy_loss) if builtin else USER_OBJECTIVE
+        used.append(("[training] policy_loss", option))
+    if t.policy_loss == "ppo_clip" and t.clip_ratio_c > 0:
+        used.append(("[training] clip_ratio_c", "dual_clip"))
     if t.adv_clip_max > 0:
         used.append(("[training] adv_clip_max", "adv_clip"))
     if t.loss_agg != "token_mean":
@@ -88,16 +92,27 @@ def loss_options_used(config: Config) -> list[tuple[str, str]]:
 def _loss_option_problems(config: Config, capabilities: BackendCapabilities) -> Problems:
     backend = config.backend.backend
     supported = ", ".join(capabilities.loss_options) or "none"
-    return [
-        (
-            key,
-            f"backend {backend!r} does not implement the loss option {option!r} (it supports: "
-            f"{supported}). Fix: remove the key, or use a backend whose capabilities list "
-            f"loss_options {option!r} (local)",
-        )
-        for key, option in loss_options_used(config)
-        if option not in capabilities.loss_options
-    ]
+    problems: Problems = []
+    for key, option in loss_options_used(config):
+        if option in capabilities.loss_options:
+            continue
+        if option == USER_OBJECTIVE:
+            usable = ("is", *capabilities.loss_options)
+            builtins = [n for n in registry.OBJECTIVES.names(available_only=True) if n in usable]
+            problem = (
+                f"{config.training.policy_loss!r} is your own objective (a dotted path); only a "
+                f"backend that computes the loss in-process can run it, and backend {backend!r} "
+                f"does not list loss_options {USER_OBJECTIVE!r}. Fix: a built-in policy_loss it "
+                f'runs ({", ".join(builtins)}), or backend = "local"'
+            )
+        else:
+            problem = (
+                f"backend {backend!r} does not implement the loss option {option!r} (it "
+                f"supports: {supported}). Fix: remove the key, or use a backend whose "
+                f"capabilities list loss_options {option!r} (local)"
+            )
+        problems.append((key, problem))
+    return problems
 
 
 def flow_problems(
@@ -158,10 +173,11 @@ def _backpressure(config: Config) -> Problems:
 
 
 def _objective(config: Config) -> Problems:
-    """PPO-only keys set for the plain loss, and a warmup that never ends."""
+    """PPO-only keys set for another built-in loss (a dotted-path objective may read
+    them from TrainHyper), and a warmup that never ends."""
     t = config.training
     problems: Problems = []
-    if t.policy_loss != "ppo_clip":
+    if registry.OBJECTIVES.is_builtin(t.policy_loss) and t.policy_loss != "ppo_clip":
         for key in ("clip_eps_high", "clip_ratio_c"):
             if getattr(t, key) > 0:
                 problems.append(

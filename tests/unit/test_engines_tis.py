@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from retrain.loss import policy_objective  # noqa: E402
+from retrain.loss import LossInputs, resolve_objective  # noqa: E402
 from retrain.types import TrainHyper  # noqa: E402
 
 
@@ -24,11 +24,10 @@ def _run(tis_cap: float, policy_loss: str = "is"):
     sampler = torch.zeros(1, 3)
     adv = torch.tensor([[1.0, 1.0, -2.0]])
     mask = torch.ones(1, 3, dtype=torch.bool)
-    loss, stats = policy_objective(
-        logp, sampler, adv, mask, _hyper(tis_cap=tis_cap, policy_loss=policy_loss), denominator=3.0
-    )
-    loss.backward()
-    return float(loss), logp.grad[0].tolist(), stats.metrics()
+    hyper = _hyper(tis_cap=tis_cap, policy_loss=policy_loss)
+    out = resolve_objective(policy_loss)(LossInputs(logp, sampler, adv, mask, 3.0), hyper)
+    out.loss.backward()
+    return float(out.loss.detach()), logp.grad[0].tolist(), out.stats.metrics()
 
 
 def test_tis_caps_the_ratio_of_one_token():

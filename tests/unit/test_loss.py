@@ -1,4 +1,4 @@
-"""The objective (retrain/loss.py) and the learning-rate schedule (retrain/schedule.py)
+"""The objective (retrain/loss/) and the learning-rate schedule (retrain/schedule.py)
 against plain per-token reference implementations of their formulas, on random inputs;
 plus the config keys, the backend capability checks and the Tinker mapping."""
 
@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from reference_loss import ref_objective, ref_token  # tests/unit: the plain reference
 
 from retrain.config import config_from_dict
 from retrain.config.validate import flow_problems, loss_options_used
@@ -19,9 +20,10 @@ from retrain.errors import ConfigError
 from retrain.loss import (
     KL_ESTIMATORS,
     LOSS_AGGS,
+    LossInputs,
     LossStats,
-    policy_objective,
     ppo_clipped,
+    resolve_objective,
     sequence_weights,
     token_scales,
 )
@@ -34,62 +36,11 @@ BASE = TrainHyper(lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8)
 # ---------------------------------------------------------------- the plain reference
 
 
-def reference_token_loss(lp, old, a, hyper, ref=None):
-    """(loss, d loss / d logp, clipped?, kl) of one token, with plain floats."""
-    if hyper.adv_clip_max > 0:
-        a = min(max(a, -hyper.adv_clip_max), hyper.adv_clip_max)
-    r = math.exp(lp - old)
-    clipped = False
-    if hyper.policy_loss == "is":
-        loss, grad = -a * r, -a * r
-    else:
-        lo, hi = 1 - hyper.clip_eps, 1 + hyper.clip_eps_high
-        unclipped = a * r
-        bounded = a * min(max(r, lo), hi)
-        if bounded < unclipped:  # the clipped surrogate is the smaller: constant in logp
-            objective, grad, clipped = bounded, 0.0, True
-        else:
-            objective, grad = unclipped, -a * r
-        if hyper.clip_ratio_c > 0 and a < 0 and hyper.clip_ratio_c * a > objective:
-            objective, grad, clipped = hyper.clip_ratio_c * a, 0.0, True
-        loss = -objective
-    kl = None
-    if hyper.kl_coef > 0:
-        d = lp - ref
-        kl, dkl = {
-            "k1": (d, 1.0),
-            "k2": (0.5 * d * d, d),
-            "k3": (math.exp(-d) + d - 1, 1 - math.exp(-d)),
-        }[hyper.kl_estimator]
-        loss += hyper.kl_coef * kl
-        grad += hyper.kl_coef * dkl
-    return loss, grad, clipped, kl
-
-
 def reference_objective(seqs, hyper):
-    """seqs: [(logp list, sampler list, adv list, ref list | None)] -> (loss, grads, clip
-    fraction, kl mean), aggregated by hyper.loss_agg with per-token loops."""
-    n_tokens = sum(len(s[0]) for s in seqs)
-    total, grads, clipped, kls = 0.0, [], 0, []
-    for lp, old, adv, ref in seqs:
-        if hyper.loss_agg == "token_mean":
-            scale = 1.0 / n_tokens
-        elif hyper.loss_agg == "seq_mean_token_sum":
-            scale = 1.0 / len(seqs)
-        else:
-            scale = 1.0 / (len(seqs) * len(lp))
-        g = []
-        for t in range(len(lp)):
-            loss, grad, cut, kl = reference_token_loss(
-                lp[t], old[t], adv[t], hyper, None if ref is None else ref[t]
-            )
-            total += scale * loss
-            g.append(scale * grad)
-            clipped += cut
-            if kl is not None:
-                kls.append(kl)
-        grads.append(g)
-    return total, grads, clipped / n_tokens, (sum(kls) / len(kls) if kls else None)
+    """(loss, grads, clip fraction, kl mean) of tests/unit/reference_loss.py's per-token
+    loops."""
+    ref = ref_objective(seqs, hyper)
+    return ref.loss, ref.grads, ref.clip_fraction, ref.kl_mean
 
 
 def random_batch(rng: random.Random, n: int = 5, spread: float = 0.5, with_ref: bool = True):
@@ -120,10 +71,11 @@ def padded(seqs, dtype=torch.float64):
 
 
 def run_objective(seqs, hyper, chunks=None):
-    """policy_objective over `seqs` (optionally split into micro-batches as the local
-    backend does) -> (loss, per-token grads, stats)."""
+    """The resolved objective over `seqs` (optionally split into micro-batches as the
+    local backend does) -> (loss, per-token grads, stats)."""
     lengths = [len(s[0]) for s in seqs]
     weights, denominator = sequence_weights(lengths, hyper.loss_agg)
+    loss_fn = resolve_objective(hyper.policy_loss)
     chunks = chunks or [len(seqs)]
     start, total, stats, grads = 0, 0.0, LossStats(), []
     for size in chunks:
@@ -133,16 +85,9 @@ def run_objective(seqs, hyper, chunks=None):
         seq_w = None
         if hyper.loss_agg != "token_mean":
             seq_w = torch.from_numpy(weights[start : start + size])
-        loss, st = policy_objective(
-            logp,
-            old,
-            adv,
-            mask,
-            hyper,
-            denominator=denominator,
-            seq_weights=seq_w,
-            ref_logp=ref if hyper.kl_coef > 0 else None,
-        )
+        ref_logp = ref if hyper.kl_coef > 0 else None
+        out = loss_fn(LossInputs(logp, old, adv, mask, denominator, seq_w, ref_logp), hyper)
+        loss, st = out.loss, out.stats
         loss.backward()
         total += float(loss.detach())
         stats.add(st)
@@ -194,7 +139,7 @@ def test_ppo_clip_actually_clips_on_these_inputs():
     for seed in range(4):
         for lp, old, adv, _ in random_batch(random.Random(seed * 31 + 7)):
             for t in range(len(lp)):
-                _, _, cut, _ = reference_token_loss(lp[t], old[t], adv[t], hyper)
+                cut = ref_token(lp[t], old[t], adv[t], hyper).clipped
                 r = math.exp(lp[t] - old[t])
                 if adv[t] < 0 and cut and r >= 0.9:
                     branches.add("dual")
@@ -227,7 +172,8 @@ def test_default_objective_is_bitwise_the_previous_loss():
     before.backward()
     b = logp.clone().requires_grad_(True)
     _, denominator = sequence_weights([len(s[0]) for s in seqs], "token_mean")
-    now, stats = policy_objective(b, old, adv, mask, BASE, denominator=denominator)
+    out = resolve_objective("is")(LossInputs(b, old, adv, mask, denominator), BASE)
+    now, stats = out.loss, out.stats
     now.backward()
     assert torch.equal(before.detach(), now.detach())
     assert torch.equal(a.grad, b.grad)
@@ -400,6 +346,7 @@ def test_local_supports_every_option_and_tinker_what_its_service_computes():
         "seq_mean_token_mean",
         "kl",
         "tis",
+        "user_objective",  # a dotted-path policy_loss
     }
     assert set(tinker) == {"ppo_clip", "adv_clip", "seq_mean_token_sum", "seq_mean_token_mean"}
 

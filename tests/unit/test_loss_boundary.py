@@ -1,0 +1,445 @@
+"""The typed loss boundary (retrain/loss/): the composed loss against the plain per-token
+reference (tests/unit/reference_loss.py) on random masked batches, gradients included;
+hand-worked values; the objectives registry; and a user objective by dotted path, from
+resolution to the config checks that keep it off backends that cannot run it."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from reference_loss import ref_kl, ref_objective, ref_token  # tests/unit: the plain reference
+
+from retrain import registry
+from retrain.cli.explain import objective_summary
+from retrain.config import config_from_dict
+from retrain.config.validate import loss_options_used
+from retrain.errors import ConfigError, PluginError
+from retrain.loss import (
+    KL_ESTIMATORS,
+    LOSS_AGGS,
+    LossFn,
+    LossInputs,
+    LossStats,
+    resolve_objective,
+    sequence_weights,
+)
+from retrain.loss import objectives as builtin
+from retrain.types import LOSS_OPTIONS, USER_OBJECTIVE, TrainHyper
+
+BASE = TrainHyper(lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8)
+MANUAL = Path(__file__).resolve().parents[2] / "retrain" / "manual" / "loss.md"
+
+# ---------------------------------------------------------------- helpers
+
+
+def random_step(seed: int, n: int = 6, spread: float = 0.6):
+    """(seqs, masks) of a step: ragged completions whose first token is sometimes an
+    environment token (mask False), ratios spread around 1, references beside logp."""
+    rng = np.random.default_rng(seed)
+    seqs, masks = [], []
+    for _ in range(n):
+        k = int(rng.integers(1, 10))
+        lp = rng.uniform(-4.0, -0.05, k)
+        seqs.append(
+            (
+                lp.tolist(),
+                (lp + rng.normal(0, spread, k)).tolist(),
+                rng.normal(0, 1.5, k).tolist(),
+                (lp + rng.normal(0, spread, k)).tolist(),
+            )
+        )
+        mask = [True] * k
+        if k > 1 and rng.random() < 0.5:
+            mask[0] = False
+        masks.append(mask)
+    return seqs, masks
+
+
+def tensors(seqs, masks, dtype=torch.float64):
+    """(logp, sampler, adv, ref, mask) right-padded with zeros, as the local backend pads."""
+    width = max(len(s[0]) for s in seqs)
+    out = []
+    for j in range(4):
+        t = torch.zeros((len(seqs), width), dtype=dtype)
+        for i, s in enumerate(seqs):
+            t[i, : len(s[j])] = torch.tensor(s[j], dtype=dtype)
+        out.append(t)
+    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, m in enumerate(masks):
+        mask[i, : len(m)] = torch.tensor(m)
+    return (*out, mask)
+
+
+def fast(seqs, masks, hyper, loss_fn=None, dtype=torch.float64, chunks=None):
+    """The composed loss over the step, in micro-batches as the local backend splits it:
+    (loss, per-token grads, LossStats)."""
+    loss_fn = loss_fn or resolve_objective(hyper.policy_loss)
+    weights, denominator = sequence_weights([sum(m) for m in masks], hyper.loss_agg)
+    total, grads, stats, start = 0.0, [], LossStats(), 0
+    for size in chunks or [len(seqs)]:
+        logp, old, adv, ref, mask = tensors(
+            seqs[start : start + size], masks[start : start + size], dtype
+        )
+        logp.requires_grad_(True)
+        seq_w = None
+        if hyper.loss_agg != "token_mean":
+            seq_w = torch.from_numpy(weights[start : start + size]).to(dtype)
+        inputs = LossInputs(logp, old, adv, mask, denominator, seq_w, ref)
+        out = loss_fn(inputs, hyper)
+        out.loss.backward()
+        total += float(out.loss.detach())
+        stats.add(out.stats)
+        grads += [
+            logp.grad[i, : len(s[0])].tolist() for i, s in enumerate(seqs[start : start + size])
+        ]
+        start += size
+    return total, grads, stats
+
+
+OPTIONS = [
+    dict(),
+    dict(adv_clip_max=0.7),
+    dict(tis_cap=1.3),
+    dict(policy_loss="ppo_clip"),
+    dict(policy_loss="ppo_clip", clip_eps=0.15, clip_eps_high=0.28),
+    dict(policy_loss="ppo_clip", clip_eps=0.1, clip_eps_high=0.3, clip_ratio_c=1.5),
+    dict(policy_loss="ppo_clip", clip_ratio_c=2.0, adv_clip_max=1.0, tis_cap=1.5),
+    *(dict(kl_coef=0.07, kl_estimator=k) for k in KL_ESTIMATORS),
+    *(
+        dict(policy_loss="ppo_clip", clip_ratio_c=3.0, tis_cap=2.0, kl_coef=0.1, kl_estimator=k)
+        for k in KL_ESTIMATORS
+    ),
+]
+
+# ---------------------------------------------------------------- against the reference
+
+
+@pytest.mark.parametrize(("options", "loss_agg"), list(itertools.product(OPTIONS, LOSS_AGGS)))
+def test_composed_loss_matches_the_per_token_reference(options, loss_agg):
+    """Loss, d loss / d logp of every token (0 off the mask), clip, KL and truncation
+    statistics, on masked ragged batches split into micro-batches."""
+    hyper = replace(BASE, loss_agg=loss_agg, **options)
+    for seed in range(3):
+        seqs, masks = random_step(seed)
+        want = ref_objective(seqs, hyper, masks)
+        loss, grads, stats = fast(seqs, masks, hyper, chunks=[2, 3, 1])
+        assert loss == pytest.approx(want.loss, rel=1e-10, abs=1e-12)
+        for g, w in zip(grads, want.grads, strict=True):
+            assert g == pytest.approx(w, rel=1e-9, abs=1e-12)
+        metrics = stats.metrics()
+        assert metrics["clip_fraction"] == pytest.approx(want.clip_fraction)
+        for key, value in (
+            ("kl_mean", want.kl_mean),
+            ("tis_truncated_fraction", want.truncated_fraction),
+        ):
+            if value is None:  # the option is off: no metric
+                assert key not in metrics
+            else:
+                assert metrics[key] == pytest.approx(value, rel=1e-10)
+
+
+def test_the_random_batches_reach_every_branch():
+    """Clipped and unclipped tokens of both signs, dual clip, truncation and masked
+    tokens all occur above (else the comparison would prove little)."""
+    hyper = replace(BASE, policy_loss="ppo_clip", clip_eps=0.1, clip_eps_high=0.3, clip_ratio_c=1.5)
+    seen = set()
+    for seed in range(3):
+        seqs, masks = random_step(seed)
+        for (lp, old, adv, _), mask in zip(seqs, masks, strict=True):
+            seen |= {"masked"} if not all(mask) else set()
+            for t in range(len(lp)):
+                tok = ref_token(lp[t], old[t], adv[t], replace(hyper, tis_cap=1.3))
+                r = math.exp(lp[t] - old[t])
+                sign = "pos" if adv[t] > 0 else "neg"
+                dual = adv[t] < 0 and tok.clipped and r >= 0.9
+                seen.add("dual" if dual else sign + ("-clipped" if tok.clipped else ""))
+                seen |= {"truncated"} if tok.truncated else set()
+    assert seen == {"pos", "pos-clipped", "neg", "neg-clipped", "dual", "truncated", "masked"}
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(-6, -0.01), st.floats(-1.5, 1.5), st.floats(-3, 3), st.floats(-1, 1)),
+        min_size=1,
+        max_size=12,
+    ),
+    st.sampled_from(["is", "ppo_clip"]),
+    st.sampled_from(LOSS_AGGS),
+)
+def test_one_completion_matches_the_reference(tokens, policy_loss, loss_agg):
+    """Any single completion (logp, log ratio, advantage, log ratio to the reference)
+    under every option at once."""
+    hyper = replace(
+        BASE,
+        policy_loss=policy_loss,
+        loss_agg=loss_agg,
+        clip_ratio_c=2.5 if policy_loss == "ppo_clip" else 0.0,
+        adv_clip_max=2.0,
+        tis_cap=1.8,
+        kl_coef=0.05,
+    )
+    lp = [t[0] for t in tokens]
+    seqs = [
+        (
+            lp,
+            [x - t[1] for x, t in zip(lp, tokens)],
+            [t[2] for t in tokens],
+            [x - t[3] for x, t in zip(lp, tokens)],
+        )
+    ]
+    masks = [[True] * len(tokens)]
+    want = ref_objective(seqs, hyper, masks)
+    loss, grads, _ = fast(seqs, masks, hyper)
+    assert loss == pytest.approx(want.loss, rel=1e-9, abs=1e-12)
+    assert grads[0] == pytest.approx(want.grads[0], rel=1e-9, abs=1e-12)
+
+
+def test_the_reference_gradients_are_the_derivatives_of_its_losses():
+    """Central differences of the reference's token loss equal its hand-written
+    d loss / d logp (away from the clip boundaries, where the loss has a kink)."""
+    rng = np.random.default_rng(4)
+    checked = 0
+    for options in OPTIONS:
+        hyper = replace(BASE, **options)
+        for _ in range(30):
+            lp, shift, a, d_ref = (
+                -rng.uniform(0.05, 4),
+                rng.normal(0, 0.6),
+                rng.normal(0, 1.5),
+                rng.normal(0, 0.5),
+            )
+            r = math.exp(shift)
+            edges = [1 - hyper.clip_eps, 1 + hyper.clip_eps_high, hyper.tis_cap]
+            if any(abs(r - e) < 1e-3 for e in edges) or abs(a * r - hyper.clip_ratio_c * a) < 1e-3:
+                continue  # a kink of the loss: no derivative to compare
+            old, ref = lp - shift, lp - d_ref  # held fixed: the derivative is in logp only
+            h = 1e-6
+            numeric = (
+                ref_token(lp + h, old, a, hyper, ref).loss
+                - ref_token(lp - h, old, a, hyper, ref).loss
+            ) / (2 * h)
+            tok = ref_token(lp, old, a, hyper, ref)
+            if hyper.tis_cap > 0 and tok.truncated:
+                # the TIS weight is detached: the analytic gradient leaves it out on purpose
+                continue
+            assert tok.grad == pytest.approx(numeric, rel=1e-5, abs=1e-7)
+            checked += 1
+    assert checked > 300
+
+
+# ---------------------------------------------------------------- hand-worked values
+
+
+def _hand_batch():
+    """Completion 1: r = 1.5 (A = 1), r = 0.5 (A = -1); completion 2: r = 1 (A = 2),
+    r = 3 (A = -1). Sampler logprobs 0, so logp = log r."""
+    seqs = [
+        ([math.log(1.5), math.log(0.5)], [0.0, 0.0], [1.0, -1.0], [0.0, 0.0]),
+        ([0.0, math.log(3.0)], [0.0, 0.0], [2.0, -1.0], [0.0, 0.0]),
+    ]
+    return seqs, [[True, True], [True, True]]
+
+
+def test_ppo_clip_by_hand():
+    """clip_eps 0.2, GRPO's per-completion mean (w_i = 1 / (2 |o_i|) = 1/4 per token):
+    tok 1: min(1.5, 1.2) = 1.2 clipped -> l = -1.2, no gradient
+    tok 2: min(-0.5, -0.8) = -0.8 clipped -> l = 0.8, no gradient
+    tok 3: r = 1 -> l = -2, dl/dlogp = -A r = -2
+    tok 4: min(-3, -1.2) = -3 unclipped -> l = 3, dl/dlogp = -A r = 3
+    loss = (-1.2 + 0.8 - 2 + 3) / 4 = 0.15"""
+    seqs, masks = _hand_batch()
+    hyper = replace(BASE, policy_loss="ppo_clip", loss_agg="seq_mean_token_mean")
+    loss, grads, stats = fast(seqs, masks, hyper)
+    assert loss == pytest.approx(0.15)
+    assert grads == [pytest.approx([0.0, 0.0]), pytest.approx([-0.5, 0.75])]
+    assert stats.metrics() == {"clip_fraction": 0.5}
+    # dual clip c = 1.5 bounds token 4's loss by -c A = 1.5 (and stops its gradient)
+    dual, grads, stats = fast(seqs, masks, replace(hyper, clip_ratio_c=1.5))
+    assert dual == pytest.approx((-1.2 + 0.8 - 2 + 1.5) / 4)
+    assert grads == [pytest.approx([0.0, 0.0]), pytest.approx([-0.5, 0.0])]
+    assert stats.metrics() == {"clip_fraction": 0.75}
+
+
+def test_is_tis_and_k3_by_hand():
+    """is, token_mean over the 4 tokens: l = -A r = -1.5, 0.5, -2, 3; TIS cap 2 turns
+    token 4's into 3 * 2/3 = 2 and its gradient 3 into 2; k3 to a reference 0 adds
+    0.1 * (exp(-d) + d - 1) with gradient 0.1 * (1 - exp(-d))."""
+    seqs, masks = _hand_batch()
+    loss, grads, _ = fast(seqs, masks, BASE)
+    assert loss == pytest.approx((-1.5 + 0.5 - 2 + 3) / 4)
+    assert grads == [pytest.approx([-1.5 / 4, 0.5 / 4]), pytest.approx([-2 / 4, 3 / 4])]
+    loss, grads, stats = fast(seqs, masks, replace(BASE, tis_cap=2.0))
+    assert loss == pytest.approx((-1.5 + 0.5 - 2 + 2) / 4)
+    assert grads[1] == pytest.approx([-2 / 4, 2 / 4])
+    assert stats.metrics()["tis_truncated_fraction"] == 0.25
+    hyper = replace(BASE, kl_coef=0.1, kl_estimator="k3")
+    loss, grads, stats = fast(seqs, masks, hyper)
+    ds = [math.log(1.5), math.log(0.5), 0.0, math.log(3.0)]
+    k3 = [math.exp(-d) + d - 1 for d in ds]
+    assert loss == pytest.approx((-1.5 + 0.5 - 2 + 3 + 0.1 * sum(k3)) / 4)
+    assert grads[1][1] == pytest.approx((3 + 0.1 * (1 - 1 / 3)) / 4)
+    assert stats.metrics()["kl_mean"] == pytest.approx(sum(k3) / 4)
+    assert [ref_kl(d, "k3")[0] for d in ds] == pytest.approx(k3)
+
+
+def test_gradient_descent_raises_the_logprob_of_advantaged_tokens():
+    """The sign: d loss / d logp < 0 where A > 0 (a step down the gradient makes the
+    token likelier) and > 0 where A < 0, under every built-in objective, unclipped."""
+    seqs, masks = random_step(8, spread=0.01)
+    for policy_loss in registry.OBJECTIVES.names():
+        _, grads, _ = fast(seqs, masks, replace(BASE, policy_loss=policy_loss))
+        for (_, _, adv, _), g, mask in zip(seqs, grads, masks, strict=True):
+            for a, d, m in zip(adv, g, mask, strict=True):
+                assert (d == 0) if not m else (np.sign(d) == -np.sign(a))
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def test_every_objective_is_a_registry_entry_and_a_loss_option():
+    assert registry.ALL_REGISTRIES["policy_loss"] is registry.OBJECTIVES
+    assert registry.OBJECTIVES.names() == ["is", "ppo_clip"]
+    assert resolve_objective("is") == LossFn("is", builtin.importance_sampling)
+    assert resolve_objective("ppo_clip").objective is builtin.ppo_clip
+    # "is" is the default every backend runs; every other name must be a loss option
+    assert set(registry.OBJECTIVES.names()) - {"is"} <= set(LOSS_OPTIONS)
+    local = registry.BACKENDS.entry("local").capabilities.loss_options
+    assert local == LOSS_OPTIONS and USER_OBJECTIVE in local
+    for name in ("tinker", "prime_rl"):
+        assert USER_OBJECTIVE not in registry.BACKENDS.entry(name).capabilities.loss_options
+
+
+def _write(project: Path, name: str, body: str) -> None:
+    (project / f"{name}.py").write_text(
+        "from retrain.loss import TokenLoss\nfrom retrain.loss import objectives\n\n" + body
+    )
+
+
+FLIPPED = """
+CALLS = []
+
+
+def flipped(inputs, hyper):
+    CALLS.append(inputs.advantages.clone())
+    return TokenLoss(-objectives.importance_sampling(inputs, hyper).per_token)
+"""
+
+
+def test_a_dotted_path_objective_is_composed_like_a_builtin(project):
+    """A user objective equal to -is gives exactly -1 times is's loss and gradient (every
+    option composed around it), and sees the clipped advantages."""
+    _write(project, "neg_is", FLIPPED)
+    loss_fn = resolve_objective("neg_is.flipped")
+    assert loss_fn.name == "neg_is.flipped"
+    import neg_is
+
+    seqs, masks = random_step(5)
+    for loss_agg in LOSS_AGGS:
+        hyper = replace(BASE, loss_agg=loss_agg, adv_clip_max=0.5)
+        mine, g_mine, stats = fast(seqs, masks, hyper, loss_fn=loss_fn)
+        theirs, g_theirs, _ = fast(seqs, masks, hyper)
+        assert mine == -theirs and mine != 0
+        assert g_mine == [[-x for x in g] for g in g_theirs]
+        assert stats.clipped == 0.0
+    assert len(neg_is.CALLS) == 3 and float(neg_is.CALLS[-1].abs().max()) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("def fn(inputs):\n    return None\n", r"has the signature \(inputs\)"),
+        ("fn = 3\n", "is not callable"),
+    ],
+)
+def test_a_malformed_objective_fails_when_it_is_resolved(project, body, message):
+    module = f"bad_sig_{abs(hash(body))}"  # imported modules stay in sys.modules
+    _write(project, module, body)
+    with pytest.raises(PluginError, match=message):
+        resolve_objective(f"{module}.fn")
+    with pytest.raises(PluginError, match="cannot import module"):
+        resolve_objective("no_such_module.fn")
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("def fn(inputs, hyper):\n    return -inputs.logp\n", "returned Tensor"),
+        (
+            "def fn(inputs, hyper):\n    return TokenLoss(-inputs.logp.sum(1))\n",
+            r"per_token of shape \(6,\); expected \(6, \d+\), the shape of logp",
+        ),
+    ],
+)
+def test_an_objective_that_returns_the_wrong_thing_fails_by_name(project, body, message):
+    module = f"bad_out_{abs(hash(body))}"
+    _write(project, module, body)
+    seqs, masks = random_step(5)
+    with pytest.raises(PluginError, match=message) as info:
+        fast(seqs, masks, BASE, loss_fn=resolve_objective(f"{module}.fn"))
+    assert f"{module}.fn" in str(info.value)
+
+
+def test_the_manual_example_runs_and_is_its_formula(project):
+    """The objective `retrain man --topic loss` shows: -sg(min(r, 1 + eps_high)) A logp."""
+    code = re.search(r"```python\n(# my_losses.py.*?)```", MANUAL.read_text(), re.DOTALL)
+    assert code is not None
+    (project / "my_losses.py").write_text(code.group(1))
+    hyper = replace(BASE, clip_eps_high=0.28)
+    seqs, masks = random_step(6)
+    loss, grads, stats = fast(
+        seqs, masks, hyper, loss_fn=resolve_objective("my_losses.capped_weight")
+    )
+    n = sum(map(sum, masks))
+    want, want_grads, cut = 0.0, [], 0
+    for (lp, old, adv, _), mask in zip(seqs, masks, strict=True):
+        want_grads.append([])
+        for x, o, a, m in zip(lp, old, adv, mask, strict=True):
+            w = min(math.exp(x - o), 1.28)
+            want += m * -w * a * x / n
+            want_grads[-1].append(m * -w * a / n)
+            cut += m and math.exp(x - o) > 1.28
+    assert loss == pytest.approx(want, rel=1e-10)
+    for g, w in zip(grads, want_grads, strict=True):
+        assert g == pytest.approx(w, rel=1e-10, abs=1e-15)
+    assert 0 < stats.clipped == cut
+
+
+# ---------------------------------------------------------------- config and explain
+
+
+def test_a_dotted_policy_loss_loads_for_the_local_backend_only():
+    raw = {"training": {"policy_loss": "my_losses.capped_weight", "clip_eps_high": 0.28}}
+    config = config_from_dict(raw)  # the PPO keys are the objective's to read
+    assert loss_options_used(config) == [("[training] policy_loss", USER_OBJECTIVE)]
+    assert objective_summary(config).startswith("my_losses.capped_weight (your objective")
+    for backend in ("tinker", "prime_rl"):
+        with pytest.raises(ConfigError) as info:
+            config_from_dict(
+                {
+                    "backend": {"backend": backend},
+                    "algorithm": {"transform_mode": "none"},
+                    "training": {"policy_loss": "my_losses.capped_weight"},
+                }
+            )
+        problem = next(p for p in info.value.problems if "[training] policy_loss" in p)
+        assert "is your own objective (a dotted path)" in problem
+        assert f"backend {backend!r} does not list loss_options 'user_objective'" in problem
+        assert 'backend = "local"' in problem
+
+
+def test_policy_loss_is_checked_through_the_registry():
+    with pytest.raises(
+        ConfigError, match=r"unknown policy_loss 'ppo_clp'.*did you mean 'ppo_clip'"
+    ):
+        config_from_dict({"training": {"policy_loss": "ppo_clp"}})
+    with pytest.raises(ConfigError, match=r"\[training\] clip_ratio_c.*only used with"):
+        config_from_dict({"training": {"policy_loss": "is", "clip_ratio_c": 3.0}})
