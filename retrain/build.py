@@ -68,9 +68,10 @@ class Components:
     evaluator: Evaluator | None = None  # when [eval] every > 0
 
     def close(self, say: Callable[[str], None]) -> None:
-        """Release the reward's workers, the backend and the data source; a failure is
-        reported, never raised (it must not hide the run's own error)."""
-        for obj in (self.reward, self.backend, self.data):
+        """Release the rollout's event loop (multi-turn), the reward's workers, the
+        backend and the data source; a failure is reported, never raised (it must not
+        hide the run's own error)."""
+        for obj in (self.rollout, self.reward, self.backend, self.data):
             close = getattr(obj, "close", None)
             if close is not None:
                 try:
