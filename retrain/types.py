@@ -185,9 +185,9 @@ class TrainHyper:
     # The sampling temperature: the trainer scores tokens at it, so its logprobs are those
     # of the distribution the sampler drew from ([training] temperature).
     temperature: float = 1.0
-    # The objective (retrain/loss.py); the defaults are the plain importance-sampling
+    # The objective (retrain/loss/); the defaults are the plain importance-sampling
     # policy gradient averaged over the step's tokens.
-    policy_loss: str = "is"  # "is" | "ppo_clip"
+    policy_loss: str = "is"  # a retrain.registry.OBJECTIVES name or a dotted path
     clip_eps: float = 0.2  # ppo_clip: the ratio's lower bound is 1 - clip_eps
     clip_eps_high: float = 0.2  # ppo_clip: its upper bound, 1 + clip_eps_high
     clip_ratio_c: float = 0.0  # dual clip for negative advantages; 0 = off

@@ -1,6 +1,6 @@
 """The local backend: a transformers model with a PEFT LoRA adapter, trained in-process.
 
-Loss: retrain/loss.py's objective. By default (policy_loss = "is", loss_agg =
+Loss: the objective of retrain/loss/ (resolved once, by build.py). By default (policy_loss = "is", loss_agg =
 "token_mean") the importance-sampling policy gradient over the completion tokens of all
 datums:
 

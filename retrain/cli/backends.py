@@ -27,7 +27,7 @@ from retrain.backends.base import (
 )
 from retrain.errors import ConfigError, PluginError
 from retrain.registry import Entry
-from retrain.types import BackendCapabilities
+from retrain.types import LOSS_OPTIONS, BackendCapabilities
 
 CAPABILITY_FIELDS = tuple(f.name for f in fields(BackendCapabilities))
 CAPABILITY_HELP = {
@@ -36,7 +36,9 @@ CAPABILITY_HELP = {
     "supports_checkpoint_resume": "--resume restores the adapter weights",
     "resume_runtime_dependent": "resume also depends on the remote runtime (e.g. the service must still hold the checkpoint)",
     "token_data": "per-token data besides logprobs (entropy: full-vocabulary entropies for shannon_entropy)",
-    "loss_options": "objective options beyond the importance-sampling token mean (ppo_clip, dual_clip, adv_clip, seq_mean_token_sum, seq_mean_token_mean, kl; retrain man --topic loss)",
+    "loss_options": "objective options beyond the importance-sampling token mean ("
+    + ", ".join(LOSS_OPTIONS)
+    + "; retrain man --topic loss)",
 }
 
 

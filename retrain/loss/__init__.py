@@ -9,10 +9,11 @@ records and the numpy helpers stay light.
                     clipping, truncated IS, the KL penalty and the aggregation
     aggregation.py  the per-completion weights of `[training] loss_agg`
 
-A backend resolves the configured objective once (`resolve_objective(policy_loss)`) and
-calls the LossFn on every micro-batch:
+The composition root (retrain/build.py) resolves the configured objective once
+(`resolve_objective(policy_loss)`, into LocalSettings.loss) and the backend calls the
+LossFn on every micro-batch:
 
-    loss_fn = resolve_objective(hyper.policy_loss, search_paths)
+    loss_fn = resolve_objective(policy_loss, search_paths)
     out = loss_fn(LossInputs(logp, sampler_logp, advantages, mask, denominator, ...), hyper)
     out.loss.backward(); stats.add(out.stats)
 
