@@ -43,6 +43,7 @@ KINDS = (
     "data_source",
     "backend",
     "engine",
+    "policy_loss",
 )
 # Accepted spellings in RETRAIN_PLUGINS -> the kind key used here.
 KIND_ALIASES = {
@@ -60,6 +61,8 @@ KIND_ALIASES = {
     "backend": "backend",
     "engine": "engine",
     "planning_detector": "planning_detector",
+    "objective": "policy_loss",
+    "policy_loss": "policy_loss",
 }
 KIND_TITLES = {
     "advantage_mode": "Advantage modes ([algorithm] advantage_mode)",
@@ -71,6 +74,7 @@ KIND_TITLES = {
     "data_source": "Data sources ([data] source)",
     "backend": "Backends ([backend] backend)",
     "engine": "Inference engines ([inference] engine)",
+    "policy_loss": "Policy losses ([training] policy_loss)",
 }
 TOML_KEYS = {
     "advantage_mode": ("algorithm", "advantage_mode"),
@@ -81,6 +85,7 @@ TOML_KEYS = {
     "data_source": ("data", "source"),
     "backend": ("backend", "backend"),
     "engine": ("inference", "engine"),
+    "policy_loss": ("training", "policy_loss"),
 }
 _SKIP_FILES = ("conftest.py", "setup.py")
 
@@ -135,6 +140,8 @@ def classify(obj: Any) -> str | None:
     if "TransformContext" in ann or first.name in ("ctx", "context"):
         return "transform_mode"
     names = [p.name for p in params]
+    if "LossInputs" in ann or names[:2] == ["inputs", "hyper"]:
+        return "policy_loss"
     if names[0] in ("rewards", "rewards_G") and len(names) <= 2:
         return "advantage_mode"
     if (
@@ -273,6 +280,7 @@ def configured(config: Any) -> list[tuple[str, str]]:
         ("data_source", config.data.source),
         ("backend", config.backend.backend),
         ("engine", config.inference.engine),
+        ("policy_loss", config.training.policy_loss),
     ):
         reg = registry.ALL_REGISTRIES[kind]
         if value and not reg.is_builtin(value):

@@ -203,6 +203,7 @@ def test_plugins_lists_every_builtin_kind(project, capsys):
         "data_source",
         "backend",
         "engine",
+        "policy_loss",
     ):
         assert [e["name"] for e in data["builtin"][kind]] == registry.ALL_REGISTRIES[kind].names()
     engines = {e["name"]: e for e in data["builtin"]["engine"]}
@@ -234,6 +235,10 @@ def my_reward(response, reference):
 def my_uncertainty(logprobs):
     return -logprobs
 
+def my_objective(inputs, hyper):
+    """-A r, negated."""
+    return None
+
 class MySource(DataSource):
     pass
 
@@ -263,6 +268,7 @@ def test_plugins_discovers_and_classifies(project, capsys):
         "my_advantage": "advantage_mode",
         "my_reward": "reward",
         "my_uncertainty": "uncertainty_kind",
+        "my_objective": "policy_loss",
         "MySource": "data_source",
         "declared_thing": "transform_mode",
     }
@@ -270,6 +276,8 @@ def test_plugins_discovers_and_classifies(project, capsys):
     assert entry["name"] == f"{mod}.my_transform"
     assert entry["toml"] == f'[algorithm] transform_mode = "{mod}.my_transform"'
     assert entry["doc"] == "Doubles everything."
+    objective = next(p for p in data["discovered"] if p["kind"] == "policy_loss")
+    assert objective["toml"] == f'[training] policy_loss = "{mod}.my_objective"'
     reward = next(p for p in data["discovered"] if p["kind"] == "reward")
     assert f'custom_module = "{mod}"' in reward["toml"]
     code, out, _ = run(["plugins"], capsys)
