@@ -17,7 +17,7 @@ import pytest
 import retrain
 from retrain import registry
 from retrain.advantages import AdvantagePipeline, compute_token_advantages
-from retrain.advantages.context import AlgorithmContext, TransformContext
+from retrain.compat.contexts import AlgorithmContext, TransformContext
 from retrain.errors import PluginError
 from retrain.types import TokenGroup
 
@@ -209,7 +209,7 @@ def test_context_helpers_follow_the_original_formulas(workdir, amp, clamp):
                 h = [-x for x in h]
                 if {amp!r}:
                     if {clamp!r}:
-                        from retrain.advantages.spec import sepa_amp_list
+                        from retrain.compat.list_helpers import sepa_amp_list
                         h = sepa_amp_list(h, m, ctx.sepa_lambda, clamp=True)
                     else:
                         h = ctx.sepa_amp(h, m)
