@@ -28,7 +28,7 @@ LATER_PACKAGE = f"the original retrain after {ORIGINAL_DATE} (its retrain/config
 MIGRATE_HINT = "`retrain migrate-config FILE` lists every such key with what to do"
 
 
-def fields_of(table: str, pairs: str) -> dict[str, tuple[str, str]]:
+def _fields(table: str, pairs: str) -> dict[str, tuple[str, str]]:
     """'field:key field2:key2' -> {field: (table, key)}; a bare name is both."""
     out = {}
     for item in pairs.split():
@@ -39,64 +39,64 @@ def fields_of(table: str, pairs: str) -> dict[str, tuple[str, str]]:
 
 # The original's config fields of 2026-02-25 -> our (table, key).
 ORIGINAL_FIELDS: dict[str, tuple[str, str]] = {
-    **fields_of(
+    **_fields(
         "algorithm",
         "algorithm_mode advantage_mode transform_mode uncertainty_kind surprisal_mask_rho "
         "algorithm_params:transform_params advantage_params transform_params",
     ),
-    **fields_of(
+    **_fields(
         "backend",
         "backend devices adapter_path backend_options:options "
         "tinker_throttle_dir:throttle_dir tinker_max_concurrent:max_concurrent",
     ),
-    **fields_of("model", "model base_url lora_rank"),
-    **fields_of(
+    **_fields("model", "model base_url lora_rank"),
+    **_fields(
         "training",
         "seed max_steps batch_size group_size max_tokens temperature top_p lr weight_decay "
         "max_examples save_every",
     ),
-    **fields_of("optimizer", "optim_beta1:beta1 optim_beta2:beta2 optim_eps:eps"),
-    **fields_of("lora", "lora_alpha:alpha lora_dropout:dropout"),
-    **fields_of("gtpo", "gtpo_beta:beta"),
-    **fields_of("hicra", "hicra_alpha:alpha"),
-    **fields_of(
+    **_fields("optimizer", "optim_beta1:beta1 optim_beta2:beta2 optim_eps:eps"),
+    **_fields("lora", "lora_alpha:alpha lora_dropout:dropout"),
+    **_fields("gtpo", "gtpo_beta:beta"),
+    **_fields("hicra", "hicra_alpha:alpha"),
+    **_fields(
         "sepa",
         "sepa_steps:steps sepa_schedule:schedule sepa_delay_steps:delay_steps "
         "sepa_correct_rate_gate:correct_rate_gate",
     ),
-    **fields_of(
+    **_fields(
         "planning",
         "planning_detector:detector planning_model:model planning_threshold:threshold",
     ),
-    **fields_of(
+    **_fields(
         "backpressure",
         "bp_enabled:enabled bp_warmup_steps:warmup_steps bp_ema_decay:ema_decay "
         "bp_throttle_margin:throttle_margin bp_increase_margin:increase_margin "
         "bp_min_batch_size:min_batch_size bp_max_batch_size:max_batch_size "
         "bp_peak_gflops:peak_gflops bp_peak_bw_gb_s:peak_bw_gb_s",
     ),
-    **fields_of(
+    **_fields(
         "inference",
         "inference_engine:engine inference_url:url attention_kernel inference_dtype:dtype "
         "kv_cache_dtype prefix_caching",
     ),
-    **fields_of("data", "data_source:source"),
-    **fields_of(
+    **_fields("data", "data_source:source"),
+    **_fields(
         "environment",
         "environment_provider:provider environment_id:id environment_args:args "
         "environment_max_turns:max_turns environment_auto_install:auto_install",
     ),
-    **fields_of(
+    **_fields(
         "reward",
         "reward_type:type reward_judge_model:judge_model reward_custom_module:custom_module "
         "reward_custom_function:custom_function",
     ),
-    **fields_of("resume", "resume_from:from"),
-    **fields_of(
+    **_fields("resume", "resume_from:from"),
+    **_fields(
         "logging",
         "log_dir wandb_project wandb_run_name wandb_entity wandb_group wandb_tags strategic_grams",
     ),
-    **fields_of("plugins", "plugins_search_paths:search_paths plugins_strict:strict"),
+    **_fields("plugins", "plugins_search_paths:search_paths plugins_strict:strict"),
 }
 # Dict-valued fields had no `--field` flag in the original (they had the repeatable
 # `--backend-opt k=v`, `--algorithm-param k=v`, ... instead: PARAM_FLAGS).
@@ -136,7 +136,7 @@ LATER_FIELDS_SUPPORTED: dict[str, tuple[str, str]] = {
     "grad_clip_norm": ("optimizer", "max_grad_norm"),
     # The loss options keep the later original's names and meanings (0 = off for all but
     # clip_eps, whose 0 meant "no clipping": see ppo_from_clip_eps).
-    **fields_of("training", "clip_eps clip_eps_high clip_ratio_c adv_clip_max"),
+    **_fields("training", "clip_eps clip_eps_high clip_ratio_c adv_clip_max"),
 }
 
 # The original's [backend] prime_rl_* keys -> their [backend.options] name.

@@ -105,7 +105,7 @@ class _Origin:
     source: str | None = None
     lines: dict[tuple[str, str], int] | None = None
     flags: dict[tuple[str, str], str] | None = None
-    # (table, key here) -> (table, key as written) for the original's renamed keys
+    # (table, key here) -> (table, key as written) for keys the key dialect renamed
     renamed: dict[tuple[str, str], tuple[str, str]] | None = None
 
     def of(self, table: str, key: str = "") -> str:
