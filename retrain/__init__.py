@@ -1,8 +1,10 @@
 """retrain: a TOML-first trainer for reinforcement learning with verifiable rewards.
 
 The names below are the plugin API (retrain's own contexts, and the original retrain
-API's specs and ``register_*`` functions, both working); they import lazily so that
-``import retrain`` (and ``retrain --help``) stays instant.
+API's specs and ``register_*`` functions, both working) and ``load_config``, which
+reads the original retrain's configs too. They import lazily so that ``import retrain``
+(and ``retrain --help``) stays instant; all but ``Example`` and ``ConfigError`` come from
+:mod:`retrain.compat`, whose import installs the compatibility layer.
 """
 
 from __future__ import annotations
@@ -11,39 +13,39 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "TransformContext": "retrain.advantages.context",
-    "TransformOutput": "retrain.advantages.context",
-    "AlgorithmContext": "retrain.advantages.context",
-    "AlgorithmOutput": "retrain.advantages.context",
-    **{
-        name: "retrain.advantages.spec"
-        for name in (
-            "AdvantageContext",
-            "AdvantageOutput",
-            "AdvantageSpec",
-            "AlgorithmSpec",
-            "PostProcessFn",
-            "TransformSpec",
-            "UncertaintyContext",
-            "UncertaintySpec",
-            "entropy_mask_post_process",
-            "surprisal_mask_post_process",
-        )
-    },
-    **{
-        f"register_{kind}": "retrain.advantages.adapt"
-        for kind in ("advantage_mode", "algorithm_mode", "transform_mode", "uncertainty_kind")
-    },
-    "Example": "retrain.types",
-    "load_config": "retrain.config",
-    "ConfigError": "retrain.errors",
-}
+_LAZY = {"Example": "retrain.types", "ConfigError": "retrain.errors"}
+# The plugin API's names (supersets that answer to the original API's names too) and the
+# compatibility-aware load_config, from retrain.compat.
+_FROM_COMPAT = (
+    "AdvantageContext",
+    "AdvantageOutput",
+    "AdvantageSpec",
+    "AlgorithmContext",
+    "AlgorithmOutput",
+    "AlgorithmSpec",
+    "PostProcessFn",
+    "TransformContext",
+    "TransformOutput",
+    "TransformSpec",
+    "UncertaintyContext",
+    "UncertaintySpec",
+    "entropy_mask_post_process",
+    "load_config",
+    "register_advantage_mode",
+    "register_algorithm_mode",
+    "register_transform_mode",
+    "register_uncertainty_kind",
+    "surprisal_mask_post_process",
+)
 
-__all__ = ["__version__", *_LAZY]
+__all__ = ["__version__", *_FROM_COMPAT, *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _FROM_COMPAT:
+        import retrain.compat
+
+        return getattr(retrain.compat, name)
     if name in _LAZY:
         import importlib
 

@@ -39,6 +39,31 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def hf_hub_cache() -> Path:
+    """The Hugging Face hub cache: $HF_HUB_CACHE, else $HUGGINGFACE_HUB_CACHE, else
+    $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub (or ~/.cache/huggingface/hub)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HUGGINGFACE_HUB_CACHE"):
+        return Path(os.environ["HUGGINGFACE_HUB_CACHE"])
+    home = (
+        os.environ.get("HF_HOME")
+        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "huggingface"
+    )
+    return Path(home) / "hub"
+
+
+def hf_cache_snapshot(model: str) -> Path | None:
+    """The first snapshot of hub id `model` in the Hugging Face cache that has a
+    config.json, looked up on disk only (no huggingface_hub import, no network)."""
+    snapshots = hf_hub_cache() / ("models--" + model.replace("/", "--")) / "snapshots"
+    if snapshots.is_dir():
+        for snap in sorted(snapshots.iterdir()):
+            if (snap / "config.json").exists():
+                return snap
+    return None
+
+
 @dataclass(frozen=True)
 class ResolvedModel:
     path: str  # a directory `from_pretrained` loads (weights + tokenizer)

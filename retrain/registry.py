@@ -3,6 +3,12 @@
 A name is either a short built-in name (looked up lazily as "module:attr", so listing
 or validating names never imports torch) or a dotted path `pkg.mod.attr` (or
 `pkg.mod:attr`) imported on demand, optionally from `[plugins] search_paths`.
+
+Plugins may be written in another calling convention than their kind's (the original
+retrain's spec records, factories and context forms): a registry's adapters
+(:meth:`Registry.add_adapter`) turn such objects into its kind's convention when a
+plugin is resolved (:meth:`Registry.resolve_plugin`). retrain.compat installs them; this
+module knows none.
 """
 
 from __future__ import annotations
@@ -128,10 +134,19 @@ class Entry:
     kernel: str = ""  # transform mode: name of its vectorised kernel in advantages.transforms
     grouped: str = ""  # advantage mode: "module:attr" of its form over many groups at once
     token_varying: bool = False  # transform mode: tokens of one completion can differ
+    # added at run time (`Registry.add`) for a plugin object: resolved like a dotted path,
+    # through the kind's adapters, rather than trusted as a built-in in its kind's form
+    plugin: bool = False
 
     @property
     def available(self) -> bool:
         return not self.not_built
+
+
+# (name, the object a plugin name points at, its run-time entry or None for a dotted
+# path) -> that object in the kind's calling convention, or None when it is not a form
+# this adapter knows (the next adapter, then the kind's own convention, applies).
+PluginAdapter = Callable[[str, Any, "Entry | None"], Any]
 
 
 @dataclass
@@ -142,6 +157,7 @@ class Registry:
     entries: tuple[Entry, ...] = ()
     allow_plugins: bool = True
     key: str = ""  # the config key that names this kind, for messages
+    adapters: list[PluginAdapter] = field(default_factory=list)  # see add_adapter
 
     def __post_init__(self):
         self._by_name = {e.name: e for e in self.entries}
@@ -212,6 +228,31 @@ class Registry:
         if entry is not None:
             return import_object(entry.target)
         return import_object(name, search_paths)
+
+    def add_adapter(self, adapter: PluginAdapter) -> None:
+        """Let `adapter` turn plugin objects of another convention into this kind's (see
+        :data:`PluginAdapter`). Adapters are tried in the order added; adding one twice
+        keeps one, so an installer may run again."""
+        if adapter not in self.adapters:
+            self.adapters.append(adapter)
+
+    def is_plugin(self, name: str) -> bool:
+        """True when `name` resolves as a plugin: not a built-in entry (a dotted path, or
+        an unknown name that :meth:`resolve` rejects), or an entry added for a plugin."""
+        entry = self.entry(name)
+        return entry is None or entry.plugin
+
+    def resolve_plugin(self, name: str, search_paths: Iterable[str] = ()) -> Any:
+        """The object behind plugin `name` (:meth:`resolve`), passed through this kind's
+        adapters: the first that knows its form gives the result, else the object as is
+        (the caller then holds it to the kind's own calling convention)."""
+        obj = self.resolve(name, search_paths)
+        entry = self.entry(name)
+        for adapter in self.adapters:
+            adapted = adapter(name, obj, entry)
+            if adapted is not None:
+                return adapted
+        return obj
 
 
 # Built-in entries of every pluggable kind live here, so config validation, `explain`,

@@ -2,21 +2,17 @@
 HICRA, SEPA pooling and amplification, surprisal masking), uncertainty kinds and
 planning-token detection. Pure numpy: no torch, no config. Build an
 :class:`AdvantagePipeline` once, call it with each step's groups; see
-:mod:`retrain.advantages.pipeline` for the order of the steps. The original retrain
-plugin API (spec records, ``register_*``) is here too: :mod:`retrain.advantages.spec`."""
+:mod:`retrain.advantages.pipeline` for the order of the steps.
 
-from retrain.advantages.adapt import (
-    register_advantage_mode,
-    register_algorithm_mode,
-    register_transform_mode,
-    register_uncertainty_kind,
-)
-from retrain.advantages.context import (
-    AlgorithmContext,
-    AlgorithmOutput,
-    TransformContext,
-    TransformOutput,
-)
+The plugin API's names (``TransformContext``, ``TransformOutput``, ``AlgorithmContext``,
+``AlgorithmOutput``) and the original retrain API's (``TransformSpec`` & co.,
+``register_*``) are served from :mod:`retrain.compat` on first use, so a plugin written
+for either API runs unchanged (``from retrain.advantages import TransformSpec``). The
+contexts served are supersets of retrain's own in :mod:`retrain.advantages.context`.
+"""
+
+from typing import Any
+
 from retrain.advantages.episode import grpo, maxrl
 from retrain.advantages.pipeline import (
     AdvantagePipeline,
@@ -31,18 +27,6 @@ from retrain.advantages.planning import (
     SemanticPlanningDetector,
     make_detector,
     parse_grams,
-)
-from retrain.advantages.spec import (
-    AdvantageContext,
-    AdvantageOutput,
-    AdvantageSpec,
-    AlgorithmSpec,
-    PostProcessFn,
-    TransformSpec,
-    UncertaintyContext,
-    UncertaintySpec,
-    entropy_mask_post_process,
-    surprisal_mask_post_process,
 )
 from retrain.advantages.transforms import (
     Segments,
@@ -59,6 +43,7 @@ from retrain.advantages.transforms import (
 )
 from retrain.advantages.uncertainty import (
     SURPRISAL_CAP,
+    PerCompletionUncertainty,
     UncertaintyUnavailableError,
     compute_uncertainty,
     predictive_variance,
@@ -68,48 +53,62 @@ from retrain.advantages.uncertainty import (
     surprisal,
 )
 
-__all__ = [
-    "DEFAULT_STRATEGIC_GRAMS",
-    "SURPRISAL_CAP",
+# Served lazily by __getattr__ from retrain.compat (importing it installs the layer).
+ORIGINAL_API = (
     "AdvantageContext",
     "AdvantageOutput",
-    "AdvantagePipeline",
     "AdvantageSpec",
-    "AdvantageStats",
     "AlgorithmContext",
     "AlgorithmOutput",
     "AlgorithmSpec",
-    "BatchAdvantages",
-    "PlanningDetector",
     "PostProcessFn",
-    "RegexPlanningDetector",
-    "Segments",
-    "SemanticPlanningDetector",
     "TransformContext",
     "TransformOutput",
     "TransformSpec",
     "UncertaintyContext",
     "UncertaintySpec",
+    "entropy_mask_post_process",
+    "register_advantage_mode",
+    "register_algorithm_mode",
+    "register_transform_mode",
+    "register_uncertainty_kind",
+    "surprisal_mask_post_process",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ORIGINAL_API:
+        import retrain.compat
+
+        return getattr(retrain.compat, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "DEFAULT_STRATEGIC_GRAMS",
+    "SURPRISAL_CAP",
+    "AdvantagePipeline",
+    "AdvantageStats",
+    "BatchAdvantages",
+    "PerCompletionUncertainty",
+    "PlanningDetector",
+    "RegexPlanningDetector",
+    "Segments",
+    "SemanticPlanningDetector",
     "UncertaintyUnavailableError",
     "compute_token_advantages",
     "compute_uncertainty",
-    "entropy_mask_post_process",
     "grpo",
     "gtpo_weights",
     "make_detector",
     "maxrl",
     "parse_grams",
     "predictive_variance",
-    "register_advantage_mode",
-    "register_algorithm_mode",
-    "register_transform_mode",
-    "register_uncertainty_kind",
     "requires_entropies",
     "resolve_uncertainty",
     "shannon_entropy",
     "surprisal",
     "surprisal_mask",
-    "surprisal_mask_post_process",
     "token_advantages_flat",
     "transform_entropy_mask",
     "transform_gtpo",
@@ -118,4 +117,5 @@ __all__ = [
     "transform_gtpo_sepa_amp",
     "transform_gtpo_sepa_amp_c",
     "transform_none",
+    *ORIGINAL_API,
 ]

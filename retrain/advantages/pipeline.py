@@ -42,8 +42,8 @@ Steps of a call, in order:
    :mod:`retrain.advantages.transforms`); its two metrics are averaged over the kept
    groups into ``extra_metrics``. rho is ``[algorithm.transform_params]``
    ``surprisal_mask_rho`` (or ``entropy_mask_rho``) when given there, else the
-   constructor's ``surprisal_mask_rho``; only ``entropy_mask`` (and original-API
-   ``TransformSpec`` plugins whose ``post_process`` reads it) use it.
+   constructor's ``surprisal_mask_rho``; only ``entropy_mask`` (and plugins that read
+   ``ctx.surprisal_mask_rho``) use it.
 
 Plugins (all resolved through :mod:`retrain.registry`, which serves built-ins and dotted
 paths alike):
@@ -60,9 +60,14 @@ paths alike):
   ``maxrl_gtpo_sepa``) are registry aliases of advantage/transform pairs and run
   exactly as those pairs.
 
-Each of these may also be written in the original retrain plugin API (spec objects,
-zero-argument factories, context forms, ``register_*`` names): see
-:mod:`retrain.advantages.spec` and :mod:`retrain.advantages.adapt`.
+- ``uncertainty_kind = "pkg.mod.fn"``: ``fn(logprobs)`` or ``fn(logprobs, entropies)`` over
+  a flat token array, or a
+  :class:`~retrain.advantages.uncertainty.PerCompletionUncertainty`, called once per
+  completion with its planning mask.
+
+A plugin is resolved through its kind's registry adapters, so other conventions work
+too: retrain.compat installs those of the original retrain API (spec objects,
+zero-argument factories, context forms, ``register_*`` names).
 
 Every plugin output is checked: the right number of completions, each array as long
 as its completion, every value finite; otherwise a PluginError names the plugin and the
@@ -80,7 +85,6 @@ from typing import Any
 import numpy as np
 
 from retrain import registry
-from retrain.advantages.adapt import ContextUncertainty
 from retrain.advantages.context import AlgorithmContext, TransformContext
 from retrain.advantages.plugins import (
     builtin_entry,
@@ -97,7 +101,12 @@ from retrain.advantages.transforms import (
     surprisal_mask,
     token_advantages_flat,
 )
-from retrain.advantages.uncertainty import requires_entropies, resolve_uncertainty, surprisal
+from retrain.advantages.uncertainty import (
+    PerCompletionUncertainty,
+    requires_entropies,
+    resolve_uncertainty,
+    surprisal,
+)
 from retrain.types import TokenGroup
 
 ArrayLike = Sequence[float] | np.ndarray
@@ -436,7 +445,7 @@ class AdvantagePipeline:
         parts = [x for g in kept for x in g.logprobs_G_T]
         seg = Segments.from_lengths([x.size for x in parts])
         entropies = _entropies(kept)
-        if isinstance(self._uncertainty, ContextUncertainty):
+        if isinstance(self._uncertainty, PerCompletionUncertainty):
             ents = None if entropies is None else seg.split(entropies)
             planning = [x for g in kept for x in _planning_masks(g)]
             h = self._uncertainty.per_completion(parts, ents, planning, self.transform_params)

@@ -3,20 +3,22 @@
 Everything here runs when an :class:`~retrain.advantages.pipeline.AdvantagePipeline` is
 built (resolution) or on each plugin call (calling and validation). A built-in name is
 read from its :class:`~retrain.registry.Entry`; a dotted path is imported through the
-same registry. Errors name the plugin: an unknown name, a target that is not callable,
+same registry, and a registry's adapters (``Registry.resolve_plugin``) turn plugins of
+another convention into the kind's own (retrain.compat installs those of the original
+retrain API). Errors name the plugin: an unknown name, a target that is not callable,
 an exception inside the plugin or a malformed result all raise
 :class:`~retrain.errors.PluginError`.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from retrain import registry
-from retrain.advantages import adapt
 from retrain.errors import PluginError, RetrainError
 
 # The kept groups' rewards (one array per group) and the advantage params -> one
@@ -35,24 +37,36 @@ def builtin_entry(reg: registry.Registry, name: str) -> registry.Entry | None:
     return reg.entry(name)
 
 
-# How each kind's plugin objects become the one calling convention the pipeline uses
-# (specs, factories and the original API's context forms; see advantages.adapt).
-_ADAPTERS: dict[str, Callable[[str, Any], Callable]] = {
-    "transform_mode": adapt.as_transform,
-    "algorithm_mode": adapt.as_algorithm,
-    "advantage_mode": adapt.as_advantage,
-}
+def positional_arity(fn: Callable) -> int:
+    """How many positional arguments `fn` can take (2 means 'two or more')."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return 2
+    n = 0
+    for p in sig.parameters.values():
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:
+            return 2
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            n += 1
+    return min(n, 2)
 
 
 def resolve_callable(reg: registry.Registry, name: str, search_paths: Iterable[str]) -> Callable:
-    """The plugin (dotted path or run-time registration) behind `name`, in its kind's
-    calling convention; PluginError when it is none of the accepted forms."""
-    obj = reg.resolve(name, search_paths)
-    adapter = _ADAPTERS.get(reg.kind)
-    fn = adapter(name, obj) if adapter is not None else obj
+    """The plugin (dotted path or run-time registration) behind `name`, through the
+    kind's adapters; PluginError when the result is not callable."""
+    fn = reg.resolve_plugin(name, search_paths)
     if not callable(fn):
-        raise PluginError(f"{reg.kind} plugin {name!r} is not callable")
+        raise PluginError(f"{reg.kind} plugin {name!r} is not callable (got {type(fn).__name__})")
     return fn
+
+
+def _rewards_and_params(fn: Callable) -> Callable[[list[float], dict], Any]:
+    """An advantage plugin as ``fn(rewards, params)``: one taking only the rewards
+    (one positional parameter) is called without the params."""
+    if positional_arity(fn) >= 2:
+        return fn
+    return lambda rewards, params: fn(rewards)
 
 
 def episode_fn(name: str, search_paths: Iterable[str]) -> EpisodeFn:
@@ -67,14 +81,14 @@ def episode_fn(name: str, search_paths: Iterable[str]) -> EpisodeFn:
             return np.asarray(grouped(np.concatenate(rewards), sizes, params), dtype=np.float64)
 
         return run_grouped
-    if entry is not None and not adapt.is_registered(entry):
+    if entry is not None and not entry.plugin:
         fn = registry.ADVANTAGE_MODES.resolve(name)
 
         def run_builtin(rewards: list[np.ndarray], params: dict) -> np.ndarray:
             return np.concatenate([np.asarray(fn(r, params), dtype=np.float64) for r in rewards])
 
         return run_builtin
-    plugin = resolve_callable(registry.ADVANTAGE_MODES, name, search_paths)
+    plugin = _rewards_and_params(resolve_callable(registry.ADVANTAGE_MODES, name, search_paths))
 
     def run_plugin(rewards: list[np.ndarray], params: dict) -> np.ndarray:
         out = []
@@ -123,7 +137,9 @@ def check_token_output(
     """A transform or algorithm plugin's result: (one finite float64 array per completion,
     of its length; the extra metrics as floats). Accepted: a TransformOutput (or any
     object with ``token_advantages`` or the original API's ``token_advs``, such as its
-    AlgorithmOutput / AdvantageResult, and optional ``extra_metrics``), or a list."""
+    AlgorithmOutput / AdvantageResult, and optional ``extra_metrics``), or a list.
+    (Reading ``token_advs`` by name keeps that API's own result types working without
+    this module knowing them.)"""
     arrays = getattr(out, "token_advantages", getattr(out, "token_advs", None))
     if arrays is not None and not isinstance(out, list | tuple | dict):
         extra = dict(getattr(out, "extra_metrics", None) or {})

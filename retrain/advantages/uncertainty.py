@@ -13,10 +13,10 @@ completions: ``fn(logprobs_T, entropies_T=None) -> h_T`` (float64, same length).
   :class:`UncertaintyUnavailableError`; there is never a silent fallback.
 - a dotted path ``pkg.mod.fn``: ``fn(logprobs)`` or ``fn(logprobs, entropies)``; its
   output is checked (length, finiteness) and a malformed one is a PluginError.
-- the original API's forms (a dotted path to an ``UncertaintySpec``, a zero-argument
-  factory, or ``fn(ctx)`` with a first parameter named ``ctx``/``context``; or a name
-  given to ``register_uncertainty_kind``): ``compute(ctx: UncertaintyContext)`` is
-  called once per completion (see :class:`retrain.advantages.adapt.ContextUncertainty`).
+- a :class:`PerCompletionUncertainty`, computed one completion at a time with its
+  planning mask and the transform params. A registry adapter returns one for plugin
+  forms that need this (retrain.compat: the original API's ``UncertaintySpec``,
+  factories and ``compute(ctx: UncertaintyContext)`` plugins).
 
 Aliases: ``token_surprisal``, ``neg_logprob``, ``negative_logprob``, ``nll`` name
 ``surprisal``; ``shannon``, ``entropy``, ``token_entropy`` name ``shannon_entropy``;
@@ -28,11 +28,12 @@ that config validation and ``retrain plugins`` use.
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from retrain.advantages.plugins import positional_arity
 from retrain.errors import PluginError, RetrainError
 
 SURPRISAL_CAP = 50.0
@@ -42,6 +43,24 @@ UncertaintyFn = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]
 
 class UncertaintyUnavailableError(RetrainError, ValueError):
     """The configured uncertainty kind needs data the backend did not return."""
+
+
+@runtime_checkable
+class PerCompletionUncertainty(Protocol):
+    """An uncertainty computed one completion at a time: it may read each completion's
+    planning mask and the transform params, which the flat form never sees. The pipeline
+    calls :meth:`per_completion` instead of the flat ``fn(logprobs_T, entropies_T)``; an
+    attribute ``needs_entropies = True`` asks for the backend's entropies."""
+
+    def per_completion(
+        self,
+        logprobs: Sequence[np.ndarray],
+        entropies: Sequence[np.ndarray] | None,
+        planning: Sequence[np.ndarray],
+        params: Mapping[str, Any],
+    ) -> np.ndarray:
+        """h of every token, the completions concatenated (float64, checked)."""
+        ...
 
 
 def surprisal(
@@ -95,39 +114,32 @@ def requires_entropies(kind: str) -> bool:
     return UNCERTAINTY_KINDS.canonical(kind) == "shannon_entropy"
 
 
-def positional_arity(fn: Callable) -> int:
-    """How many positional arguments `fn` can take (2 means 'two or more')."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return 2
-    n = 0
-    for p in sig.parameters.values():
-        if p.kind is inspect.Parameter.VAR_POSITIONAL:
-            return 2
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
-            n += 1
-    return min(n, 2)
-
-
-def resolve_uncertainty(kind: str, search_paths: Iterable[str] = ()) -> UncertaintyFn:
+def resolve_uncertainty(
+    kind: str, search_paths: Iterable[str] = ()
+) -> UncertaintyFn | PerCompletionUncertainty:
     """The function behind an uncertainty kind: a built-in name or alias, or a dotted path.
 
     The returned callable has the signature ``(logprobs_T, entropies_T) -> h_T``
-    (built-ins also take ``out=``), except for the original API's per-completion forms,
-    returned as a ``ContextUncertainty``. A plugin's output is validated, and problems
-    raise PluginError naming the plugin.
+    (built-ins also take ``out=``), unless a registry adapter made the plugin a
+    :class:`PerCompletionUncertainty`, returned as it is. A plugin's output is validated,
+    and problems raise PluginError naming the plugin.
     """
-    from retrain.advantages import adapt
     from retrain.registry import UNCERTAINTY_KINDS
 
-    obj = UNCERTAINTY_KINDS.resolve(kind, search_paths)
-    entry = UNCERTAINTY_KINDS.entry(kind)
-    if entry is not None and not adapt.is_registered(entry):
-        return obj
-    fn = adapt.as_uncertainty(kind, obj, context_style=entry is not None)
-    if isinstance(fn, adapt.ContextUncertainty):
-        return fn  # type: ignore[return-value]  # called per completion by the pipeline
+    if not UNCERTAINTY_KINDS.is_plugin(kind):
+        return UNCERTAINTY_KINDS.resolve(kind)
+    fn = UNCERTAINTY_KINDS.resolve_plugin(kind, search_paths)
+    if isinstance(fn, PerCompletionUncertainty):
+        return fn  # called per completion by the pipeline
+    if not callable(fn):
+        raise PluginError(
+            f"uncertainty_kind plugin {kind!r} is not callable (got {type(fn).__name__})"
+        )
+    return _checked_flat(kind, fn)
+
+
+def _checked_flat(kind: str, fn: Callable) -> UncertaintyFn:
+    """A flat ``fn(logprobs[, entropies])`` plugin, its exceptions and output checked."""
     arity = positional_arity(fn)
 
     def plugin(logprobs_T: np.ndarray, entropies_T: np.ndarray | None = None) -> np.ndarray:
@@ -165,5 +177,11 @@ def compute_uncertainty(
     entropies_T: np.ndarray | None = None,
     search_paths: Iterable[str] = (),
 ) -> np.ndarray:
-    """Resolve `kind` and apply it to a flat token array."""
-    return resolve_uncertainty(kind, search_paths)(logprobs_T, entropies_T)
+    """Resolve `kind` and apply it to a flat token array (a per-completion kind sees it
+    as one completion without planning tokens)."""
+    fn = resolve_uncertainty(kind, search_paths)
+    if isinstance(fn, PerCompletionUncertainty):
+        lp = np.asarray(logprobs_T, dtype=np.float64).reshape(-1)
+        ent = None if entropies_T is None else [np.asarray(entropies_T, dtype=np.float64)]
+        return fn.per_completion([lp], ent, [np.zeros(lp.size, dtype=bool)], {})
+    return fn(logprobs_T, entropies_T)

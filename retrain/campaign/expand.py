@@ -28,12 +28,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from retrain.campaign.conditions import (
-    STANDARD_CONDITIONS,
-    Condition,
-    campaign_conditions,
-    condition_label,
-)
+from retrain.campaign.conditions import STANDARD_CONDITIONS, campaign_conditions
+from retrain.config.conditions import Condition, condition_label
 from retrain.config.schema import Config
 from retrain.config.toml_writer import config_to_toml
 from retrain.logs.rundir import run_dir_name

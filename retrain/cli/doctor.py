@@ -170,28 +170,6 @@ def reachable(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def hf_hub_cache() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    if os.environ.get("HUGGINGFACE_HUB_CACHE"):
-        return Path(os.environ["HUGGINGFACE_HUB_CACHE"])
-    home = (
-        os.environ.get("HF_HOME")
-        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "huggingface"
-    )
-    return Path(home) / "hub"
-
-
-def _in_hf_cache(model: str) -> Path | None:
-    repo = hf_hub_cache() / ("models--" + model.replace("/", "--"))
-    snapshots = repo / "snapshots"
-    if snapshots.is_dir():
-        for snap in sorted(snapshots.iterdir()):
-            if (snap / "config.json").exists():
-                return snap
-    return None
-
-
 def _netrc_has(host: str) -> bool:
     path = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
     try:
@@ -429,7 +407,7 @@ def check_run(config: Any, path: str | None) -> list[Check]:
 
 
 def check_model(config: Any, network: bool, probe: Callable[[str], bool] | None = None) -> Check:
-    from retrain.models import EMBEDDED_MODELS, cache_dir
+    from retrain.models import EMBEDDED_MODELS, cache_dir, hf_cache_snapshot
 
     probe = probe or reachable
     if config is not None and _loads_weights_remotely(config):
@@ -459,7 +437,7 @@ def check_model(config: Any, network: bool, probe: Callable[[str], bool] | None 
         )
     if model.startswith((".", "/", "~")):
         return Check("model", FAIL, f"{model}: no such directory", "fix the path in [model] model")
-    snap = _in_hf_cache(model)
+    snap = hf_cache_snapshot(model)
     if snap is not None:
         return Check("model", OK, f"{model}: in the Hugging Face cache ({snap})")
     converted = cache_dir() / "models" / model.replace("/", "--") / "safetensors" / "config.json"

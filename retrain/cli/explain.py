@@ -491,11 +491,10 @@ def _model_config_json(model: str) -> dict[str, Any] | None:
     (never the network)."""
     from pathlib import Path
 
-    from retrain.cli.doctor import _in_hf_cache
-    from retrain.models import cache_dir
+    from retrain.models import cache_dir, hf_cache_snapshot
 
     candidates = [Path(model).expanduser()]
-    snap = _in_hf_cache(model)
+    snap = hf_cache_snapshot(model)
     if snap is not None:
         candidates.append(snap)
     candidates.append(cache_dir() / "models" / model.replace("/", "--") / "safetensors")

@@ -63,7 +63,7 @@ def usage() -> str:
 
 
 def flags_help() -> str:
-    from retrain.config.compat import PARAM_FLAGS
+    from retrain.config import dialect
     from retrain.config.load import iter_flag_help
 
     lines = ["Config flags (defaults < TOML < flags); values are checked like TOML values:", ""]
@@ -76,7 +76,7 @@ def flags_help() -> str:
         lines.append(f"  {names}  ({spec.type}, default {default})")
         lines.append(f"      {spec.help}")
     lines += ["", "Repeatable KEY=VALUE flags (VALUE read like a TOML value):"]
-    for flag, (table, key) in PARAM_FLAGS.items():
+    for flag, (table, key) in dialect.current().param_flags.items():
         lines.append(f"  {flag} KEY=VALUE  adds KEY to [{table}.{key}]")
     return "\n".join(lines)
 
@@ -92,11 +92,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args and args[0] in ("-h", "--help", "help"):
             print(usage())
             return 0
-        if args and args[0] == "--help-flags":
-            print(flags_help())
-            return 0
         if args and args[0] in ("-V", "--version"):
             print(f"retrain {__version__}")
+            return 0
+        # The original retrain's configs, flags and plugins, for every command and run
+        # (campaign workers start here too); after the two answers above, which stay instant.
+        import retrain.compat  # noqa: F401
+
+        if args and args[0] == "--help-flags":
+            print(flags_help())
             return 0
         if args and args[0] in COMMANDS:
             return _call(COMMANDS[args[0]][0], args[1:])

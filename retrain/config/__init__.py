@@ -1,9 +1,13 @@
-"""Configuration: schema (one dataclass per TOML table), loading and validation."""
+"""Configuration: schema (one dataclass per TOML table), loading and validation.
 
+Keys other than retrain's own load through an installed key dialect
+(:mod:`retrain.config.dialect`); retrain.compat installs the original retrain's.
+"""
+
+from retrain.config.flags import flag_table
 from retrain.config.load import (
     DEFAULT_CONFIG,
     config_from_dict,
-    flag_table,
     load_config,
     load_dotenv,
     parse_overrides,

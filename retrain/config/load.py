@@ -3,12 +3,15 @@
 Precedence: schema defaults < TOML < CLI flags. Every problem is collected and
 reported together in one ConfigError, each naming the key, the file and line (or
 the flag), what was wrong and a fix.
+
+Keys and flags are read through the installed key dialect
+(:mod:`retrain.config.dialect`): without one, only retrain's own keys load; importing
+retrain.compat (the CLI always does) adds the original retrain's.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import tomllib
@@ -18,53 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from retrain import registry
-from retrain.config import compat
+from retrain.config import dialect
+from retrain.config.conditions import conditions_problems
+from retrain.config.flags import flag_table
 from retrain.config.schema import OPTIONAL_TABLES, TABLES, Config, FieldSpec, table_fields
 from retrain.config.validate import cross_checks
+from retrain.config.values import check_range_and_choice, coerce_value, describe_value
 from retrain.errors import ConfigError
 
 DEFAULT_CONFIG = "retrain.toml"
-
-# Keys shared by several tables get their bare `--key` flag from one preferred owner;
-# the others are reachable as `--{table}-{key}`.
-_PREFERRED_OWNER = {
-    "seed": "training",
-    "max_steps": "training",
-    "model": "model",
-    "adapter_path": "backend",
-    "ema_decay": "backpressure",
-    "warmup_steps": "training",  # the LR warmup; back pressure's is --bp-warmup-steps
-}
-# Bare names too vague to stand alone as flags (reachable qualified or by alias).
-_NO_BARE_FLAG = {
-    "from",
-    "type",
-    "options",
-    "enabled",
-    "id",
-    "path",
-    "size",
-    "split",
-    "strict",
-    "device",
-    "detector",
-    "source",
-    "task",
-    "provider",
-    "schedule",
-    "steps",
-    "timeout",
-    "threshold",
-    "args",
-    "warmup",
-    "conditions",
-    "seeds",
-    "parallel",
-    "executor",
-}
-# Short flags the spec documents that are not `--{key}` of their field.
-_ALIASES = {"--resume": ("resume", "from")}
-
 
 # ---------------------------------------------------------------- .env
 
@@ -140,7 +105,7 @@ class _Origin:
     source: str | None = None
     lines: dict[tuple[str, str], int] | None = None
     flags: dict[tuple[str, str], str] | None = None
-    # (table, key here) -> (table, key as written) for the original's renamed keys
+    # (table, key here) -> (table, key as written) for keys the key dialect renamed
     renamed: dict[tuple[str, str], tuple[str, str]] | None = None
 
     def of(self, table: str, key: str = "") -> str:
@@ -155,99 +120,6 @@ class _Origin:
             line = self.lines.get((table, key)) or self.lines.get((table, ""))
             return f" ({self.source}:{line})" if line else f" ({self.source})"
         return ""
-
-
-# ---------------------------------------------------------------- type checks
-
-
-def _describe(value: Any) -> str:
-    kind = {
-        bool: "bool",
-        int: "int",
-        float: "float",
-        str: "string",
-        list: "array",
-        dict: "table",
-    }.get(type(value), type(value).__name__)
-    shown = json.dumps(value) if isinstance(value, str) else repr(value)
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
-    return f"{kind} {shown}"
-
-
-def coerce_value(spec: FieldSpec, value: Any) -> tuple[Any, str | None]:
-    """Type-check a raw TOML value for `spec`; returns (value, error)."""
-    t = spec.type
-    if t == "bool":
-        if isinstance(value, bool):
-            return value, None
-        hint = " (write true or false without quotes)" if isinstance(value, str) else ""
-        return value, f"expected a bool, got {_describe(value)}{hint}"
-    if t == "int":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value, None
-        return value, f"expected an integer, got {_describe(value)}"
-    if t == "float":
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            if isinstance(value, float) and not math.isfinite(value):
-                return value, f"expected a finite number, got {value!r}"
-            return float(value), None
-        return value, f"expected a number, got {_describe(value)}"
-    if t == "str":
-        if isinstance(value, str):
-            return value, None
-        return value, f"expected a string, got {_describe(value)}"
-    if t == "dict":
-        if isinstance(value, dict):
-            return value, None
-        return value, f"expected a table, got {_describe(value)}"
-    if t == "list":
-        if not isinstance(value, list):
-            return value, f"expected an array, got {_describe(value)}"
-        item = spec.meta.get("item")
-        expected = {"int": int, "str": str, "dict": dict}.get(item or "")
-        if expected:
-            for v in value:
-                if not isinstance(v, expected) or isinstance(v, bool):
-                    return value, f"expected an array of {item}s, got an element {_describe(v)}"
-        return value, None
-    # "any": environment.args accepts a table or a JSON string holding an object.
-    if spec.table == "environment" and spec.key == "args":
-        if isinstance(value, dict):
-            return value, None
-        if isinstance(value, str):
-            if not value.strip():
-                return {}, None
-            try:
-                parsed = json.loads(value)
-            except json.JSONDecodeError as exc:
-                return value, f"not valid JSON ({exc.msg} at char {exc.pos})"
-            if isinstance(parsed, dict):
-                return parsed, None
-            return value, "the JSON string must hold an object"
-        return value, f"expected a table or a JSON string, got {_describe(value)}"
-    return value, None
-
-
-def check_range_and_choice(spec: FieldSpec, value: Any) -> str | None:
-    meta = spec.meta
-    if meta["gt"] is not None and not value > meta["gt"]:
-        return f"must be > {meta['gt']}, got {value!r}"
-    if meta["ge"] is not None and not value >= meta["ge"]:
-        return f"must be >= {meta['ge']}, got {value!r}"
-    if meta["le"] is not None and not value <= meta["le"]:
-        return f"must be <= {meta['le']}, got {value!r}"
-    if meta["choices"] is not None and value not in meta["choices"]:
-        valid = ", ".join(repr(c) for c in meta["choices"])
-        return f"unknown value {value!r}{registry.suggest(str(value), meta['choices'])}; valid: {valid}"
-    if meta["registry"] and not (meta["registry"] == "algorithm_mode" and value == ""):
-        # a built-in that is not built in this version fails here, at load, with its fix
-        problem = registry.ALL_REGISTRIES[meta["registry"]].check(value)
-        if problem:
-            return problem
-    if meta["check"] is not None:
-        return meta["check"](value)
-    return None
 
 
 def _unknown_key_message(table: str, key: str) -> str:
@@ -266,8 +138,12 @@ def _unknown_key_message(table: str, key: str) -> str:
 def build_config(raw: Mapping[str, Any], origin: _Origin | None = None) -> Config:
     """Validate a raw TOML-shaped mapping into a Config, reporting every problem."""
     origin = origin or _Origin()
-    raw, found, origin.renamed = compat.normalize(raw)
-    problems = [f"{_label(p.table, p.key)}{origin.of(p.table, p.key)}: {p.message}" for p in found]
+    normalized = dialect.current().normalize(raw)
+    raw, origin.renamed = normalized.raw, normalized.renamed
+    problems = [
+        f"{_label(p.table, p.key)}{origin.of(p.table, p.key)}: {p.message}"
+        for p in normalized.problems
+    ]
     tables: dict[str, Any] = {}
     for name, value in raw.items():
         if name not in TABLES:
@@ -282,7 +158,9 @@ def build_config(raw: Mapping[str, Any], origin: _Origin | None = None) -> Confi
                 )
             continue
         if not isinstance(value, dict):
-            problems.append(f"[{name}]{origin.of(name)}: expected a table, got {_describe(value)}")
+            problems.append(
+                f"[{name}]{origin.of(name)}: expected a table, got {describe_value(value)}"
+            )
             continue
         kwargs: dict[str, Any] = {}
         specs = {s.key: s for s in table_fields(name)}
@@ -307,6 +185,12 @@ def build_config(raw: Mapping[str, Any], origin: _Origin | None = None) -> Confi
         if name not in tables and name not in OPTIONAL_TABLES:
             tables[name] = TABLES[name]()
     config = Config(**tables)
+    if config.campaign is not None and config.campaign.conditions:
+        # checked here, not by the schema: the entries are read like flags (config.conditions)
+        found = conditions_problems(config.campaign.conditions)
+        if found:
+            where = origin.of("campaign", "conditions")
+            problems.append(f"[campaign] conditions{where}: {'; '.join(found)}")
     problems.extend(
         f"{label}{origin.of(*_split(label))}: {msg}" for label, msg in cross_checks(config)
     )
@@ -325,35 +209,6 @@ def _split(label: str) -> tuple[str, str]:
 
 
 # ---------------------------------------------------------------- CLI flags
-
-
-def _kebab(name: str) -> str:
-    return name.replace("_", "-")
-
-
-def flag_table() -> dict[str, FieldSpec]:
-    """Every CLI flag -> its field, derived from the schema: `--{table}-{key}` for all
-    fields, plus `--{key}` when the key name is unique or has a preferred owner."""
-    owners: dict[str, list[FieldSpec]] = {}
-    flags: dict[str, FieldSpec] = {}
-    for table in TABLES:
-        for spec in table_fields(table):
-            owners.setdefault(spec.key, []).append(spec)
-            flags[f"--{_kebab(table)}-{_kebab(spec.key)}"] = spec
-    for key, specs in owners.items():
-        if key in _NO_BARE_FLAG:
-            continue
-        preferred = _PREFERRED_OWNER.get(key)
-        chosen = next((s for s in specs if s.table == preferred), None) if preferred else None
-        if chosen is None and len(specs) == 1:
-            chosen = specs[0]
-        if chosen is not None:
-            flags.setdefault(f"--{_kebab(key)}", chosen)
-    for alias, (table, key) in _ALIASES.items():
-        flags[alias] = next(s for s in table_fields(table) if s.key == key)
-    for alias, (table, key) in compat.alias_flags().items():  # the original's flag names
-        flags.setdefault(alias, next(s for s in table_fields(table) if s.key == key))
-    return flags
 
 
 class _DictPatch(dict):
@@ -382,7 +237,7 @@ def param_value(text: str) -> Any:
 def _add_param(overlay: dict[str, dict[str, Any]], flag: str, text: str) -> str | None:
     """Add one `key=value` of a repeatable param flag to the overlay; the problem or None."""
     key, eq, value = text.partition("=")
-    table, field = compat.PARAM_FLAGS[flag]
+    table, field = dialect.current().param_flags[flag]
     if not eq or not key.strip():
         return f"flag {flag} takes key=value (e.g. {flag} alpha=0.2), got {text!r}"
     patch = overlay.setdefault(table, {}).setdefault(field, _DictPatch())
@@ -393,10 +248,12 @@ def _add_param(overlay: dict[str, dict[str, Any]], flag: str, text: str) -> str 
 
 
 def _unknown_flag(name: str, flags: Mapping[str, FieldSpec]) -> str:
-    later = compat.later_flag(name)
-    if later is not None:
-        return f"flag {name} ({later.label}) is {later.message()}"
-    known = [*flags, *compat.PARAM_FLAGS]
+    keys = dialect.current()
+    refused = keys.refused_field(name.removeprefix("--").replace("-", "_"))
+    if refused is not None:
+        label, why = refused
+        return f"flag {name} ({label}) is {why}"
+    known = [*flags, *keys.param_flags]
     return f"unknown flag {name}{registry.suggest(name, known)}; run `retrain --help-flags` for the list"
 
 
@@ -432,6 +289,7 @@ def parse_overrides(
     """Parse `--flag value` / `--flag=value` tokens into a raw overlay.
     Returns (overlay, origin flags, problems)."""
     flags = flag_table()
+    param_flags = dialect.current().param_flags
     overlay: dict[str, dict[str, Any]] = {}
     origins: dict[tuple[str, str], str] = {}
     problems: list[str] = []
@@ -444,7 +302,7 @@ def parse_overrides(
             continue
         name, eq, value = token.partition("=")
         spec = flags.get(name)
-        if spec is None and name not in compat.PARAM_FLAGS:
+        if spec is None and name not in param_flags:
             problems.append(_unknown_flag(name, flags))
             if not eq and i < len(argv) and not argv[i].startswith("--"):
                 i += 1
@@ -460,7 +318,7 @@ def parse_overrides(
             problem = _add_param(overlay, name, value)
             if problem:
                 problems.append(problem)
-            origins[compat.PARAM_FLAGS[name]] = name
+            origins[param_flags[name]] = name
             continue
         overlay.setdefault(spec.table, {})[spec.key] = _parse_cli_value(spec, value)
         origins[(spec.table, spec.key)] = name
@@ -469,16 +327,17 @@ def parse_overrides(
 
 def _merge(base: dict[str, Any], overlay: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """`base` (the TOML) with the flags' values on top. A flag wins over the key the
-    original spelled differently (`--surprisal-mask-rho` over `entropy_mask_rho`), and
-    `--backend-opt`-style entries are added to the TOML's table."""
+    dialect spells differently (`--surprisal-mask-rho` over the original's
+    `entropy_mask_rho`), and `--backend-opt`-style entries are added to the TOML's table."""
+    renamed = dialect.current().renamed
     merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
     for table, values in overlay.items():
         target = merged.setdefault(table, {})
         if not isinstance(target, dict):
             continue
         for key, value in values.items():
-            for (t, old), new in compat.RENAMED.items():
-                if t == table and new.key == key and old in target:
+            for (t, old), new in renamed.items():
+                if t == table and new == (table, key) and old in target:
                     written = target.pop(old)
                     if isinstance(written, dict) and isinstance(target.get(key, {}), dict):
                         target[key] = {**written, **target.get(key, {})}

@@ -100,15 +100,6 @@ def _few_shot(value: list) -> str | None:
     return None
 
 
-def _conditions(value: list) -> str | None:
-    """Each entry: advantage_mode + transform_mode, plus run keys it overrides, checked
-    like the same keys at the top level (retrain/campaign/conditions.py)."""
-    from retrain.campaign.conditions import conditions_problems  # uses the loader
-
-    problems = conditions_problems(value)
-    return "; ".join(problems) if problems else None
-
-
 @dataclass
 class BackendConfig:
     backend: str = opt(
@@ -588,8 +579,7 @@ class CampaignConfig:
         "[[campaign.conditions]] with advantage_mode + transform_mode, plus any run keys that "
         "condition overrides (lr = 1e-4, uncertainty_kind = ..., sepa.steps = 100); its runs are "
         "labelled adv+tx~key=value,... [] = the five standard conditions",
-        check=_conditions,
-        item="dict",
+        item="dict",  # each entry is checked by the loader (retrain/config/conditions.py)
     )
 
 

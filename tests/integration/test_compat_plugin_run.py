@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from retrain.config import config_from_dict
+from retrain.compat import config_from_dict  # the original keys too (entropy_mask_rho)
 from retrain.logs.console import Console
 from retrain.logs.jsonl import read_jsonl
 from retrain.trainer import train

@@ -28,8 +28,6 @@ from retrain.advantages import (  # noqa: E402
     AdvantagePipeline,
     AdvantageStats,
     Segments,
-    TransformContext,
-    TransformOutput,
     UncertaintyUnavailableError,
     compute_token_advantages,
     compute_uncertainty,
@@ -44,6 +42,7 @@ from retrain.advantages import (  # noqa: E402
     transform_gtpo_sepa_amp_c,
     transform_none,
 )
+from retrain.advantages.context import TransformContext, TransformOutput  # noqa: E402
 from retrain.registry import (  # noqa: E402
     ADVANTAGE_MODES,
     ALGORITHM_MODES,
@@ -882,9 +881,13 @@ def test_unknown_mode_lists_valid_names():
 
 def test_top_level_exports():
     import retrain
+    import retrain.advantages as adv
 
-    assert retrain.TransformContext is TransformContext
-    assert retrain.TransformOutput is TransformOutput
+    # both façades serve the same classes: retrain's own, with the original API's names
+    assert retrain.TransformContext is adv.TransformContext
+    assert retrain.TransformOutput is adv.TransformOutput
+    assert issubclass(adv.TransformContext, TransformContext)
+    assert issubclass(adv.TransformOutput, TransformOutput)
 
 
 def test_modules_are_pure():

@@ -9,16 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from retrain.campaign.conditions import (
-    Condition,
-    campaign_conditions,
-    condition_from_manifest,
-    condition_label,
-    parse_entry,
-)
+from retrain.campaign.conditions import campaign_conditions, condition_from_manifest
 from retrain.campaign.expand import check_runs, expand_campaign, expand_run
 from retrain.cli.main import main
-from retrain.config import config_from_dict, load_config
+from retrain.compat import config_from_dict, load_config
+from retrain.config.conditions import Condition, condition_label, parse_entry
 from retrain.errors import ConfigError
 from retrain.logs.rundir import run_dir_name, safe_label
 

@@ -8,7 +8,8 @@ import pytest
 
 from retrain.cli.main import main
 from retrain.cli.run import config_path
-from retrain.config import ConfigError, compat, config_from_dict, flag_table, load_config
+from retrain.compat import config_from_dict, later_keys, load_config, original_keys
+from retrain.config import ConfigError, flag_table
 from retrain.config.schema import Config, table_fields
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "original_configs"
@@ -41,9 +42,9 @@ def test_entropy_mask_rho_fixture_reads_as_surprisal_mask_rho():
 
 
 def test_every_original_field_maps_to_a_schema_key():
-    for field, (table, key) in compat.ORIGINAL_FIELDS.items():
+    for field, (table, key) in original_keys.ORIGINAL_FIELDS.items():
         assert key in {s.key for s in table_fields(table)}, field
-    for field, (table, key) in compat.LATER_FIELDS_SUPPORTED.items():
+    for field, (table, key) in original_keys.LATER_FIELDS_SUPPORTED.items():
         assert key in {s.key for s in table_fields(table)}, field
 
 
@@ -108,7 +109,7 @@ def test_renamed_key_error_names_the_line(tmp_path):
     assert f"{path}:3, written as entropy_mask_rho" in str(info.value)
 
 
-@pytest.mark.parametrize(("table", "key"), sorted(compat.LATER))
+@pytest.mark.parametrize(("table", "key"), sorted(later_keys.LATER))
 def test_every_later_key_is_an_error_naming_its_version(table, key):
     with pytest.raises(ConfigError) as info:
         config_from_dict({table: {key: 1}})
@@ -147,8 +148,8 @@ def test_unknown_keys_still_get_did_you_mean():
 
 
 def test_later_field_message_for_condition_keys():
-    assert "not supported in this build" in compat.later_field_message("kl_cov_coef")
-    assert compat.later_field_message("lr") is None
+    assert "not supported in this build" in later_keys.later_field_message("kl_cov_coef")
+    assert later_keys.later_field_message("lr") is None
 
 
 # ---------------------------------------------------------------- flags
@@ -156,7 +157,7 @@ def test_later_field_message_for_condition_keys():
 
 def test_every_original_flag_sets_its_key():
     flags = flag_table()
-    for flag, (table, key) in compat.alias_flags().items():
+    for flag, (table, key) in original_keys.alias_flags().items():
         spec = flags[flag]
         assert (spec.table, spec.key) == (table, key), flag
 

@@ -17,7 +17,7 @@ import pytest
 import retrain
 from retrain import registry
 from retrain.advantages import AdvantagePipeline, compute_token_advantages
-from retrain.advantages.context import AlgorithmContext, TransformContext
+from retrain.compat.contexts import AlgorithmContext, TransformContext
 from retrain.errors import PluginError
 from retrain.types import TokenGroup
 
@@ -209,7 +209,7 @@ def test_context_helpers_follow_the_original_formulas(workdir, amp, clamp):
                 h = [-x for x in h]
                 if {amp!r}:
                     if {clamp!r}:
-                        from retrain.advantages.spec import sepa_amp_list
+                        from retrain.compat.list_helpers import sepa_amp_list
                         h = sepa_amp_list(h, m, ctx.sepa_lambda, clamp=True)
                     else:
                         h = ctx.sepa_amp(h, m)
@@ -548,6 +548,45 @@ def test_registry_add_and_remove():
     assert reg.entry("b").target == "m:b2" and reg.entry("bb") is None
     assert reg.remove("b").target == "m:b2" and reg.remove("b") is None
     assert reg.names() == ["a", "aa"]
+
+
+def test_registry_adapters_turn_plugin_objects_into_the_kinds_form():
+    seen = []
+
+    def not_mine(name, obj, entry):
+        seen.append(("not_mine", name, entry))
+        return None
+
+    def doubled(name, obj, entry):
+        return lambda x: 2 * obj(x)
+
+    reg = registry.Registry("thing", (registry.Entry("builtin", "math:sqrt"),))
+    reg.add_adapter(not_mine)
+    reg.add_adapter(doubled)
+    reg.add_adapter(not_mine)  # once is enough: an installer may run again
+    assert reg.adapters == [not_mine, doubled]
+    assert reg.resolve_plugin("math.sqrt")(16.0) == 8.0  # the first that answers wins
+    assert seen == [("not_mine", "math.sqrt", None)]
+    # a run-time entry resolves like a plugin; a built-in does not
+    reg.add(registry.Entry("late", "math:sqrt", plugin=True))
+    assert reg.is_plugin("late") and reg.is_plugin("pkg.mod.fn") and not reg.is_plugin("builtin")
+    assert reg.resolve_plugin("late")(4.0) == 4.0
+    assert seen[-1] == ("not_mine", "late", reg.entry("late"))
+
+
+def test_original_forms_are_adapted_through_the_registry():
+    import retrain.compat  # noqa: F401  installs the adapters
+
+    for reg in (
+        registry.ADVANTAGE_MODES,
+        registry.TRANSFORM_MODES,
+        registry.ALGORITHM_MODES,
+        registry.UNCERTAINTY_KINDS,
+    ):
+        assert len(reg.adapters) == 1, reg.kind
+        assert reg.adapters[0].__module__ == "retrain.compat.plugin_adapters"
+    for reg in (registry.REWARDS, registry.BACKENDS, registry.DATA_SOURCES):
+        assert reg.adapters == []
 
 
 # ------------------------------------------------------------------ working directory

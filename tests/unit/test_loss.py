@@ -322,7 +322,10 @@ def test_bad_loss_settings_are_config_errors(training, expected):
 
 
 def test_the_original_clip_eps_turns_ppo_on_as_it_did_there():
-    """The later original's clip_eps > 0 meant PPO clipping (0 = off)."""
+    """The later original's clip_eps > 0 meant PPO clipping (0 = off): read so wherever
+    the original's keys are (retrain.compat installed, as the CLI always has it)."""
+    from retrain.compat import config_from_dict
+
     assert config_from_dict({"training": {"clip_eps": 0.2}}).training.policy_loss == "ppo_clip"
     off = config_from_dict({"training": {"clip_eps": 0.0}}).training
     assert (off.policy_loss, off.clip_eps) == ("is", 0.2)

@@ -1,26 +1,5 @@
-"""The original retrain plugin API: spec records, contexts of its advantage and
-uncertainty plugins, and the list-based helpers its transforms were written with.
-
-Plugins written for that API run unchanged: a dotted path in the TOML may name
-
-- a context callable ``fn(ctx)`` (transform, algorithm; for an advantage mode or an
-  uncertainty kind a first parameter named ``ctx`` or ``context``),
-- a spec object (:class:`TransformSpec`, :class:`AdvantageSpec`,
-  :class:`AlgorithmSpec`, :class:`UncertaintySpec`),
-- or a zero-argument factory returning either (the README's ``make_transform_spec``),
-
-and ``register_transform_mode`` & co. (:mod:`retrain.advantages.adapt`) add short names
-at run time. How a :class:`TransformSpec` runs, per prompt group: h = the configured
-uncertainty of each completion; ``entropy_transform(h, planning_mask, sepa_lambda)``
-if given (lambda is 0 unless ``uses_sepa_controller``; the mask is all zeros unless
-``needs_planning``); :func:`gtpo_list` when ``use_gtpo`` (else every token gets A_i and
-the rest is skipped); :func:`hicra_list` when ``apply_hicra``; finally
-``post_process(token_advs, raw_h, params) -> (token_advs, metrics)``, whose params are
-``[algorithm.transform_params]`` plus ``uncertainty_kind``, ``surprisal_mask_rho`` and
-``entropy_mask_rho``. ``compute_context``, when set, replaces all of that by
-``compute_context(ctx)``.
-
-The helpers follow that API's formulas exactly (values capped at 50 first):
+"""The list-based helpers the original retrain API's transforms were written with, and
+its masking hook, following that API's formulas exactly (values capped at 50 first):
 
 - :func:`gtpo_list`: w_t = max(0, 1 + beta (h_t / (mean(h) + 1e-8) - 1)),
   A_t = A w_t; A for every token when beta = 0 or mean(h) < 1e-7.
@@ -29,99 +8,21 @@ The helpers follow that API's formulas exactly (values capped at 50 first):
 - :func:`sepa_amp_list`: execution tokens h'_t = (1 + lambda) h_t - lambda mu,
   floored at 0 when ``clamp``; mu = mean h over execution tokens, lambda clipped to
   [0, 1]; unchanged when lambda = 0 or there is no execution token.
-- :func:`surprisal_mask_post_process`: the ``entropy_mask`` masking as a hook.
+- :func:`surprisal_mask_post_process`: the ``entropy_mask`` masking as a
+  ``TransformSpec.post_process`` hook.
+
+retrain's own vectorised kernels (:mod:`retrain.advantages.transforms`) compute the
+same up to the 1e-8 in GTPO's denominator.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from retrain.advantages.uncertainty import SURPRISAL_CAP as CAP
-
-if TYPE_CHECKING:
-    from retrain.advantages.context import AlgorithmContext, TransformContext
-
-EntropyTransformFn = Callable[[list[float], list[int], float], list[float]]
-PostProcessFn = Callable[
-    [list[list[float]], list[list[float]], Mapping[str, object]],
-    tuple[list[list[float]], dict[str, float]],
-]
-
-
-@dataclass(frozen=True)
-class AdvantageContext:
-    """What a context-style advantage plugin ``fn(ctx)`` receives (one group)."""
-
-    rewards: list[float]
-    params: Mapping[str, object] = field(default_factory=dict)
-    step: int = 0
-
-
-@dataclass
-class AdvantageOutput:
-    """What a context-style advantage plugin may return."""
-
-    advantages: list[float] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class AdvantageSpec:
-    """An advantage mode: ``compute(rewards, params) -> one advantage per reward``."""
-
-    name: str
-    compute: Callable[[list[float], Mapping[str, object]], Sequence[float]]
-
-
-@dataclass(frozen=True)
-class TransformSpec:
-    """A transform mode described by flags and hooks (see the module docstring)."""
-
-    name: str
-    use_gtpo: bool = True
-    needs_planning: bool = False
-    uses_sepa_controller: bool = False
-    apply_hicra: bool = False
-    entropy_transform: EntropyTransformFn | None = None
-    post_process: PostProcessFn | None = None
-    compute_context: Callable[[TransformContext], Any] | None = None
-
-
-@dataclass(frozen=True)
-class AlgorithmSpec:
-    """An algorithm mode: ``compute(ctx: AlgorithmContext)`` returns token advantages."""
-
-    name: str
-    compute: Callable[[AlgorithmContext], Any]
-    needs_planning: bool = False
-    uses_sepa_controller: bool = False
-
-
-@dataclass(frozen=True)
-class UncertaintyContext:
-    """What an uncertainty plugin ``compute(ctx)`` receives: one completion."""
-
-    logprobs: list[float]
-    token_distributions: list[list[float]] | None = None
-    precomputed_entropy: list[float] | None = None
-    planning_mask: list[int] | None = None
-    params: Mapping[str, object] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class UncertaintySpec:
-    """An uncertainty kind: ``compute(ctx: UncertaintyContext) -> one value per token``.
-    ``needs_distributions`` asks for the backend's per-token entropies."""
-
-    name: str
-    compute: Callable[[UncertaintyContext], Sequence[float]]
-    needs_distributions: bool = False
-
-
-# ---------------------------------------------------------------- list helpers
 
 
 def _capped(values: Sequence[float]) -> np.ndarray:
@@ -159,7 +60,7 @@ def hicra_list(
 
 def _sepa_list(
     surprisals: Sequence[float], planning_mask: Sequence[int], lambda_t: float, sign: float
-) -> tuple[np.ndarray, np.ndarray, float] | None:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(capped h, exec mask, h' before any floor), or None when nothing changes."""
     _same_length(surprisals, planning_mask, "surprisals")
     lam = max(0.0, min(1.0, float(lambda_t)))
