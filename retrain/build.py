@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+# The original project's plugin forms (spec records, factories, fn(ctx)) resolve through
+# the adapters this installs, for runs started from the library as from the CLI.
+import retrain.compat  # noqa: F401
 from retrain import registry
 from retrain.advantages import AdvantagePipeline, PlanningDetector, make_detector
 from retrain.backends.base import Backend, backend_info

@@ -6,7 +6,8 @@ checks it); the core exposes extension points, and importing this package instal
 itself into them, once (:mod:`retrain.compat.install`): an adapter per plugin kind in
 the registry (``Registry.add_adapter``) and the original's key dialect for config loading
 (``retrain.config.dialect.install``). It is imported by the CLI (every command, and so
-every campaign worker), by the façades ``retrain`` and ``retrain.advantages`` when one of
+every campaign worker), by the composition root (retrain/build.py, so a run started from
+the library resolves original plugin forms too), by the façades ``retrain`` and ``retrain.advantages`` when one of
 the names below is asked for, and by library code that wants original configs to load
 (``retrain.load_config`` is this package's).
 
