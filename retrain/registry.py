@@ -124,8 +124,8 @@ class Entry:
     options: Mapping[str, OptionSpec] = field(default_factory=dict)
     ignores: tuple[str, ...] = ()  # config keys/sections this entry does not use
     # "module:attr" of a probe that explain and doctor run before any model load (servers
-    # reachable, directories writable, ...): backends `probe(config)`, engines
-    # `probe(settings: EngineSettings)`; both return [(key, problem with a fix)]
+    # reachable, directories writable, ...), given the component's settings record
+    # (retrain/settings.py; build.py makes it): [(key, problem with a fix)]
     probe: str = ""
     # engines: what the engine is (in-process or a server, what it returns and applies)
     engine_traits: EngineTraits | None = None
