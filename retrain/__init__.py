@@ -14,9 +14,10 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {"Example": "retrain.types", "ConfigError": "retrain.errors"}
-# The plugin API's names (supersets that answer to the original API's names too) and the
-# compatibility-aware load_config, from retrain.compat.
-_FROM_COMPAT = (
+# The original retrain's plugin API, served from retrain.compat (the contexts and outputs
+# there are supersets of retrain's own, answering to the original names too); also served
+# by retrain.advantages, and listed once, here.
+ORIGINAL_API = (
     "AdvantageContext",
     "AdvantageOutput",
     "AdvantageSpec",
@@ -30,13 +31,13 @@ _FROM_COMPAT = (
     "UncertaintyContext",
     "UncertaintySpec",
     "entropy_mask_post_process",
-    "load_config",
     "register_advantage_mode",
     "register_algorithm_mode",
     "register_transform_mode",
     "register_uncertainty_kind",
     "surprisal_mask_post_process",
 )
+_FROM_COMPAT = (*ORIGINAL_API, "load_config")  # and the compatibility-aware loader
 
 __all__ = ["__version__", *_FROM_COMPAT, *_LAZY]
 

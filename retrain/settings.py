@@ -13,20 +13,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 if TYPE_CHECKING:
     from retrain.loss import LossFn
 
 
-def _options(cls, backend: str, given: Mapping[str, Any]):
-    """`cls` from a built-in backend's `[backend.options]`: its schema's defaults,
-    overridden by the (already validated) values given."""
-    from retrain.registry import BACKENDS
+class _BackendOptions:
+    """A built-in backend's `[backend.options]`, typed: one field per key of its registry
+    entry's option schema."""
 
-    schema = BACKENDS.entry(backend).options
-    values = {**{key: spec.default for key, spec in schema.items()}, **given}
-    return cls(**{f.name: values[f.name] for f in fields(cls)})
+    BACKEND: ClassVar[str]
+
+    @classmethod
+    def from_mapping(cls, given: Mapping[str, Any]) -> Self:
+        """The schema's defaults, overridden by the (already validated) values given."""
+        from retrain.registry import BACKENDS
+
+        schema = BACKENDS.entry(cls.BACKEND).options
+        values = {**{key: spec.default for key, spec in schema.items()}, **given}
+        return cls(**{f.name: values[f.name] for f in fields(cls)})
 
 
 # ---------------------------------------------------------------- engines
@@ -53,7 +59,7 @@ class EngineSettings:
 
 
 @dataclass(frozen=True)
-class LocalOptions:
+class LocalOptions(_BackendOptions):
     """`[backend.options]` of the local backend (retrain/registry.py documents each)."""
 
     micro_batch_tokens: int
@@ -62,9 +68,7 @@ class LocalOptions:
     prompt_batch: int
     dtype: str
 
-    @classmethod
-    def from_mapping(cls, given: Mapping[str, Any]) -> LocalOptions:
-        return _options(cls, "local", given)
+    BACKEND: ClassVar[str] = "local"
 
 
 @dataclass(frozen=True)
@@ -106,15 +110,13 @@ class LocalSettings:
 
 
 @dataclass(frozen=True)
-class TinkerOptions:
+class TinkerOptions(_BackendOptions):
     max_retries: int
     retry_backoff_s: float
     timeout_s: float
     keepalive_s: float
 
-    @classmethod
-    def from_mapping(cls, given: Mapping[str, Any]) -> TinkerOptions:
-        return _options(cls, "tinker", given)
+    BACKEND: ClassVar[str] = "tinker"
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ class TinkerSettings:
 
 
 @dataclass(frozen=True)
-class PrimeRLOptions:
+class PrimeRLOptions(_BackendOptions):
     transport: str
     zmq_host: str
     zmq_port: int
@@ -141,9 +143,7 @@ class PrimeRLOptions:
     timeout_s: float
     strict_advantages: bool
 
-    @classmethod
-    def from_mapping(cls, given: Mapping[str, Any]) -> PrimeRLOptions:
-        return _options(cls, "prime_rl", given)
+    BACKEND: ClassVar[str] = "prime_rl"
 
 
 @dataclass(frozen=True)

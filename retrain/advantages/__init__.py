@@ -13,6 +13,9 @@ contexts served are supersets of retrain's own in :mod:`retrain.advantages.conte
 
 from typing import Any
 
+# The original API's names (retrain.ORIGINAL_API) are served lazily by __getattr__ from
+# retrain.compat (importing it installs the layer): original plugins import them from here.
+from retrain import ORIGINAL_API  # (the root package: no imports of its own)
 from retrain.advantages.episode import grpo, maxrl
 from retrain.advantages.pipeline import (
     AdvantagePipeline,
@@ -51,28 +54,6 @@ from retrain.advantages.uncertainty import (
     resolve_uncertainty,
     shannon_entropy,
     surprisal,
-)
-
-# Served lazily by __getattr__ from retrain.compat (importing it installs the layer).
-ORIGINAL_API = (
-    "AdvantageContext",
-    "AdvantageOutput",
-    "AdvantageSpec",
-    "AlgorithmContext",
-    "AlgorithmOutput",
-    "AlgorithmSpec",
-    "PostProcessFn",
-    "TransformContext",
-    "TransformOutput",
-    "TransformSpec",
-    "UncertaintyContext",
-    "UncertaintySpec",
-    "entropy_mask_post_process",
-    "register_advantage_mode",
-    "register_algorithm_mode",
-    "register_transform_mode",
-    "register_uncertainty_kind",
-    "surprisal_mask_post_process",
 )
 
 

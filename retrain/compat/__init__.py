@@ -25,6 +25,7 @@ Configs: :mod:`~retrain.compat.original_keys` (fields, flags, renamed keys),
 loader reads), :mod:`~retrain.compat.migrate` (``retrain migrate-config``).
 """
 
+from retrain import ORIGINAL_API  # the names this package serves to the façades
 from retrain.compat.contexts import AlgorithmContext, TransformContext
 from retrain.compat.install import install
 from retrain.compat.list_helpers import entropy_mask_post_process, surprisal_mask_post_process
@@ -52,26 +53,4 @@ from retrain.config.load import config_from_dict, load_config
 
 install()
 
-__all__ = [
-    "AdvantageContext",
-    "AdvantageOutput",
-    "AdvantageSpec",
-    "AlgorithmContext",
-    "AlgorithmOutput",
-    "AlgorithmSpec",
-    "PostProcessFn",
-    "TransformContext",
-    "TransformOutput",
-    "TransformSpec",
-    "UncertaintyContext",
-    "UncertaintySpec",
-    "config_from_dict",
-    "entropy_mask_post_process",
-    "install",
-    "load_config",
-    "register_advantage_mode",
-    "register_algorithm_mode",
-    "register_transform_mode",
-    "register_uncertainty_kind",
-    "surprisal_mask_post_process",
-]
+__all__ = [*ORIGINAL_API, "config_from_dict", "install", "load_config"]
