@@ -278,11 +278,15 @@ def build(config: Config, say: Callable[[str], None]) -> Components:
 def engine_settings(config: Config) -> EngineSettings:
     """`[inference]` (and what a server retrain starts must serve) for the engine."""
     inf = config.inference
-    # The in-process engine decodes `prompt_batch` prompts together: an option of the
-    # backend it samples for (`[backend.options]`, with that backend's default).
+    # The in-process engine's decoding options are options of the backend it samples for
+    # (`[backend.options]` prompt_batch and decode, with that backend's defaults).
     entry = registry.BACKENDS.entry(config.backend.backend)
-    spec = entry.options.get("prompt_batch") if entry is not None else None
-    prompt_batch = config.backend.options.get("prompt_batch", spec.default if spec else 0)
+    schema = entry.options if entry is not None else {}
+
+    def option(key: str, default: Any) -> Any:
+        spec = schema.get(key)
+        return config.backend.options.get(key, spec.default if spec else default)
+
     return EngineSettings(
         engine=inf.engine,
         url=inf.url,
@@ -292,7 +296,8 @@ def engine_settings(config: Config) -> EngineSettings:
         max_connections=inf.max_connections,
         dtype=inf.dtype,
         prefix_caching=inf.prefix_caching,
-        prompt_batch=prompt_batch,
+        prompt_batch=option("prompt_batch", 0),
+        decode=option("decode", "auto"),
         model=config.model.model,
         lora_rank=config.model.lora_rank,
     )

@@ -515,6 +515,15 @@ BACKENDS = Registry(
                     "else fp32), fp32 or bf16. The adapter and the logits stay float32",
                     validator=_one_of(*MATMUL_DTYPES),
                 ),
+                "decode": OptionSpec(
+                    "str",
+                    "auto",
+                    "How the pytorch engine decodes: auto (graphs on CUDA, dynamic elsewhere), "
+                    "dynamic (the cache grows, finished rows leave the batch), static (a "
+                    "preallocated cache and one fixed-shape step) or graphs (static, the step "
+                    "captured as a CUDA graph; CUDA only)",
+                    validator=_one_of("auto", "dynamic", "static", "graphs"),
+                ),
             },
         ),
         Entry(

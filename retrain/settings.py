@@ -51,6 +51,7 @@ class EngineSettings:
     dtype: str = "auto"  # in-process: the sampling copy's dtype ("auto" or "bf16")
     prefix_caching: bool = True  # in-process: prefill each prompt once per group
     prompt_batch: int = 0  # in-process: prompts decoded together (0 = bounded rows)
+    decode: str = "auto"  # in-process: "auto", "dynamic", "static" or "graphs"
     model: str = ""  # [model] model: what a server retrain starts must serve
     lora_rank: int = 32  # the largest adapter rank that server must accept
 
@@ -67,6 +68,7 @@ class LocalOptions(_BackendOptions):
     overlap: bool
     prompt_batch: int
     dtype: str
+    decode: str
 
     BACKEND: ClassVar[str] = "local"
 

@@ -233,7 +233,25 @@ class LocalBackend:
         self, prompts_B: list[list[int]], n: int, params: SamplingParams
     ) -> list[list[Sample]]:
         with self._lock:
+            self._reset_peak_memory()  # a step's peak: from its sampling to its update
             return self.engine.sample(prompts_B, n, params)
+
+    def _cuda_devices(self) -> list[torch.device]:
+        return [d for d in {self.infer_device, self.train_device} if d.type == "cuda"]
+
+    def _reset_peak_memory(self) -> None:
+        for device in self._cuda_devices():
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def _peak_memory(self) -> dict[str, float]:
+        """`gpu_peak_memory_gb`: the most GPU memory torch held since the step sampled (the
+        largest over the devices in split mode); nothing on a CPU."""
+        devices = self._cuda_devices()
+        if not devices:
+            return {}
+        return {
+            "gpu_peak_memory_gb": max(torch.cuda.max_memory_allocated(d) for d in devices) / 1e9
+        }
 
     # ------------------------------------------------------------ training
 
@@ -294,10 +312,10 @@ class LocalBackend:
 
     def _sampling_metrics(self) -> dict[str, float]:
         """The step's sampling side of the metrics: the thread counts the policy chose
-        (is the box busy?) and, with a server, which adapter version sampled."""
+        (is the box busy?), the engine's own (with a server, which adapter version
+        sampled; with CUDA graphs, whether the step ran captured)."""
         out = self.threads.metrics()
-        if self.server is not None:
-            out.update(self.server.metrics())
+        out.update(self.engine.metrics())
         return out
 
     def _publish(
@@ -311,6 +329,7 @@ class LocalBackend:
             if self.server is not None:
                 self._push_adapter()
         result.extra.update(seen)
+        result.extra.update(self._peak_memory())
         if self.server is not None:  # the reload just made; the sampled version stays
             now = self.server.metrics()
             now.pop("engine_adapter_version", None)

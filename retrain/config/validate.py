@@ -284,6 +284,23 @@ def _overlap(config: Config) -> Problems:
     ]
 
 
+def _decode(config: Config) -> Problems:
+    """CUDA graphs on a sampler that is not a GPU (the first of `[backend] devices`)."""
+    if config.backend.options.get("decode") != "graphs" or "decode" not in _options_of(config):
+        return []
+    sampler = config.backend.devices.split(",")[0].strip()
+    if sampler.startswith("gpu"):
+        return []
+    return [
+        (
+            "[backend.options] decode",
+            f'= "graphs" captures the decode step as a CUDA graph, but the sampler runs on '
+            f"{sampler!r} ([backend] devices = {config.backend.devices!r}). Fix: decode = "
+            '"auto" (graphs on a GPU, dynamic elsewhere), or a gpu device',
+        )
+    ]
+
+
 def _engine_settings(config: Config) -> Problems:
     """The spec's engine-tuning keys that no built-in engine acts on yet: a value other
     than the default is an error, not a silent no-op. (A server engine's dtype and
@@ -361,6 +378,7 @@ CROSS_CHECKS: tuple[Callable[[Config], Problems], ...] = (
     _builtin_flow,
     _backend_options,
     _overlap,
+    _decode,
     _inference,
     _squeeze,
 )

@@ -1,30 +1,39 @@
 """The `pytorch` inference engine: batched sampling with the KV cache from the model the
 local backend trains.
 
-Each prompt is prefilled once (left-padded across prompts, with position ids counted
-from the first real token) and its cache is repeated for the group's completions, then
-tokens are drawn step by step at the configured temperature (and, with top_p < 1, from
-the renormalised nucleus) by inverse CDF, one uniform per row, and the recorded logprobs
-are exactly those of the distribution each token was drawn from. A row that reaches
-end-of-sequence leaves the batch (its cache rows are dropped), so the work follows the
-real token count. Temperature 0 (held-out evaluation) decodes greedily: the argmax
-token, with logprob 0 (it was chosen with probability 1). With `prompt_batch = 0` a step
-is decoded in batches of at most `SAMPLE_ROWS` completions (`decoding_batches` in
-retrain/memory.py, which explain's memory estimate reads too): whole prompts, or a group
-larger than that in parts, each prefilling its prompt once. So sampling memory does not
-grow with the group size.
+Tokens are drawn at the configured temperature (and, with top_p < 1, from the
+renormalised nucleus) by inverse CDF with one uniform per row and token, drawn up front
+for the whole decoding batch (retrain/engines/draw.py): row r's token t uses u[r, t], so
+a row's completion depends on its own uniforms only. The recorded logprobs are exactly
+those of the distribution each token was drawn from. Temperature 0 (held-out evaluation)
+decodes greedily: the argmax token, with logprob 0 (it was chosen with probability 1).
+
+Two decoders run a batch (`[backend.options] decode`):
+
+- dynamic (the CPU's default): each prompt is prefilled once (left-padded across
+  prompts, with position ids counted from the first real token) and its cache repeated
+  for the group's completions; a row that reaches end-of-sequence leaves the batch (its
+  cache rows are dropped), so the work follows the real token count;
+- static, and graphs (CUDA's default): a preallocated cache and one fixed-shape step,
+  captured as a CUDA graph on a GPU (retrain/engines/static_decode.py). Finished rows
+  are masked, not removed. With the same uniforms both draw the same tokens.
+
+With `prompt_batch = 0` a step is decoded in batches of at most `SAMPLE_ROWS`
+completions (`decoding_batches` in retrain/memory.py, which explain's memory estimate
+reads too): whole prompts, or a group larger than that in parts. So sampling memory does
+not grow with the group size.
 
 Speed (docs/performance.md): a PEFT LoRA model runs four extra small operators per
 adapted linear for every decoded token. When the model is a plain LoRA PEFT model, the
-engine samples from a `MergedSampler` instead: an adapter-free copy whose adapted linears
-hold W + scaling * B @ A, re-merged only when the adapter's weights changed (their version
-counters moved). In float32 the merged logprobs equal the adapter's to rounding (~1e-6).
+engine samples from a `MergedSampler` instead (retrain/engines/merged.py): an adapter-free
+copy whose adapted linears hold W + scaling * B @ A, re-merged only when the adapter's
+weights changed. In float32 the merged logprobs equal the adapter's to rounding (~1e-6).
 In the local backend's bf16 mode the copy's layers are bf16 matmuls like the trainer's
 (W + BA rounded to bf16 once per update); `[inference] dtype = "bf16"` on a float32
-trainer gives a wholly bf16 copy (its block linears the same tiled bf16 layer). Either
-way the recorded logprobs are the sampler's own, so the trainer's importance ratio
-corrects the difference (`log_ratio_mean` / `log_ratio_max_abs` show its size). A `retrain.threads.ThreadPolicy` picks torch's thread
-count before each call.
+trainer gives a wholly bf16 copy. Either way the recorded logprobs are the sampler's
+own, so the trainer's importance ratio corrects the difference (`log_ratio_mean` /
+`log_ratio_max_abs` show its size). A `retrain.threads.ThreadPolicy` picks torch's
+thread count before each call.
 """
 
 from __future__ import annotations
@@ -36,14 +45,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from retrain.engines.draw import draw, uniforms
+from retrain.engines.merged import MergedSampler
 from retrain.errors import BackendError
-from retrain.kernels.precision import bf16_linears
 from retrain.memory import decoding_batches
 from retrain.registry import ENGINES
 from retrain.settings import EngineSettings
 from retrain.types import EngineTraits, Sample, SamplingParams
 
 TRAITS: EngineTraits = ENGINES.entry("pytorch").engine_traits
+# How a decoding batch is run: "dynamic" (the cache grows, finished rows leave: the CPU's
+# default), "static" (a preallocated cache, one fixed-shape step: retrain/engines/
+# static_decode.py), "graphs" (static, the step captured as a CUDA graph: CUDA's default).
+DECODERS = ("dynamic", "static", "graphs")
 
 
 @dataclass
@@ -70,6 +84,7 @@ class UnboundPyTorchEngine:
     local backend loads (retrain/engines/base.py)."""
 
     settings: EngineSettings
+    say: Callable[[str], None] = print
     name: str = "pytorch"
     traits: EngineTraits = TRAITS
 
@@ -88,14 +103,30 @@ class UnboundPyTorchEngine:
             # (`[inference] dtype` "bf16" adds nothing then)
             dtype="auto" if bf16 else s.dtype,
             threads=threads,
+            decode=decoder_for(s.decode, device),
+            say=self.say,
         )
+
+
+def decoder_for(option: str, device) -> str:
+    """`[backend.options] decode` on `device`: auto is graphs on CUDA (launch overhead,
+    not the weights, sets the pace of a GPU decode step) and dynamic elsewhere (a CPU
+    saves the work of finished rows); graphs off CUDA is refused."""
+    if option == "auto":
+        return "graphs" if device.type == "cuda" else "dynamic"
+    if option == "graphs" and device.type != "cuda":
+        raise BackendError(
+            f'[backend.options] decode = "graphs" needs a CUDA device; the sampler runs on '
+            f'{device}. Fix: decode = "auto" (or "static")'
+        )
+    return option
 
 
 def build(
     settings: EngineSettings, *, tokenizer: Any, say: Callable[[str], None]
 ) -> UnboundPyTorchEngine:
     """The registry entry's factory: nothing to start or reach before the model loads."""
-    return UnboundPyTorchEngine(settings)
+    return UnboundPyTorchEngine(settings, say)
 
 
 class PyTorchEngine:
@@ -116,6 +147,8 @@ class PyTorchEngine:
         dtype: str = "auto",
         merge_lora: bool = True,
         threads=None,
+        decode: str = "dynamic",
+        say=None,
     ):
         self.model = model
         self.eos_ids = sorted(eos_ids)
@@ -135,9 +168,28 @@ class PyTorchEngine:
             raise BackendError(
                 '[inference] dtype = "bf16" needs a plain LoRA adapter on the pytorch engine (set dtype = "auto")'
             )
+        if decode not in DECODERS:
+            raise BackendError(f"decode = {decode!r}: one of {', '.join(DECODERS)}")
+        self.decode = decode
+        self.static = None
+        if decode != "dynamic":
+            from retrain.engines.static_decode import StaticDecoder
+            from retrain.kernels.packing import MASK_STYLES
+
+            self.static = StaticDecoder(
+                eos_ids=self.eos_ids,
+                pad_id=pad_id,
+                device=device,
+                graphs=decode == "graphs",
+                mask_style=MASK_STYLES.get(model.config._attn_implementation, "bool"),
+                say=say,
+            )
 
     def metrics(self) -> dict[str, float]:
-        return {}  # the threads it sampled with are the backend's (ThreadPolicy)
+        """With CUDA graphs, whether the decode step runs captured (1) or eagerly (0)."""
+        if self.static is None or not self.static.graphs:
+            return {}  # the threads it sampled with are the backend's (ThreadPolicy)
+        return {"engine_cuda_graphs": float(self.static.graph_failures == 0)}
 
     def close(self) -> None:
         pass  # nothing of its own: the model is the backend's
@@ -165,14 +217,23 @@ class PyTorchEngine:
         model = self._sampling_model()
         try:
             for first, prompts, rows in decoding_batches(len(prompts_B), n, self.prompt_batch):
-                groups = self._sample_chunk(
-                    model, prompts_B[first : first + prompts], rows, params, generator
-                )
-                for i, group in enumerate(groups):
+                chunk = prompts_B[first : first + prompts]
+                u = uniforms(len(chunk) * rows, params.max_tokens, generator)
+                for i, group in enumerate(self._decode(model, chunk, rows, params, u)):
                     out[first + i].extend(group)
         finally:
             self.model.train(was_training)
         return out
+
+    def _decode(self, model, prompts, n: int, params: SamplingParams, u) -> list[list[Sample]]:
+        """`n` completions of each prompt, row i * n + j drawn with the uniforms u[i*n + j]:
+        by the static decoder when there is one, else the dynamic one."""
+        if self.static is None:
+            return self._sample_chunk(model, prompts, n, params, u)
+        rows = [p for p in prompts for _ in range(n)]
+        d = self.static.decode(model, rows, params, u)
+        samples = _to_samples(d.tokens, d.logprobs, d.entropies, d.lengths, d.finished)
+        return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def _prefill(self, model, prompts: list[list[int]], n: int) -> tuple[torch.Tensor, _Decode]:
         """Run the prompts once; returns the next-token logits per row (prompt x n) and
@@ -223,8 +284,10 @@ class PyTorchEngine:
         prompts: list[list[int]],
         n: int,
         params: SamplingParams,
-        generator: torch.Generator,
+        u: torch.Tensor,
     ) -> list[list[Sample]]:
+        """The dynamic decoder: the cache grows token by token and finished rows leave the
+        batch (no work on them: what a CPU wants). Token t of row r is drawn with u[r, t]."""
         logits, state = self._prefill(model, prompts, n)
         rows, width = logits.shape[0], params.max_tokens
         eos = torch.tensor(self.eos_ids, device=self.device)
@@ -240,7 +303,7 @@ class PyTorchEngine:
                 raise BackendError(
                     "the model produced non-finite logits while sampling (have the weights diverged? try a lower [training] lr)"
                 )
-            token, logp_token, full = draw(logits, params, generator)
+            token, logp_token, full = draw(logits, params, u[live, t : t + 1])
             tokens[live, t] = token
             logprobs[live, t] = logp_token
             if entropies is not None:  # the model's uncertainty: the untruncated distribution
@@ -258,162 +321,6 @@ class PyTorchEngine:
             logits = self._next_logits(model, token, state)
         samples = _to_samples(tokens[:, :steps], logprobs[:, :steps], entropies, lengths, finished)
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
-
-
-def draw(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One token per row: (token, its logprob under the distribution it was drawn from,
-    the full log-distribution before top-p). Temperature 0 is greedy with logprob 0 (it
-    was chosen with probability 1)."""
-    if params.temperature <= 0.0:
-        full = torch.log_softmax(logits.float(), dim=-1)
-        token = logits.argmax(dim=-1)
-        return token, torch.zeros_like(token, dtype=torch.float32), full
-    scaled = logits.float()
-    if params.temperature != 1.0:
-        scaled = scaled / params.temperature
-    full = torch.log_softmax(scaled, dim=-1)
-    logp = nucleus(full, params.top_p) if params.top_p < 1.0 else full
-    u = torch.rand(
-        (logp.shape[0], 1), generator=generator, dtype=torch.float64, device=generator.device
-    )
-    token = inverse_cdf(logp.exp(), u)
-    return token, logp.gather(-1, token[:, None]).squeeze(-1), full
-
-
-def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Per row, the first token whose cumulative probability exceeds u * total, for u in
-    [0, 1) (float64, one per row): an exact draw from `probs` (rows need not sum to exactly
-    1) with one uniform per row, where `torch.multinomial` draws an exponential per
-    vocabulary entry (30 ms per decoded token on a 49k vocabulary, 2 CPU cores). Float64
-    sums keep u * total strictly below the total, so a zero-probability token is never
-    chosen."""
-    cdf = probs.double().cumsum(dim=-1)
-    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
-
-
-def nucleus(logp: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Log-probabilities of the top-p (nucleus) distribution: per row, the smallest set
-    of most likely tokens whose probability reaches `top_p`, renormalised; every other
-    token gets -inf. Sampling from it and recording its logprob keeps the behaviour
-    policy exact."""
-    sorted_logp, order = torch.sort(logp, dim=-1, descending=True)
-    before = torch.cumsum(sorted_logp.exp(), dim=-1) - sorted_logp.exp()
-    drop_sorted = before >= top_p  # the mass before this token already reaches top_p
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
-
-
-class MergedSampler:
-    """An adapter-free copy of a PEFT LoRA model for sampling: each adapted linear is a
-    plain `nn.Linear` holding W + scaling * B @ A, re-merged when the adapter changed.
-
-    In the model's own dtype the copy shares every weight that LoRA does not touch (only
-    the merged weights are new memory); with another dtype (bf16) it is a full copy."""
-
-    def __init__(self, model, pairs: list, dtype: torch.dtype | None):
-        self.model = model
-        self.pairs = pairs  # (PEFT lora.Linear in the trained model, nn.Linear in the copy)
-        self.dtype = dtype
-        self._seen: tuple = ()
-
-    @classmethod
-    def build(cls, peft_model, dtype: torch.dtype | None) -> MergedSampler | None:
-        """None when `peft_model` is not a PEFT model with plain LoRA linears only (DoRA,
-        several active adapters, embeddings, ...): the engine then samples from it as is."""
-        import copy
-
-        layers = _plain_lora_layers(peft_model)
-        if not layers:
-            return None
-        base = peft_model.get_base_model()
-        own = next(base.parameters()).dtype
-        same = dtype is None or dtype == own
-        # Sharing the frozen weights through deepcopy's memo keeps them out of the copy.
-        memo = {id(p): p for p in base.parameters()} if same else {}
-        copy_ = copy.deepcopy(base, memo)
-        pairs = []
-        for name, layer in layers:
-            parent_name, _, attr = name.rpartition(".")
-            parent = copy_.get_submodule(parent_name.removeprefix("base_model.model."))
-            w = layer.base_layer.weight
-            # the same class: a bf16-mode layer (Bf16Linear) keeps its bf16 matmul
-            plain = type(layer.base_layer)(w.shape[1], w.shape[0], bias=False, device=w.device)
-            plain.weight = torch.nn.Parameter(torch.empty_like(w), requires_grad=False)
-            if layer.base_layer.bias is not None:
-                plain.bias = layer.base_layer.bias if same else copy.deepcopy(layer.base_layer.bias)
-            setattr(parent, attr, plain)
-            pairs.append((layer, plain))
-        if not same:
-            copy_.to(dtype)
-            if dtype == torch.bfloat16:
-                # the tiled bf16 layer: on a CPU its matmuls run in a fixed set of row
-                # counts, so oneDNN's per-shape kernel caches stop growing (precision.py)
-                bf16_linears(copy_)
-        copy_.requires_grad_(False)
-        copy_.eval()
-        return cls(copy_, pairs, None if same else dtype)
-
-    def refresh(self) -> None:
-        """Re-merge when any adapter tensor was replaced or updated in place."""
-        seen = tuple(
-            (id(t), t._version)
-            for layer, _ in self.pairs
-            for t in (_lora_a(layer).weight, _lora_b(layer).weight)
-        )
-        if seen == self._seen:
-            return
-        with torch.no_grad():
-            for layer, plain in self.pairs:
-                adapter = layer.active_adapters[0]
-                a, b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight
-                w = layer.base_layer.weight
-                if w.dtype == a.dtype == plain.weight.dtype:
-                    torch.addmm(w, b, a, alpha=layer.scaling[adapter], out=plain.weight)
-                else:  # a bf16 base with PEFT's float32 adapter: merge in float32, round once
-                    merged = torch.addmm(w.to(a.dtype), b, a, alpha=layer.scaling[adapter])
-                    plain.weight.copy_(merged)
-        self._seen = seen
-
-
-def _lora_a(layer):
-    return layer.lora_A[layer.active_adapters[0]]
-
-
-def _lora_b(layer):
-    return layer.lora_B[layer.active_adapters[0]]
-
-
-def _plain_lora_layers(model) -> list:
-    """(name, layer) of every LoRA layer when all are plain, unmerged, single-adapter LoRA
-    linears (weights stored out x in); else []."""
-    try:
-        from peft import PeftModel
-        from peft.tuners.lora.layer import Linear as LoraLinear
-        from peft.tuners.tuners_utils import BaseTunerLayer
-    except ImportError:
-        return []
-    if not isinstance(model, PeftModel):
-        return []
-    layers = []
-    for name, module in model.named_modules():
-        if not isinstance(module, BaseTunerLayer):
-            continue
-        plain = type(module) is LoraLinear and len(module.active_adapters) == 1
-        adapter = module.active_adapters[0] if plain else None
-        if (
-            not plain
-            or module.merged
-            or module.fan_in_fan_out
-            or module.use_dora.get(adapter, False)
-            or getattr(module, "lora_bias", {}).get(adapter, False)
-            or adapter not in module.lora_A
-            or not isinstance(module.base_layer, torch.nn.Linear)
-        ):
-            return []
-        layers.append((name, module))
-    return layers
 
 
 @dataclass

@@ -218,11 +218,13 @@ def test_train_resume_and_squeeze_against_a_local_tinker_server(server):
     state = json.loads((logs / "trainer_state.json").read_text())
     assert state["step"] == 2 and state["finished"] is True
     ckpt = state["checkpoint"]
-    assert ckpt["path"].startswith("tinker://") and ckpt["path"].endswith("/final")
-    assert ckpt["sampler_path"].startswith("tinker://")
+    # a CheckpointInfo record: `state` the training state, `adapter` the sampler weights
+    assert ckpt["backend"] == "tinker"
+    assert ckpt["state"].startswith("tinker://") and ckpt["state"].endswith("/final")
+    assert ckpt["adapter"].startswith("tinker://")
     assert "Saved checkpoint at step 1 -> tinker://" in out
     assert "Saved final adapter at step 2 -> tinker://" in out
-    print(f"[tinker] first run ({seconds:.0f}s): checkpoint {ckpt['path']}")
+    print(f"[tinker] first run ({seconds:.0f}s): checkpoint {ckpt['state']}")
     _show(rows)
 
     # ---- resume from the final checkpoint and run two more steps. The server holds one
@@ -233,21 +235,21 @@ def test_train_resume_and_squeeze_against_a_local_tinker_server(server):
     )
     assert code == 0, out2[-6000:] + "\n--- server log ---\n" + handle.log_tail()
     assert API_KEY not in out2
-    assert f"Loaded Tinker checkpoint {ckpt['path']}" in out2
+    assert f"Loaded Tinker checkpoint {ckpt['state']}" in out2
     assert f"Resumed from {logs} at step 2" in out2
     rows = _rows(logs / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert all(math.isfinite(r["loss"]) for r in rows[2:])
     state = json.loads((logs / "trainer_state.json").read_text())
     assert state["step"] == 4 and state["finished"] is True
-    assert state["checkpoint"]["path"].startswith("tinker://")
-    assert state["checkpoint"]["path"] != ckpt["path"]  # a new training run on the service
-    print(f"[tinker] resumed run ({seconds2:.0f}s): checkpoint {state['checkpoint']['path']}")
+    assert state["checkpoint"]["state"].startswith("tinker://")
+    assert state["checkpoint"]["state"] != ckpt["state"]  # a new training run on the service
+    print(f"[tinker] resumed run ({seconds2:.0f}s): checkpoint {state['checkpoint']['state']}")
     _show(rows[2:])
 
     # ---- LoRA-Squeeze on the tinker:// adapter, fetched through the SDK
     code, out3, seconds3, stdout3 = _retrain(
-        ["squeeze", state["checkpoint"]["path"], "--json"],
+        ["squeeze", state["checkpoint"]["state"], "--json"],
         run_dir,
         "squeeze",
         {"TINKER_BASE_URL": handle.url},

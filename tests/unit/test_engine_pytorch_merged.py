@@ -9,7 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from retrain.engines.pytorch import MergedSampler, PyTorchEngine  # noqa: E402
+from retrain.engines.merged import MergedSampler  # noqa: E402
+from retrain.engines.pytorch import PyTorchEngine  # noqa: E402
 from retrain.types import SamplingParams  # noqa: E402
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from retrain.engines.pytorch import draw, inverse_cdf  # noqa: E402
+from retrain.engines.draw import draw, inverse_cdf, uniforms  # noqa: E402
 from retrain.types import SamplingParams  # noqa: E402
 
 
@@ -51,8 +51,8 @@ def test_matches_a_plain_loop_and_never_picks_an_impossible_token(rows, us):
 def test_frequencies_follow_the_distribution():
     probs = torch.tensor([[0.5, 0.0, 0.2, 0.25, 0.05]])
     logits = probs.log().expand(20_000, 5).contiguous()
-    generator = torch.Generator().manual_seed(0)
-    token, logp, _ = draw(logits, SamplingParams(max_tokens=1, temperature=1.0), generator)
+    u = uniforms(20_000, 1, torch.Generator().manual_seed(0))
+    token, logp, _ = draw(logits, SamplingParams(max_tokens=1, temperature=1.0), u)
     freq = torch.bincount(token, minlength=5).double() / token.numel()
     assert freq[1] == 0
     assert torch.allclose(freq, probs[0].double(), atol=0.01)
@@ -62,7 +62,7 @@ def test_frequencies_follow_the_distribution():
 def test_top_p_and_temperature_are_the_recorded_distribution():
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).expand(5_000, 4).contiguous()
     params = SamplingParams(max_tokens=1, temperature=0.5, top_p=0.9)
-    token, logp, full = draw(logits, params, torch.Generator().manual_seed(1))
+    token, logp, full = draw(logits, params, uniforms(5_000, 1, torch.Generator().manual_seed(1)))
     tempered = torch.log_softmax(logits[0] / 0.5, -1)
     assert torch.allclose(full[0], tempered)
     kept = tempered.exp() >= tempered.exp().sort(descending=True).values[1]  # top two: 0.98
@@ -73,7 +73,8 @@ def test_top_p_and_temperature_are_the_recorded_distribution():
 
 def test_greedy_is_the_argmax_with_logprob_zero():
     logits = torch.tensor([[0.1, 3.0, 2.0], [5.0, 0.0, 1.0]])
-    token, logp, _ = draw(logits, SamplingParams(max_tokens=1, temperature=0.0), torch.Generator())
+    u = uniforms(2, 1, torch.Generator().manual_seed(0))
+    token, logp, _ = draw(logits, SamplingParams(max_tokens=1, temperature=0.0), u)
     assert token.tolist() == [1, 0] and logp.tolist() == [0.0, 0.0]
 
 

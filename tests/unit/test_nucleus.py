@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from retrain.engines.pytorch import nucleus  # noqa: E402
+from retrain.engines.draw import nucleus  # noqa: E402
 
 
 def reference_nucleus(probs: list[float], top_p: float) -> list[float]:

@@ -1,0 +1,305 @@
+"""Decoding with a preallocated KV cache and one fixed-shape step, so that on CUDA the
+step can be captured once as a CUDA graph and replayed for every token.
+
+The dynamic decoder (retrain/engines/pytorch.py) grows its cache token by token and
+drops finished rows, which suits a CPU (it saves the work of finished rows) but pays
+Python and kernel-launch overhead on every token: on an H100 that overhead, not the
+weights, set the pace (59 ms per decode step at 64 rows, where the weights alone read in
+~3 ms). This decoder instead:
+
+- allocates the cache once for `rows` x `length` positions (transformers' StaticCache,
+  which tracks its fill level on the device), and keeps it for later calls of the same
+  shape, so a captured graph's addresses stay valid;
+- prefills every row's prompt (left-padded) in one forward pass with an explicit 4-D
+  mask: a real token attends to the real tokens at or before it; a pad attends only to
+  itself (so no attention row is empty) and no real token ever attends to a pad;
+- decodes every row at every step, finished ones included (their tokens are discarded:
+  masked, not removed), so the step's shapes never change. The step feeds one token per
+  row, takes the logits and draws the next token with the row's pre-drawn uniform
+  (retrain/engines/draw.py), recording its logprob (and entropy) inside the step;
+- on CUDA (`graphs=True`) captures that step per (rows, length, sampling settings) in a
+  CUDA graph after a short warm-up, and replays it. Rows are padded up to a bucket
+  (a power of two) and the length up to a multiple of 128, so few graphs are captured.
+  If capturing fails, it says so once and runs the same step eagerly.
+
+With the same uniforms it draws the same tokens as the dynamic decoder, and their fp32
+logprobs agree to rounding (tests/unit/test_static_decode.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from retrain.engines.draw import draw
+from retrain.errors import BackendError
+from retrain.types import SamplingParams
+
+log = logging.getLogger("retrain.engines.static_decode")
+
+LENGTH_STEP = 128  # cache lengths are rounded up to this with graphs (few captured shapes)
+CHECK_EVERY = 8  # steps between checks for "every row finished" with graphs (a host sync)
+
+
+@dataclass
+class Decoded:
+    """One decoding batch's results, one row per completion (cut at `lengths`)."""
+
+    tokens: torch.Tensor  # (R, steps) long
+    logprobs: torch.Tensor  # (R, steps) float32
+    entropies: torch.Tensor | None  # (R, steps) float32
+    lengths: torch.Tensor  # (R,) long: tokens up to and including eos, else the width
+    finished: torch.Tensor  # (R,) bool: ended with eos
+
+
+@dataclass
+class _Step:
+    """The decode step's inputs and outputs: the same tensors at every step, so a captured
+    graph reads and writes the same addresses on every replay."""
+
+    token: torch.Tensor  # (R, 1) long: the token fed at this step
+    position: torch.Tensor  # (R, 1) long: its position in its row
+    key_valid: torch.Tensor  # (R, L) bool: the cache positions a query may attend to
+    uniform: torch.Tensor  # (R, 1) float64: this step's uniforms
+    next_token: torch.Tensor  # (R,) long
+    logprob: torch.Tensor  # (R,) float32
+    entropy: torch.Tensor  # (R,) float32
+    bad: torch.Tensor  # () bool: some logits were not finite
+
+    @classmethod
+    def allocate(cls, rows: int, length: int, device: torch.device) -> _Step:
+        long = dict(dtype=torch.long, device=device)
+        return cls(
+            token=torch.zeros((rows, 1), **long),
+            position=torch.zeros((rows, 1), **long),
+            key_valid=torch.zeros((rows, length), dtype=torch.bool, device=device),
+            uniform=torch.full((rows, 1), 0.5, dtype=torch.float64, device=device),
+            next_token=torch.zeros(rows, **long),
+            logprob=torch.zeros(rows, dtype=torch.float32, device=device),
+            entropy=torch.zeros(rows, dtype=torch.float32, device=device),
+            bad=torch.zeros((), dtype=torch.bool, device=device),
+        )
+
+
+def _round_up(x: int, step: int) -> int:
+    return -(-x // step) * step
+
+
+def row_bucket(rows: int) -> int:
+    """The captured batch size for `rows` rows: the next power of two (at least 8)."""
+    return max(8, 1 << (rows - 1).bit_length())
+
+
+def prefill_mask(key_valid: torch.Tensor, width: int) -> torch.Tensor:
+    """(R, 1, width, L) bool: query i attends to key j <= i when key j is a real token, and
+    to itself (a pad's only key: no row of the attention is empty)."""
+    length = key_valid.shape[1]
+    i = torch.arange(width, device=key_valid.device)[:, None]
+    j = torch.arange(length, device=key_valid.device)[None, :]
+    allowed = (j <= i)[None] & (key_valid[:, None, :] | (j == i)[None])
+    return allowed[:, None]
+
+
+def styled(mask: torch.Tensor, style: str, dtype: torch.dtype) -> torch.Tensor:
+    """A bool attention mask as the model's attention takes it: bool for SDPA, additive
+    (0 where allowed, the dtype's lowest value elsewhere) for the eager attention."""
+    if style == "bool":
+        return mask
+    low = torch.finfo(dtype).min
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, low)
+
+
+class StaticDecoder:
+    """Decodes batches of rows with a preallocated cache; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        eos_ids: list[int],
+        pad_id: int,
+        device: torch.device,
+        graphs: bool = False,
+        mask_style: str = "bool",
+        say: Callable[[str], None] | None = None,
+    ):
+        if graphs and device.type != "cuda":
+            raise BackendError(f"CUDA graphs need a CUDA device; the sampler runs on {device}")
+        self.eos = torch.tensor(sorted(eos_ids), device=device)
+        self.pad_id = pad_id
+        self.device = device
+        self.graphs = graphs
+        self.mask_style = mask_style  # retrain.kernels.packing.MASK_STYLES of the model
+        self.say = say or log.warning
+        self._shapes: dict[tuple[int, int], tuple[Any, _Step]] = {}  # (R, L) -> cache, step
+        self._captured: dict[tuple, Any] = {}  # (R, L, sampling settings) -> CUDAGraph
+        self._pool = None
+        self.graph_failures = 0
+
+    # ------------------------------------------------------------ one batch
+
+    def decode(
+        self, model, prompts: list[list[int]], params: SamplingParams, u: torch.Tensor
+    ) -> Decoded:
+        """Decode one completion per prompt (`prompts` has one entry per row) with the
+        uniforms `u` (rows, max_tokens)."""
+        rows, width = len(prompts), params.max_tokens
+        bucket = row_bucket(rows) if self.graphs else rows
+        prompts = prompts + [[self.pad_id]] * (bucket - rows)  # filler rows, finished at once
+        longest = max(len(p) for p in prompts)
+        need = longest + width
+        length = _round_up(need, LENGTH_STEP) if self.graphs else need
+        cache, step = self._buffers(model, bucket, length)
+        replay = self._graph(model, cache, step, params, length) if self.graphs else None
+        logits = self._prefill(model, cache, step, prompts, longest)
+        u = torch.cat([u, u.new_full((bucket - rows, width), 0.5)]) if bucket > rows else u
+        out = self._decode_steps(model, cache, step, logits, params, u, longest, replay, rows)
+        return out
+
+    def _buffers(self, model, rows: int, length: int) -> tuple[Any, _Step]:
+        """The cache and step buffers of this shape: kept for the next call with graphs
+        (a captured graph holds their addresses), else made for this call only."""
+        from transformers import StaticCache
+
+        key = (rows, length)
+        if key in self._shapes:
+            return self._shapes[key]
+        made = StaticCache(config=model.config, max_cache_len=length)
+        buffers = (made, _Step.allocate(rows, length, self.device))
+        if self.graphs:
+            self._shapes[key] = buffers
+        return buffers
+
+    def _prefill(self, model, cache, step: _Step, prompts: list[list[int]], width: int):
+        """Every row's prompt, left-padded to `width`, into the reset cache; returns the
+        next-token logits (R, V) and leaves the step's position and key mask set."""
+        rows = len(prompts)
+        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
+        real = torch.zeros((rows, width), dtype=torch.bool)
+        for r, p in enumerate(prompts):
+            ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            real[r, width - len(p) :] = True
+        ids, real = ids.to(self.device), real.to(self.device)
+        positions = (real.long().cumsum(-1) - 1).clamp(min=0)
+        step.key_valid.zero_()
+        step.key_valid[:, :width] = real
+        cache.reset()
+        out = model(
+            input_ids=ids,
+            attention_mask=self._mask(prefill_mask(step.key_valid, width), model),
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        step.position.copy_(positions[:, -1:])
+        return out.logits[:, -1, :]
+
+    def _decode_steps(
+        self, model, cache, step: _Step, logits, params, u, width: int, replay, rows: int
+    ) -> Decoded:
+        bucket, max_tokens = u.shape
+        tokens = torch.zeros((bucket, max_tokens), dtype=torch.long, device=self.device)
+        logprobs = torch.zeros((bucket, max_tokens), dtype=torch.float32, device=self.device)
+        entropies = torch.zeros_like(logprobs) if params.return_entropy else None
+        lengths = torch.full((bucket,), max_tokens, dtype=torch.long, device=self.device)
+        finished = torch.zeros(bucket, dtype=torch.bool, device=self.device)
+        finished[rows:] = True  # filler rows
+        step.bad.copy_(~torch.isfinite(logits).all())
+        token, logp, full = draw(logits, params, u[:, :1])
+        step.next_token.copy_(token)
+        step.logprob.copy_(logp)
+        if entropies is not None:
+            step.entropy.copy_(-(full.exp() * full).sum(-1))
+        steps, check = max_tokens, 1 if replay is None else CHECK_EVERY
+        for t in range(max_tokens):
+            tokens[:, t], logprobs[:, t] = step.next_token, step.logprob
+            if entropies is not None:
+                entropies[:, t] = step.entropy
+            hit = ~finished & torch.isin(step.next_token, self.eos)
+            lengths.masked_fill_(hit, t + 1)
+            finished |= hit
+            if t + 1 == max_tokens or ((t + 1) % check == 0 and bool(finished.all())):
+                steps = t + 1
+                break
+            # feed token t at cache position width + t; its row may now attend to it
+            step.token.copy_(step.next_token[:, None])
+            step.position.add_(1)
+            step.key_valid[:, width + t] = True
+            step.uniform.copy_(u[:, t + 1 : t + 2])
+            if replay is not None:
+                replay()
+            else:
+                self._step(model, cache, step, params)
+        if bool(step.bad):
+            raise BackendError(
+                "the model produced non-finite logits while sampling (have the weights "
+                "diverged? try a lower [training] lr)"
+            )
+        lengths.clamp_(max=steps)
+        ent = None if entropies is None else entropies[:rows, :steps]
+        return Decoded(
+            tokens[:rows, :steps], logprobs[:rows, :steps], ent, lengths[:rows], finished[:rows]
+        )
+
+    def _mask(self, mask: torch.Tensor, model) -> torch.Tensor:
+        return styled(mask, self.mask_style, model.dtype)
+
+    # ------------------------------------------------------------ the step
+
+    def _step(self, model, cache, step: _Step, params: SamplingParams) -> None:
+        """Feed `step.token`, draw the next token: fixed shapes, no host synchronisation."""
+        out = model(
+            input_ids=step.token,
+            attention_mask=self._mask(step.key_valid[:, None, None, :], model),
+            position_ids=step.position,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        logits = out.logits[:, -1, :]
+        step.bad.logical_or_(~torch.isfinite(logits).all())
+        token, logp, full = draw(logits, params, step.uniform)
+        step.next_token.copy_(token)
+        step.logprob.copy_(logp)
+        if params.return_entropy:
+            step.entropy.copy_(-(full.exp() * full).sum(-1))
+
+    def _graph(self, model, cache, step: _Step, params: SamplingParams, length: int):
+        """A replay of the step captured for this shape and these sampling settings, or
+        None (eager) once capturing has failed."""
+        rows = step.token.shape[0]
+        key = (rows, length, params.temperature, params.top_p, params.return_entropy)
+        if key not in self._captured:
+            self._captured[key] = self._capture(model, cache, step, params)
+        graph = self._captured[key]
+        return None if graph is None else graph.replay
+
+    def _capture(self, model, cache, step: _Step, params: SamplingParams):
+        """Warm the step up on a side stream, then capture it. The warm-up writes into the
+        cache, which the next prefill resets (in place: the addresses stay)."""
+        try:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            step.key_valid[:, 0] = True
+            side = torch.cuda.Stream(device=self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                cache.reset()
+                for _ in range(3):
+                    self._step(model, cache, step, params)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._step(model, cache, step, params)
+            return graph
+        except Exception as exc:  # an op that cannot be captured: decode eagerly
+            self.graph_failures += 1
+            self.say(
+                f"warning: could not capture the decode step as a CUDA graph "
+                f"({type(exc).__name__}: {str(exc)[:200]}); decoding eagerly with the static "
+                'cache (slower). Set [backend.options] decode = "static" to skip the attempt'
+            )
+            return None

@@ -1,0 +1,114 @@
+"""Opt-in tests on a CUDA GPU (`python -m pytest -m gpu`; skipped without one):
+
+- the CUDA-graph decoder draws what the eager static decoder draws (the same tokens from
+  the same uniforms; bf16 logprobs within rounding) and replays its captured step;
+- the quickstart trains on `gpu:0`: held-out correct rate up by >= 0.3 in 15 steps;
+- the original's headline shape (a random-weight model with Qwen3-4B's shapes, 8 x 16
+  completions of 256 tokens, LoRA r32) runs 3 steps: every completion at 256 tokens, a
+  finite loss, the peak GPU memory under the device's, the sampler close to the trainer.
+
+Timings are printed, never asserted (benchmarks/gpu.py measures them).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_the_cuda_graph_decoder_draws_what_the_eager_one_draws():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from retrain.engines.draw import uniforms
+    from retrain.engines.static_decode import StaticDecoder
+    from retrain.types import SamplingParams
+
+    cfg = AutoConfig.for_model(
+        "qwen3", vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, eos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda().eval()
+    device = torch.device("cuda")
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]] * 3
+    params = SamplingParams(max_tokens=40, temperature=1.0, top_p=0.9, seed=3)
+    u = uniforms(len(prompts), 40, torch.Generator(device=device).manual_seed(3))
+    eager = StaticDecoder(eos_ids=[2], pad_id=0, device=device)
+    graphs = StaticDecoder(eos_ids=[2], pad_id=0, device=device, graphs=True)
+    with torch.inference_mode():
+        a = eager.decode(model, prompts, params, u)
+        b = graphs.decode(model, prompts, params, u)
+        c = graphs.decode(model, prompts, params, u)  # a replay of the captured step
+    assert graphs.graph_failures == 0 and len(graphs._captured) == 1
+    for out in (b, c):
+        assert torch.equal(a.lengths, out.lengths)
+        for r in range(len(prompts)):
+            n = int(a.lengths[r])
+            assert torch.equal(a.tokens[r, :n], out.tokens[r, :n])
+            assert torch.allclose(a.logprobs[r, :n], out.logprobs[r, :n], atol=2e-2)
+
+
+def _run(tmp_path: Path, flags: list[str]) -> tuple[list[dict], list[dict]]:
+    from retrain.cli.init import templates
+    from retrain.config import load_config
+    from retrain.trainer import train
+
+    path = tmp_path / "retrain.toml"
+    path.write_text(templates()["quickstart"])
+    logs = tmp_path / "logs"
+    flags += ["--devices", "gpu:0", "--log-dir", str(logs)]
+    flags += ["--adapter-path", str(tmp_path / "adapter"), "--save-every", "0"]
+    assert train(load_config(path, flags), str(path)) == 0
+    evals = _rows(logs / "eval.jsonl") if (logs / "eval.jsonl").is_file() else []
+    return _rows(logs / "metrics.jsonl"), evals
+
+
+def test_the_quickstart_learns_on_the_gpu(tmp_path):
+    rows, evals = _run(tmp_path, ["--max-steps", "15", "--eval-every", "5"])
+    times = [r["step_time_s"] for r in rows[1:]]
+    print(
+        f"quickstart on {torch.cuda.get_device_name()}: median {sorted(times)[len(times) // 2]:.2f} s/step"
+    )
+    assert [e["step"] for e in evals] == [0, 5, 10, 15]
+    assert evals[-1]["eval_correct_rate"] - evals[0]["eval_correct_rate"] >= 0.3, evals
+
+
+def test_the_headline_shape_runs(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu import PARITY, QWEN3_4B, random_model
+
+    model = random_model(tmp_path / "rand4b", QWEN3_4B, "cuda")
+    (tmp_path / "parity_reward.py").write_text(PARITY)
+    flags = ["--model", str(model), "--lora-rank", "32", "--batch-size", "8"]
+    flags += ["--group-size", "16", "--max-tokens", "256", "--max-steps", "3", "--eval-every", "0"]
+    flags += ["--reward-type", "custom", "--custom-function", "parity"]
+    flags += ["--custom-module", str(tmp_path / "parity_reward.py"), "--lr", "1e-5"]
+    rows, _ = _run(tmp_path, flags)
+    total = torch.cuda.get_device_properties(0).total_memory / 1e9
+    for r in rows:
+        print(
+            f"step {r['step']}: {r['step_time_s']:.1f} s (sampling {r['time_sampling_s']:.1f}, "
+            f"training {r['time_training_s']:.1f}), peak {r.get('gpu_peak_memory_gb')} GB, "
+            f"log ratio mean {r.get('log_ratio_mean')} max {r.get('log_ratio_max_abs')}"
+        )
+        assert r["tokens_generated"] == 8 * 16 * 256  # random weights never stop early
+        assert r["loss"] == r["loss"]  # finite (the run stops on a non-finite one)
+        assert 0 < r["gpu_peak_memory_gb"] < total
+        if r["num_datums"]:
+            assert abs(r["log_ratio_mean"]) < 0.05  # the sampler samples what the trainer scores

@@ -1,0 +1,132 @@
+"""The static-cache decoder (retrain/engines/static_decode.py) against the dynamic one it
+replaces on CUDA: the same tokens from the same uniforms and float32 logprobs within 1e-5,
+for every row (different prompt lengths: left padding; rows that stop early: masked, not
+removed), with top-p, at temperature 0, with entropies, with the eager attention's
+additive mask, and with the rows padded up to a bucket as the graphs decode them."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from retrain.engines.draw import uniforms  # noqa: E402
+from retrain.engines.pytorch import PyTorchEngine  # noqa: E402
+from retrain.engines.static_decode import (  # noqa: E402
+    StaticDecoder,
+    prefill_mask,
+    row_bucket,
+)
+from retrain.types import SamplingParams  # noqa: E402
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [20, 21, 22, 23]]
+EOS = 3
+
+
+def tiny_model(attention: str = "sdpa", seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=48,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        attn_implementation=attention,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # make eos likely enough that some rows stop early
+        model.lm_head.bias = None
+        model.lm_head.weight[EOS] += 0.6 * model.lm_head.weight.mean(0)
+    return model
+
+
+def engines(model, decode: str, **kw) -> PyTorchEngine:
+    return PyTorchEngine(
+        model, {EOS}, 0, torch.device("cpu"), merge_lora=False, decode=decode, **kw
+    )
+
+
+def sample_both(model, params: SamplingParams, n: int = 4, **kw):
+    out = {}
+    for decode in ("dynamic", "static"):
+        out[decode] = engines(model, decode, **kw).sample(PROMPTS, n, params)
+    return out["dynamic"], out["static"]
+
+
+def assert_same(dynamic, static, *, entropies: bool = False):
+    lengths = []
+    for group_d, group_s in zip(dynamic, static, strict=True):
+        for d, s in zip(group_d, group_s, strict=True):
+            assert d.token_ids.tolist() == s.token_ids.tolist()
+            assert d.stop_reason == s.stop_reason
+            assert abs(d.logprobs - s.logprobs).max(initial=0.0) < 1e-5
+            if entropies:
+                assert abs(d.entropies - s.entropies).max(initial=0.0) < 1e-5
+            lengths.append(len(d))
+    return lengths
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_static_draws_what_dynamic_draws(top_p):
+    params = SamplingParams(max_tokens=12, temperature=0.9, top_p=top_p, seed=4)
+    lengths = assert_same(*sample_both(tiny_model(), params))
+    # the check covers rows that stopped early (masked, not removed) and rows that ran out
+    assert min(lengths) < 12 and max(lengths) == 12
+
+
+def test_greedy_and_entropies_agree():
+    params = SamplingParams(max_tokens=10, temperature=0.0, seed=1, return_entropy=True)
+    assert_same(*sample_both(tiny_model(seed=2), params), entropies=True)
+    params = SamplingParams(max_tokens=10, temperature=1.0, seed=2, return_entropy=True)
+    assert_same(*sample_both(tiny_model(seed=2), params), entropies=True)
+
+
+def test_eager_attention_takes_the_additive_mask():
+    params = SamplingParams(max_tokens=9, temperature=1.0, seed=7)
+    assert_same(*sample_both(tiny_model("eager", seed=3), params))
+
+
+def test_rows_padded_to_a_bucket_decode_the_same():
+    """The graphs decode a power-of-two number of rows: filler rows must not change the
+    real rows (the same decoder, told to pad as it does with graphs)."""
+    model = tiny_model(seed=5)
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=9)
+    rows = [p for p in PROMPTS for _ in range(3)]  # 9 rows -> bucket 16
+    assert row_bucket(9) == 16 and row_bucket(3) == 8 and row_bucket(64) == 64
+    u = uniforms(len(rows), params.max_tokens, torch.Generator().manual_seed(9))
+    plain = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
+    padded = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
+    padded.graphs = True  # bucketed rows and lengths, without capturing (CPU)
+    padded._graph = lambda *a, **k: None
+    a = plain.decode(model, rows, params, u)
+    b = padded.decode(model, rows, params, u)
+    assert a.tokens.shape[0] == b.tokens.shape[0] == 9
+    assert torch.equal(a.lengths, b.lengths) and torch.equal(a.finished, b.finished)
+    for r in range(9):
+        n = int(a.lengths[r])
+        assert torch.equal(a.tokens[r, :n], b.tokens[r, :n])
+        assert torch.allclose(a.logprobs[r, :n], b.logprobs[r, :n], atol=1e-5)
+
+
+def test_the_prefill_mask_never_lets_a_real_token_see_a_pad():
+    key_valid = torch.tensor([[False, False, True, True, False], [True, True, True, True, False]])
+    mask = prefill_mask(key_valid, 4)[:, 0]  # (R, 4 queries, 5 keys)
+    # row 0: two pads, then two real tokens; a pad sees itself only
+    assert mask[0, 0].tolist() == [True, False, False, False, False]
+    assert mask[0, 1].tolist() == [False, True, False, False, False]
+    assert mask[0, 3].tolist() == [False, False, True, True, False]
+    # row 1: causal over real tokens, never the decode slot beyond the prompt
+    assert mask[1, 2].tolist() == [True, True, True, False, False]
+
+
+def test_graphs_are_refused_off_cuda():
+    from retrain.errors import BackendError
+
+    with pytest.raises(BackendError, match="CUDA graphs need a CUDA device"):
+        StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"), graphs=True)
