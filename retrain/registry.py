@@ -524,6 +524,13 @@ BACKENDS = Registry(
                     "captured as a CUDA graph; CUDA only)",
                     validator=_one_of("auto", "dynamic", "static", "graphs"),
                 ),
+                "checkpointing": OptionSpec(
+                    "bool",
+                    False,
+                    "Activation checkpointing: keep each transformer block's input only and "
+                    "recompute the block in the backward pass (~30% more training compute for "
+                    "much less activation memory: long completions, large micro-batches)",
+                ),
             },
         ),
         Entry(

@@ -69,6 +69,7 @@ class LocalOptions(_BackendOptions):
     prompt_batch: int
     dtype: str
     decode: str
+    checkpointing: bool
 
     BACKEND: ClassVar[str] = "local"
 

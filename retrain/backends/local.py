@@ -198,6 +198,9 @@ class LocalBackend:
             task_type="CAUSAL_LM",
         )
         peft_model = get_peft_model(model, peft_config)  # PEFT keeps the adapter in float32
+        if self.options.checkpointing:  # recompute each block in backward (train mode only)
+            enable = getattr(peft_model, "activation_checkpointing_enable", None)
+            (enable or peft_model.gradient_checkpointing_enable)({"use_reentrant": False})
         attention = peft_model.config._attn_implementation
         if attention not in MASK_STYLES:
             raise BackendError(
