@@ -85,6 +85,21 @@ class _Step:
         )
 
 
+def _check_static_cache() -> None:
+    """The decoder relies on a StaticCache that tracks its fill level on the device
+    (`cumulative_length`: no cache positions to pass), as transformers 5.x has had since
+    its cache positions were removed; an older one would write every token at one place."""
+    import transformers
+    from transformers.cache_utils import StaticLayer
+
+    if not hasattr(StaticLayer(max_cache_len=1), "cumulative_length"):
+        raise BackendError(
+            f"[backend.options] decode: the static decoder needs a transformers whose "
+            f"StaticCache keeps its length on the device (this one is {transformers.__version__}). "
+            'Fix: upgrade transformers, or decode = "dynamic"'
+        )
+
+
 def _round_up(x: int, step: int) -> int:
     return -(-x // step) * step
 
@@ -128,6 +143,7 @@ class StaticDecoder:
     ):
         if graphs and device.type != "cuda":
             raise BackendError(f"CUDA graphs need a CUDA device; the sampler runs on {device}")
+        _check_static_cache()
         self.eos = torch.tensor(sorted(eos_ids), device=device)
         self.pad_id = pad_id
         self.device = device
