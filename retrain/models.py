@@ -252,6 +252,15 @@ def model_shape(name: str) -> ModelShape | None:
     return shape_from_config(cfg) if cfg is not None else None
 
 
+def resolved_model_shape(name: str) -> ModelShape | None:
+    """`model_shape`, resolving the model first (downloading or converting it, as loading
+    it does next) when its config.json is not on disk yet."""
+    if model_config(name) is None:
+        path = Path(resolve_model(name).path) / "config.json"
+        return shape_from_config(json.loads(path.read_text(encoding="utf-8")))
+    return model_shape(name)
+
+
 def load_tokenizer(name: str):
     """The tokenizer (and chat template) that comes with `[model] model`."""
     from transformers import AutoTokenizer
