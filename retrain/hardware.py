@@ -1,4 +1,6 @@
-"""What this machine can do, read without importing torch (so `explain` can say it)."""
+"""What this machine can do, read without importing torch (so `explain` and `doctor` can
+say it): the CPU's bf16 support, the matmul dtype a device gets, and a device's free and
+total memory (nvidia-smi for CUDA, /proc/meminfo for the CPU)."""
 
 from __future__ import annotations
 

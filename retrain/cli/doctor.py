@@ -2,7 +2,8 @@
 
 Each check prints one line, OK / WARN / FAIL, and a fix when it is not OK; the exit
 status is 1 when any check FAILs. Checks: Python, retrain and its extras, torch + CUDA
-(GPU memory), the config, its backend's dependencies, whether the configured model is
+(GPU memory), each device's memory read without torch (nvidia-smi, /proc/meminfo) with a
+local run's estimated peak beside its training device, the config, its backend's dependencies, whether the configured model is
 on disk or reachable, what the run checks before its first step (the same checks as
 `retrain explain`: data files and tasks, the custom reward, the advantage flow, a resume
 directory), the retrain cache, free disk space for logs, and the wandb login.
