@@ -47,7 +47,9 @@ GIB = 2**30
 @dataclass(frozen=True)
 class ModelShape:
     """The sizes a decoder-only (Llama-style: gated MLP, grouped-query attention) model's
-    memory depends on, as its config.json gives them."""
+    memory depends on, as its config.json gives them. Left out, under 0.01% of the
+    parameters: Qwen2's q/k/v biases (its config does not declare them) and Qwen3's
+    per-head q/k norms."""
 
     hidden: int
     layers: int
