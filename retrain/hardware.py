@@ -1,7 +1,11 @@
-"""What this machine can do, read without importing torch (so `explain` can say it)."""
+"""What this machine can do, read without importing torch (so `explain` and `doctor` can
+say it): the CPU's bf16 support, the matmul dtype a device gets, and a device's free and
+total memory (nvidia-smi for CUDA, /proc/meminfo for the CPU)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 MATMUL_DTYPES = ("auto", "fp32", "bf16")
@@ -24,3 +28,97 @@ def matmul_dtype(option: str, device_type: str) -> str:
     if device_type == "cuda" or (device_type == "cpu" and cpu_has_native_bf16()):
         return "bf16"
     return "fp32"
+
+
+# nvidia-smi answers in well under a second; a hung driver must not hang `explain`.
+NVIDIA_SMI_TIMEOUT_S = 5.0
+
+
+def _run_nvidia_smi(args: list[str]) -> str | None:
+    """nvidia-smi's output, or None when it is absent, fails or hangs."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(
+            ["nvidia-smi", *args], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def visible_gpu(index: int, visible: str | None) -> str | None:
+    """The nvidia-smi id of torch's `cuda:index`: torch numbers the GPUs that
+    CUDA_VISIBLE_DEVICES lists (indices or UUIDs), nvidia-smi all of them. None when the
+    variable hides it."""
+    if visible is None:
+        return str(index)
+    ids = [part.strip() for part in visible.split(",") if part.strip()]
+    return ids[index] if 0 <= index < len(ids) else None
+
+
+def parse_meminfo(text: str) -> tuple[int, int] | None:
+    """(MemAvailable, MemTotal) in bytes from /proc/meminfo's text (kB lines)."""
+    values = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        fields = rest.split()
+        if key in ("MemAvailable", "MemTotal") and fields and fields[0].isdigit():
+            values[key] = int(fields[0]) * 1024
+    if len(values) < 2:
+        return None
+    return values["MemAvailable"], values["MemTotal"]
+
+
+def parse_nvidia_smi_memory(text: str) -> tuple[int, int] | None:
+    """(free, total) in bytes from `nvidia-smi --query-gpu=memory.free,memory.total
+    --format=csv,noheader,nounits` for one GPU (MiB values: "81037, 81559")."""
+    fields = [f.strip() for f in text.strip().splitlines()[0].split(",")] if text.strip() else []
+    if len(fields) != 2 or not all(f.isdigit() for f in fields):
+        return None
+    free, total = (int(f) * 2**20 for f in fields)
+    return free, total
+
+
+def cuda_device_count(
+    *,
+    run: Callable[[list[str]], str | None] = _run_nvidia_smi,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """CUDA devices torch would number, without torch: those CUDA_VISIBLE_DEVICES lists
+    (when set), else every GPU nvidia-smi lists; 0 without nvidia-smi."""
+    out = run(["--query-gpu=index", "--format=csv,noheader"])
+    if not out:
+        return 0
+    present = len([line for line in out.splitlines() if line.strip()])
+    visible = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return present
+    return min(present, len([part for part in visible.split(",") if part.strip()]))
+
+
+def device_memory(
+    device_kind: str,
+    index: int = 0,
+    *,
+    run: Callable[[list[str]], str | None] = _run_nvidia_smi,
+    meminfo: Callable[[], str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[int, int] | None:
+    """(free bytes, total bytes) of a device, without torch, or None where unknown: CUDA
+    from nvidia-smi (`run` runs it), the CPU from /proc/meminfo's MemAvailable and
+    MemTotal (`meminfo` reads it), MPS none (its memory is the system's, torch's to report)."""
+    if device_kind == "cuda":
+        gpu = visible_gpu(index, (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES"))
+        if gpu is None:
+            return None
+        query = ["--query-gpu=memory.free,memory.total", "--format=csv,noheader,nounits"]
+        out = run([*query, "-i", gpu])
+        return parse_nvidia_smi_memory(out) if out else None
+    if device_kind == "cpu":
+        try:
+            text = meminfo() if meminfo else Path("/proc/meminfo").read_text()
+        except OSError:
+            return None
+        return parse_meminfo(text)
+    return None

@@ -1,85 +1,512 @@
-"""The local backend's memory bounds, and the peak-memory estimate `explain` prints.
+"""The local backend's memory: model shapes, a step's bounds, the peak estimate, and the
+sizes chosen from a device's free memory.
 
 A step's memory does not grow with the group size: sampling decodes at most SAMPLE_ROWS
 completions at once (with `[backend.options] prompt_batch = 0`), training runs packed
 micro-batches of at most `micro_batch_tokens` positions, padding included, and the
-trainer computes the logits LOGIT_ROWS positions at a time. No torch here, so `explain`
-works on a bare install.
+trainer computes the logits LOGIT_ROWS positions at a time. `explain` prints the
+estimate, the local backend checks it against the device before the model loads, and
+`micro_batch_tokens = "auto"` is the largest micro-batch it says fits. No torch here, so
+`explain` works on a bare install.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-# Completions decoded at once with `prompt_batch = 0` (retrain/engines/pytorch.py).
+from retrain.errors import BackendError
+
+# Completions decoded at once with `prompt_batch = 0` (retrain/engines/pytorch.py) on a
+# CPU; a GPU's decoder may take more (`decode_row_budget`).
 SAMPLE_ROWS = 64
 # Positions per output-layer matmul in training (retrain/kernels/logprobs.py): 128 x
 # 49152 float32 logits are 25 MB.
 LOGIT_ROWS = 128
-# float32 values a trained position keeps per hidden unit and layer until the backward
-# pass, with LoRA on all seven projections; measured on SmolLM2-135M (~1.1 GB of heap for
-# a micro-batch of 512 positions, 576 hidden units, 30 layers).
-ACTIVATION_FLOATS = 32
-# Resident memory of Python, torch, transformers and their libraries, measured on a CPU.
-RUNTIME_BYTES = 0.6 * 2**30
-# Allocator slack: freed memory the heap keeps, measured at 5-15% over the live peak.
-SLACK = 1.15
+# float32 vocabulary-wide rows a decoding step holds per row: logits, logprobs, probs.
+SAMPLING_LOGIT_COPIES = 3
+# `micro_batch_tokens = "auto"`: on a CPU (and MPS, whose free memory torch does not
+# report) the value the CPU measurements were made with, so CPU runs are unchanged; on
+# CUDA a multiple of MICRO_BATCH_STEP up to MICRO_BATCH_MAX positions.
+CPU_MICRO_BATCH = 512
+MICRO_BATCH_STEP = 256
+MICRO_BATCH_MAX = 65536
+# The share of a device's free memory a size chosen from it may plan to use: the rest
+# covers what the estimate misses (other processes' growth, allocator variance).
+HEADROOM = 0.9
+# The projections of a Llama-style block; PEFT's "all-linear" adapts all seven.
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+GIB = 2**30
+
+
+# ----------------------------------------------------------------------------- shapes
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes a decoder-only (Llama-style: gated MLP, grouped-query attention) model's
+    memory depends on, as its config.json gives them. Left out, under 0.01% of the
+    parameters: Qwen2's q/k/v biases (its config does not declare them) and Qwen3's
+    per-head q/k norms."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool
+    attention_bias: bool = False  # q, k, v, o biases (Llama's `attention_bias`)
+    mlp_bias: bool = False
+
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """(inputs, outputs) of each linear of one block."""
+        h, i = self.hidden, self.intermediate
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    def adapted(self, target_modules: Sequence[str] = ()) -> dict[str, tuple[int, int]]:
+        """The projections LoRA adapts: all of them for () (`[lora] target_modules` unset:
+        PEFT's all-linear), else those named (other names match no projection here)."""
+        every = self.projections()
+        return {k: v for k, v in every.items() if not target_modules or k in target_modules}
+
+    @property
+    def block_params(self) -> int:
+        """Weights of the blocks' linears: layers x sum of in x out."""
+        return self.layers * sum(i * o for i, o in self.projections().values())
+
+    @property
+    def params(self) -> int:
+        """Every parameter: the blocks' linears, their biases, the norms (two per block and
+        a final one), the embeddings and, untied, the output layer."""
+        p = self.projections()
+        bias = (sum(p[k][1] for k in PROJECTIONS[:4]) if self.attention_bias else 0) + (
+            sum(p[k][1] for k in PROJECTIONS[4:]) if self.mlp_bias else 0
+        )
+        norms = (2 * self.layers + 1) * self.hidden
+        embed = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return self.block_params + self.layers * bias + norms + embed
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def kv_bytes_per_token(self, value_bytes: int = 4) -> int:
+        """KV cache of one token: 2 (K and V) x layers x kv_width x value_bytes (float32:
+        the K and V projections' outputs join the float32 residual stream's dtype)."""
+        return 2 * self.layers * self.kv_width * value_bytes
+
+    def logit_bytes_per_row(self) -> int:
+        """A decoding row's float32 vocabulary-wide tensors: SAMPLING_LOGIT_COPIES x vocab x 4."""
+        return SAMPLING_LOGIT_COPIES * self.vocab * 4
+
+
+def _positive_int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return None
+    return int(value)
+
+
+def shape_from_config(cfg: Mapping[str, Any]) -> ModelShape | None:
+    """The shape of a config.json mapping (or a transformers config's `to_dict()`); a
+    multimodal config's `text_config` is read over its top level. None when a size the
+    estimate needs is missing (hidden_size, num_hidden_layers, num_attention_heads,
+    intermediate_size, vocab_size): the caller falls back to the name and says so.
+    Absent values with a documented meaning take it: num_key_value_heads = the heads (no
+    GQA), head_dim = hidden / heads; tie_word_embeddings absent counts untied (the
+    larger)."""
+    text = cfg.get("text_config")
+    merged = {**cfg, **text} if isinstance(text, Mapping) else dict(cfg)
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    sizes = [_positive_int(merged.get(k)) for k in (*keys, "vocab_size")]
+    if any(s is None for s in sizes):
+        return None
+    hidden, layers, heads, inter, vocab = sizes
+    return ModelShape(
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=_positive_int(merged.get("num_key_value_heads")) or heads,
+        head_dim=_positive_int(merged.get("head_dim")) or hidden // heads,
+        intermediate=inter,
+        vocab=vocab,
+        tied_embeddings=bool(merged.get("tie_word_embeddings", False)),
+        attention_bias=bool(merged.get("attention_bias", False)),
+        mlp_bias=bool(merged.get("mlp_bias", False)),
+    )
+
+
+def params_in_name(model: str) -> int | None:
+    """The parameter count a model's name states (`Qwen3-4B` -> 4e9, `SmolLM2-135M` ->
+    1.35e8), or None: what the estimate falls back to without a config.json."""
+    m = re.search(r"(\d+(?:\.\d+)?)\s*([BbMm])\b", model.replace("-", " ").replace("_", " "))
+    if m is None:
+        return None
+    return int(float(m.group(1)) * (1e9 if m.group(2).lower() == "b" else 1e6))
+
+
+# ----------------------------------------------------------------------------- the
+# memory model of each (device kind, matmul dtype): THE place a calibration edits
+
+
+@dataclass(frozen=True)
+class DeviceMemoryModel:
+    """What a step costs beyond its tensors' sizes on one kind of device."""
+
+    activation_bytes: int  # bytes a trained position keeps per hidden unit and layer
+    runtime_bytes: float  # the runtime's own memory (Python and torch, or a CUDA context)
+    slack: float  # allocator slack: the peak held over the live tensors
+    calibrated: str  # where these were measured; "" = not yet calibrated
+
+
+_CPU = DeviceMemoryModel(
+    # 32 float32 values per position, hidden unit and layer, with LoRA on all seven
+    # projections: ~1.1 GB of heap for a micro-batch of 512 positions of SmolLM2-135M
+    # (576 hidden units, 30 layers). The bf16 mode keeps the same float32 activations
+    # (only the frozen weights are bf16), so both modes share it.
+    activation_bytes=32 * 4,
+    runtime_bytes=0.6 * GIB,  # resident Python, torch, transformers and their libraries
+    slack=1.15,  # glibc's heap kept 5-15% over the live peak
+    calibrated="SmolLM2-135M on a 2-core CPU (docs/performance.md)",
+)
+_GPU_GUESS = DeviceMemoryModel(
+    # NOT YET CALIBRATED ON A GPU. The CPU's figure: bf16 mode keeps float32 activations
+    # outside the matmuls on every device. Consistent with the one GPU data point (Qwen3-4B
+    # shapes, LoRA r32, H100 80GB: 4096 positions ran, 16384 ran out of memory), which
+    # bounds it, but does not measure it.
+    activation_bytes=32 * 4,
+    runtime_bytes=1.0 * GIB,  # a CUDA context and cuBLAS workspaces: a guess
+    slack=1.15,  # the caching allocator's fragmentation: a guess
+    calibrated="",
+)
+MEMORY_MODELS: dict[tuple[str, str], DeviceMemoryModel] = {
+    ("cpu", "fp32"): _CPU,
+    ("cpu", "bf16"): _CPU,
+    ("cuda", "bf16"): _GPU_GUESS,
+    ("cuda", "fp32"): _GPU_GUESS,
+    ("mps", "bf16"): _GPU_GUESS,
+    ("mps", "fp32"): _GPU_GUESS,
+}
+
+
+def memory_model(device_kind: str, dtype: str) -> DeviceMemoryModel:
+    """The memory model of a device kind ("cpu", "cuda", "mps") and matmul dtype."""
+    try:
+        return MEMORY_MODELS[(device_kind, dtype)]
+    except KeyError:
+        raise ValueError(f"no memory model for device {device_kind!r} with {dtype!r}") from None
+
+
+def block_bytes(dtype: str) -> int:
+    """Bytes of a transformer block's linear weight: 2 in bf16-matmul mode, else 4."""
+    return 2 if dtype == "bf16" else 4
+
+
+# ----------------------------------------------------------------------------- a step
 
 
 def decoding_batches(
-    prompts: int, group_size: int, prompt_batch: int
+    prompts: int, group_size: int, prompt_batch: int, max_rows: int | None = None
 ) -> list[tuple[int, int, int]]:
     """(first prompt, prompts, completions each) of each batch the pytorch engine decodes:
-    with `prompt_batch` that many whole prompts; with 0, at most SAMPLE_ROWS completions,
-    as whole prompts or, for a larger group, one prompt's completions in parts."""
-    if prompt_batch or group_size <= SAMPLE_ROWS:
-        per = prompt_batch or SAMPLE_ROWS // group_size
+    with `prompt_batch` that many whole prompts; with 0, at most `max_rows` completions
+    (None: SAMPLE_ROWS, read at the call), as whole prompts or, for a larger group, one
+    prompt's completions in parts."""
+    rows = SAMPLE_ROWS if max_rows is None else max_rows
+    if prompt_batch or group_size <= rows:
+        per = prompt_batch or rows // group_size
         return [(i, min(per, prompts - i), group_size) for i in range(0, prompts, per)]
     return [
-        (i, 1, min(SAMPLE_ROWS, group_size - done))
+        (i, 1, min(rows, group_size - done))
         for i in range(prompts)
-        for done in range(0, group_size, SAMPLE_ROWS)
+        for done in range(0, group_size, rows)
     ]
 
 
-def sampling_rows(batch_size: int, group_size: int, prompt_batch: int) -> int:
+def sampling_rows(
+    batch_size: int, group_size: int, prompt_batch: int, max_rows: int | None = None
+) -> int:
     """Completions the pytorch engine decodes at once: the largest of its batches."""
-    batches = decoding_batches(batch_size, group_size, prompt_batch)
+    batches = decoding_batches(batch_size, group_size, prompt_batch, max_rows)
     return max((prompts * rows for _, prompts, rows in batches), default=0)
 
 
-def peak_memory(
-    shape: dict[str, Any],
+@dataclass(frozen=True)
+class StepSizes:
+    """What a local step's memory depends on besides the model and the device."""
+
+    batch_size: int
+    group_size: int
+    max_tokens: int
+    prompt_tokens: int
+    prompt_batch: int
+    lora_rank: int
+    target_modules: tuple[str, ...] = ()  # () = every projection
+    max_rows: int | None = None  # the decoder's row budget (None: SAMPLE_ROWS)
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    """Bytes of each part of a local step's peak on one device, and the total."""
+
+    weights: float  # base weights, and the sampler's merged copy of the adapted linears
+    adapter: float  # LoRA weights, their gradients and two Adam moments
+    sampling: float  # KV cache and logits of the rows decoded at once
+    training: float  # one micro-batch's activations and logit chunk
+    runtime: float
+    slack: float
+    total: float  # (weights + adapter + max(sampling, training)) x slack + runtime
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def weight_bytes(shape: ModelShape, dtype: str, target_modules: Sequence[str] = ()) -> int:
+    """The blocks' linears at `block_bytes(dtype)` (bf16-matmul mode: 2), everything else
+    (embeddings, output layer, norms, biases) float32, as retrain/kernels/precision.py
+    holds them; plus the sampler's merged copy of the adapted linears at the block dtype:
+
+        (params - block_params) x 4 + (block_params + adapted) x block_bytes"""
+    adapted = shape.layers * sum(i * o for i, o in shape.adapted(target_modules).values())
+    return (shape.params - shape.block_params) * 4 + (shape.block_params + adapted) * block_bytes(
+        dtype
+    )
+
+
+def adapter_bytes(shape: ModelShape, lora_rank: int, target_modules: Sequence[str] = ()) -> int:
+    """float32 LoRA weights (rank x (in + out) per adapted linear), their gradients and
+    AdamW's two moments: rank x sum(in + out) x 4 bytes x 4."""
+    in_out = shape.layers * sum(i + o for i, o in shape.adapted(target_modules).values())
+    return lora_rank * in_out * 4 * 4
+
+
+def training_bytes(shape: ModelShape, positions: int, model: DeviceMemoryModel) -> int:
+    """One micro-batch: positions x hidden x layers x activation_bytes, and the float32
+    logits of LOGIT_ROWS positions with their gradient (x 2)."""
+    activations = positions * shape.hidden * shape.layers * model.activation_bytes
+    return activations + min(positions, LOGIT_ROWS) * shape.vocab * 4 * 2
+
+
+def training_memory(
+    shape: ModelShape,
     *,
-    batch_size: int,
-    group_size: int,
-    max_tokens: int,
-    prompt_tokens: int,
     micro_batch_tokens: int,
-    prompt_batch: int,
-    block_bytes: int,
+    device_kind: str,
+    dtype: str,
     lora_rank: int,
-) -> dict[str, float]:
-    """Bytes of each part of a local step's peak, and `total`. The weights: embeddings in
-    float32, the transformer blocks' linears at `block_bytes` (2 in bf16-matmul mode) twice
-    (the sampler's merged-LoRA copy). The adapter with its gradient and two Adam moments.
-    Then the larger of sampling (KV cache and logits of the rows decoded at once) and
-    training (one micro-batch's activations and logit chunk), the allocator's slack, and
-    the runtime. `shape` is explain's `model_shape` of a config.json."""
-    h, layers, vocab = shape["hidden"], shape["layers"], shape["vocab"]
-    rows = sampling_rows(batch_size, group_size, prompt_batch)
-    per_step = batch_size * (prompt_tokens + group_size * max_tokens)
-    positions = min(micro_batch_tokens, per_step)
-    blocks = shape["block_params"]
-    parts = {
-        "weights": (shape["params"] - blocks) * 4 + 2 * blocks * block_bytes,
-        "adapter": lora_rank * shape["linear_in_out"] * 4 * 4,
-        "sampling": 2 * layers * shape["kv_width"] * 4 * rows * (prompt_tokens + max_tokens)
-        + rows * vocab * 4 * 3,
-        "training": positions * h * layers * 4 * ACTIVATION_FLOATS
-        + min(positions, LOGIT_ROWS) * vocab * 4 * 2,
-        "runtime": RUNTIME_BYTES,
-    }
-    live = parts["weights"] + parts["adapter"] + max(parts["sampling"], parts["training"])
-    parts["total"] = live * SLACK + parts["runtime"]
-    return parts
+    target_modules: Sequence[str] = (),
+) -> PeakMemory:
+    """The peak while training a micro-batch of `micro_batch_tokens` positions, sampling
+    left out (what the micro-batch size moves; all the run-start check knows):
+
+        total = (weights + adapter + training) x slack + runtime"""
+    model = memory_model(device_kind, dtype)
+    weights = weight_bytes(shape, dtype, target_modules)
+    adapter = adapter_bytes(shape, lora_rank, target_modules)
+    training = training_bytes(shape, micro_batch_tokens, model)
+    return PeakMemory(
+        weights=weights,
+        adapter=adapter,
+        sampling=0,
+        training=training,
+        runtime=model.runtime_bytes,
+        slack=model.slack,
+        total=(weights + adapter + training) * model.slack + model.runtime_bytes,
+    )
+
+
+def peak_memory(
+    shape: ModelShape,
+    step: StepSizes,
+    *,
+    micro_batch_tokens: int,
+    device_kind: str,
+    dtype: str,
+) -> PeakMemory:
+    """A local step's peak on one device: the weights and the adapter, then the larger of
+    sampling (rows x (prompt + max_tokens) tokens of KV cache, and the rows' logits) and
+    training (one micro-batch, no larger than the step), times the allocator's slack, plus
+    the runtime:
+
+        total = (weights + adapter + max(sampling, training)) x slack + runtime"""
+    per_step = step.batch_size * (step.prompt_tokens + step.group_size * step.max_tokens)
+    train = training_memory(
+        shape,
+        micro_batch_tokens=min(micro_batch_tokens, per_step),
+        device_kind=device_kind,
+        dtype=dtype,
+        lora_rank=step.lora_rank,
+        target_modules=step.target_modules,
+    )
+    rows = sampling_rows(step.batch_size, step.group_size, step.prompt_batch, step.max_rows)
+    tokens = step.prompt_tokens + step.max_tokens
+    sampling = rows * (shape.kv_bytes_per_token() * tokens + shape.logit_bytes_per_row())
+    live = train.weights + train.adapter + max(sampling, train.training)
+    return replace(train, sampling=sampling, total=live * train.slack + train.runtime)
+
+
+# ----------------------------------------------------------------------------- sizes
+# chosen from a device's free memory
+
+
+def largest_micro_batch(
+    shape: ModelShape,
+    *,
+    device_kind: str,
+    dtype: str,
+    free_bytes: float,
+    lora_rank: int,
+    target_modules: Sequence[str] = (),
+) -> int:
+    """The largest micro-batch, a multiple of MICRO_BATCH_STEP positions up to
+    MICRO_BATCH_MAX, whose training peak fits HEADROOM x free_bytes:
+
+        (weights + adapter + training(n)) x slack + runtime <= HEADROOM x free
+
+    0 when not even MICRO_BATCH_STEP positions fit (the weights alone may not)."""
+    budget = HEADROOM * free_bytes
+    best = 0
+    for n in range(MICRO_BATCH_STEP, MICRO_BATCH_MAX + 1, MICRO_BATCH_STEP):
+        peak = training_memory(
+            shape,
+            micro_batch_tokens=n,
+            device_kind=device_kind,
+            dtype=dtype,
+            lora_rank=lora_rank,
+            target_modules=target_modules,
+        )
+        if peak.total > budget:
+            break  # the peak grows with n
+        best = n
+    return best
+
+
+def auto_micro_batch_tokens(
+    shape: ModelShape | None,
+    *,
+    device_kind: str,
+    dtype: str,
+    free_bytes: float | None,
+    lora_rank: int,
+    target_modules: Sequence[str] = (),
+) -> int:
+    """`[backend.options] micro_batch_tokens = "auto"`: CPU_MICRO_BATCH (512) on a CPU or
+    MPS, so their runs do not change; on CUDA `largest_micro_batch` of the free memory.
+    Refuses (BackendError) on CUDA without the model's shape or when nothing fits."""
+    if device_kind != "cuda":
+        return CPU_MICRO_BATCH
+    if shape is None or free_bytes is None:
+        missing = "the model's shape (its config.json)" if shape is None else "its free memory"
+        raise BackendError(
+            f'[backend.options] micro_batch_tokens = "auto" needs {missing} on cuda; '
+            "set micro_batch_tokens to a number of positions"
+        )
+    n = largest_micro_batch(
+        shape,
+        device_kind=device_kind,
+        dtype=dtype,
+        free_bytes=free_bytes,
+        lora_rank=lora_rank,
+        target_modules=target_modules,
+    )
+    if n == 0:
+        fixed = (
+            weight_bytes(shape, dtype, target_modules)
+            + adapter_bytes(shape, lora_rank, target_modules)
+        ) / GIB
+        raise BackendError(
+            f"[backend.options] micro_batch_tokens: not even {MICRO_BATCH_STEP} positions fit "
+            f"the device's {free_bytes / GIB:.1f} GiB free (weights and adapter alone "
+            f"~{fixed:.1f} GiB). Fix: free the device, a smaller [model] model or "
+            "[model] lora_rank, or a device with more memory"
+        )
+    return n
+
+
+def decode_row_budget(
+    *,
+    device_kind: str,
+    free_bytes: float,
+    kv_bytes_per_token: int,
+    logit_bytes_per_row: int,
+    max_len: int,
+) -> int:
+    """Completions the decoder may hold at once: SAMPLE_ROWS on a CPU or MPS (read at the
+    call, as the CPU measurements were made); on CUDA the most rows whose KV cache of
+    `max_len` tokens and logits fit HEADROOM x free_bytes, at least 1:
+
+        rows = max(1, floor(HEADROOM x free / (kv_bytes_per_token x max_len + logit_bytes_per_row)))"""
+    if device_kind != "cuda":
+        return SAMPLE_ROWS
+    per_row = kv_bytes_per_token * max_len + logit_bytes_per_row
+    return max(1, int(HEADROOM * free_bytes // per_row))
+
+
+# ----------------------------------------------------------------------------- the
+# estimate against a device (explain, doctor and the local backend's run-start check)
+
+
+@dataclass(frozen=True)
+class FitProblem:
+    level: str  # "error": the step would run out of memory; "warning": within 1 - HEADROOM
+    message: str  # names the setting and the value that fits
+
+
+def fit_problem(
+    peak: PeakMemory,
+    *,
+    free_bytes: float,
+    total_bytes: float | None,
+    where: str,
+    micro_batch_tokens: int,
+    largest: int,
+    calibrated: bool = True,
+) -> FitProblem | None:
+    """The estimate against a device's free memory: None when it stays within HEADROOM of
+    it, a warning when it comes closer, an error above it, naming what to change:
+    `micro_batch_tokens` (with `largest`, the largest value that fits) when a training
+    micro-batch makes the peak, the sampling keys when sampling does, the model when even
+    the weights do not fit."""
+    need = peak.total
+    if need <= HEADROOM * free_bytes:
+        return None
+    have = f"{free_bytes / GIB:.1f} GiB free on {where}" + (
+        f" (of {total_bytes / GIB:.0f} GiB)" if total_bytes else ""
+    )
+    over = need > free_bytes
+    amount = f"needs ~{need / GIB:.1f} GiB, " + (
+        f"over the {have}" if over else f"{need / free_bytes:.0%} of the {have}"
+    )
+    amount += "" if calibrated else " (this device's memory model is not calibrated yet)"
+    amount += "" if over else ": close to running out"
+    if largest == 0:
+        message = (
+            f"[backend] devices: the step {amount}, and the weights and adapter alone leave "
+            f"no room for a micro-batch of {MICRO_BATCH_STEP} positions. Fix: a device with "
+            "more free memory, or a smaller [model] model or [model] lora_rank"
+        )
+    elif peak.training >= peak.sampling:
+        fits = "the largest that fits is" if over else "leaving a margin:"
+        message = (
+            f"[backend.options] micro_batch_tokens = {micro_batch_tokens}: the step {amount}; "
+            f'{fits} {largest} (or "auto")'
+        )
+    else:
+        message = (
+            f"[training] max_tokens: sampling {amount} (the KV cache and logits of the "
+            "completions decoded at once). Fix: lower max_tokens, or [backend.options] "
+            "prompt_batch (0 decodes a bounded number of rows at once)"
+        )
+    return FitProblem("error" if over else "warning", message)

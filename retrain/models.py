@@ -10,6 +10,7 @@ about a second instead of ~30 s.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from retrain.errors import BackendError
+from retrain.memory import ModelShape, shape_from_config
 
 log = logging.getLogger("retrain.models")
 
@@ -216,6 +218,47 @@ def resolve_model(name: str) -> ResolvedModel:
         + "\n".join(f"  - {t}" for t in tried)
         + "\nFix: connect to the Hugging Face hub, pre-download the model, or point [model] model at a local directory or .gguf file."
     )
+
+
+def _config_dirs(name: str) -> list[Path]:
+    """Where `[model] model`'s config.json may already be, in resolve_model's order: a
+    local directory, a .gguf file's converted copy, the Hugging Face cache, the offline
+    copy in the retrain cache."""
+    path = Path(name).expanduser()
+    dirs = [path]
+    if name.endswith(".gguf") and path.is_file():
+        dirs.append(cache_dir() / "models" / f"{path.stem}-{_file_key(path)}")
+    snap = hf_cache_snapshot(name)
+    if snap is not None:
+        dirs.append(snap)
+    dirs.append(cache_dir() / "models" / name.replace("/", "--") / "safetensors")
+    return dirs
+
+
+def model_config(name: str) -> dict | None:
+    """`[model] model`'s config.json as found on disk (never the network), or None."""
+    for directory in _config_dirs(name):
+        try:
+            return json.loads((directory / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def model_shape(name: str) -> ModelShape | None:
+    """The shape of `[model] model` from its config.json on disk (retrain/memory.py's
+    `shape_from_config`); None when it is not on disk or gives no usable sizes."""
+    cfg = model_config(name)
+    return shape_from_config(cfg) if cfg is not None else None
+
+
+def resolved_model_shape(name: str) -> ModelShape | None:
+    """`model_shape`, resolving the model first (downloading or converting it, as loading
+    it does next) when its config.json is not on disk yet."""
+    if model_config(name) is None:
+        path = Path(resolve_model(name).path) / "config.json"
+        return shape_from_config(json.loads(path.read_text(encoding="utf-8")))
+    return model_shape(name)
 
 
 def load_tokenizer(name: str):

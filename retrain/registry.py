@@ -483,10 +483,13 @@ BACKENDS = Registry(
             ),
             options={
                 "micro_batch_tokens": OptionSpec(
-                    "int",
-                    512,
+                    "int/auto",
+                    "auto",
                     "Positions per packed forward/backward micro-batch (rows x longest row; a row "
-                    "is a prompt, then its completions); bounds training memory",
+                    "is a prompt, then its completions); bounds training memory. auto = 512 on "
+                    "a CPU; on a GPU the largest multiple of 256 whose estimated peak fits 90% "
+                    "of its free memory (chosen at start, shown in the ready line and the "
+                    "micro_batch_tokens metric)",
                     validator=_positive,
                 ),
                 "threads": OptionSpec(

@@ -63,7 +63,7 @@ class EngineSettings:
 class LocalOptions(_BackendOptions):
     """`[backend.options]` of the local backend (retrain/registry.py documents each)."""
 
-    micro_batch_tokens: int
+    micro_batch_tokens: int | str  # positions, or "auto" (resolved by the backend at start)
     threads: int
     overlap: bool
     prompt_batch: int

@@ -319,10 +319,13 @@ class EngineTraits:
 class OptionSpec:
     """One option of a registry entry (e.g. a `[backend.options]` key)."""
 
-    type: str  # "int" | "float" | "bool" | "str"
+    # "int" | "float" | "bool" | "str", or a type and the words it also takes in its
+    # place, after "/": "int/auto" is an int or the string "auto"
+    type: str
     default: Any
     help: str = ""
     choices: tuple[Any, ...] | None = None
+    # checks a value of the type (never one of the words)
     validator: Callable[[Any], str | None] | None = field(default=None, compare=False)
 
     def as_dict(self) -> dict[str, Any]:
@@ -339,11 +342,15 @@ _OPTION_TYPES = {"int": int, "float": (int, float), "bool": bool, "str": str}
 
 def check_option(name: str, spec: OptionSpec, value: Any) -> str | None:
     """None when `value` suits `spec`, else what is wrong."""
-    expected = _OPTION_TYPES.get(spec.type)
+    base, *words = spec.type.split("/")
+    if words and isinstance(value, str) and value in words:
+        return None
+    expected = _OPTION_TYPES.get(base)
     if expected and (
-        not isinstance(value, expected) or (spec.type != "bool" and isinstance(value, bool))
+        not isinstance(value, expected) or (base != "bool" and isinstance(value, bool))
     ):
-        return f"option {name!r} expects {spec.type}, got {value!r}"
+        what = " or ".join([base, *(f'"{w}"' for w in words)])
+        return f"option {name!r} expects {what}, got {value!r}"
     if spec.choices is not None and value not in spec.choices:
         return f"option {name!r} must be one of {list(spec.choices)}, got {value!r}"
     if spec.validator is not None:

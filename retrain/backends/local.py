@@ -28,6 +28,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,16 @@ from retrain.kernels.packing import (
 )
 from retrain.kernels.precision import bf16_linears, use_bf16
 from retrain.loss import LossFn, LossInputs, LossStats, resolve_objective, sequence_weights
-from retrain.models import resolve_model
+from retrain.memory import (
+    ModelShape,
+    auto_micro_batch_tokens,
+    fit_problem,
+    largest_micro_batch,
+    memory_model,
+    shape_from_config,
+    training_memory,
+)
+from retrain.models import resolve_model, resolved_model_shape
 from retrain.registry import BACKENDS
 from retrain.settings import LocalSettings
 from retrain.types import (
@@ -146,6 +156,7 @@ class LocalBackend:
         self.infer_device = devices[0]
         self.split_mode = len(devices) > 1
         self.bf16 = use_bf16(self.options.dtype, self.train_device)
+        self._size_memory(model, say)  # micro_batch_tokens = "auto", the run-start check
         if settings.seed >= 0:  # LoRA init draws from the global RNG
             torch.manual_seed(settings.seed)
         self.model = self._load_model(model, say)
@@ -172,8 +183,61 @@ class LocalBackend:
             self.sampler_model.requires_grad_(False)
         self.engine, self.server = self._attach(engine, tokenizer)
         say(
-            f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'})."
+            f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'}, micro_batch_tokens={self.options.micro_batch_tokens})."
         )
+
+    def _size_memory(self, model, say: Callable[[str], None]) -> None:
+        """Before the model loads (retrain/memory.py): `micro_batch_tokens = "auto"`
+        resolved (512 on a CPU; on CUDA the largest micro-batch whose training peak fits
+        the free memory), and on CUDA a set value checked against the free memory,
+        refused with the largest value that fits. `say` is kept for the OOM back-off."""
+        self._say = say
+        opts, device = self.options, self.train_device
+        dtype = "bf16" if self.bf16 else "fp32"
+        lora = self.settings.lora
+        sizing = dict(device_kind=device.type, dtype=dtype, lora_rank=lora.rank)
+        sizing["target_modules"] = lora.target_modules
+        if device.type != "cuda":  # CPU and MPS: auto is the CPU-measured 512, no check
+            if opts.micro_batch_tokens == "auto":
+                n = auto_micro_batch_tokens(None, free_bytes=None, **sizing)
+                self.options = replace(opts, micro_batch_tokens=n)
+            return
+        free, total = torch.cuda.mem_get_info(device)
+        shape = self._model_shape(model)
+        if opts.micro_batch_tokens == "auto":
+            n = auto_micro_batch_tokens(shape, free_bytes=free, **sizing)
+            say(
+                f"micro_batch_tokens = auto: {n} positions ({free / 2**30:.1f} GiB free on {device})"
+            )
+            self.options = replace(opts, micro_batch_tokens=n)
+            return
+        if shape is None:
+            say(
+                f"WARNING: [backend.options] micro_batch_tokens = {opts.micro_batch_tokens} is "
+                f"not checked against {device}'s memory: {self.settings.model}'s config.json "
+                "does not give the sizes retrain/memory.py needs"
+            )
+            return
+        peak = training_memory(shape, micro_batch_tokens=opts.micro_batch_tokens, **sizing)
+        problem = fit_problem(
+            peak,
+            free_bytes=free,
+            total_bytes=total,
+            where=str(device),
+            micro_batch_tokens=opts.micro_batch_tokens,
+            largest=largest_micro_batch(shape, free_bytes=free, **sizing),
+            calibrated=bool(memory_model(device.type, dtype).calibrated),
+        )
+        if problem is not None and problem.level == "error":
+            raise BackendError(problem.message)
+        if problem is not None:
+            say(f"WARNING: {problem.message}")
+
+    def _model_shape(self, model) -> ModelShape | None:
+        """The trained model's shape: a given model's config, else its config.json."""
+        if model is not None:
+            return shape_from_config(model.config.to_dict())
+        return resolved_model_shape(self.settings.model)
 
     def _load_model(self, model, say: Callable[[str], None]):
         """The base model (loaded unless given), in bf16-matmul mode when chosen, on the
@@ -369,20 +433,23 @@ class LocalBackend:
         weighted = hyper.loss_agg != "token_mean"  # token_mean's weights are all 1
         loss_fn = self._loss_for(hyper)
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = 0.0
-        ratio_sum = 0.0
-        ratio_max = 0.0
-        stats = LossStats()
-        for start, chunk in self._micro_batches(datums):
-            seq_w = weights[start : start + len(chunk)] if weighted else None
-            value, chunk_ratio_sum, chunk_ratio_max, chunk_stats = self._backward(
-                chunk, hyper, loss_fn, denominator, seq_w
+        before, retries = self.options.micro_batch_tokens, 0
+        # Out of memory in a micro-batch: the step is redone from its first one with half
+        # the budget (kept for later steps), until a micro-batch of one completion fails.
+        while isinstance(
+            sums := self._accumulate(datums, hyper, loss_fn, denominator, weights, weighted),
+            int,
+        ):
+            retries += 1
+            self._back_off(sums, datums)
+        if retries:
+            self._say(
+                f"out of memory on {self.train_device} in a training micro-batch: "
+                f"[backend.options] micro_batch_tokens lowered {before} -> "
+                f"{self.options.micro_batch_tokens} for the rest of the run ({retries} "
+                "retries of this step; set it lower to skip them)"
             )
-            stats.add(chunk_stats)
-            loss_sum += value
-            ratio_sum += chunk_ratio_sum
-            ratio_max = max(ratio_max, chunk_ratio_max)
+        loss_sum, ratio_sum, ratio_max, stats = sums
         max_norm = hyper.max_grad_norm if hyper.max_grad_norm > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         if not math.isfinite(grad_norm):
@@ -392,13 +459,67 @@ class LocalBackend:
             )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        extra = stats.metrics()
+        extra.update(micro_batch_tokens=self.options.micro_batch_tokens, oom_retries=retries)
         return TrainResult(
             loss=loss_sum,
             num_tokens=total,
             grad_norm=grad_norm,
             log_ratio_mean=ratio_sum / max(total, 1),
             log_ratio_max_abs=ratio_max,
-            extra=stats.metrics(),
+            extra=extra,
+        )
+
+    def _accumulate(
+        self,
+        datums: list[Datum],
+        hyper: TrainHyper,
+        loss_fn: LossFn,
+        denominator: float,
+        weights: np.ndarray,
+        weighted: bool,
+    ) -> tuple[float, float, float, LossStats] | int:
+        """Forward and backward of every micro-batch from zeroed gradients: (loss, sum and
+        max |log ratio| over the trained tokens, loss stats); or, when one runs out of
+        memory, its number of completions, with the gradients zeroed again."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, ratio_sum, ratio_max, stats = 0.0, 0.0, 0.0, LossStats()
+        for start, chunk in self._micro_batches(datums):
+            seq_w = weights[start : start + len(chunk)] if weighted else None
+            failed = 0
+            try:
+                value, chunk_ratio_sum, chunk_ratio_max, chunk_stats = self._backward(
+                    chunk, hyper, loss_fn, denominator, seq_w
+                )
+            except torch.OutOfMemoryError:
+                failed = len(chunk)
+            if failed:  # out of the except block: the error's frames and tensors are freed
+                self.optimizer.zero_grad(set_to_none=True)
+                return failed
+            stats.add(chunk_stats)
+            loss_sum += value
+            ratio_sum += chunk_ratio_sum
+            ratio_max = max(ratio_max, chunk_ratio_max)
+        return loss_sum, ratio_sum, ratio_max, stats
+
+    def _back_off(self, failed: int, datums: list[Datum]) -> None:
+        """After a micro-batch of `failed` completions ran out of memory: give the cached
+        memory back and halve the budget. One completion cannot be split: TrainingError
+        (the trainer keeps the last checkpoint)."""
+        if self.train_device.type == "cuda":
+            torch.cuda.empty_cache()
+        budget = self.options.micro_batch_tokens
+        if failed > 1:
+            self.options = replace(self.options, micro_batch_tokens=max(1, budget // 2))
+            return
+        longest = max(padded_area([(d.prompt_ids, len(d.completion_ids))]) for d in datums)
+        raise TrainingError(
+            f"out of memory on {self.train_device} training a micro-batch of one completion "
+            f"(up to {longest} positions, prompt included; [backend.options] "
+            f"micro_batch_tokens is down to {budget}, which cannot split it further). Fix: "
+            "lower [training] max_tokens (a completion is trained whole), or free memory on "
+            "the device; a lower [training] group_size or micro_batch_tokens does not shrink "
+            "a single completion"
         )
 
     def _loss_for(self, hyper: TrainHyper) -> LossFn:

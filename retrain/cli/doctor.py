@@ -2,7 +2,8 @@
 
 Each check prints one line, OK / WARN / FAIL, and a fix when it is not OK; the exit
 status is 1 when any check FAILs. Checks: Python, retrain and its extras, torch + CUDA
-(GPU memory), the config, its backend's dependencies, whether the configured model is
+(GPU memory), each device's memory read without torch (nvidia-smi, /proc/meminfo) with a
+local run's estimated peak beside its training device, the config, its backend's dependencies, whether the configured model is
 on disk or reachable, what the run checks before its first step (the same checks as
 `retrain explain`: data files and tasks, the custom reward, the advantage flow, a resume
 directory), the retrain cache, free disk space for logs, and the wandb login.
@@ -299,6 +300,53 @@ def check_torch(config: Any) -> list[Check]:
     return out
 
 
+def _gib(value: float) -> str:
+    return f"{value / 2**30:.1f}"
+
+
+def check_memory(config: Any) -> list[Check]:
+    """The memory each device has, read without torch (retrain/hardware.py: nvidia-smi
+    for each CUDA device, /proc/meminfo for the CPU), and, for a local run, its estimated
+    peak beside its training device's free memory (`retrain explain`'s estimate). An
+    estimate over the free memory is already a `run checks` FAIL; near it, a WARN here."""
+    from retrain.hardware import cuda_device_count, device_memory
+
+    devices = [(f"gpu:{i}", device_memory("cuda", i)) for i in range(cuda_device_count())]
+    devices.append(("cpu", device_memory("cpu")))
+    estimate = _local_estimate(config)
+    out = []
+    for name, found in devices:
+        if found is None:
+            source = "/proc/meminfo" if name == "cpu" else "nvidia-smi"
+            out.append(Check(f"memory {name}", WARN, f"cannot read its memory ({source})"))
+            continue
+        free, total = found
+        detail = f"{_gib(free)} of {_gib(total)} GiB free"
+        status, fix = OK, ""
+        if estimate and estimate.get("device") in (name, name.replace("gpu:", "cuda:")):
+            detail += f"; the run's estimated peak ~{estimate['peak_memory_gib']:g} GiB"
+            problem = estimate.get("memory_problem")
+            if problem:
+                status, fix = WARN, problem["message"]
+                detail += ", over it" if problem["level"] == "error" else ", close to it"
+        out.append(Check(f"memory {name}", status, detail, fix))
+    return out
+
+
+def _local_estimate(config: Any) -> dict[str, Any] | None:
+    """explain's memory estimate of a local run's step, or None (no config, another
+    backend, or no estimate)."""
+    if config is None or config.backend.backend != "local":
+        return None
+    from retrain.cli.explain import memory_estimate
+
+    try:
+        estimate = memory_estimate(config)
+    except Exception:  # a check must not take doctor down; run checks reports the config
+        return None
+    return estimate if estimate.get("peak_memory_gib") is not None else None
+
+
 def check_config(path: str | None) -> tuple[list[Check], Any]:
     """The config's checks (one FAIL per problem, so a name that is not built in this
     version is named with its key, line and fix) and the loaded config, or None."""
@@ -577,6 +625,7 @@ def run_checks(
     checks += check_extras(config)
     if torch:
         checks += check_torch(config)
+    checks += check_memory(config)
     checks.append(check_backend(config))
     checks += check_run(config, config_path)
     if network:

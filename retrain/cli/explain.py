@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from typing import Any
 
 from retrain import registry
@@ -23,9 +24,23 @@ from retrain.campaign.expand import (
 from retrain.cli.run import is_standalone_squeeze, split_path
 from retrain.config import Config, load_config, load_dotenv
 from retrain.config.validate import flow_problems, static_token_varying
-from retrain.errors import ConfigError, PluginError
-from retrain.hardware import matmul_dtype
-from retrain.memory import peak_memory
+from retrain.errors import BackendError, ConfigError, PluginError
+from retrain.hardware import device_memory, matmul_dtype
+from retrain.memory import (
+    MICRO_BATCH_STEP,
+    FitProblem,
+    ModelShape,
+    StepSizes,
+    auto_micro_batch_tokens,
+    block_bytes,
+    fit_problem,
+    largest_micro_batch,
+    memory_model,
+    params_in_name,
+    peak_memory,
+    training_memory,
+)
+from retrain.models import model_shape
 from retrain.types import BackendCapabilities
 
 
@@ -486,60 +501,6 @@ _EFFECTIVE_FLOPS = {"cuda": 4e13, "cpu": 5e10, "mps": 2e12}
 PROMPT_TOKENS_GUESS = 256  # prompt length assumed by the memory estimate
 
 
-def _model_config_json(model: str) -> dict[str, Any] | None:
-    """The model's config.json from a local directory, the HF cache or the retrain cache
-    (never the network)."""
-    from pathlib import Path
-
-    from retrain.models import cache_dir, hf_cache_snapshot
-
-    candidates = [Path(model).expanduser()]
-    snap = hf_cache_snapshot(model)
-    if snap is not None:
-        candidates.append(snap)
-    candidates.append(cache_dir() / "models" / model.replace("/", "--") / "safetensors")
-    for c in candidates:
-        try:
-            return json.loads((c / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-    return None
-
-
-def model_shape(model: str) -> dict[str, Any] | None:
-    """Parameter count and the sizes memory depends on, from the model's config.json,
-    else the parameter count in its name (`...-0.6B`, `...-135M`)."""
-    import re
-
-    cfg = _model_config_json(model)
-    if cfg is not None and cfg.get("hidden_size") and cfg.get("num_hidden_layers"):
-        h, layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
-        vocab = int(cfg.get("vocab_size") or 32000)
-        inter = int(cfg.get("intermediate_size") or 4 * h)
-        heads = int(cfg.get("num_attention_heads") or 1)
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or h // heads)
-        attn = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2
-        per_layer = attn + 3 * h * inter
-        embed = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
-        return {
-            "params": layers * per_layer + embed,
-            "block_params": layers * per_layer,
-            "hidden": h,
-            "layers": layers,
-            "vocab": vocab,
-            "kv_width": kv_heads * head_dim,
-            "linear_in_out": layers
-            * (2 * h + 2 * (heads * head_dim + kv_heads * head_dim) + 3 * (h + inter)),
-            "source": "config.json",
-        }
-    m = re.search(r"(\d+(?:\.\d+)?)\s*([BbMm])\b", model.replace("-", " ").replace("_", " "))
-    if m:
-        params = float(m.group(1)) * (1e9 if m.group(2).lower() == "b" else 1e6)
-        return {"params": int(params), "source": "model name"}
-    return None
-
-
 def _recent_rates(config: Config) -> dict[str, Any] | None:
     """Median time per step and sampled tokens per second of the run in [logging] log_dir,
     when it has logged steps."""
@@ -569,10 +530,163 @@ def _recent_rates(config: Config) -> dict[str, Any] | None:
     }
 
 
+def _training_device(config: Config) -> tuple[str, str, int]:
+    """(as written, kind, index) of `[backend] devices`' last entry: the device that trains."""
+    part = config.backend.devices.split(",")[-1].strip()
+    index = int(part.split(":")[1]) if ":" in part else 0
+    return part, _device_kind(config, last=True), index
+
+
+def _gib(value: float | None) -> float | None:
+    return None if value is None else round(value / 2**30, 2)
+
+
+def _micro_batch(opts: dict[str, Any], shape: ModelShape, plan: dict[str, Any]) -> int | None:
+    """The micro-batch the run would train with: the option's number, or "auto" resolved
+    as the backend resolves it at start (None: that needs free memory unknown here)."""
+    if opts["micro_batch_tokens"] != "auto":
+        return opts["micro_batch_tokens"]
+    if plan["kind"] == "cuda" and plan["free"] is None:
+        return None
+    try:
+        return auto_micro_batch_tokens(
+            shape,
+            device_kind=plan["kind"],
+            dtype=plan["dtype"],
+            free_bytes=plan["free"],
+            lora_rank=plan["step"].lora_rank,
+            target_modules=plan["step"].target_modules,
+        )
+    except BackendError as exc:
+        plan["errors"].append(str(exc))
+        return 0
+
+
+def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> dict[str, Any]:
+    """`peak_memory` of the local step from the model's shape, and the estimate against
+    the training device's free memory (`fit_problem`)."""
+    opts, step, kind, dtype = plan["opts"], plan["step"], plan["kind"], plan["dtype"]
+    chosen = _micro_batch(opts, shape, plan)
+    size = chosen or MICRO_BATCH_STEP  # unknown: auto's smallest, so a lower bound
+    mem = dict(micro_batch_tokens=size, device_kind=kind, dtype=dtype)
+    parts = peak_memory(shape, step, **mem)
+    gib = {k: v / 2**30 for k, v in parts.as_dict().items()}
+    how = "auto" if opts["micro_batch_tokens"] == "auto" else "set"
+    note = (
+        f"weights {gib['weights']:.2f} + adapter {gib['adapter']:.2f} + the larger of "
+        f"sampling {gib['sampling']:.2f} and a training micro-batch of {size} positions "
+        f"({how}) {gib['training']:.2f} GiB, +{parts.slack - 1:.0%} allocator slack, "
+        f"+ {gib['runtime']:.1f} GiB runtime; prompts of ~{PROMPT_TOKENS_GUESS} tokens"
+    )
+    if not step.prompt_batch:  # with prompt_batch > 0 sampling grows with the group
+        note += "; does not grow with the group size"
+    if chosen is None:
+        note += f"; auto is sized at start to {plan['where']}'s free memory (unknown here)"
+    if not memory_model(kind, dtype).calibrated:
+        note += f"; the {kind} memory model is not calibrated yet"
+    out = {"peak_memory_gib": round(gib["total"], 2), "micro_batch_tokens": chosen}
+    out["memory_note"] = note
+    if plan["free"] is not None and chosen:
+        # split mode: the training device holds no sampler, so only training is checked
+        checked = (
+            parts
+            if "," not in config.backend.devices
+            else training_memory(
+                shape, lora_rank=step.lora_rank, target_modules=step.target_modules, **mem
+            )
+        )
+        largest = largest_micro_batch(
+            shape,
+            device_kind=kind,
+            dtype=dtype,
+            free_bytes=plan["free"],
+            lora_rank=step.lora_rank,
+            target_modules=step.target_modules,
+        )
+        out["memory_problem"] = fit_problem(
+            checked,
+            free_bytes=plan["free"],
+            total_bytes=plan["total"],
+            where=plan["where"],
+            micro_batch_tokens=chosen,
+            largest=largest,
+            calibrated=bool(memory_model(kind, dtype).calibrated),
+        )
+    return out
+
+
+def _named_memory(params: int, plan: dict[str, Any]) -> dict[str, Any]:
+    """The weights alone from the parameter count in the model's name, at the device's
+    block dtype (a lower bound: no config.json on disk for the rest)."""
+    weights = params * block_bytes(plan["dtype"])
+    out: dict[str, Any] = {"peak_memory_gib": round(weights / 2**30, 2)}
+    out["memory_note"] = (
+        f"at least the weights at {block_bytes(plan['dtype'])} bytes each ({plan['dtype']}; "
+        "size from the model name, no config.json on disk for the rest)"
+    )
+    if plan["free"] is not None and weights > plan["free"]:
+        out["memory_problem"] = FitProblem(
+            "error",
+            f"[model] model: the weights alone need ~{weights / 2**30:.1f} GiB, "
+            f"{plan['where']} has {plan['free'] / 2**30:.1f} GiB free. Fix: a smaller model, "
+            "a device with more memory, or a remote backend",
+        )
+    return out
+
+
+def memory_estimate(config: Config) -> dict[str, Any]:
+    """The local step's peak memory on its training device (retrain/memory.py), that
+    device's free and total memory (retrain/hardware.py, no torch), and `memory_problem`:
+    a FitProblem when the estimate comes near or over the free memory."""
+    opts = _local_options(config)
+    where, kind, index = _training_device(config)
+    found = device_memory(kind, index)
+    free, total = found if found is not None else (None, None)
+    t = config.training
+    plan = {
+        "opts": opts,
+        "where": where,
+        "kind": kind,
+        "dtype": matmul_dtype(opts["dtype"], kind),
+        "free": free,
+        "total": total,
+        "errors": [],
+        "step": StepSizes(
+            batch_size=t.batch_size,
+            group_size=t.group_size,
+            max_tokens=t.max_tokens,
+            prompt_tokens=PROMPT_TOKENS_GUESS,
+            prompt_batch=opts["prompt_batch"],
+            lora_rank=config.model.lora_rank,
+            target_modules=tuple(config.lora.target_modules),
+        ),
+    }
+    out: dict[str, Any] = {
+        "device": where,
+        "device_free_gib": _gib(free),
+        "device_total_gib": _gib(total),
+        "micro_batch_tokens": None,
+        "memory_problem": None,
+    }
+    shape = model_shape(config.model.model)
+    params = params_in_name(config.model.model)
+    if shape is not None:
+        out.update(_shape_memory(config, shape, plan))
+    elif params is not None:
+        out.update(_named_memory(params, plan))
+    else:
+        out["peak_memory_gib"] = None
+        out["memory_note"] = "unknown model size (no config.json on disk, no size in the name)"
+    if plan["errors"]:
+        out["memory_problem"] = FitProblem("error", plan["errors"][0])
+    problem = out["memory_problem"]
+    out["memory_problem"] = None if problem is None else asdict(problem)
+    return out
+
+
 def estimates(config: Config, info: BackendInfo) -> dict[str, Any]:
-    """Rough peak memory and wall time per step. Memory: retrain/memory.py's `peak_memory`
-    of the local step (it does not grow with the group size), or the weights alone when
-    only the parameter count is known. Time: a recent run's
+    """Rough peak memory and wall time per step. Memory: `memory_estimate` (the local
+    step on its device, compared with the device's free memory). Time: a recent run's
     measured median when [logging] log_dir has one, else FLOPs (2 x params per sampled
     token, 6 x params per trained token) over an effective throughput for the device."""
     t = config.training
@@ -581,51 +695,21 @@ def estimates(config: Config, info: BackendInfo) -> dict[str, Any]:
     out: dict[str, Any] = {"sampled_tokens_per_step": tokens}
     remote = "[backend] devices" in info.ignores
     shape = model_shape(config.model.model)
-    out["model_params"] = shape["params"] if shape else None
+    params = shape.params if shape is not None else params_in_name(config.model.model)
+    out["model_params"] = params
     device = _device_kind(config)
     if remote:
         out["peak_memory_gib"] = None
         out["memory_note"] = f"the model runs on the {info.name} service"
-    elif shape is None:
-        out["peak_memory_gib"] = None
-        out["memory_note"] = "unknown model size (no config.json on disk, no size in the name)"
-    elif "hidden" not in shape:  # the size from the model's name: the weights alone
-        out["peak_memory_gib"] = round(shape["params"] * 4 / 2**30, 2)
-        out["memory_note"] = (
-            f"{device}: the float32 weights alone (size from the {shape['source']}; no "
-            "config.json on disk for the activations)"
-        )
     else:
-        opts = _local_options(config)
-        bf16 = matmul_dtype(opts["dtype"], _device_kind(config, last=True)) == "bf16"
-        parts = peak_memory(
-            shape,
-            batch_size=t.batch_size,
-            group_size=t.group_size,
-            max_tokens=t.max_tokens,
-            prompt_tokens=PROMPT_TOKENS_GUESS,
-            micro_batch_tokens=opts["micro_batch_tokens"],
-            prompt_batch=opts["prompt_batch"],
-            block_bytes=2 if bf16 else 4,
-            lora_rank=config.model.lora_rank,
-        )
-        gib = {k: v / 2**30 for k, v in parts.items()}
-        out["peak_memory_gib"] = round(gib["total"], 2)
-        out["memory_note"] = (
-            f"{device}: weights {gib['weights']:.2f} + adapter {gib['adapter']:.2f} + the larger "
-            f"of sampling {gib['sampling']:.2f} and a training micro-batch {gib['training']:.2f} "
-            f"GiB, +15% allocator slack, + {gib['runtime']:.1f} GiB runtime; prompts of "
-            f"~{PROMPT_TOKENS_GUESS} tokens"
-        )
-        if not opts["prompt_batch"]:  # with prompt_batch > 0 sampling grows with the group
-            out["memory_note"] += "; does not grow with the group size"
+        out.update(memory_estimate(config))
     recent = _recent_rates(config)
     out["recent_run"] = recent
     if recent is not None:
         out["step_time_s"] = round(recent["median_step_s"], 2)
         out["step_time_source"] = f"median of {recent['steps']} steps logged in {recent['log_dir']}"
-    elif shape is not None and not remote:
-        flops = 2 * shape["params"] * tokens + 6 * shape["params"] * tokens
+    elif params is not None and not remote:
+        flops = 2 * params * tokens + 6 * params * tokens
         out["step_time_s"] = round(flops / _EFFECTIVE_FLOPS.get(device, 5e10), 2)
         out["step_time_source"] = (
             f"rough: {flops:.2g} FLOPs at ~{_EFFECTIVE_FLOPS.get(device, 5e10):.0e} FLOP/s ({device}), "
@@ -637,6 +721,32 @@ def estimates(config: Config, info: BackendInfo) -> dict[str, Any]:
             "no estimate (remote service or unknown model size; run a few steps)"
         )
     return out
+
+
+def _micro_batch_text(settings: dict[str, Any], est: dict[str, Any] | None) -> str:
+    """`micro_batch_tokens` as set, and what "auto" resolves to on this machine."""
+    chosen = (est or {}).get("micro_batch_tokens")
+    if settings["micro_batch_tokens"] != "auto":
+        return f"{settings['micro_batch_tokens']} tokens"
+    return f"{chosen} tokens (auto)" if chosen else "auto size (set at start from free memory)"
+
+
+def _memory_text(est: dict[str, Any]) -> str:
+    """The Memory line: the device's memory, parameters, and the peak estimate."""
+    device = ""
+    if est.get("device"):
+        free, total = est.get("device_free_gib"), est.get("device_total_gib")
+        memory = f"{free:.1f} of {total:.0f} GiB free" if free is not None else "memory unknown"
+        device = f"{est['device']}: {memory}; "
+    params = f"{est['model_params'] / 1e6:,.0f}M params; " if est.get("model_params") else ""
+    if est.get("peak_memory_gib") is None:
+        return device + params + est.get("memory_note", "unknown")
+    problem = est.get("memory_problem") or {}
+    flag = {"error": ", OVER the free memory", "warning": ", close to the free memory"}
+    return (
+        f"{device}{params}peak ~{est['peak_memory_gib']:g} GiB"
+        f"{flag.get(problem.get('level'), '')} ({est['memory_note']})"
+    )
 
 
 def _render_settings(report: dict[str, Any]) -> list[str]:
@@ -665,16 +775,10 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
         if s.get("matmuls"):
             lines.append(
                 f"Compute:     {s['matmuls']} matmuls (float32 adapter and logits), micro-batches "
-                f"of {s['micro_batch_tokens']} tokens"
+                f"of {_micro_batch_text(s, est)}"
             )
     if est:
-        mem = (
-            f"~{est['peak_memory_gib']:g} GiB ({est['memory_note']})"
-            if est.get("peak_memory_gib") is not None
-            else est.get("memory_note", "unknown")
-        )
-        params = f"{est['model_params'] / 1e6:,.0f}M params; " if est.get("model_params") else ""
-        lines.append(f"Memory:      {params}peak {mem}")
+        lines.append(f"Memory:      {_memory_text(est)}")
         step = (
             f"~{est['step_time_s']:g} s/step ({est['step_time_source']})"
             if est.get("step_time_s") is not None
@@ -741,6 +845,9 @@ def build_report(config: Config, path: str) -> dict[str, Any]:
     errors += [f"{key}: {problem}" for key, problem in engine_problems(config)]
     probed = [f"{key}: {problem}" for key, problem in backend_problems(config)]
     report["warnings"] = _advice(config) + probed
+    memory = report["estimates"].get("memory_problem")
+    if memory and config.backend.backend == "local":  # the local backend refuses it too
+        (errors if memory["level"] == "error" else report["warnings"]).append(memory["message"])
     report["errors"] = errors
     return report
 

@@ -180,6 +180,10 @@ def test_micro_batching_does_not_change_the_update_under_every_option(tiny_raw, 
     big, grad_big = step_gradients(b, datums, hyper, 10_000)
     small, grad_small = step_gradients(b, datums, hyper, 12)  # one completion per micro-batch
     assert big.loss == pytest.approx(small.loss, abs=1e-6)
+    assert (big.extra.pop("micro_batch_tokens"), small.extra.pop("micro_batch_tokens")) == (
+        10_000,
+        12,
+    )  # the budget each step trained with, the only metric that differs
     assert big.extra == pytest.approx(small.extra, abs=1e-6)
     assert 0 < big.extra["clip_fraction"] < 1 and big.extra["kl_mean"] > 0
     assert any(g.abs().max() > 1e-3 for g in grad_big)  # a real gradient

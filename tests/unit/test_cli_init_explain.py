@@ -286,8 +286,9 @@ def test_explain_estimates_memory_and_step_time(tmp_path, capsys):
         "[training]\nseed = 1\nbatch_size = 2\ngroup_size = 4\nmax_tokens = 10\n",
     )
     est = json.loads(run(["explain", str(path), "--json"], capsys)[1])["estimates"]
-    # attention 64*64*2 + 64*32*2, MLP 3*64*128, per layer; untied embeddings 2*100*64
-    assert est["model_params"] == 2 * (8192 + 4096 + 24576) + 12800
+    # attention 64*64*2 + 64*32*2, MLP 3*64*128, per layer; norms (2*2+1)*64; untied
+    # embeddings 2*100*64
+    assert est["model_params"] == 2 * (8192 + 4096 + 24576) + 320 + 12800
     assert est["sampled_tokens_per_step"] == 2 * 4 * 10
     assert 0 < est["peak_memory_gib"] < 1
     assert est["recent_run"] is None and "FLOPs" in est["step_time_source"]

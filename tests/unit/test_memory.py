@@ -1,6 +1,7 @@
-"""The local step's memory bounds and explain's peak estimate (retrain/memory.py): rows
-decoded at once worked by hand, the estimate's parts on SmolLM2's shape by hand, and the
-estimate never growing with the group size."""
+"""The local step's memory (retrain/memory.py): model shapes read from config.json worked
+by hand (SmolLM2-135M, Qwen3-4B), the dtype each part is counted at, rows decoded at once,
+the peak estimate's parts, the micro-batch and decoder sizes chosen from a device's free
+memory, and the estimate against a device."""
 
 from __future__ import annotations
 
@@ -8,33 +9,168 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from retrain.memory import ACTIVATION_FLOATS, LOGIT_ROWS, SLACK, peak_memory, sampling_rows
+from retrain.errors import BackendError
+from retrain.memory import (
+    CPU_MICRO_BATCH,
+    GIB,
+    HEADROOM,
+    LOGIT_ROWS,
+    MEMORY_MODELS,
+    MICRO_BATCH_MAX,
+    MICRO_BATCH_STEP,
+    SAMPLE_ROWS,
+    ModelShape,
+    StepSizes,
+    adapter_bytes,
+    auto_micro_batch_tokens,
+    decode_row_budget,
+    decoding_batches,
+    fit_problem,
+    largest_micro_batch,
+    memory_model,
+    params_in_name,
+    peak_memory,
+    sampling_rows,
+    shape_from_config,
+    training_memory,
+    weight_bytes,
+)
 
-# SmolLM2-135M as explain's model_shape reads its config.json
-SMOLLM2 = {
-    "params": 134_515_008,
-    "block_params": 106_203_456,
-    "hidden": 576,
-    "layers": 30,
-    "vocab": 49152,
-    "kv_width": 192,
-    "linear_in_out": 30 * (2 * 576 + 2 * (576 + 192) + 3 * (576 + 1536)),
+# SmolLM2-135M-Instruct's config.json (the sizes; the file has more keys)
+SMOLLM2_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "intermediate_size": 1536,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "mlp_bias": False,
 }
+# Qwen3-4B's config.json (the sizes)
+QWEN3_4B_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "hidden_size": 2560,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 9728,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+}
+SMOLLM2 = shape_from_config(SMOLLM2_CONFIG)
+QWEN3_4B = shape_from_config(QWEN3_4B_CONFIG)
 
 
-def estimate(group: int, **kw) -> dict[str, float]:
-    args = dict(
-        batch_size=4,
-        group_size=group,
-        max_tokens=24,
-        prompt_tokens=256,
-        micro_batch_tokens=512,
-        prompt_batch=0,
-        block_bytes=2,
-        lora_rank=16,
-    )
-    args.update(kw)
-    return peak_memory(SMOLLM2, **args)
+# ----------------------------------------------------------------------------- shapes
+
+
+def test_smollm2_shape_counts_the_checkpoints_parameters():
+    assert ModelShape(576, 30, 9, 3, 64, 1536, 49152, tied_embeddings=True) == SMOLLM2
+    # per block: q 576x576, k and v 576x192, o 576x576, gate/up/down 576x1536
+    per_block = 576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536
+    assert SMOLLM2.block_params == 30 * per_block == 106_168_320
+    # + 61 norms of 576 + one tied 49152 x 576 embedding: the safetensors file's count
+    assert SMOLLM2.params == 106_168_320 + 61 * 576 + 49152 * 576 == 134_515_008
+    assert SMOLLM2.kv_width == 192
+    assert SMOLLM2.kv_bytes_per_token() == 2 * 30 * 192 * 4
+
+
+def test_qwen3_4b_shape_by_hand():
+    s = QWEN3_4B
+    # head_dim 128 is given (32 x 128 = 4096 != hidden 2560); 8 kv heads (GQA)
+    assert (s.heads * s.head_dim, s.kv_width) == (4096, 1024)
+    assert s.projections() == {
+        "q_proj": (2560, 4096),
+        "k_proj": (2560, 1024),
+        "v_proj": (2560, 1024),
+        "o_proj": (4096, 2560),
+        "gate_proj": (2560, 9728),
+        "up_proj": (2560, 9728),
+        "down_proj": (9728, 2560),
+    }
+    attention = 2560 * 4096 * 2 + 2560 * 1024 * 2  # 26,214,400
+    mlp = 3 * 2560 * 9728  # 74,711,040
+    assert s.block_params == 36 * (attention + mlp) == 3_633_315_840
+    embed = 151936 * 2560  # tied: counted once
+    assert s.params == 3_633_315_840 + 73 * 2560 + embed == 4_022_458_880  # "4.0B"
+    assert s.kv_bytes_per_token() == 2 * 36 * 1024 * 4
+
+
+def test_config_variants():
+    # head_dim absent: hidden / heads; kv heads absent: the heads (no GQA)
+    bare = {
+        k: v for k, v in QWEN3_4B_CONFIG.items() if k not in ("head_dim", "num_key_value_heads")
+    }
+    s = shape_from_config(bare)
+    assert (s.head_dim, s.kv_heads) == (80, 32)
+    # untied (or unsaid): the output layer counts on its own
+    untied = shape_from_config({**SMOLLM2_CONFIG, "tie_word_embeddings": False})
+    assert untied.params - SMOLLM2.params == 49152 * 576
+    unsaid = {k: v for k, v in SMOLLM2_CONFIG.items() if k != "tie_word_embeddings"}
+    assert shape_from_config(unsaid) == untied
+    # Llama's biases
+    biased = shape_from_config({**SMOLLM2_CONFIG, "attention_bias": True, "mlp_bias": True})
+    assert biased.params - SMOLLM2.params == 30 * ((576 + 192 * 2 + 576) + (1536 * 2 + 576))
+    # a multimodal config nests the language model's sizes in text_config
+    nested = {"architectures": ["X"], "tie_word_embeddings": True, "text_config": QWEN3_4B_CONFIG}
+    assert shape_from_config(nested) == QWEN3_4B
+    # a transformers config's to_dict() has null head_dim for some models
+    assert shape_from_config({**QWEN3_4B_CONFIG, "head_dim": None}).head_dim == 80
+
+
+@pytest.mark.parametrize(
+    "missing",
+    ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"],
+)
+def test_a_config_without_a_needed_size_has_no_shape(missing):
+    assert shape_from_config({k: v for k, v in QWEN3_4B_CONFIG.items() if k != missing}) is None
+    assert shape_from_config({**QWEN3_4B_CONFIG, missing: 0}) is None
+
+
+def test_params_in_name():
+    assert params_in_name("Qwen/Qwen3-4B-Instruct-2507") == 4_000_000_000
+    assert params_in_name("HuggingFaceTB/SmolLM2-135M-Instruct") == 135_000_000
+    assert params_in_name("Qwen/Qwen2.5-0.5B") == 500_000_000
+    assert params_in_name("my-model") is None
+
+
+# ----------------------------------------------------------------------------- dtypes
+
+
+def test_weights_at_the_dtype_the_device_holds():
+    s = QWEN3_4B
+    other = s.params - s.block_params  # embeddings, norms: float32 in every mode
+    # bf16 mode: blocks at 2 bytes, and the sampler's merged copy of the adapted (all) linears
+    assert weight_bytes(s, "bf16") == other * 4 + (s.block_params * 2) * 2
+    assert weight_bytes(s, "fp32") == other * 4 + (s.block_params * 2) * 4
+    # ~7.5 GB of bf16 blocks + 1.56 GB of float32 embeddings + the merged copy
+    assert 14.5 < weight_bytes(s, "bf16") / GIB < 15.5
+    # LoRA on two projections: only those are merged again
+    qv = 36 * (2560 * 4096 + 2560 * 1024)
+    assert weight_bytes(s, "bf16", ("q_proj", "v_proj")) == other * 4 + (s.block_params + qv) * 2
+
+
+def test_adapter_is_float32_with_gradient_and_two_moments():
+    in_out = 36 * ((2560 + 4096) * 2 + (2560 + 1024) * 2 + (2560 + 9728) * 3)
+    assert adapter_bytes(QWEN3_4B, 32) == 32 * in_out * 4 * 4
+    assert adapter_bytes(QWEN3_4B, 32, ("q_proj",)) == 32 * 36 * (2560 + 4096) * 16
+
+
+def test_memory_models_one_table_gpu_entries_marked_uncalibrated():
+    assert memory_model("cpu", "bf16").calibrated and memory_model("cpu", "fp32").calibrated
+    for (kind, _), model in MEMORY_MODELS.items():
+        if kind != "cpu":
+            assert model.calibrated == ""  # not yet calibrated on a GPU
+    with pytest.raises(ValueError, match="xla"):
+        memory_model("xla", "bf16")
+
+
+# ----------------------------------------------------------------------------- a step
 
 
 def test_rows_decoded_at_once_worked_by_hand():
@@ -43,26 +179,183 @@ def test_rows_decoded_at_once_worked_by_hand():
     assert sampling_rows(4, 64, 0) == 64
     assert sampling_rows(4, 200, 0) == 64  # a large group in parts
     assert sampling_rows(4, 200, 3) == 600  # an explicit prompt_batch: whole prompts
+    # a per-device row budget
+    assert sampling_rows(4, 200, 0, max_rows=256) == 200
+    assert sampling_rows(8, 16, 0, max_rows=256) == 128
+    assert decoding_batches(2, 6, 0, max_rows=4) == [(0, 1, 4), (0, 1, 2), (1, 1, 4), (1, 1, 2)]
+
+
+def step(group: int, **kw) -> StepSizes:
+    args = dict(
+        batch_size=4,
+        group_size=group,
+        max_tokens=24,
+        prompt_tokens=256,
+        prompt_batch=0,
+        lora_rank=16,
+    )
+    return StepSizes(**{**args, **kw})
+
+
+def estimate(group: int, micro_batch_tokens: int = 512, **kw):
+    return peak_memory(
+        SMOLLM2,
+        step(group, **kw),
+        micro_batch_tokens=micro_batch_tokens,
+        device_kind="cpu",
+        dtype="bf16",
+    )
 
 
 def test_parts_worked_by_hand():
     parts = estimate(16)
-    blocks = SMOLLM2["block_params"]
-    assert parts["weights"] == (SMOLLM2["params"] - blocks) * 4 + 2 * blocks * 2
-    assert parts["adapter"] == 16 * SMOLLM2["linear_in_out"] * 16
+    cpu = memory_model("cpu", "bf16")
+    s = SMOLLM2
+    assert parts.weights == (s.params - s.block_params) * 4 + 2 * s.block_params * 2
+    assert parts.adapter == 16 * 30 * (2 * (576 + 576) + 2 * (576 + 192) + 3 * (576 + 1536)) * 16
     # 64 rows of 256 + 24 positions: K and V per layer, float32; logits of the rows
-    assert parts["sampling"] == 2 * 30 * 192 * 4 * 64 * 280 + 64 * 49152 * 12
+    assert parts.sampling == 2 * 30 * 192 * 4 * 64 * 280 + 64 * 49152 * 12
     # a full micro-batch of 512 positions, and one chunk of logits
-    assert parts["training"] == 512 * 576 * 30 * 4 * ACTIVATION_FLOATS + LOGIT_ROWS * 49152 * 8
-    live = parts["weights"] + parts["adapter"] + parts["training"]
-    assert parts["total"] == pytest.approx(live * SLACK + parts["runtime"])
+    assert parts.training == 512 * 576 * 30 * cpu.activation_bytes + LOGIT_ROWS * 49152 * 8
+    live = parts.weights + parts.adapter + parts.training
+    assert parts.total == pytest.approx(live * cpu.slack + cpu.runtime_bytes)
     # the SmolLM2 quickstart peaked at 2.6-2.9 GiB on a CPU in bf16 mode
-    assert 2.3 < parts["total"] / 2**30 < 3.2
+    assert 2.3 < parts.total / GIB < 3.2
+
+
+def test_training_memory_leaves_sampling_out():
+    peak = training_memory(
+        SMOLLM2, micro_batch_tokens=512, device_kind="cpu", dtype="bf16", lora_rank=16
+    )
+    full = estimate(16)
+    assert peak.sampling == 0 and peak.training == full.training
+    assert peak.total == pytest.approx(
+        (full.weights + full.adapter + full.training) * full.slack + full.runtime
+    )
+
+
+def test_a_micro_batch_is_never_larger_than_the_step():
+    small = step(2, batch_size=1, max_tokens=10, prompt_tokens=20)  # 40 positions in all
+    a = peak_memory(SMOLLM2, small, micro_batch_tokens=512, device_kind="cpu", dtype="bf16")
+    b = peak_memory(SMOLLM2, small, micro_batch_tokens=40, device_kind="cpu", dtype="bf16")
+    assert a == b
 
 
 @given(st.integers(1, 4096))
 def test_the_estimate_never_grows_with_the_group(group):
-    total = estimate(group)["total"]
-    assert total <= estimate(64)["total"]
+    total = estimate(group).total
+    assert total <= estimate(64).total
     if group >= 64:  # sampling and training both at their bounds
-        assert total == pytest.approx(estimate(4096)["total"])
+        assert total == pytest.approx(estimate(4096).total)
+
+
+# ----------------------------------------------------------------------------- sizes from
+# free memory
+
+SIZING = dict(device_kind="cuda", dtype="bf16", lora_rank=32)
+
+
+def test_auto_is_512_on_a_cpu_whatever_its_memory():
+    for free in (None, 1 * GIB, 1000 * GIB):
+        assert (
+            auto_micro_batch_tokens(
+                QWEN3_4B, device_kind="cpu", dtype="bf16", free_bytes=free, lora_rank=32
+            )
+            == 512
+        )
+    assert (
+        auto_micro_batch_tokens(None, device_kind="mps", dtype="fp32", free_bytes=None, lora_rank=8)
+        == CPU_MICRO_BATCH
+    )
+
+
+def test_auto_on_an_80_gib_gpu_is_the_largest_that_fits():
+    free = 79 * GIB
+    n = auto_micro_batch_tokens(QWEN3_4B, free_bytes=free, **SIZING)
+    assert n % MICRO_BATCH_STEP == 0 and MICRO_BATCH_STEP <= n <= MICRO_BATCH_MAX
+
+    def peak(positions):
+        return training_memory(QWEN3_4B, micro_batch_tokens=positions, **SIZING).total
+
+    assert peak(n) <= HEADROOM * free < peak(n + MICRO_BATCH_STEP)
+    # the one GPU data point (H100 80GB, these shapes, LoRA r32): 4096 ran, 16384 did not
+    assert 2048 <= n < 16384
+    # a smaller model on the same GPU gets more positions; a tiny one the cap
+    assert auto_micro_batch_tokens(SMOLLM2, free_bytes=free, **SIZING) > n
+    tiny = shape_from_config({**SMOLLM2_CONFIG, "hidden_size": 64, "num_hidden_layers": 2})
+    assert auto_micro_batch_tokens(tiny, free_bytes=free, **SIZING) == MICRO_BATCH_MAX
+
+
+@given(st.floats(1, 200), st.floats(1, 200))
+def test_auto_is_monotone_in_free_memory(a, b):
+    lo, hi = sorted((a, b))
+    small = largest_micro_batch(QWEN3_4B, free_bytes=lo * GIB, **SIZING)
+    large = largest_micro_batch(QWEN3_4B, free_bytes=hi * GIB, **SIZING)
+    assert small <= large
+
+
+def test_auto_refuses_when_not_even_the_smallest_micro_batch_fits():
+    assert largest_micro_batch(QWEN3_4B, free_bytes=16 * GIB, **SIZING) == 0  # weights ~16 GiB
+    with pytest.raises(BackendError, match=r"\[backend.options\] micro_batch_tokens.*256"):
+        auto_micro_batch_tokens(QWEN3_4B, free_bytes=16 * GIB, **SIZING)
+    with pytest.raises(BackendError, match="config.json"):
+        auto_micro_batch_tokens(None, free_bytes=80 * GIB, **SIZING)
+
+
+def test_decode_row_budget():
+    kv, logits = QWEN3_4B.kv_bytes_per_token(), QWEN3_4B.logit_bytes_per_row()
+    args = dict(kv_bytes_per_token=kv, logit_bytes_per_row=logits, max_len=512)
+    assert decode_row_budget(device_kind="cpu", free_bytes=1000 * GIB, **args) == SAMPLE_ROWS
+    # 0.9 x 40 GiB / (294,912 x 512 + 1,823,232) bytes per row
+    rows = decode_row_budget(device_kind="cuda", free_bytes=40 * GIB, **args)
+    assert rows == int(0.9 * 40 * GIB // (294_912 * 512 + 1_823_232)) == 252
+    assert decode_row_budget(device_kind="cuda", free_bytes=1, **args) == 1
+    more = decode_row_budget(device_kind="cuda", free_bytes=60 * GIB, **args)
+    assert more > rows
+
+
+# ----------------------------------------------------------------------------- the
+# estimate against a device
+
+
+def qwen_peak(micro_batch_tokens, **kw):
+    sizes = step(16, batch_size=8, max_tokens=256, lora_rank=32, **kw)
+    return peak_memory(
+        QWEN3_4B, sizes, micro_batch_tokens=micro_batch_tokens, device_kind="cuda", dtype="bf16"
+    )
+
+
+def test_fit_problem_names_the_setting_and_the_largest_value_that_fits():
+    free, total = 79 * GIB, 80 * GIB
+    largest = largest_micro_batch(QWEN3_4B, free_bytes=free, **SIZING)
+    where = dict(free_bytes=free, total_bytes=total, where="gpu:0", largest=largest)
+    assert fit_problem(qwen_peak(largest), micro_batch_tokens=largest, **where) is None
+    over = fit_problem(qwen_peak(16384), micro_batch_tokens=16384, calibrated=False, **where)
+    assert over.level == "error"
+    assert over.message.startswith("[backend.options] micro_batch_tokens = 16384: the step needs ~")
+    assert "over the 79.0 GiB free on gpu:0 (of 80 GiB)" in over.message
+    assert f"the largest that fits is {largest}" in over.message
+    assert "not calibrated" in over.message
+    # between HEADROOM and all of it: a warning
+    near = next(
+        n
+        for n in range(largest, MICRO_BATCH_MAX, 64)
+        if HEADROOM * free < qwen_peak(n).total <= free
+    )
+    warning = fit_problem(qwen_peak(near), micro_batch_tokens=near, **where)
+    assert warning.level == "warning" and "close to running out" in warning.message
+
+
+def test_fit_problem_blames_sampling_or_the_device_when_they_make_the_peak():
+    free = 79 * GIB
+    where = dict(free_bytes=free, total_bytes=None, where="gpu:0")
+    peak = qwen_peak(512, max_rows=10_000, group_size=512)  # every completion at once
+    assert peak.sampling > peak.training
+    problem = fit_problem(peak, micro_batch_tokens=512, largest=3840, **where)
+    assert problem.level == "error" and problem.message.startswith(
+        "[training] max_tokens: sampling"
+    )
+    tiny = fit_problem(
+        qwen_peak(512), micro_batch_tokens=512, largest=0, **{**where, "free_bytes": 10 * GIB}
+    )
+    assert tiny.message.startswith("[backend] devices:") and "[model] model" in tiny.message

@@ -1,0 +1,230 @@
+"""The local backend sized to its device, on the tiny random model (CPU): `micro_batch_tokens
+= "auto"` is 512 on a CPU and shown in the ready line and the metrics; on CUDA the run-start
+check refuses a micro-batch over the free memory (a stand-in device: no GPU needed); and an
+out-of-memory error in a training micro-batch (injected) halves the budget and redoes the
+step, with the gradient of a step that never ran out, until one completion cannot fit."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+from grad_recorder import GradRecorder, step_gradients
+
+from retrain.backends.local import LocalBackend
+from retrain.build import build_backend
+from retrain.config import config_from_dict
+from retrain.errors import BackendError, TrainingError
+from retrain.kernels.packing import padded_area, split
+from retrain.memory import GIB, largest_micro_batch, shape_from_config
+from retrain.settings import LocalOptions
+from retrain.types import Datum, SamplingParams, TrainHyper
+
+HYPER = TrainHyper(lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8)
+QWEN3_4B = {
+    "hidden_size": 2560,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 9728,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+}
+
+
+def make_backend(tiny_raw, tiny_model_dir, said: list[str] | None = None) -> LocalBackend:
+    from transformers import AutoTokenizer
+
+    raw = copy.deepcopy(tiny_raw)
+    say = (lambda s: None) if said is None else said.append
+    return build_backend(
+        config_from_dict(raw), AutoTokenizer.from_pretrained(tiny_model_dir), say=say
+    )
+
+
+@pytest.fixture
+def backend(tiny_raw, tiny_model_dir):
+    b = make_backend(tiny_raw, tiny_model_dir)
+    with torch.no_grad():  # a non-trivial adapter, so the gradient reaches LoRA A too
+        for name, p in b.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)
+    return b
+
+
+def datums_of(backend) -> list[Datum]:
+    prompts = [[5, 6, 7, 8], [9, 10]]
+    groups = backend.sample(prompts, 4, SamplingParams(max_tokens=8, temperature=1.0, seed=2))
+    return [
+        Datum(prompt, s.token_ids, s.logprobs, [0.5 - (i % 2)] * len(s.token_ids))
+        for prompt, g in zip(prompts, groups, strict=True)
+        for i, s in enumerate(g)
+    ]
+
+
+def area(groups) -> int:
+    """Positions of a packed micro-batch: rows x longest row (retrain/kernels/packing.py)."""
+    rows = [len(p) + sum(len(c) - 1 for c in completions) for p, completions in groups]
+    return len(rows) * max(rows)
+
+
+def micro_batch_areas(datums: list[Datum], budget: int) -> list[int]:
+    """The packed areas of the micro-batches `budget` splits the step into."""
+    items = [(d.prompt_ids, len(d.completion_ids)) for d in datums]
+    out, start = [], 0
+    for size in split(items, budget):
+        out.append(padded_area(items[start : start + size]))
+        start += size
+    return out
+
+
+def run_out_of_memory_above(backend, monkeypatch, limit: int) -> list[int]:
+    """Make the trainer's logprob forward raise torch.OutOfMemoryError for a micro-batch
+    over `limit` positions, as a GPU would; returns the areas of the forwards that ran."""
+    inner, ran = backend._logprobs, []
+
+    def forward(groups, temperature):
+        if area(groups) > limit:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        ran.append(area(groups))
+        return inner(groups, temperature)
+
+    monkeypatch.setattr(backend, "_logprobs", forward)
+    return ran
+
+
+def test_auto_is_512_on_a_cpu_and_shown(tiny_raw, tiny_model_dir):
+    said: list[str] = []
+    b = make_backend(tiny_raw, tiny_model_dir, said)
+    assert b.settings.options.micro_batch_tokens == "auto"  # the default
+    assert b.options.micro_batch_tokens == 512
+    assert any("Local backend ready" in s and "micro_batch_tokens=512" in s for s in said)
+    result = b.train_step(datums_of(b), HYPER)
+    assert result.extra["micro_batch_tokens"] == 512 and result.extra["oom_retries"] == 0
+
+
+def test_out_of_memory_halves_the_budget_and_keeps_the_gradient(backend, monkeypatch):
+    datums = datums_of(backend)
+    clean, grad_clean = step_gradients(backend, datums, HYPER, 10_000)
+    assert clean.extra["oom_retries"] == 0
+    said: list[str] = []
+    backend._say = said.append
+    ran = run_out_of_memory_above(backend, monkeypatch, limit=40)
+    result, grads = step_gradients(backend, datums, HYPER, 10_000)
+    # 10000 -> 5000 -> ...: halved until every micro-batch of the split fits 40 positions
+    budget, retries = 10_000, 0
+    while max(micro_batch_areas(datums, budget)) > 40:
+        budget, retries = budget // 2, retries + 1
+    assert retries >= 3 and budget < 40
+    assert result.extra["oom_retries"] == retries
+    assert backend.options.micro_batch_tokens == result.extra["micro_batch_tokens"] == budget
+    assert max(ran) <= 40
+    assert result.loss == pytest.approx(clean.loss, abs=1e-6)
+    assert any(g.abs().max() > 1e-3 for g in grad_clean)  # a real gradient
+    for a, b in zip(grad_clean, grads, strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
+    (notice,) = said  # said once, with the new budget
+    assert f"micro_batch_tokens lowered 10000 -> {budget} for the rest of the run" in notice
+    # the next step keeps the lowered budget: no retries
+    optimizer, backend.optimizer = backend.optimizer, GradRecorder(backend.params)
+    try:
+        again = backend.train_step(datums, HYPER)
+    finally:
+        backend.optimizer = optimizer
+    assert again.extra["oom_retries"] == 0 and again.extra["micro_batch_tokens"] == budget
+    assert len(said) == 1
+
+
+def test_one_completion_that_cannot_fit_stops_with_the_keys_to_lower(backend, monkeypatch):
+    datums = datums_of(backend)
+    before = {n: p.detach().clone() for n, p in backend.model.named_parameters() if p.requires_grad}
+    run_out_of_memory_above(backend, monkeypatch, limit=3)  # below any prompt + completion
+    with pytest.raises(TrainingError) as err:
+        backend.train_step(datums, HYPER)
+    message = str(err.value)
+    assert "out of memory on cpu training a micro-batch of one completion" in message
+    for key in ("[backend.options]", "micro_batch_tokens", "[training] max_tokens", "group_size"):
+        assert key in message
+    for name, p in backend.model.named_parameters():
+        if p.requires_grad:
+            assert p.grad is None and torch.equal(p.detach(), before[name])  # not updated
+
+
+# ----------------------------------------------------------------------------- the
+# run-start check on CUDA, with a stand-in device and model shape
+
+
+def cuda_stand_in(micro_batch_tokens, free_gib: float, monkeypatch) -> SimpleNamespace:
+    """What LocalBackend._size_memory reads of a backend training on cuda:0, with the
+    shape of Qwen3-4B and `free_gib` free (torch.cuda.mem_get_info stands in)."""
+    options = LocalOptions.from_mapping({"micro_batch_tokens": micro_batch_tokens})
+    lora = SimpleNamespace(rank=32, target_modules=())
+    stand_in = SimpleNamespace(
+        options=options,
+        train_device=torch.device("cuda", 0),
+        bf16=True,
+        settings=SimpleNamespace(model="qwen3-4b-shaped", lora=lora),
+        _model_shape=lambda model: shape_from_config(QWEN3_4B),
+    )
+    free = int(free_gib * GIB)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 * GIB))
+    return stand_in
+
+
+def test_the_run_start_check_refuses_a_micro_batch_over_the_gpu(monkeypatch):
+    said: list[str] = []
+    b = cuda_stand_in(16384, 79.0, monkeypatch)
+    largest = largest_micro_batch(
+        shape_from_config(QWEN3_4B),
+        device_kind="cuda",
+        dtype="bf16",
+        free_bytes=79 * GIB,
+        lora_rank=32,
+    )
+    with pytest.raises(BackendError) as err:
+        LocalBackend._size_memory(b, None, said.append)
+    assert str(err.value).startswith(
+        "[backend.options] micro_batch_tokens = 16384: the step needs ~"
+    )
+    assert f"the largest that fits is {largest}" in str(err.value)
+    assert "over the 79.0 GiB free on cuda:0 (of 80 GiB)" in str(err.value)
+    # the largest value passes; auto resolves to it and says so
+    b = cuda_stand_in(largest, 79.0, monkeypatch)
+    LocalBackend._size_memory(b, None, said.append)
+    assert b.options.micro_batch_tokens == largest and not said
+    b = cuda_stand_in("auto", 79.0, monkeypatch)
+    LocalBackend._size_memory(b, None, said.append)
+    assert b.options.micro_batch_tokens == largest
+    assert said == [f"micro_batch_tokens = auto: {largest} positions (79.0 GiB free on cuda:0)"]
+    # a GPU the weights alone fill: auto refuses too, naming the key
+    b = cuda_stand_in("auto", 12.0, monkeypatch)
+    with pytest.raises(BackendError, match=r"\[backend.options\] micro_batch_tokens: not even 256"):
+        LocalBackend._size_memory(b, None, said.append)
+
+
+def test_the_cpu_is_not_checked(monkeypatch):
+    b = cuda_stand_in(1_000_000, 1.0, monkeypatch)
+    b.train_device = torch.device("cpu")
+    LocalBackend._size_memory(b, None, lambda s: None)  # no check, no error
+    assert b.options.micro_batch_tokens == 1_000_000
+    b.options = dataclasses.replace(b.options, micro_batch_tokens="auto")
+    LocalBackend._size_memory(b, None, lambda s: None)
+    assert b.options.micro_batch_tokens == 512
+
+
+def test_the_metrics_row_carries_the_budget_and_the_retries(tiny_raw, tmp_path):
+    from run_helpers import QuietConsole
+
+    from retrain.logs.jsonl import read_jsonl
+    from retrain.trainer import train
+
+    raw = copy.deepcopy(tiny_raw)
+    raw["training"]["max_steps"] = 1
+    raw["eval"] = {"every": 0}
+    assert train(config_from_dict(raw), console=QuietConsole()) == 0
+    rows, _ = read_jsonl(tmp_path / "logs" / "metrics.jsonl")
+    assert rows[-1]["micro_batch_tokens"] == 512 and rows[-1]["oom_retries"] == 0

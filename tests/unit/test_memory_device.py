@@ -1,0 +1,268 @@
+"""Memory sized to the device, without torch: a device's memory read from recorded
+nvidia-smi and /proc/meminfo outputs (retrain/hardware.py), `micro_batch_tokens`' "int/auto"
+option type, `explain`'s Memory line and errors against simulated devices, and doctor's
+device-memory lines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_memory import QWEN3_4B_CONFIG
+
+from retrain.cli import doctor
+from retrain.cli import explain as explain_cli
+from retrain.cli.main import main
+from retrain.hardware import cuda_device_count, device_memory, parse_meminfo, visible_gpu
+from retrain.registry import BACKENDS
+from retrain.settings import LocalOptions
+from retrain.types import check_option
+
+MIB, GIB = 2**20, 2**30
+# /proc/meminfo of a 24 GiB box (the lines retrain reads, and others around them)
+MEMINFO = """MemTotal:       24684084 kB
+MemFree:        14274628 kB
+MemAvailable:   19881324 kB
+Buffers:           47372 kB
+"""
+
+
+class NvidiaSmi:
+    """Recorded nvidia-smi answers for GPUs of (free MiB, total MiB); records each call."""
+
+    def __init__(self, *gpus: tuple[int, int]):
+        self.gpus, self.calls = gpus, []
+
+    def __call__(self, args: list[str]) -> str | None:
+        self.calls.append(args)
+        if args[0] == "--query-gpu=index":
+            return "".join(f"{i}\n" for i in range(len(self.gpus)))
+        i = int(args[args.index("-i") + 1])
+        if i >= len(self.gpus):
+            return None  # nvidia-smi exits non-zero for a GPU that is not there
+        free, total = self.gpus[i]
+        return f"{free}, {total}\n"
+
+
+# ----------------------------------------------------------------------------- hardware
+
+
+def test_cpu_memory_from_meminfo():
+    assert parse_meminfo(MEMINFO) == (19881324 * 1024, 24684084 * 1024)
+    assert device_memory("cpu", meminfo=lambda: MEMINFO) == (19881324 * 1024, 24684084 * 1024)
+    assert parse_meminfo("MemTotal: 10 kB\n") is None  # an old kernel without MemAvailable
+
+    def unreadable() -> str:
+        raise OSError("no /proc")
+
+    assert device_memory("cpu", meminfo=unreadable) is None
+
+
+def test_gpu_memory_from_nvidia_smi():
+    smi = NvidiaSmi((81037, 81559), (1000, 16384))
+    assert device_memory("cuda", 0, run=smi, env={}) == (81037 * MIB, 81559 * MIB)
+    assert device_memory("cuda", 1, run=smi, env={}) == (1000 * MIB, 16384 * MIB)
+    assert smi.calls[0] == [
+        "--query-gpu=memory.free,memory.total",
+        "--format=csv,noheader,nounits",
+        "-i",
+        "0",
+    ]
+    assert device_memory("cuda", 2, run=smi, env={}) is None
+    assert device_memory("cuda", 0, run=lambda args: None, env={}) is None  # no nvidia-smi
+    assert device_memory("cuda", 0, run=lambda args: "[N/A], [N/A]\n", env={}) is None
+    assert device_memory("mps", 0) is None
+    assert cuda_device_count(run=smi, env={}) == 2
+    assert cuda_device_count(run=lambda args: None, env={}) == 0
+
+
+def test_cuda_visible_devices_maps_torch_indices_to_nvidia_smi_ids():
+    assert visible_gpu(0, None) == "0"
+    assert visible_gpu(1, "2,3") == "3"
+    assert visible_gpu(0, "GPU-8f3a") == "GPU-8f3a"
+    assert visible_gpu(0, "") is None and visible_gpu(2, "2,3") is None
+    smi = NvidiaSmi((1, 2), (3, 4), (5, 6), (81037, 81559))
+    assert device_memory("cuda", 0, run=smi, env={"CUDA_VISIBLE_DEVICES": "3"}) == (
+        81037 * MIB,
+        81559 * MIB,
+    )
+    assert cuda_device_count(run=smi, env={"CUDA_VISIBLE_DEVICES": "3"}) == 1
+
+
+def test_the_real_nvidia_smi_runner_says_none_when_it_is_absent(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi on it
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert device_memory("cuda", 0) is None and cuda_device_count() == 0
+
+
+# ----------------------------------------------------------------------------- the option
+
+
+def test_micro_batch_tokens_takes_a_positive_int_or_auto():
+    spec = BACKENDS.entry("local").options["micro_batch_tokens"]
+    assert (spec.type, spec.default) == ("int/auto", "auto")
+    assert check_option("micro_batch_tokens", spec, "auto") is None
+    assert check_option("micro_batch_tokens", spec, 4096) is None
+    assert check_option("micro_batch_tokens", spec, 0) == "must be > 0, got 0"
+    for bad in ("big", True, 1.5):
+        assert check_option("micro_batch_tokens", spec, bad) == (
+            f"option 'micro_batch_tokens' expects int or \"auto\", got {bad!r}"
+        )
+    assert LocalOptions.from_mapping({}).micro_batch_tokens == "auto"
+
+
+# ----------------------------------------------------------------------------- explain
+
+
+@pytest.fixture
+def no_caches(tmp_path, monkeypatch):
+    """No Hugging Face or retrain cache of this machine is read."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("RETRAIN_CACHE", str(tmp_path / "rc"))
+
+
+def simulate(monkeypatch, **devices: tuple[float, float]) -> None:
+    """explain and doctor see these devices ({"cuda0": (free GiB, total GiB), "cpu": ...})."""
+
+    def memory(kind: str, index: int = 0, **kw):
+        found = devices.get("cpu" if kind == "cpu" else f"{kind}{index}")
+        return None if found is None else (int(found[0] * GIB), int(found[1] * GIB))
+
+    monkeypatch.setattr(explain_cli, "device_memory", memory)
+    monkeypatch.setattr("retrain.hardware.device_memory", memory)
+    gpus = len([k for k in devices if k.startswith("cuda")])
+    monkeypatch.setattr("retrain.hardware.cuda_device_count", lambda **kw: gpus)
+
+
+def qwen_config(tmp_path: Path, *options: str) -> Path:
+    model = tmp_path / "qwen3-shaped"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps(QWEN3_4B_CONFIG))
+    path = tmp_path / "r.toml"
+    opts = "".join(f"{o}\n" for o in options)
+    path.write_text(
+        f'[model]\nmodel = "{model}"\nlora_rank = 32\n[backend]\ndevices = "gpu:0"\n'
+        f"[backend.options]\n{opts}[eval]\nevery = 0\n"
+        "[training]\nseed = 1\nbatch_size = 8\ngroup_size = 16\nmax_tokens = 256\n"
+    )
+    return path
+
+
+def explain(path: Path, capsys, *flags: str) -> tuple[int, str, dict]:
+    code = main(["explain", str(path), *flags])
+    text = capsys.readouterr().out
+    main(["explain", str(path), "--json", *flags])
+    return code, text, json.loads(capsys.readouterr().out)
+
+
+def memory_line(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("Memory:"))
+
+
+def test_explain_sizes_auto_to_an_80_gib_gpu(tmp_path, capsys, monkeypatch, no_caches):
+    simulate(monkeypatch, cuda0=(79.1, 79.6))
+    code, text, report = explain(qwen_config(tmp_path), capsys)
+    est = report["estimates"]
+    assert code == 0 and not report["errors"]
+    n = est["micro_batch_tokens"]
+    assert n % 256 == 0 and 2048 <= n < 16384
+    assert est["device"] == "gpu:0" and est["device_free_gib"] == 79.1
+    assert est["peak_memory_gib"] <= 0.9 * 79.1 and est["memory_problem"] is None
+    assert f"micro-batches of {n} tokens (auto)" in text
+    line = memory_line(text)
+    assert line.startswith("Memory:      gpu:0: 79.1 of 80 GiB free; 4,022M params; peak ~")
+    assert "cuda memory model is not calibrated yet" in line
+    # the GPU holds the blocks in bf16: ~15 GiB with the sampler's merged copy, not 2 x 15 f32
+    assert 14.5 < float(line.split("weights ")[1].split(" ")[0]) < 15.5
+
+
+def test_explain_refuses_a_micro_batch_over_the_gpu(tmp_path, capsys, monkeypatch, no_caches):
+    simulate(monkeypatch, cuda0=(79.1, 79.6))
+    auto = explain(qwen_config(tmp_path), capsys)[2]["estimates"]["micro_batch_tokens"]
+    code, text, report = explain(qwen_config(tmp_path, "micro_batch_tokens = 16384"), capsys)
+    assert code == 2
+    (error,) = report["errors"]
+    assert error.startswith("[backend.options] micro_batch_tokens = 16384: the step needs ~")
+    assert "over the 79.1 GiB free on gpu:0 (of 80 GiB)" in error
+    assert error.endswith(f'the largest that fits is {auto} (or "auto")')
+    assert f"ERROR: {error}" in text and ", OVER the free memory" in memory_line(text)
+    # the same value on an idle 141 GiB GPU is no error
+    simulate(monkeypatch, cuda0=(300, 300))
+    assert explain(qwen_config(tmp_path, "micro_batch_tokens = 16384"), capsys)[0] == 0
+
+
+def test_explain_warns_close_to_the_free_memory(tmp_path, capsys, monkeypatch, no_caches):
+    simulate(monkeypatch, cuda0=(79.1, 79.6))
+    auto = explain(qwen_config(tmp_path), capsys)[2]["estimates"]["micro_batch_tokens"]
+    code, text, report = explain(
+        qwen_config(tmp_path, f"micro_batch_tokens = {auto + 256}"), capsys
+    )
+    assert code == 0 and not report["errors"]
+    (warning,) = [w for w in report["warnings"] if "micro_batch_tokens" in w]
+    assert "close to running out" in warning and f"leaving a margin: {auto}" in warning
+    assert ", close to the free memory" in memory_line(text)
+
+
+def test_explain_without_nvidia_smi_keeps_auto_open(tmp_path, capsys, monkeypatch, no_caches):
+    simulate(monkeypatch)  # no device answers
+    code, text, report = explain(qwen_config(tmp_path), capsys)
+    est = report["estimates"]
+    assert code == 0 and est["micro_batch_tokens"] is None and est["device_free_gib"] is None
+    assert "auto size (set at start from free memory)" in text
+    assert "gpu:0: memory unknown" in memory_line(text)
+    assert "auto is sized at start to gpu:0's free memory (unknown here)" in est["memory_note"]
+
+
+def test_explain_on_a_cpu_keeps_512(tmp_path, capsys, monkeypatch, no_caches):
+    simulate(monkeypatch, cpu=(19.0, 23.5))
+    path = qwen_config(tmp_path)
+    path.write_text(path.read_text().replace('"gpu:0"', '"cpu"'))
+    code, text, report = explain(path, capsys, "--backend-opt", "dtype=fp32")
+    assert report["estimates"]["micro_batch_tokens"] == 512
+    assert memory_line(text).startswith("Memory:      cpu: 19.0 of 24 GiB free; 4,022M params")
+    assert "micro-batches of 512 tokens (auto)" in text
+    # a 4B model at float32 does not fit 19 GiB of RAM
+    assert code == 2 and "19.0 GiB free on cpu" in report["errors"][0]
+
+
+def test_the_name_only_fallback_counts_the_device_dtype(tmp_path, capsys, monkeypatch, no_caches):
+    simulate(monkeypatch, cuda0=(79.1, 79.6), cpu=(19.0, 23.5))
+    path = tmp_path / "n.toml"
+    base = '[model]\nmodel = "acme/Widget-4B"\n[eval]\nevery = 0\n[training]\nseed = 1\n'
+    path.write_text(base + '[backend]\ndevices = "gpu:0"\n')
+    est = explain(path, capsys)[2]["estimates"]
+    assert est["model_params"] == 4e9
+    assert est["peak_memory_gib"] == round(4e9 * 2 / GIB, 2)  # bf16 on a GPU: 2 bytes each
+    assert "at least the weights at 2 bytes each (bf16" in est["memory_note"]
+    path.write_text(base + '[backend]\ndevices = "cpu"\noptions = { dtype = "fp32" }\n')
+    assert explain(path, capsys)[2]["estimates"]["peak_memory_gib"] == round(4e9 * 4 / GIB, 2)
+    path.write_text(base.replace("Widget-4B", "Widget-70B") + '[backend]\ndevices = "gpu:0"\n')
+    code, _, report = explain(path, capsys)
+    assert code == 2 and "the weights alone need ~130.4 GiB" in report["errors"][0]
+
+
+# ----------------------------------------------------------------------------- doctor
+
+
+def test_doctor_reports_each_devices_memory(tmp_path, monkeypatch, no_caches):
+    simulate(monkeypatch, cuda0=(79.1, 79.6), cuda1=(10.0, 16.0), cpu=(19.0, 23.5))
+    checks = doctor.check_memory(None)
+    assert [(c.name, c.status, c.detail) for c in checks] == [
+        ("memory gpu:0", "OK", "79.1 of 79.6 GiB free"),
+        ("memory gpu:1", "OK", "10.0 of 16.0 GiB free"),
+        ("memory cpu", "OK", "19.0 of 23.5 GiB free"),
+    ]
+    config = doctor.check_config(str(qwen_config(tmp_path)))[1]
+    first = doctor.check_memory(config)[0]
+    assert first.status == "OK" and "the run's estimated peak ~" in first.detail
+
+
+def test_doctor_warns_about_a_run_near_or_over_the_device(tmp_path, monkeypatch, no_caches):
+    simulate(monkeypatch, cuda0=(79.1, 79.6), cpu=(19.0, 23.5))
+    config = doctor.check_config(str(qwen_config(tmp_path, "micro_batch_tokens = 16384")))[1]
+    first = doctor.check_memory(config)[0]
+    assert first.status == "WARN" and first.detail.endswith(", over it")
+    assert first.fix.startswith("[backend.options] micro_batch_tokens = 16384")
+    run = doctor.check_run(config, "r.toml")
+    assert run[0].status == "FAIL" and "micro_batch_tokens = 16384" in run[0].detail
