@@ -135,6 +135,10 @@ def child_trl(steps: int, group: int, seed: int, batch: int = 4) -> dict:
     from retrain.models import resolve_model
     from retrain.rewards.boxed import extract_boxed
 
+    # TRL at its best on a CPU (the settings of ../shared/gpu/trl_gpu.py's anchor): torch's
+    # threads set to the cores, no tokenizer thread pool beside them
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
     torch.manual_seed(seed)
     rows, tokenizer = _same_prompts(steps, batch)
     tokenizer.padding_side = "left"
@@ -151,6 +155,7 @@ def child_trl(steps: int, group: int, seed: int, batch: int = 4) -> dict:
         output_dir=work,
         per_device_train_batch_size=batch * group,
         gradient_accumulation_steps=1,
+        steps_per_generation=1,  # one generation per optimizer step, as retrain
         num_generations=group,
         max_completion_length=24,
         temperature=1.0,
@@ -172,6 +177,7 @@ def child_trl(steps: int, group: int, seed: int, batch: int = 4) -> dict:
         report_to="none",
         seed=seed,
         disable_tqdm=True,
+        dataloader_num_workers=0,
     )
     peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear")
     timing = _TrlTiming()

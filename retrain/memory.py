@@ -255,6 +255,7 @@ class StepSizes:
     lora_rank: int
     target_modules: tuple[str, ...] = ()  # () = every projection
     max_rows: int | None = None  # the decoder's row budget (None: SAMPLE_ROWS)
+    checkpointing: bool = False  # [backend.options] checkpointing
 
 
 @dataclass(frozen=True)
@@ -292,11 +293,21 @@ def adapter_bytes(shape: ModelShape, lora_rank: int, target_modules: Sequence[st
     return lora_rank * in_out * 4 * 4
 
 
-def training_bytes(shape: ModelShape, positions: int, model: DeviceMemoryModel) -> int:
+def training_bytes(
+    shape: ModelShape, positions: int, model: DeviceMemoryModel, checkpointing: bool = False
+) -> int:
     """One micro-batch: positions x hidden x layers x activation_bytes, and the float32
-    logits of LOGIT_ROWS positions with their gradient (x 2)."""
-    activations = positions * shape.hidden * shape.layers * model.activation_bytes
-    return activations + min(positions, LOGIT_ROWS) * shape.vocab * 4 * 2
+    logits of LOGIT_ROWS positions with their gradient (x 2). With activation
+    checkpointing each block keeps only its float32 input (4 bytes per hidden unit) and
+    one block at a time recomputes its activations:
+
+        positions x hidden x (layers x 4 + activation_bytes)"""
+    per_position = shape.hidden * (
+        shape.layers * 4 + model.activation_bytes
+        if checkpointing
+        else shape.layers * model.activation_bytes
+    )
+    return positions * per_position + min(positions, LOGIT_ROWS) * shape.vocab * 4 * 2
 
 
 def training_memory(
@@ -307,6 +318,7 @@ def training_memory(
     dtype: str,
     lora_rank: int,
     target_modules: Sequence[str] = (),
+    checkpointing: bool = False,
 ) -> PeakMemory:
     """The peak while training a micro-batch of `micro_batch_tokens` positions, sampling
     left out (what the micro-batch size moves; all the run-start check knows):
@@ -315,7 +327,7 @@ def training_memory(
     model = memory_model(device_kind, dtype)
     weights = weight_bytes(shape, dtype, target_modules)
     adapter = adapter_bytes(shape, lora_rank, target_modules)
-    training = training_bytes(shape, micro_batch_tokens, model)
+    training = training_bytes(shape, micro_batch_tokens, model, checkpointing)
     return PeakMemory(
         weights=weights,
         adapter=adapter,
@@ -349,6 +361,7 @@ def peak_memory(
         dtype=dtype,
         lora_rank=step.lora_rank,
         target_modules=step.target_modules,
+        checkpointing=step.checkpointing,
     )
     rows = sampling_rows(step.batch_size, step.group_size, step.prompt_batch, step.max_rows)
     tokens = step.prompt_tokens + step.max_tokens
@@ -369,6 +382,7 @@ def largest_micro_batch(
     free_bytes: float,
     lora_rank: int,
     target_modules: Sequence[str] = (),
+    checkpointing: bool = False,
 ) -> int:
     """The largest micro-batch, a multiple of MICRO_BATCH_STEP positions up to
     MICRO_BATCH_MAX, whose training peak fits HEADROOM x free_bytes:
@@ -386,6 +400,7 @@ def largest_micro_batch(
             dtype=dtype,
             lora_rank=lora_rank,
             target_modules=target_modules,
+            checkpointing=checkpointing,
         )
         if peak.total > budget:
             break  # the peak grows with n
@@ -401,6 +416,7 @@ def auto_micro_batch_tokens(
     free_bytes: float | None,
     lora_rank: int,
     target_modules: Sequence[str] = (),
+    checkpointing: bool = False,
 ) -> int:
     """`[backend.options] micro_batch_tokens = "auto"`: CPU_MICRO_BATCH (512) on a CPU or
     MPS, so their runs do not change; on CUDA `largest_micro_batch` of the free memory.
@@ -420,6 +436,7 @@ def auto_micro_batch_tokens(
         free_bytes=free_bytes,
         lora_rank=lora_rank,
         target_modules=target_modules,
+        checkpointing=checkpointing,
     )
     if n == 0:
         fixed = (

@@ -196,7 +196,7 @@ class LocalBackend:
         dtype = "bf16" if self.bf16 else "fp32"
         lora = self.settings.lora
         sizing = dict(device_kind=device.type, dtype=dtype, lora_rank=lora.rank)
-        sizing["target_modules"] = lora.target_modules
+        sizing.update(target_modules=lora.target_modules, checkpointing=opts.checkpointing)
         if device.type != "cuda":  # CPU and MPS: auto is the CPU-measured 512, no check
             if opts.micro_batch_tokens == "auto":
                 n = auto_micro_batch_tokens(None, free_bytes=None, **sizing)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from retrain import registry
@@ -31,14 +31,17 @@ from retrain.memory import (
     FitProblem,
     ModelShape,
     StepSizes,
+    adapter_bytes,
     auto_micro_batch_tokens,
     block_bytes,
+    decode_row_budget,
     fit_problem,
     largest_micro_batch,
     memory_model,
     params_in_name,
     peak_memory,
     training_memory,
+    weight_bytes,
 )
 from retrain.models import model_shape
 from retrain.types import BackendCapabilities
@@ -556,6 +559,7 @@ def _micro_batch(opts: dict[str, Any], shape: ModelShape, plan: dict[str, Any]) 
             free_bytes=plan["free"],
             lora_rank=plan["step"].lora_rank,
             target_modules=plan["step"].target_modules,
+            checkpointing=plan["step"].checkpointing,
         )
     except BackendError as exc:
         plan["errors"].append(str(exc))
@@ -566,6 +570,17 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
     """`peak_memory` of the local step from the model's shape, and the estimate against
     the training device's free memory (`fit_problem`)."""
     opts, step, kind, dtype = plan["opts"], plan["step"], plan["kind"], plan["dtype"]
+    if kind == "cuda" and plan["free"] is not None:  # the decoder's rows, as it sizes them
+        loaded = weight_bytes(shape, dtype, step.target_modules)
+        loaded += adapter_bytes(shape, step.lora_rank, step.target_modules)
+        rows = decode_row_budget(
+            device_kind=kind,
+            free_bytes=max(plan["free"] - loaded, 0),
+            kv_bytes_per_token=shape.kv_bytes_per_token(),
+            logit_bytes_per_row=shape.logit_bytes_per_row(),
+            max_len=step.prompt_tokens + step.max_tokens,
+        )
+        step = replace(step, max_rows=rows)
     chosen = _micro_batch(opts, shape, plan)
     size = chosen or MICRO_BATCH_STEP  # unknown: auto's smallest, so a lower bound
     mem = dict(micro_batch_tokens=size, device_kind=kind, dtype=dtype)
@@ -592,7 +607,11 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
             parts
             if "," not in config.backend.devices
             else training_memory(
-                shape, lora_rank=step.lora_rank, target_modules=step.target_modules, **mem
+                shape,
+                lora_rank=step.lora_rank,
+                target_modules=step.target_modules,
+                checkpointing=step.checkpointing,
+                **mem,
             )
         )
         largest = largest_micro_batch(
@@ -602,6 +621,7 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
             free_bytes=plan["free"],
             lora_rank=step.lora_rank,
             target_modules=step.target_modules,
+            checkpointing=step.checkpointing,
         )
         out["memory_problem"] = fit_problem(
             checked,
@@ -659,6 +679,7 @@ def memory_estimate(config: Config) -> dict[str, Any]:
             prompt_batch=opts["prompt_batch"],
             lora_rank=config.model.lora_rank,
             target_modules=tuple(config.lora.target_modules),
+            checkpointing=bool(opts.get("checkpointing", False)),
         ),
     }
     out: dict[str, Any] = {

@@ -171,6 +171,7 @@ class PyTorchEngine:
         if decode not in DECODERS:
             raise BackendError(f"decode = {decode!r}: one of {', '.join(DECODERS)}")
         self.decode = decode
+        self._shape = None  # the model's sizes, for the CUDA row budget (retrain/memory.py)
         self.static = None
         if decode != "dynamic":
             from retrain.engines.static_decode import StaticDecoder
@@ -216,7 +217,10 @@ class PyTorchEngine:
         self.model.eval()
         model = self._sampling_model()
         try:
-            for first, prompts, rows in decoding_batches(len(prompts_B), n, self.prompt_batch):
+            max_rows = self._row_budget(prompts_B, params)
+            for first, prompts, rows in decoding_batches(
+                len(prompts_B), n, self.prompt_batch, max_rows
+            ):
                 chunk = prompts_B[first : first + prompts]
                 u = uniforms(len(chunk) * rows, params.max_tokens, generator)
                 for i, group in enumerate(self._decode(model, chunk, rows, params, u)):
@@ -224,6 +228,28 @@ class PyTorchEngine:
         finally:
             self.model.train(was_training)
         return out
+
+    def _row_budget(self, prompts_B: list[list[int]], params: SamplingParams) -> int | None:
+        """Completions decoded at once: on CUDA as many as the free memory holds (the KV
+        cache of the longest prompt plus max_tokens, and the logits, per row: so a step's
+        completions are decoded together when they fit); elsewhere None (SAMPLE_ROWS, the
+        CPU's bound)."""
+        if self.device.type != "cuda":
+            return None
+        from retrain.memory import decode_row_budget, shape_from_config
+
+        if self._shape is None:
+            self._shape = shape_from_config(self.model.config.to_dict())
+        if self._shape is None:  # sizes retrain/memory.py cannot read: the CPU's bound
+            return None
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return decode_row_budget(
+            device_kind="cuda",
+            free_bytes=free,
+            kv_bytes_per_token=self._shape.kv_bytes_per_token(),
+            logit_bytes_per_row=self._shape.logit_bytes_per_row(),
+            max_len=max(len(p) for p in prompts_B) + params.max_tokens,
+        )
 
     def _decode(self, model, prompts, n: int, params: SamplingParams, u) -> list[list[Sample]]:
         """`n` completions of each prompt, row i * n + j drawn with the uniforms u[i*n + j]:

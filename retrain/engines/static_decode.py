@@ -42,6 +42,7 @@ from retrain.types import SamplingParams
 log = logging.getLogger("retrain.engines.static_decode")
 
 LENGTH_STEP = 128  # cache lengths are rounded up to this with graphs (few captured shapes)
+KEPT_SHAPES = 4  # caches (and their graphs) kept with graphs; the least recently used goes
 CHECK_EVERY = 8  # steps between checks for "every row finished" with graphs (a host sync)
 
 
@@ -182,10 +183,16 @@ class StaticDecoder:
 
         key = (rows, length)
         if key in self._shapes:
+            self._shapes[key] = self._shapes.pop(key)  # most recently used last
             return self._shapes[key]
         made = StaticCache(config=model.config, max_cache_len=length)
         buffers = (made, _Step.allocate(rows, length, self.device))
         if self.graphs:
+            if len(self._shapes) >= KEPT_SHAPES:  # a cache and graphs hold device memory
+                oldest = next(iter(self._shapes))
+                del self._shapes[oldest]
+                for graph_key in [k for k in self._captured if k[:2] == oldest]:
+                    del self._captured[graph_key]
             self._shapes[key] = buffers
         return buffers
 

@@ -359,3 +359,27 @@ def test_fit_problem_blames_sampling_or_the_device_when_they_make_the_peak():
         qwen_peak(512), micro_batch_tokens=512, largest=0, **{**where, "free_bytes": 10 * GIB}
     )
     assert tiny.message.startswith("[backend] devices:") and "[model] model" in tiny.message
+
+
+def test_checkpointing_keeps_one_float32_input_per_block():
+    """With activation checkpointing a position keeps 4 bytes per hidden unit and layer
+    (the block inputs) plus one block's activations being recomputed; the micro-batch
+    that fits grows accordingly."""
+    model = memory_model("cuda", "bf16")
+    plain = training_memory(QWEN3_4B, micro_batch_tokens=1024, **SIZING)
+    ckpt = training_memory(QWEN3_4B, micro_batch_tokens=1024, checkpointing=True, **SIZING)
+    logits = LOGIT_ROWS * QWEN3_4B.vocab * 4 * 2
+    h, layers = QWEN3_4B.hidden, QWEN3_4B.layers
+    assert plain.training == 1024 * h * layers * model.activation_bytes + logits
+    assert ckpt.training == 1024 * h * (layers * 4 + model.activation_bytes) + logits
+    free = 79 * GIB
+    assert largest_micro_batch(QWEN3_4B, free_bytes=free, checkpointing=True, **SIZING) > (
+        largest_micro_batch(QWEN3_4B, free_bytes=free, **SIZING)
+    )
+    step = StepSizes(8, 16, 256, 256, 0, 32, checkpointing=True)
+    assert (
+        peak_memory(
+            QWEN3_4B, step, micro_batch_tokens=1024, device_kind="cuda", dtype="bf16"
+        ).training
+        == ckpt.training
+    )

@@ -130,3 +130,28 @@ def test_graphs_are_refused_off_cuda():
 
     with pytest.raises(BackendError, match="CUDA graphs need a CUDA device"):
         StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"), graphs=True)
+
+
+def test_on_cuda_the_rows_decoded_at_once_follow_the_free_memory(monkeypatch):
+    """The engine's row budget on CUDA comes from the free memory and the model's KV size
+    (retrain.memory.decode_row_budget), not the CPU's 64; elsewhere it is the CPU's."""
+    from retrain.memory import GIB, SAMPLE_ROWS, decode_row_budget, shape_from_config
+
+    model = tiny_model()
+    params = SamplingParams(max_tokens=30, temperature=1.0)
+    cpu = engines(model, "dynamic")
+    assert cpu._row_budget(PROMPTS, params) is None  # decoding_batches' SAMPLE_ROWS
+    gpu = PyTorchEngine(model, {EOS}, 0, torch.device("cuda"), merge_lora=False)
+    free = {"bytes": 2 * GIB}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free["bytes"], 80 * GIB))
+    shape = shape_from_config(model.config.to_dict())
+    want = decode_row_budget(
+        device_kind="cuda",
+        free_bytes=2 * GIB,
+        kv_bytes_per_token=shape.kv_bytes_per_token(),
+        logit_bytes_per_row=shape.logit_bytes_per_row(),
+        max_len=7 + 30,  # the longest prompt + max_tokens
+    )
+    assert gpu._row_budget(PROMPTS, params) == want > SAMPLE_ROWS
+    free["bytes"] = GIB // 1024
+    assert gpu._row_budget(PROMPTS, params) < want
