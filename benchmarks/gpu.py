@@ -166,15 +166,6 @@ def child_retrain(setup: dict, steps: int, seed: int, extra: list[str]) -> dict:
     }
 
 
-def _trl_rows(setup: dict, steps: int) -> list[dict]:
-    """The prompts retrain draws (its quickstart template's data, in its order: both
-    setups use them), as chat messages TRL renders with the same chat template."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from vs_trl import _same_prompts
-
-    return _same_prompts(steps, setup["batch"])[0]
-
-
 def child_trl(setup: dict, steps: int, seed: int) -> dict:
     import torch
     from datasets import Dataset
@@ -186,7 +177,7 @@ def child_trl(setup: dict, steps: int, seed: int) -> dict:
 
     cuda = setup["device"].startswith("gpu")
     torch.manual_seed(seed)
-    rows = _trl_rows(setup, steps)
+    rows = json.loads(Path(setup["prompts"]).read_text())  # made by the parent
     model_path = setup["model"] if setup["kind"] == "headline" else str(smollm2_dir())
     tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
 
@@ -339,6 +330,13 @@ CHILDREN = {"retrain": child_retrain, "trl": child_trl, "generate": child_genera
 
 def run_child(kind: str, setup: dict, args) -> dict:
     out = Path(tempfile.mkdtemp(prefix="gpu-bench-out-")) / "result.json"
+    if kind == "trl":  # retrain's prompts in its order, made here: the child runs TRL alone
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from vs_trl import same_prompts
+
+        prompts = out.parent / "prompts.json"
+        prompts.write_text(json.dumps(same_prompts(args.steps, setup["batch"])))
+        setup = {**setup, "prompts": str(prompts)}
     cmd = [sys.executable, __file__, "--child", kind, "--child-out", str(out)]
     cmd += ["--child-setup", json.dumps(setup), "--steps", str(args.steps)]
     cmd += ["--seed", str(args.seed)]

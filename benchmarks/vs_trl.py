@@ -111,9 +111,10 @@ class _LoadConsole:
         return getattr(self._inner, name)
 
 
-def _same_prompts(steps: int, batch: int):
-    """The examples retrain's quickstart draws, in its order, as a datasets.Dataset of
-    chat messages (TRL renders them with the same chat template)."""
+def same_prompts(steps: int, batch: int) -> list[dict]:
+    """The examples retrain's quickstart draws, in its order, as chat messages (TRL renders
+    them with the same chat template). Made by the parent and handed to a TRL child as a
+    file, so the child runs TRL alone: no retrain data pipeline in its process."""
     from retrain.build import build_data
     from retrain.models import load_tokenizer
 
@@ -121,35 +122,32 @@ def _same_prompts(steps: int, batch: int):
     tokenizer = load_tokenizer(config.model.model)
     data, renderer = build_data(config, tokenizer, lambda s: None)
     examples = data.next_batch(steps * batch)
-    rows = [{"prompt": renderer.messages(e), "answer": str(e.reference)} for e in examples]
-    return rows, tokenizer
+    return [{"prompt": renderer.messages(e), "answer": str(e.reference)} for e in examples]
 
 
-def child_trl(steps: int, group: int, seed: int, batch: int = 4) -> dict:
-    import torch
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from retrain.models import resolve_model
-    from retrain.rewards.boxed import extract_boxed
-
+def child_trl(
+    steps: int, group: int, seed: int, rows: list[dict], model_path: str, batch: int = 4
+) -> dict:
     # TRL at its best on a CPU (the settings of ../shared/gpu/trl_gpu.py's anchor): torch's
     # threads set to the cores, no tokenizer thread pool beside them
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from retrain.rewards.boxed import extract_boxed
+
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     torch.manual_seed(seed)
-    rows, tokenizer = _same_prompts(steps, batch)
-    tokenizer.padding_side = "left"
+    tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
 
     def reward(completions, answer, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [1.0 if extract_boxed(t) == a.strip() else 0.0 for t, a in zip(texts, answer)]
 
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct").path, dtype=torch.float32
-    )
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     work = tempfile.mkdtemp(prefix="vs-trl-trl-")
     args = GRPOConfig(
         output_dir=work,
@@ -179,7 +177,24 @@ def child_trl(steps: int, group: int, seed: int, batch: int = 4) -> dict:
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear")
+    # The anchor's LoRA exactly: a causal-LM PEFT model (TRL then passes logits_to_keep
+    # and its fused head through), the seven projections, no bias
+    peft = LoraConfig(
+        r=16,
+        lora_alpha=32,
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+        target_modules=[
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ],
+    )
     timing = _TrlTiming()
     trainer = GRPOTrainer(
         model=model,
@@ -252,6 +267,13 @@ def run_child(kind: str, args, group: int, burn: bool, flags: list[str], seed: i
     cmd = [sys.executable, __file__, "--child", kind, "--steps", str(args.steps)]
     cmd += ["--seeds", str(seed)]
     cmd += ["--group-sizes", str(group), "--child-out", str(out)]
+    if kind == "trl":  # the prompts retrain draws, made here: the child runs TRL alone
+        from retrain.models import resolve_model
+
+        prompts = out.parent / "prompts.json"
+        prompts.write_text(json.dumps(same_prompts(args.steps, 4)))
+        model = resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct").path
+        cmd += ["--child-prompts", str(prompts), "--child-model", str(model)]
     if flags:
         cmd += ["--", *flags]
     burners = start_burners(args.burners, args.burn_limit) if burn else []
@@ -366,6 +388,8 @@ def parse(argv):
     p.add_argument("--json", default="benchmarks/results/vs_trl.json")
     p.add_argument("--child", choices=["retrain", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
+    p.add_argument("--child-prompts", help=argparse.SUPPRESS)
+    p.add_argument("--child-model", help=argparse.SUPPRESS)
     p.add_argument("retrain_flags", nargs="*", help="extra retrain config flags (after --)")
     return p.parse_args(argv)
 
@@ -376,7 +400,8 @@ def child_main(args) -> int:
         flags = [*args.retrain_flags, "--seed", args.seeds]
         result = child_retrain(args.steps, group, flags)
     else:
-        result = child_trl(args.steps, group, int(args.seeds))
+        rows = json.loads(Path(args.child_prompts).read_text())
+        result = child_trl(args.steps, group, int(args.seeds), rows, args.child_model)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     Path(args.child_out).write_text(json.dumps(result))
     return 0
