@@ -276,14 +276,44 @@ ADVANTAGE_MODES = Registry(
         Entry(
             "grpo",
             "retrain.advantages.episode:grpo",
-            "A_i = r_i - mean(r)",
+            "A_i = r_i - mean(r): no std scale (Dr. GRPO's form, Liu et al. 2025)",
             grouped="retrain.advantages.episode:grpo_grouped",
+        ),
+        Entry(
+            "grpo_std",
+            "retrain.advantages.episode:grpo_std",
+            "A_i = (r_i - mean(r)) / (std(r) + eps): GRPO with the group's sample std "
+            "(Shao et al. 2024; eps = advantage_params eps, default 1e-6)",
+            grouped="retrain.advantages.episode:grpo_std_grouped",
         ),
         Entry(
             "maxrl",
             "retrain.advantages.episode:maxrl",
             "A_i = (r_i - mean(r)) / (mean(r) + eps): inverse success-rate reweighting",
             grouped="retrain.advantages.episode:maxrl_grouped",
+        ),
+        Entry(
+            "rloo",
+            "retrain.advantages.episode:rloo",
+            "A_i = r_i - mean of the group's other rewards = G/(G-1) (r_i - mean(r)) "
+            "(Kool et al. 2019, Ahmadian et al. 2024)",
+            grouped="retrain.advantages.episode:rloo_grouped",
+        ),
+        Entry(
+            "reinforce_pp",
+            "retrain.advantages.episode:reinforce_pp",
+            "REINFORCE++ (Hu et al. 2025): rewards normalised with the mean and std of every "
+            "completion of the step's kept groups (eps = advantage_params eps, default 1e-8)",
+            aliases=("reinforce_plus_plus",),
+            grouped="retrain.advantages.episode:reinforce_pp_grouped",
+        ),
+        Entry(
+            "reinforce_pp_baseline",
+            "retrain.advantages.episode:reinforce_pp_baseline",
+            "REINFORCE++-baseline (Hu et al. 2025): r_i - mean(r) of its group, then normalised "
+            "with the mean and std of every completion of the step's kept groups",
+            aliases=("reinforce_plus_plus_baseline",),
+            grouped="retrain.advantages.episode:reinforce_pp_baseline_grouped",
         ),
     ),
     key="[algorithm] advantage_mode",
@@ -358,6 +388,10 @@ ALGORITHM_MODES = Registry(
             ("maxrl", "gtpo_sepa"),
             ("grpo", "none"),
             ("maxrl", "none"),
+            ("grpo_std", "none"),
+            ("rloo", "none"),
+            ("reinforce_pp", "none"),
+            ("reinforce_pp_baseline", "none"),
         )
     ),
     key="[algorithm] algorithm_mode",

@@ -15,7 +15,12 @@ Steps of a call, in order:
    signal. It is counted as *all-correct* when the common reward is > 0, otherwise as
    *all-wrong*, and gets ``None`` instead of advantages. (``skip_uninformative=False``
    keeps them.) A group of one completion is therefore always skipped.
-2. **Episode advantages** of each kept group (``advantage_mode``).
+2. **Episode advantages** of each kept group (``advantage_mode``), in one call over
+   all kept groups (a built-in's batched form). Most modes look at one group at a
+   time; ``reinforce_pp`` and ``reinforce_pp_baseline`` also normalise with the mean
+   and variance of every completion of the kept groups (the step's batch). Skipped
+   groups are not in that call, so they do not enter those statistics either
+   (formulas in :mod:`retrain.advantages.episode`).
 3. **Uncertainty** h_t of every token of the kept groups (``uncertainty_kind``),
    computed once over all their tokens concatenated.
 4. **Statistics** over the same tokens: mean and population variance (ddof = 0) of h on
@@ -57,8 +62,9 @@ paths alike):
   ``fn(ctx: AlgorithmContext) -> TransformOutput | list[array]``, once per kept group.
   The skip rule, the uncertainties and the statistics still apply. The built-in
   algorithm names (``grpo_none``, ``maxrl_none``, ``maxrl_gtpo``, ``maxrl_gtpo_hicra``,
-  ``maxrl_gtpo_sepa``) are registry aliases of advantage/transform pairs and run
-  exactly as those pairs.
+  ``maxrl_gtpo_sepa``, ``grpo_std_none``, ``rloo_none``, ``reinforce_pp_none``,
+  ``reinforce_pp_baseline_none``) are registry aliases of advantage/transform pairs and
+  run exactly as those pairs.
 
 - ``uncertainty_kind = "pkg.mod.fn"``: ``fn(logprobs)`` or ``fn(logprobs, entropies)`` over
   a flat token array, or a
@@ -86,6 +92,7 @@ import numpy as np
 
 from retrain import registry
 from retrain.advantages.context import AlgorithmContext, TransformContext
+from retrain.advantages.episode import check_params
 from retrain.advantages.plugins import (
     builtin_entry,
     call_plugin,
@@ -389,6 +396,9 @@ class AdvantagePipeline:
         if self._algorithm is None:
             self._resolve_transform(paths)
             self._episode = episode_fn(advantage_mode, paths)
+            entry = registry.ADVANTAGE_MODES.entry(advantage_mode)
+            if entry is not None and not entry.plugin:  # a bad param fails here, not at step 0
+                check_params(entry.name, self.advantage_params)
         self._uncertainty = resolve_uncertainty(uncertainty_kind, paths)
         self._uncertainty_builtin = registry.UNCERTAINTY_KINDS.is_builtin(uncertainty_kind)
         self.needs_entropies = requires_entropies(uncertainty_kind) or bool(
@@ -585,7 +595,8 @@ def compute_token_advantages(
     `rewards_G` has one reward per completion; `logprobs_G_T` (and `planning_G_T`,
     `entropies_G_T` when given) one sequence per completion, of ragged lengths, as
     lists or numpy arrays. `planning_G_T=None` means no planning tokens. The group is
-    never skipped here: equal rewards simply give zero advantages under grpo/maxrl.
+    never skipped here: equal rewards simply give zero advantages under the built-in
+    modes (the group is the whole batch of ``reinforce_pp``).
     Builds an :class:`AdvantagePipeline` on every call: for many calls, build one.
     """
     pipeline = AdvantagePipeline(

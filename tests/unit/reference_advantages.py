@@ -27,6 +27,87 @@ def ref_maxrl(rewards):
     return [(r - mean) / (mean + MAXRL_EPS) for r in rewards]
 
 
+GRPO_STD_EPS = 1e-6
+REINFORCE_PP_EPS = 1e-8
+
+
+def _sample_std(xs):
+    """Sample standard deviation (ddof = 1); 0 for a single value."""
+    if len(xs) < 2:
+        return 0.0
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def ref_grpo_std(rewards, eps=GRPO_STD_EPS):
+    """(r_i - mean) / (sample std + eps): Shao et al. 2024, as verl and TRL compute it."""
+    mean = sum(rewards) / len(rewards)
+    std = _sample_std(rewards)
+    return [(r - mean) / (std + eps) for r in rewards]
+
+
+def ref_rloo(rewards):
+    """r_i minus the mean of the other rewards (0 for a group of one)."""
+    n = len(rewards)
+    if n == 1:
+        return [0.0]
+    total = sum(rewards)
+    return [r - (total - r) / (n - 1) for r in rewards]
+
+
+def _ref_whiten(xs, eps):
+    """(x - batch mean) / sqrt(batch sample variance + eps), one value per completion."""
+    if not xs:
+        return []
+    m = sum(xs) / len(xs)
+    var = sum((x - m) ** 2 for x in xs) / (len(xs) - 1) if len(xs) > 1 else 0.0
+    return [(x - m) / math.sqrt(var + eps) for x in xs]
+
+
+def ref_reinforce_pp_batch(groups_rewards, eps=REINFORCE_PP_EPS):
+    """REINFORCE++ over a batch of groups: per group, its completions' advantages."""
+    flat = [r for g in groups_rewards for r in g]
+    return _regroup(_ref_whiten(flat, eps), groups_rewards)
+
+
+def ref_reinforce_pp_baseline_batch(groups_rewards, eps=REINFORCE_PP_EPS):
+    """REINFORCE++-baseline: group mean subtracted, then whitened over the batch."""
+    centred = []
+    for g in groups_rewards:
+        mean = sum(g) / len(g)
+        centred.extend(r - mean for r in g)
+    return _regroup(_ref_whiten(centred, eps), groups_rewards)
+
+
+def _regroup(flat, groups_rewards):
+    out, k = [], 0
+    for g in groups_rewards:
+        out.append(flat[k : k + len(g)])
+        k += len(g)
+    return out
+
+
+# Per-group references; the batch modes take a list of groups (see ref_episode_batch).
+PER_GROUP_MODES = {
+    "grpo": ref_grpo,
+    "maxrl": ref_maxrl,
+    "grpo_std": ref_grpo_std,
+    "rloo": ref_rloo,
+}
+BATCH_MODES = {
+    "reinforce_pp": ref_reinforce_pp_batch,
+    "reinforce_pp_baseline": ref_reinforce_pp_baseline_batch,
+}
+
+
+def ref_episode_batch(mode, groups_rewards, **params):
+    """Episode advantages of a batch of groups (lists of rewards): one list per group."""
+    groups_rewards = [[float(r) for r in g] for g in groups_rewards]
+    if mode in BATCH_MODES:
+        return BATCH_MODES[mode](groups_rewards, **params)
+    return [PER_GROUP_MODES[mode](g, **params) for g in groups_rewards]
+
+
 SURPRISAL_NAMES = ("surprisal", "token_surprisal", "neg_logprob", "negative_logprob", "nll")
 VARIANCE_NAMES = ("predictive_variance", "pred_var", "bernoulli_variance")
 ENTROPY_NAMES = ("shannon_entropy", "shannon", "entropy", "token_entropy")
@@ -119,9 +200,13 @@ def ref_token_advantages(
     uncertainty_kind="surprisal",
     entropies_G_T=None,
     surprisal_mask_rho=0.0,
+    episode=None,
 ):
+    """One group's token advantages. `episode` (the group's episode advantages) is
+    given by ref_batch_advantages for the batch modes; else the group is the batch."""
     rewards = [float(r) for r in rewards]
-    episode = ref_grpo(rewards) if advantage_mode == "grpo" else ref_maxrl(rewards)
+    if episode is None:
+        episode = ref_episode_batch(advantage_mode, [rewards])[0]
     out, hs = [], []
     for i, a in enumerate(episode):
         lps = [float(x) for x in logprobs_G_T[i]]
@@ -153,13 +238,19 @@ def ref_token_advantages(
 
 
 def ref_batch_advantages(groups, **kwargs):
-    """Per group: None when all rewards are equal, else the token advantages."""
+    """Per group: None when all rewards are equal, else the token advantages. The
+    episode advantages are computed over the kept groups only (the batch of the
+    reinforce_pp modes)."""
+    kept = [list(g[0]) for g in groups if not all(r == g[0][0] for r in g[0])]
+    episodes = iter(ref_episode_batch(kwargs.get("advantage_mode", "maxrl"), kept))
     result = []
     for rewards, logprobs, planning in groups:
         if all(r == rewards[0] for r in rewards):
             result.append(None)
         else:
-            result.append(ref_token_advantages(rewards, logprobs, planning, **kwargs))
+            result.append(
+                ref_token_advantages(rewards, logprobs, planning, episode=next(episodes), **kwargs)
+            )
     return result
 
 
