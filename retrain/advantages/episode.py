@@ -232,20 +232,30 @@ def _checked_sizes(rewards: np.ndarray, sizes: Any) -> np.ndarray:
     return sizes
 
 
-def _group_sums(x: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+def _starts(sizes: np.ndarray) -> np.ndarray:
     starts = np.zeros(sizes.size, dtype=np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
-    return np.add.reduceat(x, starts)
+    return starts
+
+
+def _group_sums(x: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    return np.add.reduceat(x, _starts(sizes))
 
 
 def _centered(rewards: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """r_i - mean of its group, for every completion."""
-    return rewards - np.repeat(_group_sums(rewards, sizes) / sizes, sizes)
+    """r_i - mean of its group, for every completion. Each group's first reward is
+    subtracted before the mean is taken (the same in exact arithmetic), so a group of
+    equal rewards centres to exactly 0 rather than to a rounding residue that a std
+    scale would blow up."""
+    d = rewards - np.repeat(rewards[_starts(sizes)], sizes)
+    return d - np.repeat(_group_sums(d, sizes) / sizes, sizes)
 
 
 def _whiten(x: np.ndarray, eps: float) -> np.ndarray:
-    """(x - mean(x)) / sqrt(var(x) + eps) over all of x; var with ddof = 1 (0 for one value)."""
-    centered = x - x.mean()
+    """(x - mean(x)) / sqrt(var(x) + eps) over all of x; var with ddof = 1 (0 for one
+    value). Centred like :func:`_centered`: equal values give exactly 0."""
+    d = x - x[0]
+    centered = d - d.mean()
     var = float(np.dot(centered, centered)) / max(x.size - 1, 1)
     return centered / math.sqrt(var + eps)
 

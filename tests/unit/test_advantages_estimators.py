@@ -124,6 +124,17 @@ def test_group_of_one_gets_zero_under_every_builtin():
         assert fn([]).tolist() == [], mode
 
 
+def test_equal_rewards_centre_to_exactly_zero():
+    """0.1 + 0.1 + 0.1 = 0.30000000000000004: a plain mean would leave a residue of
+    1e-17 that the std scale (with a tiny eps) would blow up to +-1."""
+    tiny = {"eps": 1e-300}
+    for fn in (grpo_std, reinforce_pp, reinforce_pp_baseline):
+        assert fn([0.1, 0.1, 0.1], tiny).tolist() == [0.0, 0.0, 0.0]
+    assert rloo([0.1, 0.1, 0.1]).tolist() == [0.0, 0.0, 0.0]
+    got = grpo_std_grouped(np.array([0.1, 0.1, 0.1, 1.0, 0.0]), np.array([3, 2]), tiny)
+    np.testing.assert_allclose(got, [0, 0, 0, 1 / math.sqrt(2), -1 / math.sqrt(2)], atol=1e-15)
+
+
 # Two kept groups, [1, 0] and [1, 1, 1, 0]:
 #   reinforce_pp: batch mean 2/3, centred 1/3 or -2/3, sample variance (4/3) / 5 = 4/15
 #   reinforce_pp_baseline: centred per group [0.5, -0.5] and [0.25, 0.25, 0.25, -0.75],

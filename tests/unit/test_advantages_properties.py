@@ -282,7 +282,7 @@ def test_scheduler_state_round_trip(args, before, after):
 @settings(max_examples=80)
 @given(
     st.lists(st.lists(reward, min_size=1, max_size=9), min_size=1, max_size=8),
-    st.sampled_from(["grpo", "maxrl"]),
+    st.sampled_from(["grpo", "maxrl", "grpo_std", "rloo"]),
 )
 def test_grouped_episode_advantages_equal_per_group_ones(groups_, mode):
     from retrain.registry import ADVANTAGE_MODES, import_object
@@ -294,3 +294,93 @@ def test_grouped_episode_advantages_equal_per_group_ones(groups_, mode):
     grouped = import_object(entry.grouped)(flat, sizes)
     expected = np.concatenate([per_group(g) for g in groups_])
     assert grouped.tolist() == expected.tolist()
+
+
+# ------------------------------------------------------------------ the peers' estimators
+
+# Multiples of 1/4 and integer shifts add exactly in floating point, so a shifted batch
+# differs from the original only by the rounding of the means.
+quarter = st.integers(-20, 20).map(lambda k: k / 4)
+batches = st.lists(st.lists(quarter, min_size=1, max_size=9), min_size=1, max_size=8)
+SHIFT_INVARIANT = ["grpo", "grpo_std", "rloo", "reinforce_pp", "reinforce_pp_baseline"]
+SCALE_INVARIANT = ["grpo_std", "reinforce_pp", "reinforce_pp_baseline"]
+TINY_EPS = {"eps": 1e-300}  # no regularisation: the invariances are then exact
+
+
+def _grouped(mode, groups_, params=None):
+    from retrain.registry import ADVANTAGE_MODES, import_object
+
+    flat = np.array([r for g in groups_ for r in g], dtype=float)
+    sizes = np.array([len(g) for g in groups_])
+    return import_object(ADVANTAGE_MODES.entry(mode).grouped)(flat, sizes, params or {})
+
+
+@settings(max_examples=80)
+@given(st.lists(reward, min_size=1, max_size=64))
+def test_rloo_sums_to_zero_and_is_grpo_scaled_by_g_over_g_minus_1(rewards):
+    from retrain.advantages.episode import rloo
+
+    adv = rloo(rewards)
+    g = len(rewards)
+    assert abs(adv.sum()) <= 1e-9 * max(1.0, np.abs(rewards).max()) * g
+    if g > 1:
+        np.testing.assert_allclose(adv, grpo(rewards) * g / (g - 1), rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=80)
+@given(batches, st.integers(-50, 50), st.sampled_from(SHIFT_INVARIANT))
+def test_a_constant_shift_of_the_rewards_changes_nothing(groups_, shift, mode):
+    params = TINY_EPS if mode in SCALE_INVARIANT else {}
+    base = _grouped(mode, groups_, params)
+    shifted = _grouped(mode, [[r + shift for r in g] for g in groups_], params)
+    np.testing.assert_allclose(shifted, base, rtol=1e-9, atol=1e-9)
+
+
+@settings(max_examples=80)
+@given(batches, st.floats(0.01, 100.0), st.sampled_from([*SCALE_INVARIANT, "rloo"]))
+def test_a_positive_scale_of_the_rewards_changes_only_rloo(groups_, scale, mode):
+    params = TINY_EPS if mode in SCALE_INVARIANT else {}
+    base = _grouped(mode, groups_, params)
+    scaled = _grouped(mode, [[r * scale for r in g] for g in groups_], params)
+    expected = base * scale if mode == "rloo" else base
+    np.testing.assert_allclose(scaled, expected, rtol=1e-9, atol=1e-9)
+
+
+@settings(max_examples=80)
+@given(batches, st.sampled_from(["reinforce_pp", "reinforce_pp_baseline"]), st.floats(1e-8, 1.0))
+def test_reinforce_pp_whitens_the_batch(groups_, mode, eps):
+    out = _grouped(mode, groups_, {"eps": eps})
+    flat = np.array([r for g in groups_ for r in g])
+    if mode == "reinforce_pp_baseline":
+        flat = flat - np.repeat([np.mean(g) for g in groups_], [len(g) for g in groups_])
+    assert abs(out.mean()) <= 1e-9
+    if flat.size > 1:
+        var = flat.var(ddof=1)
+        np.testing.assert_allclose(out.var(ddof=1), var / (var + eps), rtol=1e-9, atol=1e-12)
+
+
+@settings(max_examples=60)
+@given(
+    st.lists(st.lists(st.sampled_from([0.0, 1.0]), min_size=2, max_size=6), min_size=1, max_size=6),
+    st.lists(st.tuples(st.integers(0, 10), st.integers(1, 6), quarter), max_size=4),
+    st.sampled_from(["grpo_std", "rloo", "reinforce_pp", "reinforce_pp_baseline"]),
+)
+def test_skipped_groups_change_no_kept_advantage(informative, constant, mode):
+    """All-equal groups, wherever they sit in the step, are skipped and leave the kept
+    groups' advantages (and so the REINFORCE++ batch statistics) exactly as they were."""
+    from retrain.advantages import AdvantagePipeline
+    from retrain.types import TokenGroup
+
+    def make(rewards):
+        return TokenGroup(np.array(rewards), [np.array([-1.0])] * len(rewards), None)
+
+    kept = [make(g) for g in informative if len(set(g)) > 1]
+    groups = list(kept)
+    for at, size, value in constant:
+        groups.insert(min(at, len(groups)), make([value] * size))
+    pipeline = AdvantagePipeline(advantage_mode=mode, transform_mode="none")
+    alone = [a for a in pipeline(kept).advantages]
+    mixed = [a for a in pipeline(groups).advantages if a is not None]
+    assert len(alone) == len(mixed)
+    for a, b in zip(alone, mixed):
+        assert [x.tolist() for x in a] == [x.tolist() for x in b]
