@@ -23,7 +23,14 @@ mean_B, var_B its mean and sample variance (ddof = 1), eps = 1e-8:
 
 - ``reinforce_pp``: A_i = (r_i - mean_B(r)) / sqrt(var_B(r) + eps).
 - ``reinforce_pp_baseline``: a_i = r_i - mean(r) (its group's mean), then
-  A_i = (a_i - mean_B(a)) / sqrt(var_B(a) + eps).
+  A_i = (a_i - mean_B(a)) / sqrt(var_B(a) + eps). Each group's a sums to 0, so
+  mean_B(a) = 0 and this is ``grpo`` divided by one number for the whole step.
+
+The order and eps follow verl's ``compute_reinforce_plus_plus_baseline_outcome_advantage``
+(group mean first, then ``masked_whiten``: ddof = 1, eps = 1e-8 under the square root);
+OpenRLHF, the paper's own code, uses the population variance floored at 1e-8 instead.
+With outcome rewards and no KL term in the reward, verl's REINFORCE++ return is the
+reward itself on every token, which is what ``reinforce_pp`` whitens.
 
 The batch B is what the advantage pipeline hands the batched form: every completion of
 the step's *kept* groups. Groups whose rewards are all equal are skipped before the
