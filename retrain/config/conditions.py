@@ -29,8 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from retrain import registry
-from retrain.config import dialect
+from retrain.config import dialect, hints
 from retrain.config.flags import flag_table
 from retrain.config.schema import TABLES, Config, FieldSpec, table_fields
 from retrain.config.values import check_range_and_choice, coerce_value
@@ -126,12 +125,16 @@ def _written_keys(
     return out
 
 
-def _lookup(key: str, flags: Mapping[str, FieldSpec]) -> tuple[FieldSpec | None, str]:
+Lookup = tuple[FieldSpec | None, str]  # the field a key sets, or (None, why not)
+
+
+def _lookup(key: str, raw: Any, flags: Mapping[str, FieldSpec]) -> Lookup:
     """The field a written key sets, or (None, why not): a bare key as its `--key` flag
-    (or a name of the key dialect), a `table.key` in its table."""
+    (or a name of the key dialect), a `table.key` in its table. Another trainer's name
+    (`learning_rate`) is pointed to retrain's key before any spelling guess."""
     if "." in key:
         table, _, name = key.partition(".")
-        return _qualified(table, name)
+        return _qualified(table, name, raw, flags)
     keys = dialect.current()
     spec = flags.get(f"--{key.replace('_', '-')}")
     if spec is None and key in keys.field_names:  # names with no flag (table-valued keys)
@@ -142,29 +145,39 @@ def _lookup(key: str, flags: Mapping[str, FieldSpec]) -> tuple[FieldSpec | None,
     if refused is not None:
         label, why = refused
         return None, f"{label} is {why}"
+    peer = hints.condition_peer([key], raw, flags)
+    if peer is not None:
+        return None, f"unknown key: {peer}"
     owners = [t for t in TABLES if key in {s.key for s in table_fields(t)}]
     if owners:
         qualified = " or ".join(f"{t}.{key}" for t in owners)
         return None, f"not reachable as a bare key; write it table-qualified: {qualified}"
     bare = [name[2:].replace("-", "_") for name in flags]
-    return None, f"unknown key{registry.suggest(key, bare)}"
+    return None, f"unknown key{hints.condition_guess(key, bare, flags)}"
 
 
-def _qualified(table: str, name: str) -> tuple[FieldSpec | None, str]:
+def _qualified(table: str, name: str, raw: Any, flags: Mapping[str, FieldSpec]) -> Lookup:
     keys = dialect.current()
     refused = keys.refused_key(table, name)
     if refused is not None:
         return None, refused
     table, name = keys.renamed.get((table, name), (table, name))
-    if table not in TABLES:
-        return None, f"unknown table{registry.suggest(table, TABLES)}"
-    spec = _spec(table, name)
+    spec = _spec(table, name) if table in TABLES else None
     if spec is not None:
         return spec, ""
-    return (
-        None,
-        f"unknown key in [{table}]{registry.suggest(name, [s.key for s in table_fields(table)])}",
-    )
+    peer = hints.condition_peer([table, name], raw, flags)
+    if table not in TABLES:
+        where, written, choices = "unknown table", table, list(TABLES)
+    else:
+        where, written, choices = f"unknown key in [{table}]", name, _keys(table)
+    if peer is not None:
+        return None, f"{where}: {peer}"
+    guess = hints.condition_guess(written, choices, flags, peers=table in TABLES)
+    return None, f"{where}{guess}"
+
+
+def _keys(table: str) -> list[str]:
+    return [s.key for s in table_fields(table)]
 
 
 def _spec(table: str, key: str) -> FieldSpec | None:
@@ -173,7 +186,7 @@ def _spec(table: str, key: str) -> FieldSpec | None:
 
 def _check_override(key: str, raw: Any, flags: Mapping[str, FieldSpec]) -> Override | str:
     """The checked override, or the problem (without the entry prefix)."""
-    spec, why = _lookup(key, flags)
+    spec, why = _lookup(key, raw, flags)
     if spec is None:
         return f"{key}: {why}"
     where = f"{key} ({spec.label})" if key != spec.key else key

@@ -20,8 +20,11 @@ _PREFERRED_OWNER = {
     "ema_decay": "backpressure",
     "warmup_steps": "training",  # the LR warmup; back pressure's is --bp-warmup-steps
 }
-# Bare names too vague to stand alone as flags (reachable qualified or by alias).
+# Bare names too vague to stand alone as flags (reachable qualified or by alias), and
+# `beta`, which other trainers use for the KL coefficient (TRL's `--beta`): a bare
+# `--beta` setting [gtpo] beta would take their value silently (retrain.config.peer_names).
 _NO_BARE_FLAG = {
+    "beta",
     "from",
     "type",
     "options",

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retrain import registry
-from retrain.config import dialect
+from retrain.config import dialect, hints
 from retrain.config.conditions import conditions_problems
 from retrain.config.flags import flag_table
 from retrain.config.schema import OPTIONAL_TABLES, TABLES, Config, FieldSpec, table_fields
@@ -70,14 +69,14 @@ def locate_keys(text: str) -> dict[tuple[str, str], int]:
     Sub-tables `[data.args]` and `[[campaign.conditions]]` map to (data, args) etc.;
     table headers themselves map to (table, "")."""
     where: dict[tuple[str, str], int] = {}
-    table = ""
+    table = full = ""  # full: the header's whole dotted path (for nested keys' lines)
     header = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\]?\s*(#.*)?$")
     keyline = re.compile(r"^\s*([A-Za-z0-9_\-\"']+(?:\s*\.\s*[A-Za-z0-9_\-\"']+)*)\s*=")
     for lineno, line in enumerate(text.splitlines(), start=1):
         m = header.match(line)
         if m:
             parts = [p.strip().strip("\"'") for p in m.group(1).split(".")]
-            table = parts[0]
+            table, full = parts[0], ".".join(parts)
             where.setdefault((table, ""), lineno)
             if len(parts) > 1:
                 where.setdefault((table, parts[1]), lineno)
@@ -86,6 +85,9 @@ def locate_keys(text: str) -> dict[tuple[str, str], int]:
         m = keyline.match(line)
         if m:
             parts = [p.strip().strip("\"'") for p in m.group(1).split(".")]
+            path = ".".join([full, *parts[:-1]] if full else parts[:-1])
+            if path:  # ("a.b.c", "key"): where another trainer's nested key is
+                where.setdefault((path, parts[-1]), lineno)
             if "." in table:  # inside [data.args]: report against the parent key
                 top, sub = table.split(".", 1)
                 where.setdefault((top, sub), lineno)
@@ -121,15 +123,52 @@ class _Origin:
             return f" ({self.source}:{line})" if line else f" ({self.source})"
         return ""
 
+    def at(self, path: list[str]) -> str:
+        """Where a nested key (`actor_rollout_ref.rollout.n`) was written."""
+        if not self.source or self.lines is None:
+            return ""
+        line = self.lines.get((".".join(path[:-1]), path[-1])) or self.lines.get(
+            (path[0], path[1] if len(path) > 1 else "")
+        )
+        return f" ({self.source}:{line})" if line else self.of(path[0])
 
-def _unknown_key_message(table: str, key: str) -> str:
-    own = [s.key for s in table_fields(table)]
-    hint = registry.suggest(key, own)
-    if not hint:
-        elsewhere = [t for t in TABLES if t != table and key in {s.key for s in table_fields(t)}]
-        if elsewhere:
-            hint = f" (it belongs to [{elsewhere[0]}]: did you mean [{elsewhere[0]}] {key}?)"
-    return f"unknown key{hint}; valid keys in [{table}]: {', '.join(own)}"
+
+def _outside_tables(name: str, value: Any, origin: _Origin) -> list[str]:
+    """The problems of a top-level `name` that is not one of retrain's tables: a key that
+    belongs in one, another trainer's table, or an unknown table."""
+    if not isinstance(value, dict):
+        text = hints.top_level_text(name, value)
+        if text is not None:
+            return [f"top-level key {name!r}{origin.of('', name)}: {text}"]
+    close = hints.did_you_mean(name, TABLES)
+    unknown = f"unknown table [{name}]{origin.of(name)}{close}; valid tables: {', '.join(TABLES)}"
+    return _peer_leaves([name], value, origin, misspelt=bool(close)) or [unknown]
+
+
+def _unknown_key(table: str, key: str, value: Any, origin: _Origin) -> list[str]:
+    """The problems of `[table] key`, a key the table does not have."""
+    unknown = f"[{table}] {key}{origin.of(table, key)}: {hints.key_text(table, key, value)}"
+    if isinstance(value, dict):  # another trainer's sub-table, such as [algorithm.kl_ctrl]
+        misspelt = hints.closest(key, [s.key for s in table_fields(table)]) is not None
+        return _peer_leaves([table, key], value, origin, misspelt) or [unknown]
+    return [unknown]
+
+
+def _peer_leaves(path: list[str], value: Any, origin: _Origin, misspelt: bool = False) -> list[str]:
+    """When some keys of a nested table are other trainers' names: one problem for each
+    (at its own line), and one naming the keys that have no counterpart; else []."""
+    known, unknown = hints.peer_leaves(path, value, misspelt)
+    if not known:
+        return []
+    problems = [f"{'.'.join(leaf)}{origin.at(leaf)}: {text}" for leaf, text in known]
+    if unknown:
+        label = f"unknown table [{path[0]}]" if len(path) == 1 else f"[{path[0]}] {path[1]}"
+        names = ", ".join(".".join(leaf) for leaf in unknown)
+        them = "it" if len(unknown) == 1 else "them"
+        problems.append(
+            f"{label}{origin.at(unknown[0])}: retrain has no setting for {names}. Fix: remove {them}"
+        )
+    return problems
 
 
 # ---------------------------------------------------------------- building Config
@@ -147,15 +186,7 @@ def build_config(raw: Mapping[str, Any], origin: _Origin | None = None) -> Confi
     tables: dict[str, Any] = {}
     for name, value in raw.items():
         if name not in TABLES:
-            owners = [t for t in TABLES if name in {s.key for s in table_fields(t)}]
-            if owners and not isinstance(value, dict):
-                problems.append(
-                    f"top-level key {name!r}{origin.of('', name)}: keys belong in a table; did you mean [{owners[0]}] {name}?"
-                )
-            else:
-                problems.append(
-                    f"unknown table [{name}]{origin.of(name)}{registry.suggest(name, TABLES)}; valid tables: {', '.join(TABLES)}"
-                )
+            problems += _outside_tables(name, value, origin)
             continue
         if not isinstance(value, dict):
             problems.append(
@@ -168,7 +199,7 @@ def build_config(raw: Mapping[str, Any], origin: _Origin | None = None) -> Confi
             spec = specs.get(key)
             label = f"[{name}] {key}"
             if spec is None:
-                problems.append(f"{label}{origin.of(name, key)}: {_unknown_key_message(name, key)}")
+                problems += _unknown_key(name, key, val, origin)
                 continue
             val, error = coerce_value(spec, val)
             if error is None:
@@ -247,14 +278,13 @@ def _add_param(overlay: dict[str, dict[str, Any]], flag: str, text: str) -> str 
     return None
 
 
-def _unknown_flag(name: str, flags: Mapping[str, FieldSpec]) -> str:
+def _unknown_flag(name: str, value: str | None, flags: Mapping[str, FieldSpec]) -> str:
     keys = dialect.current()
     refused = keys.refused_field(name.removeprefix("--").replace("-", "_"))
     if refused is not None:
         label, why = refused
         return f"flag {name} ({label}) is {why}"
-    known = [*flags, *keys.param_flags]
-    return f"unknown flag {name}{registry.suggest(name, known)}; run `retrain --help-flags` for the list"
+    return hints.flag_text(name, value, flags, keys.param_flags)
 
 
 def _parse_cli_value(spec: FieldSpec, text: str) -> Any:
@@ -303,9 +333,9 @@ def parse_overrides(
         name, eq, value = token.partition("=")
         spec = flags.get(name)
         if spec is None and name not in param_flags:
-            problems.append(_unknown_flag(name, flags))
             if not eq and i < len(argv) and not argv[i].startswith("--"):
-                i += 1
+                value, i = argv[i], i + 1  # the unknown flag's value, not an argument
+            problems.append(_unknown_flag(name, value if eq or value else None, flags))
             continue
         if not eq:
             if i >= len(argv):
