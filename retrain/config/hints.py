@@ -125,10 +125,14 @@ def key_text(table: str, key: str, value: Any) -> str:
     else:
         own = _keys(table)
         close = closest(key, [*own, *_leaf_names()])
-        if close is not None and close not in own:
-            peer_hint = peer_text(INDEX[close], toml_writer, toml_value(value), close=True)
+        near = INDEX.get(close) if close is not None and close not in own else None
+        if near is not None and _same_key(near, close):  # a key of another table, misspelt
+            hint = f" (did you mean [{near.target[0]}] {close}?)"
+        elif near is not None:
+            peer_hint = peer_text(near, toml_writer, toml_value(value), close=True)
             return f"unknown key: {peer_hint}"
-        hint = f" (did you mean {close!r}?)" if close else ""
+        else:
+            hint = f" (did you mean {close!r}?)" if close else ""
     return f"unknown key{hint}; valid keys in [{table}]: {', '.join(_keys(table))}"
 
 
@@ -179,8 +183,8 @@ def _spelling_forms(
     """Names to guess from -> the flag (or peer name) each stands for: every flag, every
     key name (its shortest flag: `temperature` -> --training-temperature), the peers'."""
     forms: dict[str, str | PeerName] = {normalize(f[2:]): f for f in [*flags, *extra]}
-    for flag in sorted(flags, key=len):
-        forms.setdefault(normalize(flags[flag].key), flag)
+    for spec in flags.values():  # in table order: a key of two tables goes to the first
+        forms.setdefault(normalize(spec.key), flag_for(spec.table, spec.key, flags))
     for name, peer in INDEX.items():
         forms.setdefault(name, peer)
     return forms
@@ -209,6 +213,8 @@ def flag_text(
     forms = _spelling_forms(flags, extra)
     guess = closest(written, forms)
     close = forms[guess] if guess is not None else None
+    if peer is not None and peer.target is not None and written not in direct:
+        close = flag_for(*peer.target, flags)  # the peer's key of that name: `temperature`
     if isinstance(close, PeerName):
         return f"unknown flag {name}: {peer_text(close, write, value, close=True)}"
     hint = f" (did you mean {close!r}?)" if close else ""
@@ -230,7 +236,7 @@ def condition_peer(path: Sequence[str], value: Any, flags: Mapping[str, FieldSpe
     peer = find(path)
     if peer is None or _same_key(peer, path[-1]):
         return None
-    return f"{peer_text(peer, _condition_writer(flags), toml_value(value))}"
+    return peer_text(peer, _condition_writer(flags), toml_value(value))
 
 
 def condition_guess(
