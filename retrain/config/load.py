@@ -67,7 +67,8 @@ def load_dotenv(path: str | Path = ".env") -> list[str]:
 def locate_keys(text: str) -> dict[tuple[str, str], int]:
     """Map (table, key) -> 1-based line number, by a light scan of the TOML text.
     Sub-tables `[data.args]` and `[[campaign.conditions]]` map to (data, args) etc.;
-    table headers themselves map to (table, "")."""
+    table headers themselves map to (table, ""). Every key also maps by its whole dotted
+    table path, ("actor_rollout_ref.rollout", "n"), for other trainers' nested keys."""
     where: dict[tuple[str, str], int] = {}
     table = full = ""  # full: the header's whole dotted path (for nested keys' lines)
     header = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\]?\s*(#.*)?$")

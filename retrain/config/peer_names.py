@@ -9,8 +9,8 @@ such setting, what is close.
 
 Looked up in the peers' own sources (names only): TRL's `GRPOConfig` and `ModelConfig`
 (trl/trainer/grpo_config.py, model_config.py; `max_prompt_length` until TRL 0.28),
-transformers' `TrainingArguments` (`warmup_ratio` and `logging_dir` until transformers
-5), peft's `LoraConfig`, verl's `ppo_trainer.yaml`, prime-rl's configs
+transformers' `TrainingArguments` (`warmup_ratio` and `logging_dir` are transformers 4's;
+5.23 has neither), peft's `LoraConfig`, verl's `ppo_trainer.yaml`, prime-rl's configs
 (prime_rl/configs/orchestrator.py, trainer.py; `rollouts_per_example` before it became
 `group_size`). These are not the original retrain's keys: those live in retrain.compat.
 """
