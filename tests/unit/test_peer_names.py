@@ -259,3 +259,16 @@ def test_another_trainers_nested_tables_report_each_key_together(tmp_path):
     assert f"[data] train_batch_size ({config}:7)" in err and "batch_size = 64" in err
     assert f"orchestrator.batch_size ({config}:9)" in err
     assert "batch_size = orchestrator batch_size / group_size" in err
+
+
+def test_campaign_condition_with_a_peers_key_names_file_line_and_fix(tmp_path):
+    config = tmp_path / "campaign.toml"
+    config.write_text(
+        '[campaign]\nseeds = [1]\n\n[[campaign.conditions]]\nadvantage_mode = "grpo"\n'
+        'transform_mode = "none"\nlearning_rate = 1e-4\n'
+    )
+    proc = _retrain(["explain", str(config)], tmp_path)
+    assert proc.returncode == 2
+    assert f"[campaign] conditions ({config}:4): [[campaign.conditions]] entry 0" in proc.stderr
+    assert "learning_rate: unknown key: learning_rate is the name in" in proc.stderr
+    assert "Fix: lr = 0.0001 in the entry" in proc.stderr
