@@ -99,8 +99,8 @@ PEER_NAMES: tuple[PeerName, ...] = (
         TRL,
         "scale_rewards",
         "algorithm.advantage_mode",
-        convert='"none" is "grpo" (retrain\'s grpo subtracts the group mean and does not divide), '
-        '"mean" is "maxrl"; dividing by a standard deviation ("group", "batch") is not built in '
+        convert='"group" is "grpo_std", "none" is "grpo" (the group mean subtracted, no '
+        'division), "mean" is "maxrl"; "batch" (the whole batch\'s std) is not built in '
         "(advantage_mode takes a dotted path)",
     ),
     *_peers(
@@ -305,15 +305,15 @@ PEER_NAMES: tuple[PeerName, ...] = (
         VERL,
         "algorithm.adv_estimator",
         "algorithm.advantage_mode",
-        convert='"grpo" is "grpo", without the division by the std (verl\'s '
-        'norm_adv_by_std_in_grpo = false); "maxrl" is retrain\'s own; the others are not built in',
+        convert='"grpo" is "grpo_std" ("grpo" with norm_adv_by_std_in_grpo = false); "rloo", '
+        '"reinforce_plus_plus" and "reinforce_plus_plus_baseline" are the same names; "gae" '
+        'needs a critic and "remax", "opo" and the others are not built in',
     ),
     *_peers(
         VERL,
         "algorithm.norm_adv_by_std_in_grpo",
         "algorithm.advantage_mode",
-        convert='false is advantage_mode = "grpo"; true (divide by the group\'s std) is not '
-        "built in (advantage_mode takes a dotted path)",
+        convert='true is advantage_mode = "grpo_std", false is "grpo"',
     ),
     *_peers(
         VERL, "algorithm.use_kl_in_reward", None, "retrain's KL is a loss term: [training] kl_coef"

@@ -272,3 +272,14 @@ def test_campaign_condition_with_a_peers_key_names_file_line_and_fix(tmp_path):
     assert f"[campaign] conditions ({config}:4): [[campaign.conditions]] entry 0" in proc.stderr
     assert "learning_rate: unknown key: learning_rate is the name in" in proc.stderr
     assert "Fix: lr = 0.0001 in the entry" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "mode",
+    ["grpo_std", "grpo", "maxrl", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"],
+)
+def test_advantage_modes_the_hints_name_exist(mode):
+    """TRL's scale_rewards and verl's adv_estimator are answered with these names."""
+    said = " ".join(p.convert for p in PEER_NAMES if p.target == ("algorithm", "advantage_mode"))
+    assert f'"{mode}"' in said
+    assert config_from_dict({"algorithm": {"advantage_mode": mode}}).algorithm.advantage_mode
