@@ -5,8 +5,8 @@ status is 1 when any check FAILs. Checks: Python, retrain and its extras, torch 
 (GPU memory), each device's memory read without torch (nvidia-smi, /proc/meminfo) with a
 local run's estimated peak beside its training device, the config, its backend's dependencies, whether the configured model is
 on disk or reachable, what the run checks before its first step (the same checks as
-`retrain explain`: data files and tasks, the custom reward, the advantage flow, a resume
-directory), the retrain cache, free disk space for logs, and the wandb login.
+`retrain explain`: the devices, reasoning-gym tasks, the custom reward, the advantage
+flow, a resume directory), the retrain cache, free disk space for logs, and the wandb login.
 
 Secrets are never printed: for API keys and tokens doctor says only whether they are set.
 torch is imported inside its check only.
@@ -422,10 +422,10 @@ def check_backend_probe(config: Any) -> list[Check]:
 def check_run(config: Any, path: str | None) -> list[Check]:
     """What the run itself would refuse before its first step, found the way `retrain
     explain` finds it (the same report, no model load): the advantage flow against the
-    backend, campaign runs, the data source's file or task, the custom reward, a resume
-    directory, modules of the configured entries. A config that loads but cannot run is a
-    FAIL here, so doctor never passes it. (The model path and the extras have their own
-    lines.)"""
+    backend, campaign runs, the reasoning-gym task, the custom reward, the devices against
+    this machine, a resume directory, modules of the configured entries. A config that
+    loads but cannot run is a FAIL here, so doctor never passes it. (The model and the
+    extras have their own lines.)"""
     if config is None:
         return []
     from retrain.cli.explain import build_report
