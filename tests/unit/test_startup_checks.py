@@ -1,4 +1,4 @@
-"""The startup checks, piece by piece (tests/integration/test_startup_checks.py runs them
+"""The startup checks, piece by piece (tests/integration/test_startup_cli.py runs them
 through the CLI): whether the model can be had (retrain/models.py's `find_model`), the
 devices against the machine, the resume directory, the files a config names (checked
 when it loads), and torch's last word on CUDA (`parse_devices`)."""
