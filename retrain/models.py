@@ -223,7 +223,8 @@ def resolve_model(name: str) -> ResolvedModel:
     raise BackendError(
         f"[model] model: cannot load {name!r}. Tried:\n"
         + "\n".join(f"  - {t}" for t in tried)
-        + "\nFix: connect to the Hugging Face hub, pre-download the model, or point [model] model at a local directory or .gguf file."
+        + f"\nFix: connect to the Hugging Face hub, or fetch it once with `hf download {name}`, "
+        "or point [model] model at a local directory or .gguf file."
     )
 
 
@@ -314,15 +315,18 @@ def _hub_answer(name: str, timeout: float) -> tuple[str, str]:
             info = json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 404):
-            return "missing", "it has no model repository of that name (or it is private)"
+            return "missing", "has no model repository of that name (or it is private)"
         if exc.code == 403:
-            return "missing", "access is refused (a gated or private repository)"
+            return "missing", "refuses access to it (a gated or private repository)"
         return "unreachable", f"HTTP {exc.code}"
     except (OSError, ValueError) as exc:  # no route, refused, timed out, not JSON
         reason = getattr(exc, "reason", exc)
         return "unreachable", f"{type(reason).__name__}: {str(reason)[:120]}"
     if info.get("gated") and not token:
-        return "missing", "it is gated and no token is set (accept its license, then set HF_TOKEN)"
+        return (
+            "missing",
+            "has it gated, and no token is set (accept its license, then set HF_TOKEN)",
+        )
     return "found", ""
 
 
@@ -364,7 +368,7 @@ def _uncached_source(name: str, ask: HubAsk | None) -> ModelSource:
         return fallback
     if state == "missing":
         return ModelSource(
-            problem=f"{name!r} is no local directory ({_cwd_note()}) and on the Hugging Face hub "
+            problem=f"{name!r} is not a local directory ({_cwd_note()}) and the Hugging Face hub "
             f"({endpoint}) {detail}. Fix: the exact hub id (as on huggingface.co), HF_TOKEN for "
             "a private or gated model, or a local model directory"
         )
@@ -374,7 +378,7 @@ def _uncached_source(name: str, ask: HubAsk | None) -> ModelSource:
     )
 
 
-def find_model(name: str, ask: Callable[[str], tuple[str, str]] | None = ask_hub) -> ModelSource:
+def find_model(name: str, ask: HubAsk | None = ask_hub) -> ModelSource:
     """Whether `[model] model` can be had, before anything loads: a local directory with
     config.json or a .gguf file; a hub id in the Hugging Face cache or the retrain cache;
     else the hub's answer to one metadata request (`ask`; None skips it). HF_HUB_OFFLINE

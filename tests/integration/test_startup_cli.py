@@ -144,7 +144,9 @@ def test_a_model_the_hub_does_not_have(project, hub):
     hub.missing.add("foo/bar")
     config = write_config(project, "foo/bar")
     env = machine(project, hub)
-    where = f"[model] model (c.toml:{line_of(config, 'foo/bar')}): 'foo/bar' is no local directory"
+    where = (
+        f"[model] model (c.toml:{line_of(config, 'foo/bar')}): 'foo/bar' is not a local directory"
+    )
 
     explain = retrain(project, env, "explain", "c.toml")
     assert explain.returncode == 2, explain.stdout
@@ -153,10 +155,10 @@ def test_a_model_the_hub_does_not_have(project, hub):
     assert "Fix: the exact hub id" in error
 
     line = doctor_fail(retrain(project, env, "doctor", "c.toml"), "model")
-    assert "[model] model: 'foo/bar' is no local directory" in line
+    assert "[model] model: 'foo/bar' is not a local directory" in line
 
     assert_refused_before_loading(
-        retrain(project, env, "c.toml"), "[model] model: 'foo/bar' is no local directory"
+        retrain(project, env, "c.toml"), "[model] model: 'foo/bar' is not a local directory"
     )
     assert hub.asked == ["foo/bar"] * 3  # one metadata request per command, nothing else
 
@@ -200,7 +202,7 @@ def test_a_remote_backend_still_loads_the_tokenizer(project, hub):
     errors = [line for line in explain.stdout.splitlines() if line.startswith("ERROR")]
     assert explain.returncode == 2 and len(errors) == 1
     assert errors[0].startswith("ERROR: [model] model (c.toml:4): the tinker backend runs the")
-    assert "but the tokenizer is loaded here: 'foo/bar' is no local directory" in errors[0]
+    assert "but the tokenizer is loaded here: 'foo/bar' is not a local directory" in errors[0]
 
 
 # ----------------------------------------------------------------------------- devices

@@ -156,7 +156,7 @@ def test_a_model_the_hub_does_not_have_fails(env, capsys, monkeypatch, hub):
     code, out, _ = run(["doctor", str(cfg)], capsys)
     line = next(line for line in out.splitlines() if line.split()[1:2] == ["model"])
     assert code == 1 and line.startswith("FAIL  model")
-    assert "[model] model: 'org/not-here' is no local directory" in line
+    assert "[model] model: 'org/not-here' is not a local directory" in line
     assert "has no model repository of that name" in line
 
 

@@ -69,7 +69,7 @@ def test_the_hub_answer_decides_an_uncached_id(caches, hub):
     hub.missing.add("org/gone")
     assert "has no model repository of that name" in find_model("org/gone").problem
     hub.gated.add("org/gated")
-    assert "it is gated and no token is set" in find_model("org/gated").problem
+    assert "has it gated, and no token is set" in find_model("org/gated").problem
     (caches / "no-token").write_text("hf_secret\n")  # `hf auth login` wrote a token
     assert find_model("org/gated").where.startswith("on the hub")
     assert hub.asked == ["org/there", "org/gone", "org/gated", "org/gated"]
@@ -211,7 +211,7 @@ def test_the_run_stops_before_the_tokenizer_loads(tmp_path, monkeypatch, hub):
         build(config, said.append)
     assert exc.value.exit_code == 2 and said == []
     assert str(exc.value).startswith("the run cannot start (checked before any model loads")
-    assert "[model] model: 'org/gone' is no local directory" in str(exc.value)
+    assert "[model] model: 'org/gone' is not a local directory" in str(exc.value)
     hub.missing.clear()
     check_startup(config)  # the hub has it now
 
