@@ -18,13 +18,14 @@ import numpy as np
 # The original project's plugin forms (spec records, factories, fn(ctx)) resolve through
 # the adapters this installs, for runs started from the library as from the CLI.
 import retrain.compat  # noqa: F401
-from retrain import registry
+from retrain import hardware, registry
 from retrain.advantages import AdvantagePipeline, PlanningDetector, make_detector
 from retrain.backends.base import Backend, backend_info
 from retrain.backpressure import BackPressureController
 from retrain.config import Config
-from retrain.config.validate import flow_problems, samples_through_engine
-from retrain.errors import TrainingError
+from retrain.config.validate import devices_problems, flow_problems, samples_through_engine
+from retrain.errors import ConfigError, TrainingError
+from retrain.models import HubAsk, ModelSource, ask_hub, find_model
 from retrain.sepa import SEPAScheduler
 from retrain.settings import (
     EngineSettings,
@@ -235,6 +236,7 @@ def build(config: Config, say: Callable[[str], None]) -> Components:
 
     search_paths = tuple(config.plugins.search_paths)
     registry.add_search_paths(search_paths)
+    check_startup(config)
     caps, pipeline = preflight(config)
     seed_everything(config.training.seed)
     say(f"Loading tokenizer for {config.model.model} ...")
@@ -449,3 +451,74 @@ def backend_problems(config: Config) -> Problems:
         return []
     settings = BACKEND_SETTINGS[entry.name](config)
     return _run_probe(entry.probe, settings, "[backend] backend", entry.name)
+
+
+# ---------------------------------------------------------------- startup checks (explain,
+# doctor and the run's start): the config against this machine, before any model loads
+
+
+def model_problems(config: Config, ask: HubAsk | None = ask_hub) -> Problems:
+    """Whether `[model] model` can be had (retrain/models.py's `find_model`: on disk, in a
+    cache, or on the hub by one metadata request, `ask`; None skips the request)."""
+    return source_problems(config, find_model(config.model.model, ask))
+
+
+def source_problems(config: Config, found: ModelSource) -> Problems:
+    """`found`'s problem under its key. Every backend loads the tokenizer from `[model]
+    model`, even one that trains on a service."""
+    if not found.problem:
+        return []
+    entry = registry.BACKENDS.entry(config.backend.backend)
+    why = ""
+    if entry is not None and "[backend] devices" in entry.ignores:
+        why = f"the {entry.name} backend runs the model on its service, but the tokenizer is loaded here: "
+    return [("[model] model", why + found.problem)]
+
+
+def resume_problems(config: Config) -> Problems:
+    """`[resume] from` (`--resume`): a run's log directory with a usable checkpoint, or in
+    a campaign TOML a campaign directory."""
+    from pathlib import Path
+
+    from retrain.checkpoint import resume_problems as run_problems
+
+    start = config.resume.from_
+    if not start:
+        return []
+    if config.campaign is None:
+        m = config.model
+        return run_problems(
+            start, backend=config.backend.backend, model=m.model, lora_rank=m.lora_rank
+        )
+    if (Path(start).expanduser() / "manifest.json").is_file():
+        return []
+    return [
+        (
+            "[resume] from",
+            f"{start!r} holds no manifest.json, so it is not a campaign directory. Fix: the "
+            "directory the campaign wrote (its manifest.json), or drop --resume",
+        )
+    ]
+
+
+def startup_problems(config: Config, ask: HubAsk | None = ask_hub) -> Problems:
+    """What the run refuses before anything loads: `[backend] devices` this machine does
+    not have (nvidia-smi counts them; torch is not imported), a model that cannot be had
+    (`ask`: the hub request, None to skip it), a `[resume] from` directory it cannot
+    resume from."""
+    return (
+        devices_problems(config, hardware.cuda_device_count)
+        + model_problems(config, ask)
+        + resume_problems(config)
+    )
+
+
+def check_startup(config: Config) -> None:
+    """The run's start: `startup_problems` as a config error (exit 2)."""
+    problems = startup_problems(config)
+    if problems:
+        raise ConfigError(
+            [f"{key}: {problem}" for key, problem in problems],
+            head="the run cannot start (checked before any model loads; `retrain explain` "
+            "names the file and line)",
+        )

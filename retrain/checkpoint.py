@@ -115,3 +115,55 @@ def check_compatible(
             + "; ".join(diffs)
             + ". Fix: resume with the settings the run was started with."
         )
+
+
+def _gone_files(info: CheckpointInfo) -> list[str]:
+    """The files on this machine the checkpoint record names that are no longer there: its
+    state directory (unless the record carries the state itself, in `extra`), and a PEFT
+    adapter directory's weights. Remote paths (`tinker://...`) are the service's."""
+    state = info.state
+    if not state or "://" in state:
+        return []
+    path = Path(state)
+    if not path.exists():
+        return [] if info.extra else [f"the checkpoint directory {path}"]
+    weights = path / "adapter_model.safetensors"
+    if (path / "adapter_config.json").is_file() and not weights.is_file():
+        return [f"{weights}"]
+    return []
+
+
+def resume_problems(
+    resume_dir: str, *, backend: str, model: str, lora_rank: int
+) -> list[tuple[str, str]]:
+    """(key, problem) for a `[resume] from` directory the run could not resume from, found
+    before anything loads: not a run directory, an unreadable or incompatible state file,
+    or checkpoint files that are gone."""
+    key, where = "[resume] from", Path(resume_dir).expanduser()
+    if not where.is_dir():
+        return [
+            (
+                key,
+                f"{resume_dir!r} is not a directory (relative paths are read from the directory "
+                f"retrain runs in, {Path.cwd()}). Fix: the log directory of the run to continue "
+                "(its [logging] log_dir), or drop --resume to start afresh",
+            )
+        ]
+    try:
+        state = load_state(where)
+        check_compatible(state, backend, model, lora_rank, resume_dir)
+    except CheckpointError as exc:
+        message = str(exc).removeprefix(f"{key}: ")
+        if "Fix:" not in message:
+            message += " Fix: --resume the log directory of a run that saved a checkpoint"
+        return [(key, message)]
+    gone = _gone_files(state.checkpoint)
+    if gone:
+        return [
+            (
+                key,
+                f"{where / STATE_FILE} names a checkpoint whose files are gone: "
+                f"{', '.join(gone)}. Fix: restore them, or start afresh without --resume",
+            )
+        ]
+    return []

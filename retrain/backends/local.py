@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from retrain.engines.base import Engine, ServerEngine, UnboundEngine
-from retrain.errors import BackendError, CheckpointError, TrainingError
+from retrain.errors import BackendError, CheckpointError, ConfigError, TrainingError
 from retrain.kernels.logprobs import linear_head
 from retrain.kernels.packing import (
     MASK_STYLES,
@@ -74,7 +74,9 @@ TRAINING_STATE = "training_state.pt"
 
 
 def parse_devices(spec: str, warn: Callable[[str], None]) -> list[torch.device]:
-    """`gpu:0,gpu:1` -> devices; without CUDA every gpu falls back to the CPU (warned)."""
+    """`gpu:0,gpu:1` -> devices. torch has the last word on CUDA (the startup checks asked
+    nvidia-smi): a GPU it does not see is a config error, never a silent move to the CPU.
+    (`warn` is kept for the caller's signature; nothing here is only worth a warning.)"""
     devices = []
     for part in (p.strip() for p in spec.split(",")):
         if part == "cpu":
@@ -83,12 +85,13 @@ def parse_devices(spec: str, warn: Callable[[str], None]) -> list[torch.device]:
             devices.append(torch.device("mps"))
         else:
             index = int(part.split(":")[1])
-            if not torch.cuda.is_available():
-                warn(f"[backend] devices = {spec!r}: CUDA is not available, using the CPU")
-                return [torch.device("cpu")]
-            if index >= torch.cuda.device_count():
-                raise BackendError(
-                    f"[backend] devices: {part} does not exist ({torch.cuda.device_count()} CUDA devices visible)"
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if index >= count:
+                has = f"{count} CUDA device(s)" if count else "no CUDA device"
+                fix = "gpu:0" if count else "cpu"
+                raise ConfigError(
+                    f"[backend] devices = {spec!r} asks for {part}, but torch finds {has} on "
+                    f'this machine. Fix: devices = "{fix}" in [backend] (or the flag --devices {fix})'
                 )
             devices.append(torch.device("cuda", index))
     return devices

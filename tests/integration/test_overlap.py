@@ -18,7 +18,7 @@ from run_helpers import QuietConsole, stop_after_step
 
 from retrain.backends.local import LocalBackend
 from retrain.config import config_from_dict
-from retrain.errors import BackendError
+from retrain.errors import ConfigError
 from retrain.logs.jsonl import read_jsonl
 from retrain.trainer import train
 
@@ -152,13 +152,14 @@ def test_an_evaluation_with_overlap_sees_the_weights_of_the_steps_before_it(
     assert same(rec.sampled[6], rec.weights[4])
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs the CPU fallback of gpu devices")
-def test_gpu_devices_without_cuda_refuse_overlap_by_name(tiny_raw, tmp_path):
-    """Without CUDA `gpu:0,gpu:1` falls back to one CPU device, where the sampler would
-    read the weights being trained: the backend refuses before the first training."""
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_gpu_devices_without_cuda_are_refused_before_anything_loads(tiny_raw, tmp_path):
+    """Without CUDA `gpu:0,gpu:1` once fell back to one CPU device (where overlap's
+    sampler would read the weights being trained); now the run refuses the devices at its
+    start (nvidia-smi's count), or torch refuses them when the backend starts."""
     raw = split_raw(tiny_raw, tmp_path, "gpu", overlap=True)
     raw["backend"]["devices"] = "gpu:0,gpu:1"
-    with pytest.raises(BackendError, match=r"\[backend.options\] overlap = true.*one device"):
+    with pytest.raises(ConfigError, match=r"\[backend\] devices.*'gpu:0,gpu:1' asks for gpu:0"):
         run(raw)
     assert not (Path(raw["backend"]["adapter_path"]) / "final").exists()
 

@@ -21,7 +21,7 @@ from retrain.backends.local import LocalBackend
 from retrain.build import build_backend
 from retrain.cli.main import main as cli_main
 from retrain.config import config_from_dict
-from retrain.errors import CheckpointError, TrainingError
+from retrain.errors import ConfigError, TrainingError
 from retrain.logs.jsonl import read_jsonl
 from retrain.trainer import train
 from retrain.types import Datum, SamplingParams, TrainHyper
@@ -175,7 +175,8 @@ def test_resume_refuses_a_different_rank_and_names_it(tiny_raw, tmp_path):
     other["model"]["lora_rank"] = 8
     other["training"]["max_steps"] = 5
     other["resume"] = {"from": tiny_raw["logging"]["log_dir"]}
-    with pytest.raises(CheckpointError, match=r"lora_rank: checkpoint 4, config 8"):
+    # refused at the run's start, before the model loads: a config error
+    with pytest.raises(ConfigError, match=r"\[resume\] from: .*lora_rank: checkpoint 4, config 8"):
         run(other)
 
 
@@ -187,8 +188,9 @@ def test_resume_from_dir_without_state_names_the_path(tiny_raw, tmp_path, capsys
 
     path.write_text(config_to_toml(config_from_dict(tiny_raw)))
     code = cli_main([str(path), "--resume", str(empty)])
-    err = capsys.readouterr().err
-    assert code == 1 and str(empty / "trainer_state.json") in err and "Traceback" not in err
+    out, err = capsys.readouterr()
+    assert code == 2 and str(empty / "trainer_state.json") in err and "Traceback" not in err
+    assert "[resume] from" in err and "Loading train model" not in out + err
 
 
 def test_nan_loss_stops_and_keeps_the_last_checkpoint(tiny_raw, monkeypatch):

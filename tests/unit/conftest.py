@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hub_standin import HubStandIn  # noqa: E402
 
 # Property tests draw the same examples on every run (a run that fails once fails always,
 # and CI cannot fail on a new random draw), with no example database and no deadline.
@@ -45,3 +50,28 @@ def import_counts(monkeypatch):
     monkeypatch.setattr(registry, "import_object", counting_import)
     monkeypatch.setattr(importlib, "invalidate_caches", counting_invalidate)
     return counts
+
+
+@pytest.fixture(scope="session")
+def hub_standin():
+    hub = HubStandIn()
+    yield hub
+    hub.close()
+
+
+@pytest.fixture(autouse=True)
+def hub(hub_standin, monkeypatch):
+    """The model check (`find_model`) asks this stand-in for the hub, never the real one,
+    so every machine, connected or not, gets the same answers: every model exists unless
+    a test adds it to `hub.missing`."""
+    hub_standin.reset()
+    monkeypatch.setenv("HF_ENDPOINT", hub_standin.url)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return hub_standin
+
+
+@pytest.fixture
+def one_gpu(monkeypatch):
+    """A machine where nvidia-smi counts one CUDA device (what a config with the default
+    `[backend] devices = "gpu:0"` is written for)."""
+    monkeypatch.setattr("retrain.hardware.cuda_device_count", lambda **kw: 1)

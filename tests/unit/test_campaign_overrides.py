@@ -277,7 +277,7 @@ def run_cli(args, capsys):
     return code, out.out, out.err
 
 
-def test_explain_shows_the_matrix_with_overrides(tmp_path, capsys):
+def test_explain_shows_the_matrix_with_overrides(tmp_path, capsys, one_gpu):
     path = tmp_path / "c.toml"
     path.write_text(ORIGINAL_STYLE.replace("gtpo_beta_typo_free = 1\n", "max_steps = 30\n"))
     code, out, _ = run_cli(["explain", str(path)], capsys)

@@ -46,7 +46,7 @@ def _isolate(tmp_path, monkeypatch):
         "OPENAI_API_KEY",
     ):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(doctor, "reachable", lambda url, timeout=2.0: False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: unreachable
     (tmp_path / "home").mkdir()
     return tmp_path
 
@@ -57,6 +57,10 @@ def checks_by_name(out_json: str) -> dict:
 
 
 def write_config(path: Path, model: str, **logging) -> Path:
+    """A local run on the CPU of `model`, on data.jsonl (written beside it when absent)."""
+    data = path.parent / "data.jsonl"
+    if not data.exists():
+        data.write_text('{"question": "1+1", "answer": "2"}\n')
     lines = [
         "[backend]",
         'backend = "local"',
@@ -131,16 +135,29 @@ def test_unreachable_uncached_model_fails(env, capsys):
     code, out, _ = run(["doctor", str(cfg)], capsys)
     assert code == 1
     line = next(line for line in out.splitlines() if line.split()[1:2] == ["model"])
-    assert line.startswith("FAIL") and "not reachable" in line
-    assert "fix:" in out
+    assert line.startswith("FAIL") and "the hub (http://127.0.0.1:9) cannot be reached" in line
+    assert "fix: `hf download org/not-here` once connected" in out
+    assert "huggingface-cli" not in out
 
 
-def test_reachable_hub_is_ok(env, capsys, monkeypatch):
-    monkeypatch.setattr(doctor, "reachable", lambda url, timeout=2.0: True)
+def test_reachable_hub_is_ok(env, capsys, monkeypatch, hub):
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
     cfg = write_config(env / "retrain.toml", "org/not-here")
     code, out, _ = run(["doctor", str(cfg), "--json"], capsys)
     model = checks_by_name(out)["model"]
-    assert model["status"] == "OK" and "downloads on first use" in model["detail"]
+    assert model["status"] == "OK" and "downloaded on first use" in model["detail"]
+    assert hub.asked == ["org/not-here"]  # one metadata request
+
+
+def test_a_model_the_hub_does_not_have_fails(env, capsys, monkeypatch, hub):
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    hub.missing.add("org/not-here")
+    cfg = write_config(env / "retrain.toml", "org/not-here")
+    code, out, _ = run(["doctor", str(cfg)], capsys)
+    line = next(line for line in out.splitlines() if line.split()[1:2] == ["model"])
+    assert code == 1 and line.startswith("FAIL  model")
+    assert "[model] model: 'org/not-here' is not a local directory" in line
+    assert "has no model repository of that name" in line
 
 
 def test_invalid_config_fails(env, capsys):
@@ -263,18 +280,25 @@ def test_a_config_that_cannot_run_never_passes(env, capsys):
     (env / "data.jsonl").unlink()
     code, out, _ = run(["doctor", str(good), "--no-network"], capsys)
     assert code == 1 and "All checks passed" not in out
-    line = next(line for line in out.splitlines() if "run checks" in line)
-    assert line.startswith("FAIL") and "[data] path: JSONL file 'data.jsonl' not found" in line
-    assert f"fix: retrain explain {good} says the same" in out
+    line = next(line for line in out.splitlines() if line.split()[1:2] == ["config"])
+    assert line.startswith("FAIL") and f"[data] path ({good}:8): JSONL file 'data.jsonl'" in line
+    assert f"fix: edit {good}; retrain explain {good} says the same" in out
 
+    (env / "data.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
     bad_reward = env / "reward.toml"
     bad_reward.write_text(
         good.read_text() + '[reward]\ntype = "custom"\ncustom_module = "gone.py"\n'
-        '[resume]\nfrom = "logs/old"\n'
     )
-    (env / "data.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
     code, out, _ = run(["doctor", str(bad_reward), "--json", "--no-network"], capsys)
+    fails = [c["detail"] for c in json.loads(out)["checks"] if c["status"] == "FAIL"]
+    assert code == 1
+    assert any(
+        f.startswith(f"{bad_reward}: [reward] custom_module ({bad_reward}:11)") for f in fails
+    )
+
+    bad_resume = env / "resume.toml"
+    bad_resume.write_text(good.read_text() + '[resume]\nfrom = "logs/old"\n')
+    code, out, _ = run(["doctor", str(bad_resume), "--json", "--no-network"], capsys)
     fails = [c["detail"] for c in json.loads(out)["checks"] if c["name"] == "run checks"]
-    assert code == 1 and len(fails) == 2
-    assert fails[0].startswith("[reward] custom_module: file 'gone.py' not found")
-    assert fails[1] == "[resume] from: 'logs/old' holds no trainer_state.json to resume from"
+    assert code == 1 and len(fails) == 1
+    assert fails[0].startswith(f"[resume] from ({bad_resume}:10): 'logs/old' is not a directory")

@@ -127,7 +127,7 @@ def test_explain_json_fields(tmp_path, capsys):
     assert "linear" in report["sepa"]
 
 
-def test_explain_campaign_matrix(capsys):
+def test_explain_campaign_matrix(capsys, one_gpu):
     code, out, _ = run(
         ["explain", str(REPO / "retrain/config/templates/campaign.toml"), "--json"], capsys
     )
@@ -340,22 +340,42 @@ def test_explain_memory_does_not_grow_with_the_group(tmp_path, capsys):
 @pytest.mark.parametrize(
     "toml, key, message",
     [
-        ('[data]\nsource = "jsonl"\npath = "nope.jsonl"\n', "[data] path", "not found"),
         (
-            '[data]\nsource = "reasoning_gym"\ntask = "basic_arithmetik"\n',
+            '[data]\nsource = "reasoning_gym"\n\ntask = "basic_arithmetik"\n',
             "[data] task",
             "unknown reasoning-gym task 'basic_arithmetik' (did you mean 'basic_arithmetic'",
         ),
+        (
+            '[model]\n\n\nmodel = "./no-such-model"\n',
+            "[model] model",
+            "'./no-such-model' not found",
+        ),
+        ('[resume]\n\n\nfrom = "logs/never"\n', "[resume] from", "'logs/never' is not a directory"),
+    ],
+)
+def test_explain_reports_what_the_run_would_refuse_at_start(
+    tmp_path, capsys, monkeypatch, one_gpu, toml, key, message
+):
+    monkeypatch.chdir(tmp_path)
+    path = _write(tmp_path / "c.toml", toml + "[training]\nseed = 1\n")
+    code, out, _ = run(["explain", str(path), "--json"], capsys)
+    errors = json.loads(out)["errors"]
+    assert code == 2
+    assert any(e.startswith(f"{key} ({path}:4): ") and message in e for e in errors), errors
+
+
+@pytest.mark.parametrize(
+    "toml, key, message",
+    [
+        ('[data]\nsource = "jsonl"\npath = "nope.jsonl"\n', "[data] path", "not found"),
         (
             '[reward]\ntype = "custom"\ncustom_module = "missing_reward.py"\n',
             "[reward] custom_module",
             "not found",
         ),
-        ('[model]\nmodel = "./no-such-model"\n', "[model] model", "no such file or directory"),
-        ('[resume]\nfrom = "logs/never"\n', "[resume] from", "holds no trainer_state.json"),
     ],
 )
-def test_explain_reports_what_the_run_would_refuse_at_start(
+def test_explain_reports_files_the_config_names_when_it_loads(
     tmp_path, capsys, monkeypatch, toml, key, message
 ):
     monkeypatch.chdir(tmp_path)
@@ -363,7 +383,7 @@ def test_explain_reports_what_the_run_would_refuse_at_start(
     code, out, _ = run(["explain", str(path), "--json"], capsys)
     errors = json.loads(out)["errors"]
     assert code == 2
-    assert any(e.startswith(f"{key}: ") and message in e for e in errors), errors
+    assert any(e.startswith(f"{key} ({path}:3): ") and message in e for e in errors), errors
 
 
 def test_explain_custom_reward_without_its_function(tmp_path, capsys, monkeypatch):
@@ -378,7 +398,9 @@ def test_explain_custom_reward_without_its_function(tmp_path, capsys, monkeypatc
     assert "ERROR: [reward] custom_function:" in out and "callables there: reward" in out
 
 
-def test_explain_reports_missing_modules_of_configured_entries(tmp_path, capsys, monkeypatch):
+def test_explain_reports_missing_modules_of_configured_entries(
+    tmp_path, capsys, monkeypatch, one_gpu
+):
     from retrain.cli import explain
 
     real = explain._missing_modules
@@ -395,6 +417,6 @@ def test_explain_reports_missing_modules_of_configured_entries(tmp_path, capsys,
     code, out, _ = run(["explain", str(path), "--json"], capsys)
     errors = json.loads(out)["errors"]
     assert code == 2
-    assert any(e.startswith("[data] source: reasoning_gym needs reasoning_gym") for e in errors)
-    assert any(e.startswith("[reward] type: math needs math_verify") for e in errors)
+    assert any(e.startswith(f"[data] source ({path}:2): reasoning_gym needs") for e in errors)
+    assert any(e.startswith(f"[reward] type ({path}:5): math needs math_verify") for e in errors)
     assert all("retrain[" in e for e in errors)  # each names its install

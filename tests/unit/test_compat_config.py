@@ -26,7 +26,8 @@ def test_there_are_original_configs():
 
 
 @pytest.mark.parametrize("path", [_param(p) for p in ORIGINAL_CONFIGS])
-def test_original_config_explains_cleanly(path, capsys):
+def test_original_config_explains_cleanly(path, capsys, one_gpu):
+    """On the machine they were written for: a CUDA device, the hub reachable."""
     code = main(["explain", str(path)])
     err = capsys.readouterr().err
     assert code == 0, err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 from retrain.compare.comparison import compare_runs
 from retrain.compare.runs import load_run
 from retrain.config import config_from_dict
-from retrain.config.schema import EVAL_SEED_OFFSET
+from retrain.config.schema import EVAL_SEED_OFFSET, EvalConfig
 from retrain.errors import ConfigError, DataError
 from retrain.evaluate import (
     Evaluator,
@@ -104,6 +105,7 @@ def test_other_sources_use_their_split_or_file(tmp_path):
     jsonl.write_text(
         "\n".join(json.dumps({"question": f"q{i}", "answer": str(i)}) for i in range(10)) + "\n"
     )
+    (tmp_path / "train.jsonl").write_text(jsonl.read_text())
     cfg = config_from_dict(
         {
             "data": {"source": "jsonl", "path": str(tmp_path / "train.jsonl")},
@@ -113,9 +115,13 @@ def test_other_sources_use_their_split_or_file(tmp_path):
     held_out = load_eval_examples(cfg)
     assert len(held_out) == 4 and all(e.prompt.startswith("q") for e in held_out)
     assert [e.prompt for e in held_out] == [e.prompt for e in load_eval_examples(cfg)]
-    no_path = config_from_dict({"data": {"source": "jsonl", "path": "x"}, "eval": {"every": 1}})
+    # no held-out file: the config does not load, and a Config built without the loader
+    # is refused where the held-out set is read
+    no_path = {"data": {"source": "jsonl", "path": str(tmp_path / "train.jsonl")}}
+    with pytest.raises(ConfigError, match=r"\[eval\] path: a held-out evaluation"):
+        config_from_dict({**no_path, "eval": {"every": 1}})
     with pytest.raises(DataError, match=r"\[eval\] path"):
-        held_out_data(no_path)
+        held_out_data(replace(config_from_dict(no_path), eval=EvalConfig(every=1)))
 
 
 def test_eval_config_is_checked():

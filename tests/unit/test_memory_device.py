@@ -122,8 +122,9 @@ def no_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("RETRAIN_CACHE", str(tmp_path / "rc"))
 
 
-def simulate(monkeypatch, **devices: tuple[float, float]) -> None:
-    """explain and doctor see these devices ({"cuda0": (free GiB, total GiB), "cpu": ...})."""
+def simulate(monkeypatch, **devices: tuple[float, float] | None) -> None:
+    """explain and doctor see these devices ({"cuda0": (free GiB, total GiB), "cpu": ...};
+    None: a device nvidia-smi lists but whose memory it cannot read)."""
 
     def memory(kind: str, index: int = 0, **kw):
         found = devices.get("cpu" if kind == "cpu" else f"{kind}{index}")
@@ -204,14 +205,25 @@ def test_explain_warns_close_to_the_free_memory(tmp_path, capsys, monkeypatch, n
     assert ", close to the free memory" in memory_line(text)
 
 
-def test_explain_without_nvidia_smi_keeps_auto_open(tmp_path, capsys, monkeypatch, no_caches):
-    simulate(monkeypatch)  # no device answers
+def test_explain_without_the_gpus_memory_keeps_auto_open(tmp_path, capsys, monkeypatch, no_caches):
+    simulate(monkeypatch, cuda0=None)  # nvidia-smi lists gpu:0 but cannot read its memory
     code, text, report = explain(qwen_config(tmp_path), capsys)
     est = report["estimates"]
     assert code == 0 and est["micro_batch_tokens"] is None and est["device_free_gib"] is None
     assert "auto size (set at start from free memory)" in text
     assert "gpu:0: memory unknown" in memory_line(text)
     assert "auto is sized at start to gpu:0's free memory (unknown here)" in est["memory_note"]
+
+
+def test_explain_without_any_gpu_refuses_gpu_0(tmp_path, capsys, monkeypatch, no_caches):
+    """No nvidia-smi answer at all: no CUDA device, so devices = "gpu:0" is an error (the
+    run would refuse it before loading the model)."""
+    simulate(monkeypatch)
+    path = qwen_config(tmp_path)
+    code, text, report = explain(path, capsys)
+    (error,) = report["errors"]
+    assert code == 2 and error.startswith(f"[backend] devices ({path}:5): 'gpu:0' asks for gpu:0")
+    assert "this machine has no CUDA device" in error and 'Fix: devices = "cpu"' in error
 
 
 def test_explain_on_a_cpu_keeps_512(tmp_path, capsys, monkeypatch, no_caches):
