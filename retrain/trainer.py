@@ -417,7 +417,7 @@ class Trainer:
         from retrain.logs.metrics import read_eval_rows
 
         if not self._evaluates():
-            return ""  # an eval.jsonl here is not this run's: it did not evaluate
+            return ""  # this run did not evaluate: an eval.jsonl here is not its trend
         try:
             rows = read_eval_rows(self.log_dir)
         except RetrainError:

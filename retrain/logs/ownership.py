@@ -206,16 +206,19 @@ def aside_path(path: Path, now: datetime) -> Path:
     return target
 
 
-def move_aside(occ: Occupied, now: datetime) -> Path | None:
-    """Rename the directory aside (None when an earlier move took it along)."""
-    if not occ.path.exists():
-        return None
+def _refuse_the_working_directory(occ: Occupied) -> None:
     here = Path.cwd().resolve()
     if here == occ.path.resolve() or occ.path.resolve() in here.parents:
         raise UsageError(
             f"--overwrite: [{occ.table}] {occ.key} = {occ.path} holds the working directory, "
             f"so it cannot be moved aside. Fix: set a new [{occ.table}] {occ.key}"
         )
+
+
+def move_aside(occ: Occupied, now: datetime) -> Path | None:
+    """Rename the directory aside (None when an earlier move took it along)."""
+    if not occ.path.exists():
+        return None
     target = aside_path(occ.path, now)
     try:
         occ.path.rename(target)
@@ -237,6 +240,8 @@ def claim(config, launch: Launch, say: Callable[[str], None]) -> None:
             [_problem(occ, launch) for occ in occupied],
             head="another run's files are in the way",
         )
+    for occ in occupied:  # all checked before anything moves
+        _refuse_the_working_directory(occ)
     now = datetime.now()
     for occ in occupied:
         target = move_aside(occ, now)

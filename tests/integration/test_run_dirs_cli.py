@@ -174,18 +174,25 @@ def test_a_second_run_is_refused_before_loading_and_overwrite_moves_the_first_as
     assert done.startswith("Done: 2 steps") and "held-out" not in done
 
 
-def test_double_ctrl_c_before_the_first_checkpoint_says_nothing_was_saved(tmp_path, tiny_model_dir):
+def test_double_ctrl_c_before_the_first_checkpoint_says_nothing_was_saved(
+    tmp_path, tiny_model_dir
+):
     write_config(tmp_path, tiny_model_dir)
-    code, out, err = cli(tmp_path, "run.toml", env={"ABORT_AT_CALL": "1"})  # in step 0
-    assert code == 130
+    # no periodic checkpoint; the 9th reward call is in step 1, after step 0 was logged
+    code, out, err = cli(tmp_path, "run.toml", "--save-every", "0", env={"ABORT_AT_CALL": "9"})
+    assert code == 130 and "retrain: interrupted" in err
     aborted = next(line for line in out.splitlines() if line.startswith("Aborted"))
-    assert aborted.startswith("Aborted before the first checkpoint: nothing was saved")
-    assert "--resume" not in aborted and "step None" not in out
+    assert aborted == (
+        "Aborted before the first checkpoint: nothing was saved, so there is nothing to "
+        "resume. Start the run again: retrain run.toml --save-every 0 --overwrite"
+    )
+    assert "step None" not in out
     command = aborted.split("Start the run again: ")[1]
-    assert command in ("retrain run.toml", "retrain run.toml --overwrite")
-    code, out, err = run_printed(tmp_path, command)  # starts over, and works
+    code, out, err = run_printed(tmp_path, command)  # starts over, the aborted rows aside
     assert code == 0, out + err
     assert steps_in(tmp_path / "logs" / "tiny" / "metrics.jsonl") == [0, 1]
+    (aside,) = (tmp_path / "logs").glob("tiny.old-*")
+    assert steps_in(aside / "metrics.jsonl") == [0]
 
 
 def test_double_ctrl_c_after_a_checkpoint_names_it_and_its_resume_command_works(
