@@ -27,6 +27,7 @@ from retrain.config import Config
 from retrain.errors import RetrainError
 from retrain.logs.console import Console, eval_line, group_line, step_line
 from retrain.logs.metrics import RunContext, RunCounters, eval_fields, metrics_row
+from retrain.logs.ownership import Launch, claim, launch_for, occupied_dirs
 from retrain.logs.runlog import RunLog
 from retrain.logs.timer import PhaseTimer
 from retrain.rollout import build_datums, correct_rate, planning_masks, token_groups
@@ -81,10 +82,16 @@ def threading_main() -> bool:
 
 class Trainer:
     def __init__(
-        self, config: Config, *, config_path: str | None = None, console: Console | None = None
+        self,
+        config: Config,
+        *,
+        config_path: str | None = None,
+        console: Console | None = None,
+        launch: Launch | None = None,
     ):
         self.config = config
         self.config_path = config_path
+        self.launch = launch or launch_for(config_path)
         self.console = console or Console()
         self.say: Callable[[str], None] = self.console.print
         self.log_dir = Path(config.logging.log_dir)
@@ -130,6 +137,7 @@ class Trainer:
         self.counters = RunCounters.from_dict(state.counters)
         self.batch_size, self.group_size = state.batch_size, state.group_size
         self.start_step = self.last_saved_step = state.step
+        self.last_adapter = state.checkpoint.adapter
         if state.condition != cfg.condition:
             self.say(
                 f"Note: the checkpoint was trained as {state.condition}; continuing as {cfg.condition}"
@@ -258,12 +266,15 @@ class Trainer:
 
     # ------------------------------------------------------------ held-out evaluation
 
+    def _evaluates(self) -> bool:
+        every = self.config.eval.every
+        return self.parts is not None and self.parts.evaluator is not None and every > 0
+
     def _eval_due(self, done: int) -> bool:
         """Evaluations run before step 0, every `[eval] every` steps and after the last."""
-        every = self.config.eval.every
-        if self.parts is None or self.parts.evaluator is None or every <= 0:
+        if not self._evaluates():
             return False
-        return done % every == 0 or done == self.config.training.max_steps
+        return done % self.config.eval.every == 0 or done == self.config.training.max_steps
 
     def evaluate(self, done: int) -> EvalResult:
         """Evaluate the current adapter on the held-out set after `done` training steps:
@@ -312,6 +323,7 @@ class Trainer:
 
     def run(self) -> int:
         cfg = self.config
+        claim(cfg, self.launch, self.say)  # before any model loads
         self.setup()
         resume_from = cfg.resume.from_
         if resume_from and not self.restore(resume_from):
@@ -330,7 +342,7 @@ class Trainer:
         except KeyboardInterrupt:
             status = "interrupted"
             self.console.done()
-            self.say(f"Aborted; the last checkpoint (step {self.last_saved_step}) is kept.")
+            self.say(self._abort_line())
             raise
         finally:
             try:
@@ -362,12 +374,26 @@ class Trainer:
         return "finished", 0
 
     def _resume_hint(self, step: int) -> str:
-        cfg_arg = (
-            f" {self.config_path}"
-            if self.config_path and self.config_path != "retrain.toml"
-            else ""
+        return f"Stopped after step {step}. Resume with: {self._resume_command()}"
+
+    def _resume_command(self) -> str:
+        return self.launch.line("--resume", str(self.log_dir))
+
+    def _abort_line(self) -> str:
+        """After a second Ctrl-C: the checkpoint that is kept and the command that resumes
+        it, or, with none saved yet, that the run must start again (and how)."""
+        if self.last_saved_step is None:
+            # its rows are in the log dir: starting again needs --overwrite to move them aside
+            again = self.launch.line(*(["--overwrite"] if occupied_dirs(self.config) else []))
+            return (
+                "Aborted before the first checkpoint: nothing was saved, so there is nothing "
+                f"to resume. Start the run again: {again}"
+            )
+        where = f" ({self.last_adapter})" if self.last_adapter else ""
+        return (
+            f"Aborted; the last checkpoint, after step {self.last_saved_step}{where}, is kept. "
+            f"Resume with: {self._resume_command()}"
         )
-        return f"Stopped after step {step}. Resume with: retrain{cfg_arg} --resume {self.log_dir}"
 
     def _summary(self) -> str:
         rows = []
@@ -390,6 +416,8 @@ class Trainer:
     def _eval_trend(self) -> str:
         from retrain.logs.metrics import read_eval_rows
 
+        if not self._evaluates():
+            return ""  # this run did not evaluate: an eval.jsonl here is not its trend
         try:
             rows = read_eval_rows(self.log_dir)
         except RetrainError:
@@ -408,9 +436,16 @@ class Trainer:
             self.parts.close(self.say)
 
 
-def train(config: Config, config_path: str | None = None, *, console: Console | None = None) -> int:
-    """Run (or resume) a training run; returns the process exit status."""
-    trainer = Trainer(config, config_path=config_path, console=console)
+def train(
+    config: Config,
+    config_path: str | None = None,
+    *,
+    console: Console | None = None,
+    launch: Launch | None = None,
+) -> int:
+    """Run (or resume) a training run; returns the process exit status. `launch`: how the
+    CLI started it (the command line for the hints, --overwrite, where keys were set)."""
+    trainer = Trainer(config, config_path=config_path, console=console, launch=launch)
     try:
         return trainer.run()
     except RetrainError as exc:

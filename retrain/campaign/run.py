@@ -119,20 +119,24 @@ def state_finished(run: RunSpec) -> bool:
 
 
 def set_aside_partial_logs(run: RunSpec, attempt: int) -> list[str]:
-    """A run restarting from scratch must not append to the rows of a failed attempt:
-    rename them `metrics.attempt{n}.jsonl`, `emergence.attempt{n}/`. Returns what moved."""
+    """A run restarting from scratch must not append to the rows of a failed attempt (and
+    would refuse a directory holding them): rename them `metrics.attempt{n}.jsonl`,
+    `emergence.attempt{n}/`, and the attempt's checkpoints `adapter.attempt{n}/`.
+    Returns what moved."""
     moved = []
     log_dir = Path(run.log_dir)
-    for name in ("metrics.jsonl", "eval.jsonl", "emergence"):
-        path = log_dir / name
+    for path in (
+        *(log_dir / n for n in ("metrics.jsonl", "eval.jsonl", "emergence")),
+        Path(run.adapter_path),
+    ):
         if not path.exists():
             continue
-        stem, dot, ext = name.partition(".")
-        target = log_dir / f"{stem}.attempt{attempt}{dot}{ext}"
+        stem, dot, ext = path.name.partition(".")
+        target = path.with_name(f"{stem}.attempt{attempt}{dot}{ext}")
         n = 1
         while target.exists():
             n += 1
-            target = log_dir / f"{stem}.attempt{attempt}-{n}{dot}{ext}"
+            target = path.with_name(f"{stem}.attempt{attempt}-{n}{dot}{ext}")
         path.rename(target)
         moved.append(str(target))
     return moved

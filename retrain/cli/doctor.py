@@ -338,7 +338,7 @@ def _local_estimate(config: Any) -> dict[str, Any] | None:
     return estimate if estimate.get("peak_memory_gib") is not None else None
 
 
-def check_config(path: str | None) -> tuple[list[Check], Any]:
+def check_config(path: str | None, flags: list[str] | None = None) -> tuple[list[Check], Any]:
     """The config's checks (one FAIL per problem, so a name that is not built in this
     version is named with its key, line and fix) and the loaded config, or None."""
     from retrain.config import load_config
@@ -359,7 +359,7 @@ def check_config(path: str | None) -> tuple[list[Check], Any]:
             )
         ], None
     try:
-        config = load_config(p)
+        config = load_config(p, flags or [])
     except ConfigError as exc:
         problems = exc.problems or [str(exc)]
         fix = f"edit {p}; retrain explain {p} says the same"
@@ -419,7 +419,7 @@ def check_backend_probe(config: Any) -> list[Check]:
     ]
 
 
-def check_run(config: Any, path: str | None) -> list[Check]:
+def check_run(config: Any, path: str | None, launch: Any = None) -> list[Check]:
     """What the run itself would refuse before its first step, found the way `retrain
     explain` finds it (the same report, no model load): the advantage flow against the
     backend, campaign runs, the reasoning-gym task, the custom reward, the devices against
@@ -431,7 +431,7 @@ def check_run(config: Any, path: str | None) -> list[Check]:
     from retrain.cli.explain import build_report
 
     try:  # the model has its own line, which asks the hub once
-        report = build_report(config, str(path or "retrain.toml"), ask=None)
+        report = build_report(config, str(path or "retrain.toml"), launch, ask=None)
     except Exception as exc:  # a check must not take doctor down
         return [Check("run checks", FAIL, f"{type(exc).__name__}: {exc}", "retrain explain")]
     errors = [
@@ -552,20 +552,28 @@ def check_secrets() -> Check:
 
 
 def run_checks(
-    config_path: str | None = None, *, network: bool = True, torch: bool = True
+    config_path: str | None = None,
+    *,
+    network: bool = True,
+    torch: bool = True,
+    flags: list[str] | None = None,
+    overwrite: bool = False,
 ) -> list[Check]:
+    """`flags` and `overwrite`: the run's command line, checked as the run would take it."""
     from retrain.config import load_dotenv
+    from retrain.logs.ownership import launch_for
 
     load_dotenv()
     checks = [check_python(), check_retrain()]
-    config_checks, config = check_config(config_path)
+    config_checks, config = check_config(config_path, flags)
     checks += config_checks
     checks += check_extras(config)
     if torch:
         checks += check_torch(config)
     checks += check_memory(config)
     checks.append(check_backend(config))
-    checks += check_run(config, config_path)
+    launch = launch_for(config_path or "retrain.toml", flags or [], overwrite=overwrite)
+    checks += check_run(config, config_path, launch)
     if network:
         checks += check_backend_probe(config)
     checks.append(check_model(config, network))
@@ -593,20 +601,26 @@ def render(checks: list[Check]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    from retrain.cli.args import split_config_args
+
     p = argparse.ArgumentParser(
         prog="retrain doctor",
-        description="Check Python, extras, torch/CUDA, the model, the cache and wandb. Exits 1 on a FAIL.",
-    )
-    p.add_argument(
-        "config",
-        nargs="?",
-        default=None,
-        help="config to check against (default ./retrain.toml if present)",
+        usage="retrain doctor [CONFIG] [--flag value ...] [--json] [--no-network] [--overwrite]",
+        description="Check Python, extras, torch/CUDA, the model, the cache and wandb. Exits 1 "
+        "on a FAIL. CONFIG (default ./retrain.toml if present) and config flags are taken as "
+        "the run takes them.",
+        allow_abbrev=False,
     )
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.add_argument("--no-network", action="store_true", help="skip the hub reachability probe")
-    args = p.parse_args(argv)
-    checks = run_checks(args.config, network=not args.no_network)
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="as the run's --overwrite: directories holding another run are moved aside",
+    )
+    args, rest = p.parse_known_args(argv)
+    path, flags = split_config_args(rest)
+    checks = run_checks(path, network=not args.no_network, flags=flags, overwrite=args.overwrite)
     failed = any(c.status == FAIL for c in checks)
     if args.json:
         print(json.dumps({"ok": not failed, "checks": [asdict(c) for c in checks]}, indent=2))

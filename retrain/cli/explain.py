@@ -22,11 +22,13 @@ from retrain.campaign.expand import (
     check_runs,
     expand_run,
 )
-from retrain.cli.run import is_standalone_squeeze, split_path
-from retrain.config import Config, load_config, load_dotenv
+from retrain.cli.args import split_config_args
+from retrain.cli.run import is_standalone_squeeze, refuse_overwrite
+from retrain.config import DEFAULT_CONFIG, Config, load_config, load_dotenv
 from retrain.config.validate import flow_problems, static_token_varying
 from retrain.errors import BackendError, ConfigError, PluginError
 from retrain.hardware import device_memory, matmul_dtype
+from retrain.logs import ownership
 from retrain.memory import (
     MICRO_BATCH_STEP,
     FitProblem,
@@ -804,9 +806,17 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def build_report(config: Config, path: str, *, ask: HubAsk | None = ask_hub) -> dict[str, Any]:
+def build_report(
+    config: Config,
+    path: str,
+    launch: ownership.Launch | None = None,
+    *,
+    ask: HubAsk | None = ask_hub,
+) -> dict[str, Any]:
     """What the config would do, and every problem the run would stop on before its first
-    step (`ask`: the hub request of the model check; None skips it)."""
+    step. `launch`: the command line explained (its flags and --overwrite), for the
+    directories that hold another run; `ask`: the hub request of the model check (None
+    skips it)."""
     if is_standalone_squeeze(config):
         return _squeeze_report(config, path)
     errors: list[str] = []
@@ -858,11 +868,13 @@ def build_report(config: Config, path: str, *, ask: HubAsk | None = ask_hub) -> 
         f"{key}{_where(config, path, key)}: {problem}"
         for key, problem in startup_problems(config, ask)
     ]
+    occupied, moved = ownership.check(config, launch or ownership.launch_for(path))
+    errors += occupied
     # An engine's server must answer before step 0 (the run would stop there), so its
     # problems are errors; a backend's own probe (prime_rl) may find a server started later.
     errors += [f"{key}: {problem}" for key, problem in engine_problems(config)]
     probed = [f"{key}: {problem}" for key, problem in backend_problems(config)]
-    report["warnings"] = _advice(config) + probed
+    report["warnings"] = _advice(config) + probed + moved
     memory = report["estimates"].get("memory_problem")
     if memory and config.backend.backend == "local":  # the local backend refuses it too
         (errors if memory["level"] == "error" else report["warnings"]).append(memory["message"])
@@ -959,10 +971,17 @@ def main(argv: list[str]) -> int:
         prog="retrain explain",
         description="Dry run: validate a config and say what it would do.",
         add_help=True,
+        allow_abbrev=False,  # a prefix of --json must stay a config flag's problem
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="as the run's --overwrite: directories holding another run are moved aside",
+    )
     known, rest = parser.parse_known_args(argv)
-    path, flags = split_path(rest)
+    given, flags = split_config_args(rest)
+    path = given or DEFAULT_CONFIG
     load_dotenv()
     try:
         config = load_config(path, flags)
@@ -970,6 +989,9 @@ def main(argv: list[str]) -> int:
         if known.json:
             print(json.dumps({"config": path, "errors": exc.problems}, indent=2))
         raise
-    report = build_report(config, path)
+    if known.overwrite:
+        refuse_overwrite(config)  # as the run would
+    launch = ownership.launch_for(path, flags, overwrite=known.overwrite)
+    report = build_report(config, path, launch)
     print(json.dumps(report, indent=2) if known.json else render(report))
     return 2 if report["errors"] else 0

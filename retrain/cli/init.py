@@ -1,8 +1,13 @@
-"""`retrain init`: write a starter TOML from a bundled template."""
+"""`retrain init`: write a starter TOML from a bundled template.
+
+In a git work tree (or a directory with a .gitignore) it offers the .gitignore lines for
+what retrain writes there (the config, the log and adapter directories) and appends them
+with `--gitignore`; it never edits the user's .gitignore otherwise."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from importlib import resources
 from pathlib import Path
@@ -36,6 +41,75 @@ def _write(path: Path, text: str, force: bool) -> None:
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
+
+
+def in_git_tree(here: Path) -> bool:
+    """Whether `here` is inside a git work tree (a .git directory or file above it)."""
+    return any((d / ".git").exists() for d in (here, *here.parents))
+
+
+def _top_dir(path: str) -> str | None:
+    """`/logs/` for `logs/quickstart`: the directory of this one that a path lives in
+    (None when it is absolute or outside: not this tree's business)."""
+    parts = Path(path).parts
+    if Path(path).is_absolute() or not parts or parts[0] in ("..", "~"):
+        return None
+    return f"/{parts[0]}/"
+
+
+def ignore_entries(out: Path, text: str) -> list[str]:
+    """.gitignore lines (anchored to this directory) for the config written to `out` and
+    the log and adapter directories it names, in the order they are written."""
+    import tomllib
+
+    from retrain.config import config_from_dict
+
+    config = config_from_dict(tomllib.loads(text))
+    entries = []
+    with contextlib.suppress(ValueError):  # written outside this directory: not ours
+        entries.append("/" + out.resolve().relative_to(Path.cwd().resolve()).as_posix())
+    for path in (config.logging.log_dir, config.backend.adapter_path):
+        top = _top_dir(path)
+        if top and top not in entries:
+            entries.append(top)
+    return entries
+
+
+def _missing_ignores(entries: list[str], gitignore: Path) -> list[str]:
+    """The entries a .gitignore lacks (`/logs/`, `logs/` and `logs` count as the same)."""
+    have = set()
+    if gitignore.is_file():
+        for line in gitignore.read_text(encoding="utf-8", errors="replace").splitlines():
+            have.add(line.strip().strip("/"))
+    return [e for e in entries if e.strip("/") not in have]
+
+
+def offer_gitignore(out: Path, text: str, write: bool) -> None:
+    """In a git work tree or beside a .gitignore: append the missing entries with
+    --gitignore, else print them and the flag that appends them."""
+    gitignore = Path(".gitignore")
+    if not write and not (gitignore.exists() or in_git_tree(Path.cwd())):
+        return
+    missing = _missing_ignores(ignore_entries(out, text), gitignore)
+    if not missing:
+        return
+    if not write:
+        import shlex
+
+        lines = "".join(f"{line}\\n" for line in missing)
+        print(
+            f"This is a git work tree: to keep what retrain writes out of `git status`, add "
+            f"these lines to {gitignore} (leave out the config to keep it under version control):"
+        )
+        print("\n".join(f"  {line}" for line in missing))
+        print(
+            f"  e.g. printf {shlex.quote(lines)} >> {gitignore}  (`retrain init --gitignore` appends them)"
+        )
+        return
+    old = gitignore.read_text(encoding="utf-8") if gitignore.is_file() else ""
+    gap = "" if not old or old.endswith("\n") else "\n"
+    gitignore.write_text(old + gap + "\n".join(missing) + "\n", encoding="utf-8")
+    print(f"Added to {gitignore}: {', '.join(missing)}")
 
 
 def _ask(prompt: str, default: str, choices: tuple[str, ...] = ()) -> str:
@@ -109,6 +183,11 @@ def main(argv: list[str]) -> int:
         help="where to write (default ./retrain.toml, or ./campaign.toml for the campaign template)",
     )
     parser.add_argument("--force", action="store_true", help="overwrite an existing file")
+    parser.add_argument(
+        "--gitignore",
+        action="store_true",
+        help="append the config, logs/ and adapters/ entries to ./.gitignore (created if absent)",
+    )
     parser.add_argument("--list", action="store_true", help="list the templates")
     parser.add_argument(
         "--interactive", "-i", action="store_true", help="ask a few questions (needs a terminal)"
@@ -132,6 +211,7 @@ def main(argv: list[str]) -> int:
         out = Path(args.output or "retrain.toml")
         _write(out, text, args.force)
         print(f"Wrote {out}. Next: retrain explain {out} && retrain {out}")
+        offer_gitignore(out, text, args.gitignore)
         return 0
     name = args.template or "quickstart"
     if name not in available:
@@ -146,4 +226,5 @@ def main(argv: list[str]) -> int:
         f"retrain {out}" if out.name != "retrain.toml" or out.parent != Path(".") else "retrain"
     )
     print(f"Wrote {out} (template {name!r}). Next: retrain explain {out} && {run_hint}")
+    offer_gitignore(out, available[name], args.gitignore)
     return 0

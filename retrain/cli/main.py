@@ -33,7 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 USAGE = """\
-usage: retrain [CONFIG] [--flag value ...]     train (default config: ./retrain.toml)
+usage: retrain [CONFIG] [--flag value ...] [--overwrite]   train (default: ./retrain.toml)
        retrain COMMAND [options]
 
 retrain: TOML-first reinforcement learning with verifiable rewards for LLMs.
@@ -47,7 +47,12 @@ Every config key can be overridden: --{{table}}-{{key}} VALUE (e.g. --training-l
 or the short form --{{key}} when it is unambiguous (e.g. --lr 1e-4, --seed 42,
 --resume LOGDIR); the original retrain's flag names work too (--bp-enabled true,
 --optim-beta1 0.9, --backend-opt KEY=VALUE). Without ./retrain.toml, flags alone run
-on the built-in defaults. `retrain --help-flags` lists them all.
+on the built-in defaults. `retrain --help-flags` lists them all. CONFIG may stand
+anywhere among the flags.
+
+A run never writes into a [logging] log_dir or [backend] adapter_path that holds another
+run: resume that run (--resume LOGDIR), set new directories, or pass --overwrite, which
+moves the old ones aside to DIR.old-YYYYmmdd-HHMMSS (nothing is deleted).
 
   retrain init --template quickstart && retrain     a first run on CPU
   retrain explain                                   what the config would do

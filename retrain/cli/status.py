@@ -26,9 +26,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from retrain.logs.status import legend
+
     p = _Parser(
         prog="retrain status",
         description="Summarise the runs and campaigns under a log directory.",
+        epilog="\n".join(legend()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("logdir", nargs="?", default="logs", help="directory to scan (default: logs)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

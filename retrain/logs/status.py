@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain.logs.metrics import read_eval_rows
+from retrain.logs.ownership import log_dir_holds
 from retrain.logs.rundir import (
     MANIFEST,
     METRICS,
@@ -190,7 +191,8 @@ def _process_gone(st: RunStatus) -> bool:
 
 def resume_command(run: RunDir) -> str:
     """The command that continues the run: its resolved config with `--resume` when a
-    checkpoint exists, else the config alone (the run starts over)."""
+    checkpoint exists, else the config alone: the run starts over, with `--overwrite` when
+    it logged rows (moved aside: a run never writes into another run's files)."""
     resolved = run.path / "config.resolved.toml"
     configured = run.run_info.get("config")
     if resolved.is_file():
@@ -201,8 +203,8 @@ def resume_command(run: RunDir) -> str:
         config = "CONFIG.toml"
     command = f"retrain {shlex.quote(config)}"
     if (run.path / TRAINER_STATE).is_file():
-        command += f" --resume {shlex.quote(str(run.path))}"
-    return command
+        return f"{command} --resume {shlex.quote(str(run.path))}"
+    return f"{command} --overwrite" if log_dir_holds(run.path)[0] else command
 
 
 def _state(run: RunDir, st: RunStatus, stale_after: float | None) -> str:
@@ -432,6 +434,46 @@ def _eval_cell(r: RunStatus) -> str:
 
 
 HEADER = ["RUN", "STATE", "STEPS", "CORRECT", "RUNNING", "EVAL", "REWARD", "STEP", "ETA"]
+# What each column and state means: under the table (the columns, the states shown) and in
+# `retrain status --help` (all of them).
+COLUMNS = {
+    "RUN": "the run's directory (in a campaign: CONDITION_sSEED)",
+    "STATE": "see the states",
+    "STEPS": "steps done / max_steps",
+    "CORRECT": "correct rate of the last step (completions with reward >= 1)",
+    "RUNNING": "correct rate over all the steps so far",
+    "EVAL": "last held-out correct rate ([eval]) @ the steps trained before it",
+    "REWARD": "mean reward over the logged steps",
+    "STEP": "median time per step",
+    "ETA": "time left at that pace (running runs)",
+}
+STATES = {
+    "running": "its heartbeat in run.json is fresh",
+    "finished": "it reached max_steps and saved its final adapter",
+    "interrupted": "stopped by Ctrl-C or SIGTERM (or a checkpoint with no process record); "
+    "resume it",
+    "failed": "stopped by an error (its exit code in parentheses)",
+    "dead": "run.json says running, but its process on this host is gone: killed without a "
+    "word (out of memory, kill -9, a reboot); resume it",
+    "stale": "run.json says running, but no heartbeat for --stale-after seconds (default 3 x "
+    "its median step time, at least 300 s): on another host, or hung",
+    "pending": "a campaign run that has not started",
+    "unknown": "run files, but no status to read",
+}
+
+
+def legend(states: list[str] | None = None) -> list[str]:
+    """The legend's lines: every column, and the states given (all when None)."""
+    import textwrap
+
+    columns = "; ".join(f"{k} {v}" for k, v in COLUMNS.items() if k != "STATE")
+    lines = textwrap.wrap(f"Columns: {columns}.", width=96, subsequent_indent="  ")
+    lines.append("States:")
+    for state in (s for s in STATES if states is None or s in states):
+        lines += textwrap.wrap(
+            f"{state}: {STATES[state]}", width=96, initial_indent="  ", subsequent_indent="    "
+        )
+    return lines
 
 
 def _table(rows: list[list[str]], indent: str = "") -> list[str]:
@@ -506,6 +548,8 @@ def render(report: StatusReport) -> str:
                     f"  squeeze: recommended rank {c.squeeze['recommended_rank']}"
                     f" (of {c.squeeze.get('source_rank', '?')}, from {c.squeeze.get('run', '?')})"
                 )
+    states = {r.state for r in report.runs} | {r.state for c in report.campaigns for r in c.runs}
+    lines += ["", *legend(sorted(states))]
     if report.warnings:
         lines.append("")
         lines += [f"warning: {w}" for w in report.warnings]

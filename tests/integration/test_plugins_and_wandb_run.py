@@ -62,6 +62,7 @@ def test_wandb_offline_run_and_failure_do_not_stop_training(tiny_raw, tmp_path, 
     monkeypatch.setattr(wandb, "init", boom)
     raw2 = copy.deepcopy(raw)
     raw2["logging"]["log_dir"] = str(tmp_path / "logs2")
+    raw2["backend"]["adapter_path"] = str(tmp_path / "adapter2")  # a second run: its own
     lines: list[str] = []
 
     class Capture(Console):

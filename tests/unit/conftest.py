@@ -18,6 +18,14 @@ settings.register_profile("retrain", derandomize=True, database=None, deadline=N
 settings.load_profile("retrain")
 
 
+@pytest.fixture(autouse=True)
+def _empty_cwd(tmp_path_factory, monkeypatch):
+    """Every test starts in an empty directory of its own: a config's relative log and
+    adapter directories (logs/quickstart, ...) must not find a developer's runs in the
+    checkout, which a run, `explain` and `doctor` refuse as another run's files."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     """A project directory as cwd; sys.path and the import finder caches restored after."""

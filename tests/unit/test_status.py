@@ -421,3 +421,71 @@ def test_cli_watch(tree, capsys):
     for bad in (["--count", "2"], ["--watch", "--interval", "0"], ["--watch", "--count", "0"]):
         with pytest.raises(UsageError):
             status_main([str(tree), *bad])
+
+
+def test_a_run_without_a_checkpoint_but_with_rows_starts_over_with_overwrite(tmp_path):
+    # its rows are in the way: a run never writes into another run's files
+    run = tmp_path / "early"
+    write_run(run, rates=[0.5], status="running", pid=dead_pid(), host=socket.gethostname())
+    (run / "trainer_state.json").unlink()
+    (run / "config.resolved.toml").write_text("[training]\nmax_steps = 10\n")
+    st = read_run(run, now=NOW)
+    assert st.resume_command == f"retrain {run / 'config.resolved.toml'} --overwrite"
+
+
+def test_status_explains_its_columns_and_states(tmp_path):
+    """A user reading `retrain status` for the first time: what the columns and a dead run
+    mean, under the table and in --help (issue 28)."""
+    write_run(
+        tmp_path / "killed",
+        rates=[0.5],
+        status="running",
+        pid=dead_pid(),
+        host=socket.gethostname(),
+    )
+    write_run(tmp_path / "done", rates=[0.5, 0.75], status="finished", finished=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "retrain.cli.main", "status", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    legend = proc.stdout.split("\nColumns: ", 1)[1]
+    for column in (
+        "STEPS steps done / max_steps",
+        "CORRECT correct rate of the last step",
+        "RUNNING correct rate over all the steps",
+        "EVAL last held-out correct rate",
+        "ETA time left",
+    ):
+        assert column in " ".join(legend.split()), column
+    assert "  dead: run.json says running, but its process on this host is gone" in legend
+    assert "  finished: " in legend and "  stale: " not in legend  # the states shown only
+    proc = subprocess.run(
+        [sys.executable, "-m", "retrain.cli.main", "status", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 0
+    for state in (
+        "running",
+        "finished",
+        "interrupted",
+        "failed",
+        "dead",
+        "stale",
+        "pending",
+        "unknown",
+    ):
+        assert f"\n  {state}: " in proc.stdout, state
+    assert "Columns: RUN the run's directory" in proc.stdout

@@ -1,0 +1,214 @@
+"""A run never mixes into another run's files, and a double Ctrl-C says what was saved:
+the real CLI as a subprocess on the tiny random model, in a directory of real files.
+
+Each test reproduces what a user typed (issue 28): running the same config again, then
+`--overwrite`; a log or adapter directory set by a flag; a double Ctrl-C before and after
+the first checkpoint, then the command the message prints.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from retrain.logs.jsonl import read_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A custom reward that presses Ctrl-C twice, as a user would, at its ABORT_AT_CALL-th call
+# (in the main thread, so each signal's handler runs before the next one is sent).
+ABORTING_REWARD = """\
+import os
+import signal
+
+calls = 0
+
+
+def score(response, reference):
+    global calls
+    calls += 1
+    if str(calls) == os.environ.get("ABORT_AT_CALL"):
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C: stop after this step
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C again: abort
+    return float(sum(map(ord, response)) % 2)
+"""
+
+CONFIG = """\
+[backend]
+backend = "local"
+devices = "cpu"
+adapter_path = "adapters/tiny"
+options = {{ threads = 1, dtype = "fp32" }}
+
+[model]
+model = "{model}"
+lora_rank = 4
+
+[algorithm]
+advantage_mode = "grpo"
+transform_mode = "none"
+
+[training]
+seed = 3
+max_steps = {steps}
+batch_size = 2
+group_size = 4
+max_tokens = 6
+save_every = 1
+
+[data]
+source = "reasoning_gym"
+task = "basic_arithmetic"
+size = 50
+args = {{ min_terms = 2, max_terms = 2, min_digits = 1, max_digits = 1 }}
+
+[reward]
+type = "custom"
+custom_module = "reward.py"
+
+[eval]
+every = {eval_every}
+size = 3
+temperature = 0.0
+
+[logging]
+log_dir = "logs/tiny"
+group_lines = 0
+"""
+
+
+def write_config(work: Path, model: Path, *, steps: int = 2, eval_every: int = 0) -> Path:
+    (work / "reward.py").write_text(ABORTING_REWARD)
+    path = work / "run.toml"
+    path.write_text(CONFIG.format(model=model, steps=steps, eval_every=eval_every))
+    return path
+
+
+def line_of(path: Path, key: str) -> int:
+    lines = path.read_text().splitlines()
+    return next(i for i, line in enumerate(lines, start=1) if line.startswith(f"{key} ="))
+
+
+def cli(work: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    python_path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    full_env = {**os.environ, "PYTHONPATH": python_path, "OMP_WAIT_POLICY": "PASSIVE"}
+    full_env.pop("ABORT_AT_CALL", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "retrain.cli.main", *args],
+        cwd=work,
+        env={**full_env, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def run_printed(work: Path, command: str) -> tuple[int, str, str]:
+    """Run a command a message printed (`retrain ...`), as the user would paste it."""
+    words = shlex.split(command)
+    assert words[0] == "retrain", command
+    return cli(work, *words[1:])
+
+
+def steps_in(path: Path) -> list[int]:
+    rows, bad = read_jsonl(path)
+    assert not bad
+    return [r["step"] for r in rows]
+
+
+def test_a_second_run_is_refused_before_loading_and_overwrite_moves_the_first_aside(
+    tmp_path, tiny_model_dir
+):
+    config = write_config(tmp_path, tiny_model_dir, eval_every=1)
+    code, out, err = cli(tmp_path, "run.toml")
+    assert code == 0, out + err
+    assert "held-out correct rate" in out.splitlines()[-1]
+    # transformers' noise is not the user's business: retrain's own lines only
+    for noise in ("FutureWarning", "is_gradient_checkpointing", "Loading weights", "Writing model"):
+        assert noise not in out + err, noise
+    metrics = tmp_path / "logs" / "tiny" / "metrics.jsonl"
+    first = metrics.read_text()
+
+    # the same command again: refused before any model loads, naming both keys and lines
+    code, out, err = cli(tmp_path, "run.toml")
+    assert code == 2
+    assert "Traceback" not in err and "Loading train model" not in out
+    log_line, adapter_line = line_of(config, "log_dir"), line_of(config, "adapter_path")
+    assert f"[logging] log_dir (run.toml:{log_line}): logs/tiny holds another run" in err
+    assert f"[backend] adapter_path (run.toml:{adapter_line}): adapters/tiny holds" in err
+    assert "continue that run: retrain run.toml --resume logs/tiny" in err
+    assert "start over: retrain run.toml --overwrite (moves logs/tiny aside" in err
+    assert metrics.read_text() == first
+
+    # explain and doctor say it too, as errors
+    code, out, _ = cli(tmp_path, "explain", "run.toml")
+    assert code == 2 and f"ERROR: [logging] log_dir (run.toml:{log_line}):" in out
+    code, out, _ = cli(tmp_path, "doctor", "run.toml", "--no-network")
+    failed = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert code == 1 and any(f"[logging] log_dir (run.toml:{log_line})" in f for f in failed)
+    code, out, _ = cli(tmp_path, "explain", "run.toml", "--overwrite")
+    assert code == 0 and "WARNING: [logging] log_dir: logs/tiny holds another run" in out
+
+    # a directory set by a flag is named by its flag; a new log dir alone is not enough
+    code, _, err = cli(tmp_path, "run.toml", "--log-dir", "logs/other")
+    assert code == 2 and "[logging] log_dir" not in err
+    assert f"[backend] adapter_path (run.toml:{adapter_line}): adapters/tiny" in err
+    code, _, err = cli(tmp_path, "--adapter-path", "adapters/tiny", "--log-dir=logs/x", "run.toml")
+    assert code == 2 and "[backend] adapter_path (from --adapter-path): adapters/tiny" in err
+
+    # --overwrite: the old run is moved aside whole, the new one has only its own rows,
+    # and its summary (eval off) reads no held-out rate of the old run
+    code, out, err = cli(tmp_path, "run.toml", "--overwrite", "--eval-every", "0")
+    assert code == 0, out + err
+    aside = sorted((tmp_path / "logs").glob("tiny.old-*"))
+    assert len(aside) == 1 and (aside[0] / "metrics.jsonl").read_text() == first
+    assert len(list((tmp_path / "adapters").glob("tiny.old-*/final"))) == 1
+    assert f"aside to {aside[0].relative_to(tmp_path)}" in out
+    assert steps_in(metrics) == [0, 1]
+    assert not (tmp_path / "logs" / "tiny" / "eval.jsonl").exists()
+    done = out.splitlines()[-1]
+    assert done.startswith("Done: 2 steps") and "held-out" not in done
+
+
+def test_double_ctrl_c_before_the_first_checkpoint_says_nothing_was_saved(tmp_path, tiny_model_dir):
+    write_config(tmp_path, tiny_model_dir)
+    # no periodic checkpoint; the 9th reward call is in step 1, after step 0 was logged
+    code, out, err = cli(tmp_path, "run.toml", "--save-every", "0", env={"ABORT_AT_CALL": "9"})
+    assert code == 130 and "retrain: interrupted" in err
+    aborted = next(line for line in out.splitlines() if line.startswith("Aborted"))
+    assert aborted == (
+        "Aborted before the first checkpoint: nothing was saved, so there is nothing to "
+        "resume. Start the run again: retrain run.toml --save-every 0 --overwrite"
+    )
+    assert "step None" not in out
+    command = aborted.split("Start the run again: ")[1]
+    code, out, err = run_printed(tmp_path, command)  # starts over, the aborted rows aside
+    assert code == 0, out + err
+    assert steps_in(tmp_path / "logs" / "tiny" / "metrics.jsonl") == [0, 1]
+    (aside,) = (tmp_path / "logs").glob("tiny.old-*")
+    assert steps_in(aside / "metrics.jsonl") == [0]
+
+
+def test_double_ctrl_c_after_a_checkpoint_names_it_and_its_resume_command_works(
+    tmp_path, tiny_model_dir
+):
+    write_config(tmp_path, tiny_model_dir, steps=3)
+    # 8 completions a step: the 9th call is in step 1, after the checkpoint of step 1
+    code, out, err = cli(tmp_path, "--max-steps", "3", "run.toml", env={"ABORT_AT_CALL": "9"})
+    assert code == 130
+    assert "Received SIGINT: stopping after this step" in err
+    aborted = next(line for line in out.splitlines() if line.startswith("Aborted"))
+    assert aborted.startswith(
+        "Aborted; the last checkpoint, after step 1 (adapters/tiny/checkpoint_step_1), is kept."
+    )
+    command = aborted.split("Resume with: ")[1]
+    assert command == "retrain run.toml --max-steps 3 --resume logs/tiny"
+    code, out, err = run_printed(tmp_path, command)
+    assert code == 0, out + err
+    assert "Resumed from logs/tiny at step 1" in out
+    assert out.splitlines()[-1].startswith("Done: 3 steps")
+    assert steps_in(tmp_path / "logs" / "tiny" / "metrics.jsonl") == [0, 1, 2]
