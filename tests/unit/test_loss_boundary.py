@@ -16,7 +16,13 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from reference_loss import ref_kl, ref_objective, ref_token  # tests/unit: the plain reference
+from reference_loss import (  # tests/unit: the plain reference
+    ref_completion,
+    ref_kl,
+    ref_objective,
+    ref_selection,
+    ref_token,
+)
 
 from retrain import registry
 from retrain.cli.explain import objective_summary
@@ -29,13 +35,20 @@ from retrain.loss import (
     LossFn,
     LossInputs,
     LossStats,
+    StepTokens,
+    covariance_selection,
+    needs_selection,
     resolve_objective,
-    sequence_weights,
+    step_weights,
 )
 from retrain.loss import objectives as builtin
 from retrain.types import LOSS_OPTIONS, USER_OBJECTIVE, TrainHyper
 
-BASE = TrainHyper(lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8)
+# max_tokens: seq_mean_token_sum_norm's constant; bnpo_batch_size: bnpo's local batches
+# of 2 completions (the micro-batches below cut one of them in two)
+BASE = TrainHyper(
+    lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8, max_tokens=12, bnpo_batch_size=2
+)
 MANUAL = Path(__file__).resolve().parents[2] / "retrain" / "manual" / "loss.md"
 
 # ---------------------------------------------------------------- helpers
@@ -79,38 +92,64 @@ def tensors(seqs, masks, dtype=torch.float64):
     return (*out, mask)
 
 
-def fast(seqs, masks, hyper, loss_fn=None, dtype=torch.float64, chunks=None):
-    """The composed loss over the step, in micro-batches as the local backend splits it:
-    (loss, per-token grads, LossStats)."""
+def step_picks(seqs, masks, hyper, seed=0):
+    """The covariance selection over the whole step (the local backend's pre-pass, here
+    with the trainer's logprobs = the seqs' logp), per completion; None when the objective
+    selects nothing."""
+    if not needs_selection(hyper.policy_loss):
+        return None
+    step = [
+        StepTokens(np.asarray(lp), np.asarray(old), np.asarray(adv), np.asarray(m))
+        for (lp, old, adv, _), m in zip(seqs, masks, strict=True)
+    ]
+    return covariance_selection(step, hyper, np.random.default_rng(seed))
+
+
+def fast(seqs, masks, hyper, loss_fn=None, dtype=torch.float64, chunks=None, seed=0):
+    """The composed loss over the step, in micro-batches as the local backend splits it
+    (the covariance selection made once for the step first): (loss, per-token grads,
+    LossStats)."""
     loss_fn = loss_fn or resolve_objective(hyper.policy_loss)
-    weights, denominator = sequence_weights([sum(m) for m in masks], hyper.loss_agg)
+    weights, denominator = step_weights([sum(m) for m in masks], hyper)
+    picks = step_picks(seqs, masks, hyper, seed)
     total, grads, stats, start = 0.0, [], LossStats(), 0
     for size in chunks or [len(seqs)]:
-        logp, old, adv, ref, mask = tensors(
-            seqs[start : start + size], masks[start : start + size], dtype
-        )
+        part = slice(start, start + size)
+        logp, old, adv, ref, mask = tensors(seqs[part], masks[part], dtype)
         logp.requires_grad_(True)
         seq_w = None
         if hyper.loss_agg != "token_mean":
-            seq_w = torch.from_numpy(weights[start : start + size]).to(dtype)
-        inputs = LossInputs(logp, old, adv, mask, denominator, seq_w, ref)
+            seq_w = torch.from_numpy(weights[part]).to(dtype)
+        selected = None
+        if picks is not None:
+            selected = torch.zeros_like(mask)
+            for i, p in enumerate(picks[part]):
+                selected[i, : len(p)] = torch.from_numpy(p)
+        inputs = LossInputs(logp, old, adv, mask, denominator, seq_w, ref, selected)
         out = loss_fn(inputs, hyper)
         out.loss.backward()
         total += float(out.loss.detach())
         stats.add(out.stats)
-        grads += [
-            logp.grad[i, : len(s[0])].tolist() for i, s in enumerate(seqs[start : start + size])
-        ]
+        grads += [logp.grad[i, : len(s[0])].tolist() for i, s in enumerate(seqs[part])]
         start += size
     return total, grads, stats
 
 
+def reference(seqs, masks, hyper, seed=0):
+    """The plain reference of the same step (its own covariance selection, same draw)."""
+    picks = None
+    if needs_selection(hyper.policy_loss):
+        picks = ref_selection(seqs, masks, hyper, seed=seed)
+    return ref_objective(seqs, hyper, masks, picks)
+
+
+CLIP = dict(clip_eps=0.15, clip_eps_high=0.28)
 OPTIONS = [
     dict(),
     dict(adv_clip_max=0.7),
     dict(tis_cap=1.3),
     dict(policy_loss="ppo_clip"),
-    dict(policy_loss="ppo_clip", clip_eps=0.15, clip_eps_high=0.28),
+    dict(policy_loss="ppo_clip", **CLIP),
     dict(policy_loss="ppo_clip", clip_eps=0.1, clip_eps_high=0.3, clip_ratio_c=1.5),
     dict(policy_loss="ppo_clip", clip_ratio_c=2.0, adv_clip_max=1.0, tis_cap=1.5),
     *(dict(kl_coef=0.07, kl_estimator=k) for k in KL_ESTIMATORS),
@@ -118,6 +157,28 @@ OPTIONS = [
         dict(policy_loss="ppo_clip", clip_ratio_c=3.0, tis_cap=2.0, kl_coef=0.1, kl_estimator=k)
         for k in KL_ESTIMATORS
     ),
+    dict(policy_loss="gspo", **CLIP),
+    dict(policy_loss="gspo", clip_eps=0.05, clip_eps_high=0.1, clip_ratio_c=1.2),
+    dict(policy_loss="cispo", **CLIP),
+    dict(policy_loss="cispo", clip_eps=1.0, clip_eps_high=0.5, adv_clip_max=1.0),
+    dict(policy_loss="cispo", ratio_level="sequence", clip_eps=0.1, clip_eps_high=0.2),
+    dict(policy_loss="sapo"),
+    dict(policy_loss="sapo", sapo_tau_pos=2.0, sapo_tau_neg=4.0, kl_coef=0.05),
+    dict(policy_loss="sapo", ratio_level="sequence"),
+    dict(policy_loss="vespo"),
+    dict(policy_loss="vespo", vespo_k_pos=1.0, vespo_lambda_pos=0.5, vespo_k_neg=4.0),
+    dict(policy_loss="clip_cov", clip_cov_ratio=0.2, clip_cov_lb=0.05, clip_cov_ub=3.0, **CLIP),
+    dict(policy_loss="clip_cov", clip_cov_ratio=0.5, clip_cov_lb=-1.0, clip_cov_ub=0.5),
+    dict(policy_loss="kl_cov", kl_cov_ratio=0.2, kl_cov_coef=0.5),
+    dict(policy_loss="kl_cov", kl_cov_ratio=0.01, kl_coef=0.05, kl_estimator="k2"),
+    dict(is_correction="truncate", is_low=0.5, is_high=1.5),
+    dict(is_correction="truncate", is_level="sequence", is_high=3.0),
+    dict(policy_loss="ppo_clip", is_correction="truncate", is_level="geometric", is_high=1.2),
+    dict(is_correction="mask", is_low=0.6, is_high=1.6),
+    dict(policy_loss="ppo_clip", is_correction="mask", is_level="sequence", is_low=0.3),
+    dict(is_correction="mask", is_level="geometric", is_low=0.8, is_high=1.25, kl_coef=0.05),
+    dict(policy_loss="gspo", is_correction="mask", is_level="geometric", is_low=0.9),
+    dict(policy_loss="cispo", is_correction="truncate", is_high=1.5, **CLIP),
 ]
 
 # ---------------------------------------------------------------- against the reference
@@ -125,26 +186,73 @@ OPTIONS = [
 
 @pytest.mark.parametrize(("options", "loss_agg"), list(itertools.product(OPTIONS, LOSS_AGGS)))
 def test_composed_loss_matches_the_per_token_reference(options, loss_agg):
-    """Loss, d loss / d logp of every token (0 off the mask), clip, KL and truncation
-    statistics, on masked ragged batches split into micro-batches."""
+    """Loss, d loss / d logp of every token (0 off the mask), clip, KL, mismatch,
+    truncation and masking statistics, on masked ragged batches split into micro-batches."""
     hyper = replace(BASE, loss_agg=loss_agg, **options)
     for seed in range(3):
         seqs, masks = random_step(seed)
-        want = ref_objective(seqs, hyper, masks)
-        loss, grads, stats = fast(seqs, masks, hyper, chunks=[2, 3, 1])
+        want = reference(seqs, masks, hyper, seed)
+        loss, grads, stats = fast(seqs, masks, hyper, chunks=[2, 3, 1], seed=seed)
         assert loss == pytest.approx(want.loss, rel=1e-10, abs=1e-12)
         for g, w in zip(grads, want.grads, strict=True):
             assert g == pytest.approx(w, rel=1e-9, abs=1e-12)
         metrics = stats.metrics()
         assert metrics["clip_fraction"] == pytest.approx(want.clip_fraction)
-        for key, value in (
-            ("kl_mean", want.kl_mean),
-            ("tis_truncated_fraction", want.truncated_fraction),
-        ):
-            if value is None:  # the option is off: no metric
-                assert key not in metrics
-            else:
-                assert metrics[key] == pytest.approx(value, rel=1e-10)
+        assert metrics["mismatch_kl"] == pytest.approx(want.mismatch_kl, rel=1e-10)
+        assert metrics["is_truncated_fraction"] == pytest.approx(want.truncated_fraction)
+        assert metrics["is_masked_fraction"] == pytest.approx(want.masked_fraction)
+        if want.kl_mean is None:  # the option is off: no metric
+            assert "kl_mean" not in metrics
+        else:
+            assert metrics["kl_mean"] == pytest.approx(want.kl_mean, rel=1e-10)
+        token_truncation = hyper.tis_cap > 0 or (
+            hyper.is_correction == "truncate" and hyper.is_level == "token"
+        )
+        assert ("tis_truncated_fraction" in metrics) == token_truncation
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("loss_agg", ["seq_mean_token_mean", "bnpo"])
+def test_the_split_never_changes_the_step(options, loss_agg):
+    """One completion per micro-batch, or all in one: the same loss, gradients and
+    metrics (the covariance selection, bnpo's local batches and the sequence-level
+    corrections are step-wide or per completion, never per micro-batch)."""
+    hyper = replace(BASE, loss_agg=loss_agg, **options)
+    seqs, masks = random_step(11, n=7)
+    whole = fast(seqs, masks, hyper, seed=3)
+    for chunks in ([1] * 7, [3, 4], [2, 2, 2, 1]):
+        loss, grads, stats = fast(seqs, masks, hyper, chunks=chunks, seed=3)
+        assert loss == pytest.approx(whole[0], rel=1e-12, abs=1e-14)
+        for a, b in zip(grads, whole[1], strict=True):
+            assert a == pytest.approx(b, rel=1e-12, abs=1e-15)
+        assert stats.metrics() == pytest.approx(whole[2].metrics(), rel=1e-12)
+
+
+def test_the_options_reach_every_branch_of_the_new_losses():
+    """The random steps above exercise what the comparison is about: clipped sequences
+    (gspo), clamped weights at both ends (cispo), selected tokens (clip_cov, kl_cov),
+    truncated and masked tokens at every level."""
+    seen = {}
+    for options in OPTIONS:
+        hyper = replace(BASE, **options)
+        for seed in range(3):
+            seqs, masks = random_step(seed)
+            want = reference(seqs, masks, hyper, seed)
+            key = tuple(sorted(options.items()))
+            seen[key] = [
+                max(seen.get(key, [0, 0, 0])[j], v)
+                for j, v in enumerate(
+                    (want.clip_fraction, want.truncated_fraction, want.masked_fraction)
+                )
+            ]
+    for options in OPTIONS:
+        clip, truncated, masked = seen[tuple(sorted(options.items()))]
+        if options.get("policy_loss") in ("gspo", "cispo", "clip_cov"):
+            assert 0 < clip < 1, options
+        if options.get("is_correction") == "truncate":
+            assert 0 < truncated < 1, options
+        if options.get("is_correction") == "mask":
+            assert 0 < masked < 1, options
 
 
 def test_the_random_batches_reach_every_branch():
@@ -172,20 +280,26 @@ def test_the_random_batches_reach_every_branch():
         min_size=1,
         max_size=12,
     ),
-    st.sampled_from(["is", "ppo_clip"]),
+    st.sampled_from(["is", "ppo_clip", "gspo", "cispo", "sapo", "vespo"]),
     st.sampled_from(LOSS_AGGS),
+    st.sampled_from(["tis", "sequence_truncate", "geometric_mask"]),
 )
-def test_one_completion_matches_the_reference(tokens, policy_loss, loss_agg):
+def test_one_completion_matches_the_reference(tokens, policy_loss, loss_agg, correction):
     """Any single completion (logp, log ratio, advantage, log ratio to the reference)
     under every option at once."""
+    corrections = {
+        "tis": dict(tis_cap=1.8),
+        "sequence_truncate": dict(is_correction="truncate", is_level="sequence", is_high=2.5),
+        "geometric_mask": dict(is_correction="mask", is_level="geometric", is_low=0.7),
+    }
     hyper = replace(
         BASE,
         policy_loss=policy_loss,
         loss_agg=loss_agg,
-        clip_ratio_c=2.5 if policy_loss == "ppo_clip" else 0.0,
+        clip_ratio_c=2.5 if policy_loss in ("ppo_clip", "gspo") else 0.0,
         adv_clip_max=2.0,
-        tis_cap=1.8,
         kl_coef=0.05,
+        **corrections[correction],
     )
     lp = [t[0] for t in tokens]
     seqs = [
@@ -208,7 +322,14 @@ def test_the_reference_gradients_are_the_derivatives_of_its_losses():
     d loss / d logp (away from the clip boundaries, where the loss has a kink)."""
     rng = np.random.default_rng(4)
     checked = 0
-    for options in OPTIONS:
+    smooth = [  # token-level losses without a detached weight or a selection
+        o
+        for o in OPTIONS
+        if o.get("policy_loss", "is") in ("is", "ppo_clip", "sapo")
+        and o.get("ratio_level", "token") == "token"
+        and "is_correction" not in o
+    ]
+    for options in smooth:
         hyper = replace(BASE, **options)
         for _ in range(30):
             lp, shift, a, d_ref = (
@@ -236,6 +357,53 @@ def test_the_reference_gradients_are_the_derivatives_of_its_losses():
     assert checked > 300
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(policy_loss="gspo", clip_eps=0.5, clip_eps_high=0.5),
+        dict(policy_loss="gspo", clip_eps=0.5, clip_eps_high=0.5, clip_ratio_c=1.3),
+        dict(policy_loss="sapo", ratio_level="sequence"),
+        dict(policy_loss="sapo", ratio_level="sequence", sapo_tau_pos=3.0, sapo_tau_neg=0.5),
+    ],
+)
+@pytest.mark.parametrize("loss_agg", LOSS_AGGS)
+def test_the_sequence_ratio_gradient_is_gspos(options, loss_agg):
+    """With the advantage constant over each completion, GSPO-token's straight-through
+    gradient (the reference's, and the fast path's) is the derivative of GSPO's
+    sequence objective: central differences of the aggregated loss, s_i recomputed from
+    the perturbed logprobs, equal it token by token (away from the clip's kinks)."""
+    hyper = replace(BASE, loss_agg=loss_agg, **options)
+    rng = np.random.default_rng(9)
+    checked = 0
+    for _ in range(8):
+        seqs, masks = random_step(int(rng.integers(1000)), spread=0.3)
+        seqs = [(lp, old, [adv[-1]] * len(adv), ref) for lp, old, adv, ref in seqs]
+        want = ref_objective(seqs, hyper, masks)
+        _, grads, _ = fast(seqs, masks, hyper, chunks=[1] * len(seqs))
+        for i, (lp, old, adv, ref) in enumerate(seqs):
+            for t in range(len(lp)):
+                if not masks[i][t]:
+                    continue
+                h = 1e-6
+                bumped = [list(s[0]) for s in seqs]
+                values = []
+                for step in (h, -h):
+                    bumped[i][t] = lp[t] + step
+                    moved = [(b, *s[1:]) for b, s in zip(bumped, seqs)]
+                    values.append(ref_objective(moved, hyper, masks).loss)
+                numeric = (values[0] - values[1]) / (2 * h)
+                kink = any(
+                    tok is not None and tok.clipped
+                    for tok in ref_completion(lp, old, adv, ref, masks[i], hyper, [False] * len(lp))
+                ) and abs(numeric) > 0
+                if kink:
+                    continue
+                assert want.grads[i][t] == pytest.approx(numeric, rel=1e-5, abs=1e-8)
+                assert grads[i][t] == pytest.approx(numeric, rel=1e-5, abs=1e-8)
+                checked += 1
+    assert checked > 100
+
+
 # ---------------------------------------------------------------- hand-worked values
 
 
@@ -261,12 +429,12 @@ def test_ppo_clip_by_hand():
     loss, grads, stats = fast(seqs, masks, hyper)
     assert loss == pytest.approx(0.15)
     assert grads == [pytest.approx([0.0, 0.0]), pytest.approx([-0.5, 0.75])]
-    assert stats.metrics() == {"clip_fraction": 0.5}
+    assert stats.metrics()["clip_fraction"] == 0.5
     # dual clip c = 1.5 bounds token 4's loss by -c A = 1.5 (and stops its gradient)
     dual, grads, stats = fast(seqs, masks, replace(hyper, clip_ratio_c=1.5))
     assert dual == pytest.approx((-1.2 + 0.8 - 2 + 1.5) / 4)
     assert grads == [pytest.approx([0.0, 0.0]), pytest.approx([-0.5, 0.0])]
-    assert stats.metrics() == {"clip_fraction": 0.75}
+    assert stats.metrics()["clip_fraction"] == 0.75
 
 
 def test_is_tis_and_k3_by_hand():
@@ -293,13 +461,20 @@ def test_is_tis_and_k3_by_hand():
 
 def test_gradient_descent_raises_the_logprob_of_advantaged_tokens():
     """The sign: d loss / d logp < 0 where A > 0 (a step down the gradient makes the
-    token likelier) and > 0 where A < 0, under every built-in objective, unclipped."""
+    token likelier) and > 0 where A < 0, under every built-in objective, unclipped (the
+    covariance-selected tokens aside: clip_cov cuts them out, kl_cov adds its penalty)."""
     seqs, masks = random_step(8, spread=0.01)
     for policy_loss in registry.OBJECTIVES.names():
-        _, grads, _ = fast(seqs, masks, replace(BASE, policy_loss=policy_loss))
-        for (_, _, adv, _), g, mask in zip(seqs, grads, masks, strict=True):
-            for a, d, m in zip(adv, g, mask, strict=True):
-                assert (d == 0) if not m else (np.sign(d) == -np.sign(a))
+        hyper = replace(BASE, policy_loss=policy_loss)
+        _, grads, _ = fast(seqs, masks, hyper)
+        picks = step_picks(seqs, masks, hyper) or [[False] * len(m) for m in masks]
+        for (_, _, adv, _), g, mask, pick in zip(seqs, grads, masks, picks, strict=True):
+            for a, d, m, p in zip(adv, g, mask, pick, strict=True):
+                if p:
+                    assert policy_loss in ("clip_cov", "kl_cov")
+                    assert d == 0 or policy_loss == "kl_cov"
+                    continue
+                assert (d == 0) if not m else (np.sign(d) == -np.sign(a)), policy_loss
 
 
 # ---------------------------------------------------------------- the registry
@@ -307,7 +482,16 @@ def test_gradient_descent_raises_the_logprob_of_advantaged_tokens():
 
 def test_every_objective_is_a_registry_entry_and_a_loss_option():
     assert registry.ALL_REGISTRIES["policy_loss"] is registry.OBJECTIVES
-    assert registry.OBJECTIVES.names() == ["is", "ppo_clip"]
+    assert registry.OBJECTIVES.names() == [
+        "is",
+        "ppo_clip",
+        "gspo",
+        "cispo",
+        "sapo",
+        "vespo",
+        "clip_cov",
+        "kl_cov",
+    ]
     assert resolve_objective("is") == LossFn("is", builtin.importance_sampling)
     assert resolve_objective("ppo_clip").objective is builtin.ppo_clip
     # "is" is the default every backend runs; every other name must be a loss option
@@ -350,7 +534,7 @@ def test_a_dotted_path_objective_is_composed_like_a_builtin(project):
         assert mine == -theirs and mine != 0
         assert g_mine == [[-x for x in g] for g in g_theirs]
         assert stats.clipped == 0.0
-    assert len(neg_is.CALLS) == 3 and float(neg_is.CALLS[-1].abs().max()) == 0.5
+    assert len(neg_is.CALLS) == len(LOSS_AGGS) and float(neg_is.CALLS[-1].abs().max()) == 0.5
 
 
 @pytest.mark.parametrize(
