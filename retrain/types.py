@@ -198,11 +198,11 @@ class TrainHyper:
     vespo_lambda_pos: float = 3.0  # vespo: ... its decay where A >= 0
     vespo_k_neg: float = 3.0  # vespo: the power where A < 0
     vespo_lambda_neg: float = 2.0  # vespo: the decay where A < 0
-    clip_cov_ratio: float = 0.0002  # clip_cov: share of the step's tokens detached
+    clip_cov_fraction: float = 0.0002  # clip_cov: share of the step's tokens detached
     clip_cov_lb: float = 1.0  # clip_cov: covariance band the detached tokens are drawn from
     clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 0.0002  # kl_cov: share of the step's tokens penalised
-    kl_cov_coef: float = 1.0  # kl_cov: the penalty's coefficient on |logp - logp_sampler|
+    kl_cov_fraction: float = 0.0002  # kl_cov: share of the step's tokens penalised
+    kl_cov_beta: float = 1.0  # kl_cov: the penalty's coefficient on |logp - logp_sampler|
     adv_clip_max: float = 0.0  # advantages clipped to [-max, max]; 0 = off
     # "token_mean" | "seq_mean_token_sum" | "seq_mean_token_mean" | "seq_mean_token_sum_norm"
     # | "bnpo" (retrain.loss.aggregation)

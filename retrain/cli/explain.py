@@ -262,9 +262,9 @@ def objective_summary(config: Config) -> str:
         "cispo": f"cispo (detached weight{level} clipped to {band})",
         "sapo": f"sapo (soft gate{level}, tau +{t.sapo_tau_pos:g} / -{t.sapo_tau_neg:g})",
         "vespo": "vespo (Gamma weight of the sequence ratio)",
-        "clip_cov": f"clip_cov (ratio clipped to {band}, {t.clip_cov_ratio:g} of the tokens "
+        "clip_cov": f"clip_cov (ratio clipped to {band}, {t.clip_cov_fraction:g} of the tokens "
         f"with covariance in ({t.clip_cov_lb:g}, {t.clip_cov_ub:g}) cut out)",
-        "kl_cov": f"kl_cov ({t.kl_cov_coef:g} |log r| on the top {t.kl_cov_ratio:g} of the "
+        "kl_cov": f"kl_cov ({t.kl_cov_beta:g} |log r| on the top {t.kl_cov_fraction:g} of the "
         "tokens by covariance)",
     }
     # a dotted path otherwise (config validation admits nothing else)

@@ -247,7 +247,7 @@ class TrainingConfig:
     vespo_lambda_pos: float = opt(3.0, "vespo: the Gamma weight's decay where A >= 0", gt=0.0)
     vespo_k_neg: float = opt(3.0, "vespo: the Gamma weight's power k where A < 0", ge=0.0)
     vespo_lambda_neg: float = opt(2.0, "vespo: the Gamma weight's decay where A < 0", gt=0.0)
-    clip_cov_ratio: float = opt(
+    clip_cov_fraction: float = opt(
         0.0002,
         "clip_cov: the share of the step's trained tokens cut out (at least one)",
         gt=0.0,
@@ -257,13 +257,13 @@ class TrainingConfig:
         1.0, "clip_cov: tokens are drawn from those whose covariance is above this"
     )
     clip_cov_ub: float = opt(5.0, "clip_cov: ... and below this (must be > clip_cov_lb)")
-    kl_cov_ratio: float = opt(
+    kl_cov_fraction: float = opt(
         0.0002,
         "kl_cov: the share of the step's trained tokens (largest covariance) penalised",
         gt=0.0,
         le=1.0,
     )
-    kl_cov_coef: float = opt(
+    kl_cov_beta: float = opt(
         1.0, "kl_cov: the penalty's coefficient on |logp - logp_sampler|", ge=0.0
     )
     adv_clip_max: float = opt(

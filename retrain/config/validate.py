@@ -194,8 +194,8 @@ def _objective(config: Config) -> Problems:
         **dict.fromkeys(
             ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"), ("vespo",)
         ),
-        **dict.fromkeys(("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"), ("clip_cov",)),
-        **dict.fromkeys(("kl_cov_ratio", "kl_cov_coef"), ("kl_cov",)),
+        **dict.fromkeys(("clip_cov_fraction", "clip_cov_lb", "clip_cov_ub"), ("clip_cov",)),
+        **dict.fromkeys(("kl_cov_fraction", "kl_cov_beta"), ("kl_cov",)),
     }
     problems: Problems = []
     if registry.OBJECTIVES.is_builtin(t.policy_loss):

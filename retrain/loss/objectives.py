@@ -182,7 +182,7 @@ def clip_cov(inputs: LossInputs, hyper: TrainHyper) -> TokenLoss:
         l_t = 0                                              t in I_clip
         l_t = -min(A_t r_t, A_t clip(r_t, 1 - clip_eps, 1 + clip_eps_high))  otherwise,
 
-    I_clip: clip_cov_ratio x N tokens (at least 1) drawn at random among the trained
+    I_clip: clip_cov_fraction x N tokens (at least 1) drawn at random among the trained
     tokens whose centred covariance (A_t - mean A)(logp_t - mean logp) lies in
     (clip_cov_lb, clip_cov_ub) and whose PPO loss is not already clipped, over the whole
     step (retrain.loss.selection, before the first micro-batch: `inputs.selected`).
@@ -196,17 +196,17 @@ def clip_cov(inputs: LossInputs, hyper: TrainHyper) -> TokenLoss:
 
 def kl_cov(inputs: LossInputs, hyper: TrainHyper) -> TokenLoss:
     """`kl_cov`: KL-Cov (Cui et al. 2025, the same paper): the unclipped policy gradient, with a
-    penalty on the log ratio of the kl_cov_ratio x N tokens (at least 1) of largest
+    penalty on the log ratio of the kl_cov_fraction x N tokens (at least 1) of largest
     centred covariance (A_t - mean A)(logp_t - mean logp) over the whole step,
 
-        l_t = -A_t r_t + kl_cov_coef |logp_t - logp_sampler_t|    t in I_kl
+        l_t = -A_t r_t + kl_cov_beta |logp_t - logp_sampler_t|    t in I_kl
         l_t = -A_t r_t                                          otherwise
 
     (retrain.loss.selection picks I_kl before the first micro-batch: `inputs.selected`).
     Never clips."""
     import torch
 
-    penalty = hyper.kl_cov_coef * inputs.log_ratio().abs()
+    penalty = hyper.kl_cov_beta * inputs.log_ratio().abs()
     chosen = _selected(inputs, "kl_cov")
     base = -(inputs.advantages * inputs.ratio())
     return TokenLoss(base + torch.where(chosen, penalty, torch.zeros_like(penalty)))

@@ -263,19 +263,20 @@ OTHER_ROWS: tuple[PeerLoss, ...] = (
         "policy_loss.loss_mode=clip_cov",
         {
             "policy_loss": "clip_cov",
-            "clip_cov_ratio": 0.0002,
+            "clip_cov_fraction": 0.0002,
             "clip_cov_lb": 1.0,
             "clip_cov_ub": 5.0,
         },
-        "Clip-Cov (Cui et al. 2025). verl selects within each micro-batch (its means, its "
+        "Clip-Cov (Cui et al. 2025); verl's clip_cov_ratio is clip_cov_fraction. verl selects within each micro-batch (its means, its "
         "token count); retrain selects once over the step. " + _READ_ONLY_NOTE,
         {"loss_mode": "clip_cov", "clip_cov_ratio": 0.0002, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0},
     ),
     PeerLoss(
         "verl",
         "policy_loss.loss_mode=kl_cov",
-        {"policy_loss": "kl_cov", "kl_cov_ratio": 0.0002, "kl_cov_coef": 1.0},
-        "KL-Cov (Cui et al. 2025); verl's ppo_kl_coef is kl_cov_coef. Selection as for "
+        {"policy_loss": "kl_cov", "kl_cov_fraction": 0.0002, "kl_cov_beta": 1.0},
+        "KL-Cov (Cui et al. 2025); verl's kl_cov_ratio and ppo_kl_coef are kl_cov_fraction "
+        "and kl_cov_beta. Selection as for "
         "clip_cov. " + _READ_ONLY_NOTE,
         {"loss_mode": "kl_cov", "kl_cov_ratio": 0.0002, "ppo_kl_coef": 1.0},
     ),

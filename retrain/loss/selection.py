@@ -9,10 +9,10 @@ logprob and the advantage,
 
 which is what drives the entropy down (a likely token with a high advantage); then
 
-    clip_cov   I_clip: max(1, floor(clip_cov_ratio N)) tokens drawn uniformly at random
+    clip_cov   I_clip: max(1, floor(clip_cov_fraction N)) tokens drawn uniformly at random
                (without replacement) among those with clip_cov_lb < cov_t < clip_cov_ub
                whose PPO loss is not already clipped (all of them when fewer)
-    kl_cov     I_kl: the max(1, floor(kl_cov_ratio N)) tokens of largest cov_t
+    kl_cov     I_kl: the max(1, floor(kl_cov_fraction N)) tokens of largest cov_t
 
 The selection is over the whole step, before the first micro-batch, from the trainer's
 logprobs of a no-gradient pass over the step (the local backend's pre-pass; the step's
@@ -91,12 +91,12 @@ def _chosen(
 ) -> np.ndarray:
     """Indices (into the trained tokens) of the selection."""
     if hyper.policy_loss == "clip_cov":
-        k = max(1, int(hyper.clip_cov_ratio * n))
+        k = max(1, int(hyper.clip_cov_fraction * n))
         cut = ppo_clipped(log_ratio, adv, hyper.clip_eps, hyper.clip_eps_high)
         band = np.flatnonzero((cov > hyper.clip_cov_lb) & (cov < hyper.clip_cov_ub) & ~cut)
         return band[rng.permutation(band.size)[:k]]
     if hyper.policy_loss == "kl_cov":
-        k = min(n, max(1, int(hyper.kl_cov_ratio * n)))
+        k = min(n, max(1, int(hyper.kl_cov_fraction * n)))
         return np.argsort(-cov, kind="stable")[:k]
     raise ValueError(
         f"policy_loss {hyper.policy_loss!r} selects no tokens; those that do: "

@@ -92,8 +92,8 @@ def ref_policy_loss(lp, old, a, hyper, s=None, log_w=None, selected=False):
         d = lp - old
         loss, grad = -a * r, -a * r
         if selected:
-            loss += hyper.kl_cov_coef * abs(d)
-            grad += hyper.kl_cov_coef * (1.0 if d > 0 else -1.0 if d < 0 else 0.0)
+            loss += hyper.kl_cov_beta * abs(d)
+            grad += hyper.kl_cov_beta * (1.0 if d > 0 else -1.0 if d < 0 else 0.0)
         return loss, grad, False
     raise ValueError(name)
 
@@ -185,11 +185,11 @@ def ref_selection(seqs, masks, hyper, trainer_logp=None, seed=0):
             ppo_cut = (advs[j] > 0 and r > hi) or (advs[j] < 0 and r < lo)
             if hyper.clip_cov_lb < cov[j] < hyper.clip_cov_ub and not ppo_cut:
                 band.append(j)
-        k = max(1, int(hyper.clip_cov_ratio * n))
+        k = max(1, int(hyper.clip_cov_fraction * n))
         order = np.random.default_rng(seed).permutation(len(band))
         chosen = [band[o] for o in order[:k]]
     else:
-        k = min(n, max(1, int(hyper.kl_cov_ratio * n)))
+        k = min(n, max(1, int(hyper.kl_cov_fraction * n)))
         chosen = sorted(range(n), key=lambda j: (-cov[j], j))[:k]
     for j in chosen:
         i, t = where[j]

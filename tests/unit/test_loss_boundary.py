@@ -167,10 +167,10 @@ OPTIONS = [
     dict(policy_loss="sapo", ratio_level="sequence"),
     dict(policy_loss="vespo"),
     dict(policy_loss="vespo", vespo_k_pos=1.0, vespo_lambda_pos=0.5, vespo_k_neg=4.0),
-    dict(policy_loss="clip_cov", clip_cov_ratio=0.2, clip_cov_lb=0.05, clip_cov_ub=3.0, **CLIP),
-    dict(policy_loss="clip_cov", clip_cov_ratio=0.5, clip_cov_lb=-1.0, clip_cov_ub=0.5),
-    dict(policy_loss="kl_cov", kl_cov_ratio=0.2, kl_cov_coef=0.5),
-    dict(policy_loss="kl_cov", kl_cov_ratio=0.01, kl_coef=0.05, kl_estimator="k2"),
+    dict(policy_loss="clip_cov", clip_cov_fraction=0.2, clip_cov_lb=0.05, clip_cov_ub=3.0, **CLIP),
+    dict(policy_loss="clip_cov", clip_cov_fraction=0.5, clip_cov_lb=-1.0, clip_cov_ub=0.5),
+    dict(policy_loss="kl_cov", kl_cov_fraction=0.2, kl_cov_beta=0.5),
+    dict(policy_loss="kl_cov", kl_cov_fraction=0.01, kl_coef=0.05, kl_estimator="k2"),
     dict(is_correction="truncate", is_low=0.5, is_high=1.5),
     dict(is_correction="truncate", is_level="sequence", is_high=3.0),
     dict(policy_loss="ppo_clip", is_correction="truncate", is_level="geometric", is_high=1.2),
@@ -392,10 +392,15 @@ def test_the_sequence_ratio_gradient_is_gspos(options, loss_agg):
                     moved = [(b, *s[1:]) for b, s in zip(bumped, seqs)]
                     values.append(ref_objective(moved, hyper, masks).loss)
                 numeric = (values[0] - values[1]) / (2 * h)
-                kink = any(
-                    tok is not None and tok.clipped
-                    for tok in ref_completion(lp, old, adv, ref, masks[i], hyper, [False] * len(lp))
-                ) and abs(numeric) > 0
+                kink = (
+                    any(
+                        tok is not None and tok.clipped
+                        for tok in ref_completion(
+                            lp, old, adv, ref, masks[i], hyper, [False] * len(lp)
+                        )
+                    )
+                    and abs(numeric) > 0
+                )
                 if kink:
                     continue
                 assert want.grads[i][t] == pytest.approx(numeric, rel=1e-5, abs=1e-8)
