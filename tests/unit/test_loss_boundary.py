@@ -464,6 +464,193 @@ def test_is_tis_and_k3_by_hand():
     assert [ref_kl(d, "k3")[0] for d in ds] == pytest.approx(k3)
 
 
+def _constant_advantage_batch():
+    """Completion 1: r = 1.5, 0.5 with A = 1; completion 2: r = 1, 3 with A = -1 (GSPO's
+    case: one advantage per completion). Sampler logprobs 0, so logp = log r."""
+    seqs, masks = _hand_batch()
+    return [
+        (seqs[0][0], seqs[0][1], [1.0, 1.0], seqs[0][3]),
+        (*seqs[1][:2], [-1.0, -1.0], seqs[1][3]),
+    ], masks
+
+
+def test_gspo_by_hand():
+    """s_1 = sqrt(1.5 * 0.5) = 0.8660 (in [0.8, 1.2]: unclipped), s_2 = sqrt(3) = 1.7321
+    (A = -1: min(-1.7321, -1.2) = -1.7321, unclipped). Per token l = -s A, gradient -s A
+    on each token; GRPO's mean (1/4 per token):
+    loss = (2 * -0.8660 + 2 * 1.7321) / 4, grads -0.8660/4 and +1.7321/4.
+    Dual clip c = 1.5 bounds completion 2 at -c A = 1.5, without gradient."""
+    seqs, masks = _constant_advantage_batch()
+    s1, s2 = math.sqrt(0.75), math.sqrt(3.0)
+    hyper = replace(BASE, policy_loss="gspo", loss_agg="seq_mean_token_mean")
+    loss, grads, stats = fast(seqs, masks, hyper)
+    assert loss == pytest.approx((-2 * s1 + 2 * s2) / 4)
+    assert grads == [pytest.approx([-s1 / 4] * 2), pytest.approx([s2 / 4] * 2)]
+    assert stats.metrics()["clip_fraction"] == 0.0
+    dual, grads, stats = fast(seqs, masks, replace(hyper, clip_ratio_c=1.5))
+    assert dual == pytest.approx((-2 * s1 + 2 * 1.5) / 4)
+    assert grads[1] == pytest.approx([0.0, 0.0])
+    assert stats.metrics()["clip_fraction"] == 0.5
+    # clip_eps_high 0.1 leaves completion 1 (s < 1) alone; a positive completion with
+    # s = 1.2247 above 1.1 is clipped whole: both tokens constant
+    up = [([math.log(1.5), 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0])]
+    loss, grads, stats = fast(up, [[True, True]], replace(hyper, clip_eps_high=0.1))
+    assert loss == pytest.approx(-1.1)
+    assert grads == [pytest.approx([0.0, 0.0])] and stats.metrics()["clip_fraction"] == 1.0
+
+
+def test_cispo_sapo_and_vespo_by_hand():
+    """On _hand_batch, token_mean (1/4 per token), logp = log r:
+    cispo, clip [0.8, 1.28]: weights 1.28 (r 1.5), 0.8 (r 0.5), 1 (r 1), 1.28 (r 3);
+        l = -w A logp, gradient -w A: 1.28 * -1, 0.8 * 1, 1 * -2, 1.28 * 1;
+    sapo, tau 1 / 1.05: r = 1 gives f = 2 / tau and gradient exactly -A (f'(1) = 1);
+    vespo: completion 2 has w = 1 * 3 = 3; A = 2 >= 0 (k 2, lambda 3): phi = 9 e^-6."""
+    seqs, masks = _hand_batch()
+    cispo = replace(BASE, policy_loss="cispo", clip_eps=0.2, clip_eps_high=0.28)
+    loss, grads, stats = fast(seqs, masks, cispo)
+    logp = [math.log(1.5), math.log(0.5), 0.0, math.log(3.0)]
+    w, adv = [1.28, 0.8, 1.0, 1.28], [1.0, -1.0, 2.0, -1.0]
+    assert loss == pytest.approx(sum(-wi * a * lp for wi, a, lp in zip(w, adv, logp)) / 4)
+    assert grads == [pytest.approx([-1.28 / 4, 0.8 / 4]), pytest.approx([-2 / 4, 1.28 / 4])]
+    assert stats.metrics()["clip_fraction"] == 0.75  # r = 1 alone is inside the band
+    sapo = replace(BASE, policy_loss="sapo")
+    _, grads, _ = fast(seqs, masks, sapo)
+    assert grads[1][0] == pytest.approx(-2.0 / 4)  # r = 1, A = 2
+    g = 1 / (1 + math.exp(-0.5))  # r = 1.5, A = 1, tau = 1: sigmoid(0.5)
+    assert grads[0][0] == pytest.approx(-4 * g * (1 - g) * 1.5 / 4)
+    # no lower bound (clip_eps = 1, as MiniMax-M1): r = 0.5 keeps its weight 0.5
+    _, grads, _ = fast(seqs, masks, replace(cispo, clip_eps=1.0))
+    assert grads[0][1] == pytest.approx(0.5 / 4)
+    vespo = replace(BASE, policy_loss="vespo")
+    _, grads, _ = fast(seqs, masks, vespo)
+
+    def phi(w, k, lam):
+        return w**k * math.exp(lam * (1 - w))
+
+    # completion 1: w = 1.5 * 0.5; A = 1 (k 2, lambda 3) and A = -1 (k 3, lambda 2)
+    assert grads[0] == pytest.approx([-phi(0.75, 2, 3) / 4, phi(0.75, 3, 2) / 4])
+    assert grads[1] == pytest.approx([-phi(3.0, 2, 3) * 2 / 4, phi(3.0, 3, 2) / 4])
+    assert phi(1.0, 2, 3) == 1.0  # an on-policy sequence keeps the plain gradient
+
+
+def _covariance_step():
+    """One completion, logp [-0.1, -0.2, -3, -2], A [2, 2, -1, -1]: mean logp -1.325, mean A
+    0.5, so cov = 1.8375, 1.6875, 2.5125, 1.0125. Sampler logp = logp - 0.1 (r = e^0.1)
+    except token 2, r = 1.5 > 1.28 with A > 0: PPO's clipped branch."""
+    logp = [-0.1, -0.2, -3.0, -2.0]
+    shift = [0.1, math.log(1.5), 0.1, 0.1]
+    seqs = [(logp, [x - d for x, d in zip(logp, shift)], [2.0, 2.0, -1.0, -1.0], [0.0] * 4)]
+    return seqs, [[True] * 4]
+
+
+def test_clip_cov_and_kl_cov_by_hand():
+    seqs, masks = _covariance_step()
+    r = math.exp(0.1)
+    clip_cov = replace(
+        BASE,
+        policy_loss="clip_cov",
+        clip_eps=0.2,
+        clip_eps_high=0.28,
+        clip_cov_fraction=0.5,
+        clip_cov_lb=1.5,
+        clip_cov_ub=2.0,
+    )
+    # k = max(1, int(0.5 * 4)) = 2; the band (1.5, 2) holds tokens 1 and 2, but token 2
+    # is PPO-clipped already: token 1 alone is cut out (loss 0, no gradient)
+    assert step_picks(seqs, masks, clip_cov)[0].tolist() == [True, False, False, False]
+    loss, grads, stats = fast(seqs, masks, clip_cov)
+    assert loss == pytest.approx((0.0 - 2 * 1.28 + r + r) / 4)
+    assert grads[0] == pytest.approx([0.0, 0.0, r / 4, r / 4])
+    assert stats.metrics()["clip_fraction"] == 0.5  # the cut token and the PPO-clipped one
+    # kl_cov: the top int(0.5 * 4) = 2 by covariance are tokens 3 and 1; each adds
+    # beta |logp - logp_sampler| = 0.5 * 0.1, gradient beta * sign = 0.5
+    kl_cov = replace(BASE, policy_loss="kl_cov", kl_cov_fraction=0.5, kl_cov_beta=0.5)
+    assert step_picks(seqs, masks, kl_cov)[0].tolist() == [True, False, True, False]
+    loss, grads, _ = fast(seqs, masks, kl_cov)
+    base = [-2 * r, -2 * 1.5, r, r]
+    assert loss == pytest.approx((sum(base) + 2 * 0.05) / 4)
+    assert grads[0] == pytest.approx(
+        [(base[0] + 0.5) / 4, base[1] / 4, (base[2] + 0.5) / 4, base[3] / 4]
+    )
+    # at least one token even when the share rounds to none
+    tiny = replace(kl_cov, kl_cov_fraction=0.0001)
+    assert step_picks(seqs, masks, tiny)[0].tolist() == [False, False, True, False]
+
+
+def test_clip_cov_draws_at_random_among_the_band():
+    """One token of the band (1.0, 2.0) = tokens 1 and 4 (token 2 is PPO-clipped): which
+    one depends on the draw, never on the split."""
+    seqs, masks = _covariance_step()
+    hyper = replace(
+        BASE, policy_loss="clip_cov", clip_cov_fraction=0.25, clip_cov_lb=1.0, clip_cov_ub=2.0
+    )
+    seen = set()
+    for seed in range(20):
+        pick = step_picks(seqs, masks, hyper, seed)[0].tolist()
+        assert sum(pick) == 1 and (pick[0] or pick[3])
+        seen.add(pick.index(True))
+    assert seen == {0, 3}
+
+
+def test_off_policy_corrections_by_hand():
+    """is on _hand_batch (r = 1.5, 0.5 | 1, 3; A = 1, -1 | 2, -1), token_mean:
+    plain l = -A r = -1.5, 0.5 | -2, 3."""
+    seqs, masks = _hand_batch()
+    rho = [1.5, 0.5, 1.0, 3.0]
+    # mask at the token level, band [0.6, 2]: tokens 2 and 4 drop out (weight 0)
+    hyper = replace(BASE, is_correction="mask", is_low=0.6, is_high=2.0)
+    loss, grads, stats = fast(seqs, masks, hyper)
+    assert loss == pytest.approx((-1.5 - 2) / 4)
+    assert grads == [pytest.approx([-1.5 / 4, 0.0]), pytest.approx([-2 / 4, 0.0])]
+    assert stats.metrics()["is_masked_fraction"] == 0.5
+    assert stats.metrics()["is_truncated_fraction"] == 0.0
+    # truncate at the sequence level, high 1.2: completion 1's product 0.75 stays and
+    # replaces each token's own ratio (factors 0.75/1.5, 0.75/0.5); completion 2's 3 is
+    # cut to 1.2 (factors 1.2/1, 1.2/3)
+    hyper = replace(BASE, is_correction="truncate", is_level="sequence", is_high=1.2)
+    loss, grads, stats = fast(seqs, masks, hyper)
+    want = [-1.5 * 0.5, 0.5 * 1.5, -2 * 1.2, 3 * 0.4]
+    assert loss == pytest.approx(sum(want) / 4)
+    assert grads == [
+        pytest.approx([w / 4 for w in want[:2]]),
+        pytest.approx([w / 4 for w in want[2:]]),
+    ]
+    assert stats.metrics()["is_truncated_fraction"] == 0.5
+    assert "tis_truncated_fraction" not in stats.metrics()  # not token-level
+    # mask at the geometric level [0.8, 1.25]: completion 1 (0.866) stays, 2 (1.732) goes
+    hyper = replace(BASE, is_correction="mask", is_level="geometric", is_low=0.8, is_high=1.25)
+    loss, grads, stats = fast(seqs, masks, hyper)
+    assert loss == pytest.approx((-1.5 + 0.5) / 4)
+    assert grads[1] == pytest.approx([0.0, 0.0])
+    assert stats.metrics()["is_masked_fraction"] == 0.5
+    # the mismatch is reported with or without a correction: k3 = rho - 1 - log rho
+    for h in (BASE, hyper):
+        _, _, stats = fast(seqs, masks, h)
+        assert stats.metrics()["mismatch_kl"] == pytest.approx(
+            sum(x - 1 - math.log(x) for x in rho) / 4
+        )
+
+
+def test_the_new_aggregations_by_hand():
+    """_hand_batch under is: token losses -1.5, 0.5 | -2, 3 (completion sums -1 | 1)."""
+    seqs, masks = _hand_batch()
+    # Dr. GRPO's constant: (sum of token losses) / (G = 2 x max_tokens = 10)
+    loss, grads, _ = fast(
+        seqs, masks, replace(BASE, loss_agg="seq_mean_token_sum_norm", max_tokens=10)
+    )
+    assert loss == pytest.approx((-1 + 1) / 20)
+    assert grads[1] == pytest.approx([-2 / 20, 3 / 20])
+    # bnpo, one completion per local batch: GRPO's per-completion mean
+    one = fast(seqs, masks, replace(BASE, loss_agg="bnpo", bnpo_batch_size=1))
+    grpo = fast(seqs, masks, replace(BASE, loss_agg="seq_mean_token_mean"))
+    assert one[0] == pytest.approx(grpo[0]) and one[0] == pytest.approx((-1 / 2 + 1 / 2) / 2)
+    for a, b in zip(one[1], grpo[1], strict=True):
+        assert a == pytest.approx(b)
+    # bnpo, both in one local batch: the token mean
+    both = fast(seqs, masks, replace(BASE, loss_agg="bnpo", bnpo_batch_size=2), chunks=[1, 1])
+    assert both[0] == pytest.approx((-1.5 + 0.5 - 2 + 3) / 4)
+
+
 def test_gradient_descent_raises_the_logprob_of_advantaged_tokens():
     """The sign: d loss / d logp < 0 where A > 0 (a step down the gradient makes the
     token likelier) and > 0 where A < 0, under every built-in objective, unclipped (the
