@@ -69,8 +69,8 @@ class LossInputs:
         with token advantages each token keeps its own. 1 off the mask."""
         import torch
 
-        own = torch.where(self.mask, self.logp - self.logp.detach(), torch.zeros_like(self.logp))
-        return (own + self.sequence_log_ratio().detach()).exp()
+        log_s = self.logp - self.logp.detach() + self.sequence_log_ratio().detach()
+        return torch.where(self.mask, log_s, torch.zeros_like(log_s)).exp()
 
 
 @dataclass(frozen=True, eq=False)  # tensors: == would compare elementwise
