@@ -581,10 +581,20 @@ BACKENDS = Registry(
                 preserves_token_advantages=True,
                 supports_checkpoint_resume=True,
                 resume_runtime_dependent=True,
-                # The service's "ppo" loss is token-wise PPO clipping with thresholds
+                # The service's "ppo" and "cispo" losses are token-wise, with thresholds
                 # (1 - clip_eps, 1 + clip_eps_high); aggregations and advantage clipping
-                # are exact rescalings of the advantages sent. No dual clip, no KL.
-                loss_options=("ppo_clip", "adv_clip", "seq_mean_token_sum", "seq_mean_token_mean"),
+                # are exact rescalings of the advantages sent (both losses are linear in A
+                # per token). No dual clip, no KL, no off-policy correction, no sequence
+                # ratios, nothing that needs the step's logprobs before the loss.
+                loss_options=(
+                    "ppo_clip",
+                    "cispo",
+                    "adv_clip",
+                    "seq_mean_token_sum",
+                    "seq_mean_token_mean",
+                    "seq_mean_token_sum_norm",
+                    "bnpo",
+                ),
             ),
             options={
                 "max_retries": OptionSpec(
@@ -733,6 +743,36 @@ OBJECTIVES = Registry(
             "ppo_clip",
             "retrain.loss.objectives:ppo_clip",
             "-min(A r, A clip(r, 1 - clip_eps, 1 + clip_eps_high)); dual clip with clip_ratio_c",
+        ),
+        Entry(
+            "gspo",
+            "retrain.loss.objectives:gspo",
+            "GSPO (Zheng et al. 2025): ppo_clip on the length-normalised sequence ratio s_i",
+        ),
+        Entry(
+            "cispo",
+            "retrain.loss.objectives:cispo",
+            "CISPO (MiniMax-M1 2025): -sg(clip(r, 1 - clip_eps, 1 + clip_eps_high)) A logp",
+        ),
+        Entry(
+            "sapo",
+            "retrain.loss.objectives:sapo",
+            "SAPO (Gao et al. 2025): -sigmoid(tau (r - 1)) 4/tau A, tau by the sign of A",
+        ),
+        Entry(
+            "vespo",
+            "retrain.loss.objectives:vespo",
+            "VESPO: -sg(w^k exp(lambda (1 - w))) A logp, w the sequence's product ratio",
+        ),
+        Entry(
+            "clip_cov",
+            "retrain.loss.objectives:clip_cov",
+            "Clip-Cov (Cui et al. 2025): ppo_clip with a few high-covariance tokens cut out",
+        ),
+        Entry(
+            "kl_cov",
+            "retrain.loss.objectives:kl_cov",
+            "KL-Cov (Cui et al. 2025): -A r, plus |log r| on the highest-covariance tokens",
         ),
     ),
     key="[training] policy_loss",

@@ -188,14 +188,35 @@ class TrainHyper:
     # The objective (retrain/loss/); the defaults are the plain importance-sampling
     # policy gradient averaged over the step's tokens.
     policy_loss: str = "is"  # a retrain.registry.OBJECTIVES name or a dotted path
-    clip_eps: float = 0.2  # ppo_clip: the ratio's lower bound is 1 - clip_eps
-    clip_eps_high: float = 0.2  # ppo_clip: its upper bound, 1 + clip_eps_high
-    clip_ratio_c: float = 0.0  # dual clip for negative advantages; 0 = off
+    clip_eps: float = 0.2  # ppo_clip, gspo, cispo, clip_cov: the ratio's lower bound 1 - clip_eps
+    clip_eps_high: float = 0.2  # ... and its upper bound, 1 + clip_eps_high
+    clip_ratio_c: float = 0.0  # dual clip for negative advantages (ppo_clip, gspo); 0 = off
+    ratio_level: str = "token"  # cispo, sapo: "token" (r_t) | "sequence" (GSPO's s_i)
+    sapo_tau_pos: float = 1.0  # sapo: the gate's temperature where A > 0
+    sapo_tau_neg: float = 1.05  # sapo: ... where A <= 0
+    vespo_k_pos: float = 2.0  # vespo: the Gamma weight's power where A >= 0
+    vespo_lambda_pos: float = 3.0  # vespo: ... its decay where A >= 0
+    vespo_k_neg: float = 3.0  # vespo: the power where A < 0
+    vespo_lambda_neg: float = 2.0  # vespo: the decay where A < 0
+    clip_cov_fraction: float = 0.0002  # clip_cov: share of the step's tokens detached
+    clip_cov_lb: float = 1.0  # clip_cov: covariance band the detached tokens are drawn from
+    clip_cov_ub: float = 5.0
+    kl_cov_fraction: float = 0.0002  # kl_cov: share of the step's tokens penalised
+    kl_cov_beta: float = 1.0  # kl_cov: the penalty's coefficient on |logp - logp_sampler|
     adv_clip_max: float = 0.0  # advantages clipped to [-max, max]; 0 = off
-    loss_agg: str = "token_mean"  # | "seq_mean_token_sum" | "seq_mean_token_mean"
+    # "token_mean" | "seq_mean_token_sum" | "seq_mean_token_mean" | "seq_mean_token_sum_norm"
+    # | "bnpo" (retrain.loss.aggregation)
+    loss_agg: str = "token_mean"
+    max_tokens: int = 0  # seq_mean_token_sum_norm's constant ([training] max_tokens)
+    bnpo_batch_size: int = 0  # bnpo: completions per local batch; 0 = the whole step
     kl_coef: float = 0.0  # KL penalty to the reference (LoRA-off) model; 0 = off
     kl_estimator: str = "k3"  # "k1" | "k2" | "k3"
-    tis_cap: float = 0.0  # truncated importance sampling cap on the ratio; 0 = off
+    # Off-policy correction between the trainer and the sampler (retrain.loss.correction)
+    tis_cap: float = 0.0  # token truncation at this cap (= is_correction "truncate"); 0 = off
+    is_correction: str = "none"  # "none" | "truncate" | "mask"
+    is_level: str = "token"  # "token" | "sequence" | "geometric"
+    is_low: float = 0.0  # the weight's lower bound (0 = none)
+    is_high: float = 2.0  # the weight's upper bound
 
 
 @dataclass
@@ -265,12 +286,23 @@ USER_OBJECTIVE = "user_objective"
 # (config/validate.py's loss_options_used names the keys that ask for each).
 LOSS_OPTIONS = (
     "ppo_clip",
+    "gspo",
+    "cispo",
+    "sapo",
+    "vespo",
+    "clip_cov",
+    "kl_cov",
     "dual_clip",
+    "sequence_ratio",  # ratio_level = "sequence" (cispo, sapo)
     "adv_clip",
     "seq_mean_token_sum",
     "seq_mean_token_mean",
+    "seq_mean_token_sum_norm",
+    "bnpo",
     "kl",
-    "tis",
+    "tis",  # importance weights truncated (tis_cap, or is_correction = "truncate")
+    "mis",  # importance weights masked (is_correction = "mask")
+    "sequence_is",  # the correction at the sequence or geometric level (is_level)
     USER_OBJECTIVE,
 )
 

@@ -46,7 +46,16 @@ from retrain.kernels.packing import (
     split,
 )
 from retrain.kernels.precision import bf16_linears, use_bf16
-from retrain.loss import LossFn, LossInputs, LossStats, resolve_objective, sequence_weights
+from retrain.loss import (
+    LossFn,
+    LossInputs,
+    LossStats,
+    StepTokens,
+    covariance_selection,
+    needs_selection,
+    resolve_objective,
+    step_weights,
+)
 from retrain.memory import (
     ModelShape,
     auto_micro_batch_tokens,
@@ -430,12 +439,11 @@ class LocalBackend:
             )
         # Only trained tokens count (a multi-turn environment's tokens are context).
         total = sum(d.num_trained_tokens for d in datums)
-        weights, denominator = sequence_weights(
-            [d.num_trained_tokens for d in datums], hyper.loss_agg
-        )
+        weights, denominator = step_weights([d.num_trained_tokens for d in datums], hyper)
         weighted = hyper.loss_agg != "token_mean"  # token_mean's weights are all 1
         loss_fn = self._loss_for(hyper)
         self.model.train()
+        self._selected = self._step_selection(datums, hyper)
         before, retries = self.options.micro_batch_tokens, 0
         # Out of memory in a micro-batch: the step is redone from its first one with half
         # the budget (kept for later steps), until a micro-batch of one completion fails.
@@ -453,6 +461,7 @@ class LocalBackend:
                 "retries of this step; set it lower to skip them)"
             )
         loss_sum, ratio_sum, ratio_max, stats = sums
+        self._selected = {}
         max_norm = hyper.max_grad_norm if hyper.max_grad_norm > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         if not math.isfinite(grad_norm):
@@ -549,6 +558,12 @@ class LocalBackend:
         temperature = hyper.temperature
         logp = self._logprobs(groups, temperature)
         mask, adv, old = _padded(chunk, logp.shape[1], logp.device)
+        selected = None
+        if getattr(self, "_selected", None):  # the step's pre-pass picks (_step_selection)
+            picks = np.zeros(mask.shape, dtype=bool)
+            for i, d in enumerate(chunk):
+                picks[i, : d.completion_ids.size] = self._selected[id(d)]
+            selected = torch.from_numpy(picks).to(logp.device)
         inputs = LossInputs(
             logp,
             old,
@@ -557,6 +572,7 @@ class LocalBackend:
             denominator,
             seq_weights=None if seq_weights is None else torch.from_numpy(seq_weights).to(logp),
             ref_logp=self._reference_logprobs(groups, temperature, hyper),
+            selected=selected,
         )
         out = loss_fn(inputs, hyper)
         value = float(out.loss.detach())
@@ -569,6 +585,44 @@ class LocalBackend:
         log_ratio = (logp.detach() - old)[mask]
         largest = float(log_ratio.abs().max()) if log_ratio.numel() else 0.0
         return value, float(log_ratio.sum()), largest, out.stats
+
+    def _step_selection(self, datums: list[Datum], hyper: TrainHyper) -> dict[int, np.ndarray]:
+        """The pre-pass of an objective that picks tokens over the whole step (clip_cov,
+        kl_cov: retrain/loss/selection.py): the trainer's logprobs of every completion
+        without gradients, micro-batch by micro-batch, then one selection over the step in
+        its datums' order, so it does not depend on the split. {id(datum): its tokens'
+        picks}; {} when the objective selects nothing. The draw comes from the global torch
+        generator (seeded by [training] seed, saved in checkpoints)."""
+        if not needs_selection(hyper.policy_loss):
+            return {}
+        while isinstance(logps := self._step_logprobs(datums, hyper.temperature), int):
+            self._back_off(logps, datums)
+        step = [
+            StepTokens(logps[id(d)], d.sampler_logprobs, d.advantages, d.trained_mask)
+            for d in datums
+        ]
+        rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
+        picks = covariance_selection(step, hyper, rng)
+        return {id(d): p for d, p in zip(datums, picks, strict=True)}
+
+    def _step_logprobs(
+        self, datums: list[Datum], temperature: float
+    ) -> dict[int, np.ndarray] | int:
+        """{id(datum): the trainer's logprobs of its completion}, without gradients; or,
+        when a micro-batch runs out of memory, its number of completions."""
+        out: dict[int, np.ndarray] = {}
+        for _, chunk in self._micro_batches(datums):
+            failed = 0
+            try:
+                with torch.no_grad():
+                    rows = self._logprobs(_prompt_groups(chunk), temperature).float().cpu()
+            except torch.OutOfMemoryError:
+                failed = len(chunk)
+            if failed:  # out of the except block: the error's frames and tensors are freed
+                return failed
+            for i, d in enumerate(chunk):
+                out[id(d)] = rows[i, : d.completion_ids.size].numpy()
+        return out
 
     def _reference_logprobs(
         self, groups: list[Group], temperature: float, hyper: TrainHyper

@@ -8,9 +8,9 @@ One step, as the trainer drives it:
    they changed since the last publish), fire one sampling request per prompt at once, then
    collect token ids + per-token sampler logprobs.
 2. `train_step`: one Tinker `Datum` per completion and one `forward_backward(...,
-   loss_fn="importance_sampling")` (or `loss_fn="ppo"` with `clip_low_threshold = 1 -
-   clip_eps`, `clip_high_threshold = 1 + clip_eps_high` for `policy_loss = "ppo_clip"`),
-   then `optim_step(AdamParams(...))`.
+   loss_fn="importance_sampling")` (or `loss_fn="ppo"` / `"cispo"` with
+   `clip_low_threshold = 1 - clip_eps`, `clip_high_threshold = 1 + clip_eps_high` for
+   `policy_loss = "ppo_clip"` / `"cispo"`), then `optim_step(AdamParams(...))`.
 
 Datum layout (Tinker's next-token convention): the model reads `tokens[:-1]` and is scored on
 `target_tokens = tokens[1:]`, with `tokens = prompt + completion`. The completion's targets
@@ -20,10 +20,11 @@ a sum over tokens, so its value is then exactly the local backend's per-token me
 `-(1/N) sum_t A_t exp(logp_t - logp_sampler_t)`, and `lr` / `max_grad_norm` mean the same
 on both backends. The other aggregations (`loss_agg`) divide by their own per-completion
 factor instead (retrain.loss.token_scales), and `adv_clip_max` clips the advantages
-before they are scaled: both losses are linear in A token by token (PPO's min commutes
-with a positive factor), so every option listed in the registry's `loss_options` for
-Tinker is exact. Dual clip and the KL penalty have no service loss and are refused when
-the config loads.
+before they are scaled: the three losses are linear in A token by token (PPO's min
+commutes with a positive factor; CISPO's detached weight does not involve A), so every
+option listed in the registry's `loss_options` for Tinker is exact. Dual clip, the KL
+penalty, the off-policy correction, sequence-level ratios and the other objectives have
+no service loss and are refused when the config loads.
 
 Robustness: every remote call is retried (bounded, `max_retries` attempts, exponential
 backoff from `retry_backoff_s`) on 5xx, 408/429, timeouts and connection errors; other
@@ -53,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from retrain.errors import BackendError, CheckpointError
-from retrain.loss import ppo_clipped, token_scales
+from retrain.loss import cispo_clipped, ppo_clipped, token_scales
 from retrain.registry import BACKENDS
 from retrain.settings import TinkerSettings
 from retrain.types import (
@@ -404,24 +405,51 @@ def summarize_forward_backward(
     return float(loss), None, None, extra
 
 
+# retrain's policy_loss -> the service's loss_fn taking (clip_low, clip_high) thresholds
+SERVICE_CLIPPED_LOSSES = {"ppo_clip": "ppo", "cispo": "cispo"}
+
+
 def loss_request(hyper: TrainHyper) -> tuple[str, dict[str, float] | None]:
     """(loss_fn, loss_fn_config) of the service for the configured objective."""
-    if hyper.kl_coef > 0 or hyper.clip_ratio_c > 0:
-        raise BackendError(
-            "the Tinker service has no KL penalty or dual-clip loss. Fix: kl_coef = 0 and "
-            "clip_ratio_c = 0, or the local backend"
+    unsupported = [
+        key
+        for key, on in (
+            ("kl_coef", hyper.kl_coef > 0),
+            ("clip_ratio_c", hyper.clip_ratio_c > 0),
+            ("tis_cap", hyper.tis_cap > 0),
+            ("is_correction", hyper.is_correction != "none"),
+            ("ratio_level", hyper.ratio_level != "token"),
         )
-    if hyper.policy_loss == "ppo_clip":
-        return "ppo", {
+        if on
+    ]
+    if unsupported or hyper.policy_loss not in ("is", *SERVICE_CLIPPED_LOSSES):
+        what = ", ".join(unsupported) or f"policy_loss = {hyper.policy_loss!r}"
+        raise BackendError(
+            f"the Tinker service has no loss for {what}. Fix: the importance_sampling, ppo "
+            "or cispo loss without them, or the local backend"
+        )
+    if hyper.policy_loss in SERVICE_CLIPPED_LOSSES:
+        return SERVICE_CLIPPED_LOSSES[hyper.policy_loss], {
             "clip_low_threshold": 1.0 - hyper.clip_eps,
             "clip_high_threshold": 1.0 + hyper.clip_eps_high,
         }
     return LOSS_FN, None
 
 
+def advantage_scales(datums: Sequence[Datum], hyper: TrainHyper) -> np.ndarray:
+    """w_i / denominator per datum under `[training] loss_agg` (the service sums)."""
+    return token_scales(
+        [d.num_trained_tokens for d in datums],
+        hyper.loss_agg,
+        max_tokens=hyper.max_tokens,
+        batch_size=hyper.bnpo_batch_size,
+    )
+
+
 def clip_fraction(output: Any, datums: Sequence[Datum], hyper: TrainHyper) -> float | None:
-    """The share of completion tokens whose PPO loss was clipped, from the service's
-    logprobs of this forward pass (None when it returned none)."""
+    """The share of completion tokens whose PPO loss was clipped (cispo: whose weight was
+    clamped), from the service's logprobs of this forward pass (None when it returned
+    none)."""
     outputs = list(getattr(output, "loss_fn_outputs", None) or [])
     if len(outputs) != len(datums):
         return None
@@ -434,9 +462,11 @@ def clip_fraction(output: Any, datums: Sequence[Datum], hyper: TrainHyper) -> fl
         mine = np.asarray(_to_list(train_lp)[start : start + len(d.completion_ids)], dtype=float)
         if mine.size != d.sampler_logprobs.size:
             return None
-        cut = ppo_clipped(
-            mine - d.sampler_logprobs, d.advantages, hyper.clip_eps, hyper.clip_eps_high
-        )
+        log_ratio = mine - d.sampler_logprobs
+        if hyper.policy_loss == "cispo":
+            cut = cispo_clipped(log_ratio, hyper.clip_eps, hyper.clip_eps_high)
+        else:
+            cut = ppo_clipped(log_ratio, d.advantages, hyper.clip_eps, hyper.clip_eps_high)
         clipped += int(cut.sum())
         tokens += mine.size
     return clipped / tokens if tokens else 0.0
@@ -672,7 +702,7 @@ class TinkerBackend:
         # Environment tokens of multi-turn trajectories carry advantage 0 (no gradient
         # under Tinker's per-token losses) and are not counted as trained tokens.
         total = sum(d.num_trained_tokens for d in datums)
-        scales = token_scales([d.num_trained_tokens for d in datums], hyper.loss_agg)
+        scales = advantage_scales(datums, hyper)
         data = [
             build_tinker_datum(self.tinker, d, float(s), hyper.adv_clip_max)
             for d, s in zip(datums, scales)
@@ -684,9 +714,9 @@ class TinkerBackend:
             submit = lambda: training.forward_backward(data, loss_fn)  # noqa: E731
         elif "loss_fn_config" not in inspect.signature(training.forward_backward).parameters:
             raise BackendError(
-                f'[training] policy_loss = "ppo_clip": tinker SDK {self.version} cannot pass the '
-                "ppo clip thresholds (forward_backward has no loss_fn_config). Fix: a newer SDK, "
-                'or policy_loss = "is"'
+                f"[training] policy_loss = {hyper.policy_loss!r}: tinker SDK {self.version} cannot "
+                f"pass the {loss_fn} clip thresholds (forward_backward has no loss_fn_config). "
+                'Fix: a newer SDK, or policy_loss = "is"'
             )
         else:
             submit = lambda: training.forward_backward(data, loss_fn, loss_fn_config=loss_config)  # noqa: E731
@@ -695,7 +725,7 @@ class TinkerBackend:
             f"forward_backward ({len(data)} datums, loss_fn={loss_fn})",
         )
         loss, ratio_mean, ratio_max, extra = summarize_forward_backward(output, datums)
-        if hyper.policy_loss == "ppo_clip":
+        if hyper.policy_loss in SERVICE_CLIPPED_LOSSES:
             fraction = clip_fraction(output, datums, hyper)
             if fraction is not None:
                 extra["clip_fraction"] = fraction

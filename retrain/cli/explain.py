@@ -251,19 +251,40 @@ def _backpressure(config: Config) -> str:
 
 
 def objective_summary(config: Config) -> str:
-    """The training objective in one line: policy loss, aggregation, KL, lr schedule."""
+    """The training objective in one line: policy loss, aggregation, off-policy
+    correction, KL, lr schedule."""
     t = config.training
-    if t.policy_loss == "ppo_clip":
-        high = t.clip_eps_high or t.clip_eps
-        loss = f"ppo_clip (ratio clipped to [{1 - t.clip_eps:g}, {1 + high:g}]"
-        loss += f", dual clip c={t.clip_ratio_c:g})" if t.clip_ratio_c > 0 else ")"
-    elif t.policy_loss == "is":
-        loss = "is (importance-sampling policy gradient)"
-    else:  # a dotted path (config validation admits nothing else)
-        loss = f"{t.policy_loss} (your objective: fn(inputs, hyper) -> TokenLoss)"
-    parts = [loss, f"agg {t.loss_agg}"]
+    high = t.clip_eps_high or t.clip_eps
+    band = f"[{1 - t.clip_eps:g}, {1 + high:g}]"
+    dual = f", dual clip c={t.clip_ratio_c:g}" if t.clip_ratio_c > 0 else ""
+    level = " of the sequence ratio" if t.ratio_level == "sequence" else ""
+    losses = {
+        "is": "is (importance-sampling policy gradient)",
+        "ppo_clip": f"ppo_clip (ratio clipped to {band}{dual})",
+        "gspo": f"gspo (sequence ratio clipped to {band}{dual})",
+        "cispo": f"cispo (detached weight{level} clipped to {band})",
+        "sapo": f"sapo (soft gate{level}, tau +{t.sapo_tau_pos:g} / -{t.sapo_tau_neg:g})",
+        "vespo": "vespo (Gamma weight of the sequence ratio)",
+        "clip_cov": f"clip_cov (ratio clipped to {band}, {t.clip_cov_fraction:g} of the tokens "
+        f"with covariance in ({t.clip_cov_lb:g}, {t.clip_cov_ub:g}) cut out)",
+        "kl_cov": f"kl_cov ({t.kl_cov_beta:g} |log r| on the top {t.kl_cov_fraction:g} of the "
+        "tokens by covariance)",
+    }
+    # a dotted path otherwise (config validation admits nothing else)
+    loss = losses.get(
+        t.policy_loss, f"{t.policy_loss} (your objective: fn(inputs, hyper) -> TokenLoss)"
+    )
+    agg = f"agg {t.loss_agg}"
+    if t.loss_agg == "bnpo":
+        agg += f" (local batches of {t.bnpo_batch_size or 'all'} completions)"
+    parts = [loss, agg]
     if t.adv_clip_max > 0:
         parts.append(f"advantages clipped to +-{t.adv_clip_max:g}")
+    if t.tis_cap > 0:
+        parts.append(f"IS weight truncated at {t.tis_cap:g} (token)")
+    elif t.is_correction != "none":
+        low = f"{t.is_low:g}" if t.is_low > 0 else "0"
+        parts.append(f"IS weight {t.is_correction} to [{low}, {t.is_high:g}] ({t.is_level})")
     parts.append(
         f"KL {t.kl_estimator} x {t.kl_coef:g} to the base model (LoRA off)"
         if t.kl_coef > 0

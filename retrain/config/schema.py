@@ -207,25 +207,64 @@ class TrainingConfig:
     policy_loss: str = opt(
         "is",
         "Policy loss: is (importance-sampling policy gradient, -A r), ppo_clip "
-        "(-min(A r, A clip(r, 1 - clip_eps, 1 + clip_eps_high))), or a dotted path to your "
+        "(-min(A r, A clip(r, 1 - clip_eps, 1 + clip_eps_high))), gspo (ppo_clip on GSPO's "
+        "length-normalised sequence ratio), cispo (-sg(clip(r, ...)) A logp), sapo (a soft "
+        "gate in place of the clip), vespo (a Gamma weight of the sequence ratio), clip_cov "
+        "or kl_cov (high-covariance tokens cut out or KL-penalised), or a dotted path to your "
         "objective fn(inputs, hyper) -> TokenLoss (local backend only; retrain man --topic loss)",
         registry_name="policy_loss",
     )
     clip_eps: float = opt(
-        0.2, "ppo_clip: lower clip range, the ratio is kept >= 1 - clip_eps", gt=0.0, le=1.0
+        0.2,
+        "ppo_clip, gspo, cispo, clip_cov: lower clip range, the ratio is kept >= 1 - clip_eps "
+        "(cispo: 1 = no lower bound)",
+        gt=0.0,
+        le=1.0,
     )
     clip_eps_high: float = opt(
         0.0,
-        "ppo_clip: upper clip range (1 + clip_eps_high); above clip_eps is DAPO's clip-higher. "
-        "0 = clip_eps",
+        "ppo_clip, gspo, cispo, clip_cov: upper clip range (1 + clip_eps_high); above clip_eps "
+        "is DAPO's clip-higher. 0 = clip_eps",
         ge=0.0,
     )
     clip_ratio_c: float = opt(
         0.0,
-        "ppo_clip: dual clip for negative advantages, the token loss is at most -c A (c > 1). 0 = off",
+        "ppo_clip, gspo: dual clip for negative advantages, the token loss is at most -c A "
+        "(c > 1). 0 = off",
         ge=0.0,
         check=_zero_or_above_one,
         fix="use 0 to turn dual clip off, or a bound such as 3.0",
+    )
+    ratio_level: str = opt(
+        "token",
+        "cispo, sapo: the importance ratio they weigh by, token (r_t) or sequence (GSPO's "
+        "s_i = exp of the completion's mean log ratio; TRL's importance_sampling_level)",
+        choices=("token", "sequence"),
+    )
+    sapo_tau_pos: float = opt(1.0, "sapo: the gate's temperature where A > 0", gt=0.0)
+    sapo_tau_neg: float = opt(1.05, "sapo: the gate's temperature where A <= 0", gt=0.0)
+    vespo_k_pos: float = opt(2.0, "vespo: the Gamma weight's power k where A >= 0", ge=0.0)
+    vespo_lambda_pos: float = opt(3.0, "vespo: the Gamma weight's decay where A >= 0", gt=0.0)
+    vespo_k_neg: float = opt(3.0, "vespo: the Gamma weight's power k where A < 0", ge=0.0)
+    vespo_lambda_neg: float = opt(2.0, "vespo: the Gamma weight's decay where A < 0", gt=0.0)
+    clip_cov_fraction: float = opt(
+        0.0002,
+        "clip_cov: the share of the step's trained tokens cut out (at least one)",
+        gt=0.0,
+        le=1.0,
+    )
+    clip_cov_lb: float = opt(
+        1.0, "clip_cov: tokens are drawn from those whose covariance is above this"
+    )
+    clip_cov_ub: float = opt(5.0, "clip_cov: ... and below this (must be > clip_cov_lb)")
+    kl_cov_fraction: float = opt(
+        0.0002,
+        "kl_cov: the share of the step's trained tokens (largest covariance) penalised",
+        gt=0.0,
+        le=1.0,
+    )
+    kl_cov_beta: float = opt(
+        1.0, "kl_cov: the penalty's coefficient on |logp - logp_sampler|", ge=0.0
     )
     adv_clip_max: float = opt(
         0.0, "Clip token advantages to [-adv_clip_max, adv_clip_max] in the loss. 0 = off", ge=0.0
@@ -233,9 +272,23 @@ class TrainingConfig:
     loss_agg: str = opt(
         "token_mean",
         "Loss aggregation: token_mean (mean over the step's tokens), seq_mean_token_sum "
-        "(Dr. GRPO: per-completion token sums, averaged over completions) or "
-        "seq_mean_token_mean (GRPO: per-completion token means, averaged over completions)",
-        choices=("token_mean", "seq_mean_token_sum", "seq_mean_token_mean"),
+        "(Dr. GRPO: per-completion token sums, averaged over completions), "
+        "seq_mean_token_mean (GRPO: per-completion token means, averaged over completions), "
+        "seq_mean_token_sum_norm (token sums over completions x max_tokens: TRL's dr_grpo) "
+        "or bnpo (token means of local batches of bnpo_batch_size completions, averaged)",
+        choices=(
+            "token_mean",
+            "seq_mean_token_sum",
+            "seq_mean_token_mean",
+            "seq_mean_token_sum_norm",
+            "bnpo",
+        ),
+    )
+    bnpo_batch_size: int = opt(
+        0,
+        "bnpo: completions per local batch (consecutive in the step; TRL's "
+        "per_device_train_batch_size). 0 = the whole step (bnpo is then token_mean)",
+        ge=0,
     )
     kl_coef: float = opt(
         0.0,
@@ -252,11 +305,33 @@ class TrainingConfig:
         0.0,
         "Truncated importance sampling: a token whose ratio exp(logp - logp_sampler) exceeds "
         "tis_cap is weighted tis_cap / ratio (no gradient through the weight), bounding "
-        "large sampler/trainer mismatches (server engines). 0 = off",
+        "large sampler/trainer mismatches (server engines); the same as is_correction = "
+        '"truncate", is_high = tis_cap. 0 = off',
         ge=0.0,
         check=_zero_or_above_one,
         fix="use 0 to turn it off, or a cap such as 2.0",
     )
+    is_correction: str = opt(
+        "none",
+        "Off-policy correction of the trainer/sampler importance weight: none, truncate "
+        "(clip it to [is_low, is_high]) or mask (drop tokens or completions whose weight "
+        "leaves that band)",
+        choices=("none", "truncate", "mask"),
+    )
+    is_level: str = opt(
+        "token",
+        "The weight is_correction bounds: token (the token's ratio), sequence (the "
+        "completion's product of ratios) or geometric (their geometric mean)",
+        choices=("token", "sequence", "geometric"),
+    )
+    is_low: float = opt(
+        0.0,
+        "is_correction: the weight's lower bound (below 1; 0 = none)",
+        ge=0.0,
+        check=lambda v: None if v < 1 else f"must be below 1 (a ratio of 1 always passes), got {v}",
+        fix="use 0 for no lower bound, or a bound such as 0.5",
+    )
+    is_high: float = opt(2.0, "is_correction: the weight's upper bound (above 1)", gt=1.0)
     lr_schedule: str = opt(
         "constant",
         "Learning-rate schedule after warmup: constant, linear (to 0 at max_steps) or cosine "

@@ -78,8 +78,10 @@ def loss_options_used(config: Config) -> list[tuple[str, str]]:
         builtin = registry.OBJECTIVES.is_builtin(t.policy_loss)
         option = registry.OBJECTIVES.canonical(t.policy_loss) if builtin else USER_OBJECTIVE
         used.append(("[training] policy_loss", option))
-    if t.policy_loss == "ppo_clip" and t.clip_ratio_c > 0:
+    if t.policy_loss in ("ppo_clip", "gspo") and t.clip_ratio_c > 0:
         used.append(("[training] clip_ratio_c", "dual_clip"))
+    if t.policy_loss in ("cispo", "sapo") and t.ratio_level == "sequence":
+        used.append(("[training] ratio_level", "sequence_ratio"))
     if t.adv_clip_max > 0:
         used.append(("[training] adv_clip_max", "adv_clip"))
     if t.loss_agg != "token_mean":
@@ -88,6 +90,10 @@ def loss_options_used(config: Config) -> list[tuple[str, str]]:
         used.append(("[training] kl_coef", "kl"))
     if t.tis_cap > 0:
         used.append(("[training] tis_cap", "tis"))
+    if t.is_correction != "none":
+        used.append(("[training] is_correction", "tis" if t.is_correction == "truncate" else "mis"))
+        if t.is_level != "token":
+            used.append(("[training] is_level", "sequence_is"))
     return used
 
 
@@ -175,20 +181,57 @@ def _backpressure(config: Config) -> Problems:
 
 
 def _objective(config: Config) -> Problems:
-    """PPO-only keys set for another built-in loss (a dotted-path objective may read
-    them from TrainHyper), and a warmup that never ends."""
+    """Keys of one built-in objective set for another (a dotted-path objective may read
+    any of them from TrainHyper), the covariance band, bnpo's batch, and a warmup that
+    never ends; then the off-policy correction (_correction)."""
+    from dataclasses import fields
+
     t = config.training
+    defaults = {f.name: f.default for f in fields(t)}
+    users = {  # key -> the built-in objectives that read it
+        "clip_eps_high": ("ppo_clip", "gspo", "cispo", "clip_cov"),
+        "clip_ratio_c": ("ppo_clip", "gspo"),
+        "ratio_level": ("cispo", "sapo"),
+        **dict.fromkeys(("sapo_tau_pos", "sapo_tau_neg"), ("sapo",)),
+        **dict.fromkeys(
+            ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"), ("vespo",)
+        ),
+        **dict.fromkeys(("clip_cov_fraction", "clip_cov_lb", "clip_cov_ub"), ("clip_cov",)),
+        **dict.fromkeys(("kl_cov_fraction", "kl_cov_beta"), ("kl_cov",)),
+    }
     problems: Problems = []
-    if registry.OBJECTIVES.is_builtin(t.policy_loss) and t.policy_loss != "ppo_clip":
-        for key in ("clip_eps_high", "clip_ratio_c"):
-            if getattr(t, key) > 0:
-                problems.append(
-                    (
-                        f"[training] {key}",
-                        f'only used with policy_loss = "ppo_clip" (policy_loss is {t.policy_loss!r}). '
-                        'Fix: set policy_loss = "ppo_clip", or remove the key',
-                    )
+    if registry.OBJECTIVES.is_builtin(t.policy_loss):
+        name = registry.OBJECTIVES.canonical(t.policy_loss)
+        for key, readers in users.items():
+            if name in readers or getattr(t, key) == defaults[key]:
+                continue
+            fix = 'Fix: policy_loss = "gspo" (PPO on the sequence ratio), or remove the key'
+            if not (key == "ratio_level" and name == "ppo_clip"):
+                fix = f'Fix: set policy_loss = "{readers[0]}", or remove the key'
+            names = " / ".join(f'"{r}"' for r in readers)
+            problems.append(
+                (
+                    f"[training] {key}",
+                    f"only used with policy_loss = {names} (policy_loss is {t.policy_loss!r}). "
+                    f"{fix}",
                 )
+            )
+    if t.policy_loss == "clip_cov" and t.clip_cov_lb >= t.clip_cov_ub:
+        problems.append(
+            (
+                "[training] clip_cov_lb",
+                f"must be below clip_cov_ub ({t.clip_cov_ub:g}), got {t.clip_cov_lb:g}: no "
+                "covariance would lie between them. Fix: e.g. clip_cov_lb = 1, clip_cov_ub = 5",
+            )
+        )
+    if t.bnpo_batch_size and t.loss_agg != "bnpo":
+        problems.append(
+            (
+                "[training] bnpo_batch_size",
+                f'only used with loss_agg = "bnpo" (loss_agg is {t.loss_agg!r}). Fix: set '
+                'loss_agg = "bnpo", or remove the key',
+            )
+        )
     if t.warmup_steps >= t.max_steps:
         problems.append(
             (
@@ -197,7 +240,45 @@ def _objective(config: Config) -> Problems:
                 "would never reach lr. Fix: fewer warmup steps",
             )
         )
-    return problems
+    return problems + _correction(config, defaults)
+
+
+def _correction(config: Config, defaults: dict) -> Problems:
+    """The off-policy correction's keys: one spelling of token truncation, bounds only
+    with a correction, and no sequence-level truncation of a sequence-ratio objective."""
+    t = config.training
+    if t.is_correction == "none":
+        return [
+            (
+                f"[training] {key}",
+                'only used with is_correction = "truncate" or "mask" (it is "none"). Fix: '
+                "set is_correction, or remove the key",
+            )
+            for key in ("is_level", "is_low", "is_high")
+            if getattr(t, key) != defaults[key]
+        ]
+    if t.tis_cap > 0:
+        return [
+            (
+                "[training] tis_cap",
+                f'tis_cap is the short spelling of is_correction = "truncate", is_level = '
+                f'"token", is_high = tis_cap, and is_correction = {t.is_correction!r} is set '
+                "too. Fix: keep one of them",
+            )
+        ]
+    sequence_ratio = t.policy_loss in ("gspo", "vespo") or (
+        t.policy_loss in ("cispo", "sapo") and t.ratio_level == "sequence"
+    )
+    if t.is_correction == "truncate" and t.is_level != "token" and sequence_ratio:
+        return [
+            (
+                "[training] is_level",
+                f"truncation at the {t.is_level} level replaces each token's own ratio by its "
+                f"completion's weight, and policy_loss {t.policy_loss!r} already weighs by a "
+                'sequence ratio. Fix: is_level = "token", or is_correction = "mask"',
+            )
+        ]
+    return []
 
 
 def _reward(config: Config) -> Problems:

@@ -2,10 +2,13 @@
 shares composed around it once, here:
 
     A_t   <- clip(A_t, -adv_clip_max, adv_clip_max)       when adv_clip_max > 0
-    l_t    = objective(inputs, hyper).per_token             (is, ppo_clip, a dotted path)
-    l_t   *= min(1, tis_cap / r_t)                          when tis_cap > 0 (weight detached:
-            truncated importance sampling, Yao et al. 2025, bounds tokens a mismatched
-            sampler, e.g. a server engine, made unlikely: at most tis_cap A_t each)
+    l_t    = objective(inputs, hyper).per_token             (is, ppo_clip, gspo, cispo, sapo,
+                                                             vespo, clip_cov, kl_cov, a
+                                                             dotted path)
+    l_t   *= c_t                                            the off-policy correction
+            (retrain.loss.correction: the trainer/sampler importance weight truncated or
+            masked at the token, sequence or geometric level; `tis_cap` is token-level
+            truncation, c_t = min(1, tis_cap / r_t), Yao et al. 2025); c = 1 when off
     l_t   += kl_coef * k(logp_t - logp_ref_t)               when kl_coef > 0
     loss   = sum_i w_i sum_t mask_it l_it / denominator     (the aggregation's weights)
 
@@ -26,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from retrain.errors import PluginError
+from retrain.loss.correction import Correction, apply_correction, mismatch_kl_sum
 from retrain.loss.records import LossInputs, LossOutputs, LossStats, Objective, TokenLoss
 
 if TYPE_CHECKING:
@@ -72,37 +76,26 @@ def resolve_objective(name: str, search_paths: Iterable[str] = ()) -> LossFn:
 
 def compose(objective: Objective, inputs: LossInputs, hyper: TrainHyper) -> LossOutputs:
     """The loss of one micro-batch and its statistics (formulas: the module docstring).
-    `hyper` supplies adv_clip_max, tis_cap, kl_coef and kl_estimator here; the objective
-    reads what it needs (clip_eps, ...). With the defaults and `is` the loss is exactly
-    -(1/N) sum A exp(logp - logp_sampler), in that order of operations."""
+    `hyper` supplies adv_clip_max, the correction (tis_cap, is_*), kl_coef and
+    kl_estimator here; the objective reads what it needs (clip_eps, ...). With the
+    defaults and `is` the loss is exactly -(1/N) sum A exp(logp - logp_sampler), in that
+    order of operations."""
     if hyper.adv_clip_max > 0:
         bound = hyper.adv_clip_max
         inputs = replace(inputs, advantages=inputs.advantages.clamp(-bound, bound))
+    correction = Correction.from_hyper(hyper)
     terms = _checked(objective(inputs, hyper), inputs, objective)
     mask = inputs.mask
-    stats = LossStats(tokens=int(mask.sum()))
+    stats = LossStats(tokens=int(mask.sum()), token_truncation=correction.token_truncation)
     if terms.clipped is not None:
         stats.clipped = float((terms.clipped & mask).sum())
-    per_token = terms.per_token
-    if hyper.tis_cap > 0:
-        per_token, stats.truncated = truncated_importance_sampling(per_token, inputs, hyper.tis_cap)
+    stats.mismatch_kl_sum = mismatch_kl_sum(inputs)
+    per_token, stats.truncated, stats.masked = apply_correction(terms.per_token, inputs, correction)
     if hyper.kl_coef > 0:
         per_token, stats.kl_sum = kl_penalty(per_token, inputs, hyper.kl_coef, hyper.kl_estimator)
     if inputs.seq_weights is not None:
         per_token = per_token * inputs.seq_weights[:, None]
     return LossOutputs((per_token * mask).sum() / inputs.denominator, stats)
-
-
-def truncated_importance_sampling(
-    per_token: Tensor, inputs: LossInputs, cap: float
-) -> tuple[Tensor, float]:
-    """(l_t * min(1, cap / r_t) with the weight detached, tokens with r_t > cap): TIS
-    (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
-    Training"), so a token the sampler found unlikely adds at most cap times its
-    on-policy gradient."""
-    over = inputs.ratio().detach()
-    weighted = per_token * (cap / over).clamp(max=1.0)
-    return weighted, float(((over > cap) & inputs.mask).sum())
 
 
 def kl_penalty(

@@ -36,6 +36,9 @@ class LossInputs:
     denominator: float
     seq_weights: Tensor | None = None  # (n,): w_i per completion; None = 1 (token_mean)
     ref_logp: Tensor | None = None  # (n, T), no grad: reference logprobs; kl_coef > 0 only
+    # (n, T) bool, no grad: the tokens a step-wide selection picked before the first
+    # micro-batch (retrain.loss.selection: clip_cov, kl_cov); None when none ran.
+    selected: Tensor | None = None
 
     def log_ratio(self) -> Tensor:
         """(n, T) log r = logp - sampler_logp on trained tokens, 0 elsewhere (so a pad's
@@ -48,6 +51,27 @@ class LossInputs:
         """(n, T) importance ratio r = exp(logp - sampler_logp), 1 off the mask."""
         return self.log_ratio().exp()
 
+    def lengths(self) -> Tensor:
+        """(n, 1) trained tokens per completion, at least 1 (a completion is never split
+        across micro-batches, so this is its whole length)."""
+        return self.mask.sum(-1, keepdim=True).clamp(min=1).to(self.logp.dtype)
+
+    def sequence_log_ratio(self) -> Tensor:
+        """(n, 1) log s_i = (1/|o_i|) sum_t log r_it: the length-normalised sequence log
+        ratio of GSPO (Zheng et al. 2025), with its gradient (d/dlogp_t = 1/|o_i|)."""
+        return self.log_ratio().sum(-1, keepdim=True) / self.lengths()
+
+    def sequence_ratio(self) -> Tensor:
+        """(n, T) GSPO-token's ratio s_it = sg(s_i) * exp(logp_t - sg(logp_t)): the value
+        s_i on every token of completion i, the gradient s_i d logp_t (GSPO-token, Zheng et
+        al. 2025). With an advantage constant over the completion and equal weights for
+        its tokens, the aggregated loss and its gradient are GSPO's sequence-level ones;
+        with token advantages each token keeps its own. 1 off the mask."""
+        import torch
+
+        log_s = self.logp - self.logp.detach() + self.sequence_log_ratio().detach()
+        return torch.where(self.mask, log_s, torch.zeros_like(log_s)).exp()
+
 
 @dataclass(frozen=True, eq=False)  # tensors: == would compare elementwise
 class TokenLoss:
@@ -56,8 +80,10 @@ class TokenLoss:
     composition (retrain.loss.compose) applies the same way to every objective."""
 
     per_token: Tensor  # (n, T), differentiable in inputs.logp; off-mask values ignored
-    # (n, T) bool: tokens whose loss took a clipped branch (no gradient), counted as
-    # the metric clip_fraction; None = the objective never clips (clip_fraction 0).
+    # (n, T) bool: tokens the objective clipped, counted as the metric clip_fraction
+    # (a PPO-style loss: the clipped branch, no gradient; cispo: a clamped weight, the
+    # token keeps a gradient; clip_cov: also the covariance-selected tokens); None = the
+    # objective never clips (clip_fraction 0).
     clipped: Tensor | None = None
 
 
@@ -71,24 +97,45 @@ class LossStats:
     """Sums over the trained tokens of one call (add them up across micro-batches)."""
 
     tokens: int = 0
-    clipped: float = 0.0  # tokens whose loss took a clipped branch (no gradient)
+    clipped: float = 0.0  # tokens the objective clipped (TokenLoss.clipped)
     kl_sum: float | None = None  # sum of the KL estimator; None when kl_coef = 0
-    truncated: float | None = None  # tokens whose ratio exceeded tis_cap; None when off
+    # The off-policy correction (retrain.loss.correction), on every call, off included:
+    mismatch_kl_sum: float = 0.0  # sum of k3(rho) = rho - 1 - log rho, rho = trainer/sampler
+    truncated: float = 0.0  # tokens whose importance weight was truncated
+    masked: float = 0.0  # tokens whose importance weight was masked out (their sequence's)
+    # Token-level truncation (`tis_cap`, or is_correction = "truncate" at the token level)
+    # is also reported under its older name; False = not on.
+    token_truncation: bool = False
 
     def add(self, other: LossStats) -> None:
         self.tokens += other.tokens
         self.clipped += other.clipped
         if other.kl_sum is not None:
             self.kl_sum = (self.kl_sum or 0.0) + other.kl_sum
-        if other.truncated is not None:
-            self.truncated = (self.truncated or 0.0) + other.truncated
+        self.mismatch_kl_sum += other.mismatch_kl_sum
+        self.truncated += other.truncated
+        self.masked += other.masked
+        self.token_truncation = self.token_truncation or other.token_truncation
 
     def metrics(self) -> dict[str, float]:
-        out = {"clip_fraction": self.clipped / self.tokens if self.tokens else 0.0}
+        """clip_fraction, mismatch_kl (k3 estimate of KL(sampler || trainer) per trained
+        token), is_truncated_fraction and is_masked_fraction always; kl_mean with the KL
+        penalty; tis_truncated_fraction with token-level truncation."""
+        n = self.tokens
+
+        def share(x: float) -> float:
+            return x / n if n else 0.0
+
+        out = {
+            "clip_fraction": share(self.clipped),
+            "mismatch_kl": share(self.mismatch_kl_sum),
+            "is_truncated_fraction": share(self.truncated),
+            "is_masked_fraction": share(self.masked),
+        }
         if self.kl_sum is not None:
-            out["kl_mean"] = self.kl_sum / self.tokens if self.tokens else 0.0
-        if self.truncated is not None:
-            out["tis_truncated_fraction"] = self.truncated / self.tokens if self.tokens else 0.0
+            out["kl_mean"] = share(self.kl_sum)
+        if self.token_truncation:
+            out["tis_truncated_fraction"] = share(self.truncated)
         return out
 
 

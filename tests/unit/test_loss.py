@@ -25,13 +25,16 @@ from retrain.loss import (
     ppo_clipped,
     resolve_objective,
     sequence_weights,
+    step_weights,
     token_scales,
 )
 from retrain.registry import BACKENDS
 from retrain.schedule import lr_at
 from retrain.types import BackendCapabilities, TrainHyper
 
-BASE = TrainHyper(lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8)
+BASE = TrainHyper(
+    lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8, max_tokens=12, bnpo_batch_size=2
+)
 
 # ---------------------------------------------------------------- the plain reference
 
@@ -74,7 +77,7 @@ def run_objective(seqs, hyper, chunks=None):
     """The resolved objective over `seqs` (optionally split into micro-batches as the
     local backend does) -> (loss, per-token grads, stats)."""
     lengths = [len(s[0]) for s in seqs]
-    weights, denominator = sequence_weights(lengths, hyper.loss_agg)
+    weights, denominator = step_weights(lengths, hyper)
     loss_fn = resolve_objective(hyper.policy_loss)
     chunks = chunks or [len(seqs)]
     start, total, stats, grads = 0, 0.0, LossStats(), []
@@ -177,7 +180,7 @@ def test_default_objective_is_bitwise_the_previous_loss():
     now.backward()
     assert torch.equal(before.detach(), now.detach())
     assert torch.equal(a.grad, b.grad)
-    assert stats.metrics() == {"clip_fraction": 0.0}
+    assert stats.metrics()["clip_fraction"] == 0.0
 
 
 def test_ppo_with_ratios_inside_the_band_is_the_plain_loss():
@@ -204,8 +207,36 @@ def test_aggregation_weights():
     assert token_scales(lengths, "seq_mean_token_mean").tolist() == pytest.approx(
         [1 / 9, 1 / 3, 1 / 12]
     )
+    # Dr. GRPO's constant: G = 3 completions x L = 10 tokens
+    assert token_scales(lengths, "seq_mean_token_sum_norm", max_tokens=10).tolist() == (
+        pytest.approx([1 / 30] * 3)
+    )
+    with pytest.raises(ValueError, match="max_tokens"):
+        sequence_weights(lengths, "seq_mean_token_sum_norm")
     with pytest.raises(ValueError):
         sequence_weights(lengths, "sum")
+
+
+def test_bnpo_weights_by_hand():
+    """Local batches of 2 consecutive completions: lengths [1, 3 | 2 | ...]."""
+    # [1, 3] -> N_b = 4, [2] -> N_b = 2, K = 2 batches: 1/(2*4), 1/(2*4), 1/(2*2)
+    assert token_scales([1, 3, 2], "bnpo", batch_size=2).tolist() == pytest.approx(
+        [1 / 8, 1 / 8, 1 / 4]
+    )
+    # one batch (0 or at least G): token_mean, in token_mean's exact form
+    for size in (0, 3, 7):
+        assert sequence_weights([1, 3, 2], "bnpo", batch_size=size) == (
+            pytest.approx([1.0, 1.0, 1.0]),
+            6.0,
+        )
+    # batches of one completion: GRPO's per-completion mean
+    assert token_scales([1, 3, 2], "bnpo", batch_size=1).tolist() == pytest.approx(
+        token_scales([1, 3, 2], "seq_mean_token_mean").tolist()
+    )
+    # a batch without trained tokens counts 1, as TRL clamps it (its loss is 0 anyway)
+    assert token_scales([0, 0, 5], "bnpo", batch_size=2).tolist() == pytest.approx(
+        [1 / 2, 1 / 2, 1 / 10]
+    )
 
 
 def test_numpy_clip_mask_matches_the_torch_statistics():
@@ -343,15 +374,36 @@ def test_local_supports_every_option_and_tinker_what_its_service_computes():
     tinker = BACKENDS.entry("tinker").capabilities.loss_options
     assert set(local) == {
         "ppo_clip",
+        "gspo",
+        "cispo",
+        "sapo",
+        "vespo",
+        "clip_cov",
+        "kl_cov",
         "dual_clip",
+        "sequence_ratio",
         "adv_clip",
         "seq_mean_token_sum",
         "seq_mean_token_mean",
+        "seq_mean_token_sum_norm",
+        "bnpo",
         "kl",
         "tis",
+        "mis",
+        "sequence_is",
         "user_objective",  # a dotted-path policy_loss
     }
-    assert set(tinker) == {"ppo_clip", "adv_clip", "seq_mean_token_sum", "seq_mean_token_mean"}
+    # the service's ppo and cispo losses; every aggregation is a rescaling of A
+    assert set(tinker) == {
+        "ppo_clip",
+        "cispo",
+        "adv_clip",
+        "seq_mean_token_sum",
+        "seq_mean_token_mean",
+        "seq_mean_token_sum_norm",
+        "bnpo",
+    }
+    assert BACKENDS.entry("prime_rl").capabilities.loss_options == ()
 
 
 def test_a_backend_without_the_option_is_refused_generically():
@@ -369,6 +421,194 @@ def test_a_backend_without_the_option_is_refused_generically():
         "[training] kl_coef"
     ]
     assert flow_problems(config_from_dict({}), BackendCapabilities(), token_varying=False) == []
+
+
+def test_the_new_keys_reach_the_train_hyper_and_name_their_options():
+    from retrain.build import train_hyper
+
+    raw = {
+        "training": {
+            "policy_loss": "sapo",
+            "ratio_level": "sequence",
+            "sapo_tau_pos": 2.0,
+            "sapo_tau_neg": 3.0,
+            "loss_agg": "bnpo",
+            "bnpo_batch_size": 4,
+            "max_tokens": 64,
+            "is_correction": "mask",
+            "is_level": "geometric",
+            "is_low": 0.9,
+            "is_high": 1.1,
+        }
+    }
+    config = config_from_dict(raw)
+    hyper = train_hyper(config)
+    assert (hyper.policy_loss, hyper.ratio_level) == ("sapo", "sequence")
+    assert (hyper.sapo_tau_pos, hyper.sapo_tau_neg) == (2.0, 3.0)
+    assert (hyper.loss_agg, hyper.bnpo_batch_size, hyper.max_tokens) == ("bnpo", 4, 64)
+    assert (hyper.is_correction, hyper.is_level, hyper.is_low, hyper.is_high) == (
+        "mask",
+        "geometric",
+        0.9,
+        1.1,
+    )
+    assert loss_options_used(config) == [
+        ("[training] policy_loss", "sapo"),
+        ("[training] ratio_level", "sequence_ratio"),
+        ("[training] loss_agg", "bnpo"),
+        ("[training] is_correction", "mis"),
+        ("[training] is_level", "sequence_is"),
+    ]
+    for policy_loss, keys in {
+        "vespo": dict(vespo_k_pos=1.0, vespo_lambda_pos=2.0, vespo_k_neg=0.5, vespo_lambda_neg=4.0),
+        "clip_cov": dict(clip_cov_fraction=0.01, clip_cov_lb=0.5, clip_cov_ub=2.0),
+        "kl_cov": dict(kl_cov_fraction=0.002, kl_cov_beta=0.3),
+    }.items():
+        hyper = train_hyper(config_from_dict({"training": {"policy_loss": policy_loss, **keys}}))
+        assert {k: getattr(hyper, k) for k in keys} == keys
+    gspo = config_from_dict({"training": {"policy_loss": "gspo", "clip_ratio_c": 3.0}})
+    assert loss_options_used(gspo) == [
+        ("[training] policy_loss", "gspo"),
+        ("[training] clip_ratio_c", "dual_clip"),
+    ]
+    tis = config_from_dict({"training": {"is_correction": "truncate", "is_high": 3.0}})
+    assert loss_options_used(tis) == [("[training] is_correction", "tis")]
+
+
+def test_tis_cap_stays_the_spelling_of_token_truncation():
+    """An old config with tis_cap loads as before; the new keys spell the same loss."""
+    from retrain.build import train_hyper
+
+    old = train_hyper(config_from_dict({"training": {"tis_cap": 2.0}}))
+    new = train_hyper(config_from_dict({"training": {"is_correction": "truncate", "is_high": 2.0}}))
+    seqs = random_batch(random.Random(4), spread=0.8)
+    a, b = (
+        run_objective(seqs, replace(BASE, **_loss_keys(old))),
+        run_objective(seqs, replace(BASE, **_loss_keys(new))),
+    )
+    assert a[0] == pytest.approx(b[0], rel=1e-12) and a[0] != run_objective(seqs, BASE)[0]
+    assert a[2].metrics() == pytest.approx(b[2].metrics())
+    assert a[2].metrics()["tis_truncated_fraction"] > 0
+
+
+def _loss_keys(hyper):
+    return {k: getattr(hyper, k) for k in ("tis_cap", "is_correction", "is_level", "is_high")}
+
+
+@pytest.mark.parametrize(
+    ("training", "key", "says"),
+    [
+        (
+            {"policy_loss": "ppo_clip", "ratio_level": "sequence"},
+            "ratio_level",
+            'policy_loss = "gspo"',
+        ),
+        (
+            {"policy_loss": "is", "sapo_tau_pos": 2.0},
+            "sapo_tau_pos",
+            'only used with policy_loss = "sapo"',
+        ),
+        ({"policy_loss": "sapo", "clip_eps_high": 0.3}, "clip_eps_high", "only used with"),
+        ({"policy_loss": "cispo", "clip_ratio_c": 2.0}, "clip_ratio_c", '"ppo_clip" / "gspo"'),
+        ({"policy_loss": "gspo", "kl_cov_beta": 0.5}, "kl_cov_beta", '"kl_cov"'),
+        ({"policy_loss": "vespo", "clip_cov_lb": 0.0}, "clip_cov_lb", '"clip_cov"'),
+        ({"policy_loss": "clip_cov", "clip_cov_lb": 5.0}, "clip_cov_lb", "below clip_cov_ub"),
+        ({"bnpo_batch_size": 4}, "bnpo_batch_size", 'only used with loss_agg = "bnpo"'),
+        ({"is_level": "sequence"}, "is_level", 'only used with is_correction = "truncate"'),
+        ({"is_high": 3.0}, "is_high", "only used with is_correction"),
+        ({"tis_cap": 2.0, "is_correction": "mask"}, "tis_cap", "short spelling"),
+        (
+            {"policy_loss": "gspo", "is_correction": "truncate", "is_level": "sequence"},
+            "is_level",
+            "already weighs by a sequence ratio",
+        ),
+        ({"is_correction": "mask", "is_low": 1.0}, "is_low", "must be below 1"),
+        ({"is_correction": "mask", "is_high": 1.0}, "is_high", "[training] is_high"),
+        ({"is_correction": "clip"}, "is_correction", "[training] is_correction"),
+        ({"ratio_level": "word"}, "ratio_level", "[training] ratio_level"),
+        ({"loss_agg": "bnpo_global"}, "loss_agg", "[training] loss_agg"),
+    ],
+)
+def test_misused_new_loss_keys_are_config_errors(training, key, says):
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"training": training})
+    problem = next(p for p in info.value.problems if p.startswith(f"[training] {key}"))
+    assert says in problem
+
+
+def test_the_new_loss_keys_load_with_their_own_objectives():
+    for training in (
+        {"policy_loss": "gspo", "clip_eps": 0.0003, "clip_eps_high": 0.0004, "clip_ratio_c": 3.0},
+        {"policy_loss": "cispo", "clip_eps": 1.0, "clip_eps_high": 4.0, "ratio_level": "sequence"},
+        {"policy_loss": "sapo", "sapo_tau_neg": 2.0, "loss_agg": "seq_mean_token_mean"},
+        {"policy_loss": "clip_cov", "clip_cov_fraction": 0.001, "clip_eps_high": 0.28},
+        {"loss_agg": "seq_mean_token_sum_norm", "max_tokens": 512},
+        {"is_correction": "truncate", "is_level": "sequence", "is_low": 0.5, "is_high": 4.0},
+        {"policy_loss": "gspo", "is_correction": "mask", "is_level": "geometric"},
+        {"policy_loss": "my_losses.fn", "sapo_tau_pos": 3.0, "ratio_level": "sequence"},
+    ):
+        config_from_dict({"training": training})
+
+
+@pytest.mark.parametrize(
+    ("training", "option"),
+    [
+        ({"policy_loss": "gspo"}, "gspo"),
+        ({"policy_loss": "sapo"}, "sapo"),
+        ({"policy_loss": "vespo"}, "vespo"),
+        ({"policy_loss": "clip_cov"}, "clip_cov"),
+        ({"policy_loss": "kl_cov"}, "kl_cov"),
+        ({"policy_loss": "cispo", "ratio_level": "sequence"}, "sequence_ratio"),
+        ({"tis_cap": 2.0}, "tis"),
+        ({"is_correction": "truncate"}, "tis"),
+        ({"is_correction": "mask"}, "mis"),
+    ],
+)
+def test_tinker_refuses_what_its_service_lacks_when_the_config_loads(training, option):
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"backend": {"backend": "tinker"}, "training": training})
+    assert f"does not implement the loss option {option!r}" in str(info.value)
+    with pytest.raises(ConfigError, match=f"loss option {option!r}"):
+        config_from_dict({"backend": {"backend": "prime_rl"}, "training": training})
+
+
+def test_tinker_takes_cispo_and_every_aggregation():
+    for training in (
+        {"policy_loss": "cispo", "clip_eps": 1.0, "clip_eps_high": 4.0},
+        {"loss_agg": "seq_mean_token_sum_norm"},
+        {"loss_agg": "bnpo", "bnpo_batch_size": 8},
+    ):
+        config_from_dict({"backend": {"backend": "tinker"}, "training": training})
+
+
+def test_explain_names_the_objective_and_the_correction():
+    from retrain.cli.explain import objective_summary
+
+    line = objective_summary(
+        config_from_dict(
+            {
+                "training": {
+                    "policy_loss": "gspo",
+                    "clip_eps": 0.0003,
+                    "clip_eps_high": 0.0004,
+                    "loss_agg": "bnpo",
+                    "bnpo_batch_size": 4,
+                    "is_correction": "mask",
+                    "is_level": "geometric",
+                    "is_low": 0.99,
+                    "is_high": 1.01,
+                }
+            }
+        )
+    )
+    assert line.startswith("gspo (sequence ratio clipped to [0.9997, 1.0004])")
+    assert "agg bnpo (local batches of 4 completions)" in line
+    assert "IS weight mask to [0.99, 1.01] (geometric)" in line
+    tis = objective_summary(config_from_dict({"training": {"tis_cap": 2.0}}))
+    assert "IS weight truncated at 2 (token)" in tis
+    for name in ("cispo", "sapo", "vespo", "clip_cov", "kl_cov"):
+        line = objective_summary(config_from_dict({"training": {"policy_loss": name}}))
+        assert line.startswith(f"{name} (")
 
 
 def test_tinker_refuses_kl_and_dual_clip_when_the_config_loads():
@@ -421,6 +661,9 @@ def _service_loss(loss_fn, config, inputs, train_logprobs):
     if loss_fn == "importance_sampling":
         return float(-(r * adv).sum())
     bounded = np.clip(r, config["clip_low_threshold"], config["clip_high_threshold"])
+    if loss_fn == "cispo":  # sg(clip(r)) * target_logprobs * A, negated and summed
+        return float(-(bounded * train_logprobs * adv).sum())
+    assert loss_fn == "ppo"
     return float(-np.minimum(r * adv, bounded * adv).sum())
 
 
@@ -431,10 +674,12 @@ def _service_loss(loss_fn, config, inputs, train_logprobs):
         dict(),
         dict(adv_clip_max=0.7),
         dict(policy_loss="ppo_clip", clip_eps=0.15, clip_eps_high=0.3),
+        dict(policy_loss="cispo", clip_eps=0.15, clip_eps_high=0.3),
+        dict(policy_loss="cispo", clip_eps=1.0, clip_eps_high=0.2, adv_clip_max=0.9),
     ],
 )
 def test_tinker_service_losses_equal_the_local_objective(options, loss_agg):
-    from retrain.backends.tinker import build_tinker_datum, loss_request
+    from retrain.backends.tinker import advantage_scales, build_tinker_datum, loss_request
     from retrain.types import Datum
 
     hyper = replace(BASE, loss_agg=loss_agg, **options)
@@ -444,7 +689,7 @@ def test_tinker_service_losses_equal_the_local_objective(options, loss_agg):
         for lp, old, adv, _ in random_batch(random.Random(17), n=6, spread=0.4, with_ref=False)
     ]
     datums = [Datum([1, 2, 3], list(range(4, 4 + len(lp))), old, adv) for lp, old, adv, _ in seqs]
-    scales = token_scales([len(s[0]) for s in seqs], loss_agg)
+    scales = advantage_scales(datums, hyper)
     loss_fn, config = loss_request(hyper)
     service = 0.0
     for d, s, (lp, *_rest) in zip(datums, scales, seqs, strict=True):
@@ -453,13 +698,36 @@ def test_tinker_service_losses_equal_the_local_objective(options, loss_agg):
         service += _service_loss(loss_fn, config, td.loss_fn_inputs, train)
     local, _, _ = run_objective(seqs, hyper)
     assert service == pytest.approx(local, rel=1e-6)
-    if hyper.policy_loss == "ppo_clip":
-        assert (loss_fn, config) == (
-            "ppo",
-            {"clip_low_threshold": 0.85, "clip_high_threshold": 1.3},
-        )
-    else:
+    if hyper.policy_loss == "is":
         assert (loss_fn, config) == ("importance_sampling", None)
+    else:
+        assert loss_fn == {"ppo_clip": "ppo", "cispo": "cispo"}[hyper.policy_loss]
+        assert config == {
+            "clip_low_threshold": pytest.approx(1 - hyper.clip_eps),
+            "clip_high_threshold": pytest.approx(1 + hyper.clip_eps_high),
+        }
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(kl_coef=0.1),
+        dict(clip_ratio_c=2.0, policy_loss="ppo_clip"),
+        dict(tis_cap=2.0),
+        dict(is_correction="mask"),
+        dict(policy_loss="cispo", ratio_level="sequence"),
+        dict(policy_loss="gspo"),
+        dict(policy_loss="sapo"),
+    ],
+)
+def test_tinker_refuses_what_its_service_cannot_compute(options):
+    """A hyper built past config validation (a caller driving the backend directly)
+    still gets no silent substitute."""
+    from retrain.backends.tinker import loss_request
+    from retrain.errors import BackendError
+
+    with pytest.raises(BackendError, match="the Tinker service has no loss for"):
+        loss_request(replace(BASE, **options))
 
 
 def test_tinker_train_step_sends_the_ppo_loss_and_reports_clip_fraction():

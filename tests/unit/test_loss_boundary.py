@@ -16,7 +16,13 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from reference_loss import ref_kl, ref_objective, ref_token  # tests/unit: the plain reference
+from reference_loss import (  # tests/unit: the plain reference
+    ref_completion,
+    ref_kl,
+    ref_objective,
+    ref_selection,
+    ref_token,
+)
 
 from retrain import registry
 from retrain.cli.explain import objective_summary
@@ -29,13 +35,20 @@ from retrain.loss import (
     LossFn,
     LossInputs,
     LossStats,
+    StepTokens,
+    covariance_selection,
+    needs_selection,
     resolve_objective,
-    sequence_weights,
+    step_weights,
 )
 from retrain.loss import objectives as builtin
 from retrain.types import LOSS_OPTIONS, USER_OBJECTIVE, TrainHyper
 
-BASE = TrainHyper(lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8)
+# max_tokens: seq_mean_token_sum_norm's constant; bnpo_batch_size: bnpo's local batches
+# of 2 completions (the micro-batches below cut one of them in two)
+BASE = TrainHyper(
+    lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8, max_tokens=12, bnpo_batch_size=2
+)
 MANUAL = Path(__file__).resolve().parents[2] / "retrain" / "manual" / "loss.md"
 
 # ---------------------------------------------------------------- helpers
@@ -79,38 +92,64 @@ def tensors(seqs, masks, dtype=torch.float64):
     return (*out, mask)
 
 
-def fast(seqs, masks, hyper, loss_fn=None, dtype=torch.float64, chunks=None):
-    """The composed loss over the step, in micro-batches as the local backend splits it:
-    (loss, per-token grads, LossStats)."""
+def step_picks(seqs, masks, hyper, seed=0):
+    """The covariance selection over the whole step (the local backend's pre-pass, here
+    with the trainer's logprobs = the seqs' logp), per completion; None when the objective
+    selects nothing."""
+    if not needs_selection(hyper.policy_loss):
+        return None
+    step = [
+        StepTokens(np.asarray(lp), np.asarray(old), np.asarray(adv), np.asarray(m))
+        for (lp, old, adv, _), m in zip(seqs, masks, strict=True)
+    ]
+    return covariance_selection(step, hyper, np.random.default_rng(seed))
+
+
+def fast(seqs, masks, hyper, loss_fn=None, dtype=torch.float64, chunks=None, seed=0):
+    """The composed loss over the step, in micro-batches as the local backend splits it
+    (the covariance selection made once for the step first): (loss, per-token grads,
+    LossStats)."""
     loss_fn = loss_fn or resolve_objective(hyper.policy_loss)
-    weights, denominator = sequence_weights([sum(m) for m in masks], hyper.loss_agg)
+    weights, denominator = step_weights([sum(m) for m in masks], hyper)
+    picks = step_picks(seqs, masks, hyper, seed)
     total, grads, stats, start = 0.0, [], LossStats(), 0
     for size in chunks or [len(seqs)]:
-        logp, old, adv, ref, mask = tensors(
-            seqs[start : start + size], masks[start : start + size], dtype
-        )
+        part = slice(start, start + size)
+        logp, old, adv, ref, mask = tensors(seqs[part], masks[part], dtype)
         logp.requires_grad_(True)
         seq_w = None
         if hyper.loss_agg != "token_mean":
-            seq_w = torch.from_numpy(weights[start : start + size]).to(dtype)
-        inputs = LossInputs(logp, old, adv, mask, denominator, seq_w, ref)
+            seq_w = torch.from_numpy(weights[part]).to(dtype)
+        selected = None
+        if picks is not None:
+            selected = torch.zeros_like(mask)
+            for i, p in enumerate(picks[part]):
+                selected[i, : len(p)] = torch.from_numpy(p)
+        inputs = LossInputs(logp, old, adv, mask, denominator, seq_w, ref, selected)
         out = loss_fn(inputs, hyper)
         out.loss.backward()
         total += float(out.loss.detach())
         stats.add(out.stats)
-        grads += [
-            logp.grad[i, : len(s[0])].tolist() for i, s in enumerate(seqs[start : start + size])
-        ]
+        grads += [logp.grad[i, : len(s[0])].tolist() for i, s in enumerate(seqs[part])]
         start += size
     return total, grads, stats
 
 
+def reference(seqs, masks, hyper, seed=0):
+    """The plain reference of the same step (its own covariance selection, same draw)."""
+    picks = None
+    if needs_selection(hyper.policy_loss):
+        picks = ref_selection(seqs, masks, hyper, seed=seed)
+    return ref_objective(seqs, hyper, masks, picks)
+
+
+CLIP = dict(clip_eps=0.15, clip_eps_high=0.28)
 OPTIONS = [
     dict(),
     dict(adv_clip_max=0.7),
     dict(tis_cap=1.3),
     dict(policy_loss="ppo_clip"),
-    dict(policy_loss="ppo_clip", clip_eps=0.15, clip_eps_high=0.28),
+    dict(policy_loss="ppo_clip", **CLIP),
     dict(policy_loss="ppo_clip", clip_eps=0.1, clip_eps_high=0.3, clip_ratio_c=1.5),
     dict(policy_loss="ppo_clip", clip_ratio_c=2.0, adv_clip_max=1.0, tis_cap=1.5),
     *(dict(kl_coef=0.07, kl_estimator=k) for k in KL_ESTIMATORS),
@@ -118,6 +157,28 @@ OPTIONS = [
         dict(policy_loss="ppo_clip", clip_ratio_c=3.0, tis_cap=2.0, kl_coef=0.1, kl_estimator=k)
         for k in KL_ESTIMATORS
     ),
+    dict(policy_loss="gspo", **CLIP),
+    dict(policy_loss="gspo", clip_eps=0.05, clip_eps_high=0.1, clip_ratio_c=1.2),
+    dict(policy_loss="cispo", **CLIP),
+    dict(policy_loss="cispo", clip_eps=1.0, clip_eps_high=0.5, adv_clip_max=1.0),
+    dict(policy_loss="cispo", ratio_level="sequence", clip_eps=0.1, clip_eps_high=0.2),
+    dict(policy_loss="sapo"),
+    dict(policy_loss="sapo", sapo_tau_pos=2.0, sapo_tau_neg=4.0, kl_coef=0.05),
+    dict(policy_loss="sapo", ratio_level="sequence"),
+    dict(policy_loss="vespo"),
+    dict(policy_loss="vespo", vespo_k_pos=1.0, vespo_lambda_pos=0.5, vespo_k_neg=4.0),
+    dict(policy_loss="clip_cov", clip_cov_fraction=0.2, clip_cov_lb=0.05, clip_cov_ub=3.0, **CLIP),
+    dict(policy_loss="clip_cov", clip_cov_fraction=0.5, clip_cov_lb=-1.0, clip_cov_ub=0.5),
+    dict(policy_loss="kl_cov", kl_cov_fraction=0.2, kl_cov_beta=0.5),
+    dict(policy_loss="kl_cov", kl_cov_fraction=0.01, kl_coef=0.05, kl_estimator="k2"),
+    dict(is_correction="truncate", is_low=0.5, is_high=1.5),
+    dict(is_correction="truncate", is_level="sequence", is_high=3.0),
+    dict(policy_loss="ppo_clip", is_correction="truncate", is_level="geometric", is_high=1.2),
+    dict(is_correction="mask", is_low=0.6, is_high=1.6),
+    dict(policy_loss="ppo_clip", is_correction="mask", is_level="sequence", is_low=0.3),
+    dict(is_correction="mask", is_level="geometric", is_low=0.8, is_high=1.25, kl_coef=0.05),
+    dict(policy_loss="gspo", is_correction="mask", is_level="geometric", is_low=0.9),
+    dict(policy_loss="cispo", is_correction="truncate", is_high=1.5, **CLIP),
 ]
 
 # ---------------------------------------------------------------- against the reference
@@ -125,26 +186,73 @@ OPTIONS = [
 
 @pytest.mark.parametrize(("options", "loss_agg"), list(itertools.product(OPTIONS, LOSS_AGGS)))
 def test_composed_loss_matches_the_per_token_reference(options, loss_agg):
-    """Loss, d loss / d logp of every token (0 off the mask), clip, KL and truncation
-    statistics, on masked ragged batches split into micro-batches."""
+    """Loss, d loss / d logp of every token (0 off the mask), clip, KL, mismatch,
+    truncation and masking statistics, on masked ragged batches split into micro-batches."""
     hyper = replace(BASE, loss_agg=loss_agg, **options)
     for seed in range(3):
         seqs, masks = random_step(seed)
-        want = ref_objective(seqs, hyper, masks)
-        loss, grads, stats = fast(seqs, masks, hyper, chunks=[2, 3, 1])
+        want = reference(seqs, masks, hyper, seed)
+        loss, grads, stats = fast(seqs, masks, hyper, chunks=[2, 3, 1], seed=seed)
         assert loss == pytest.approx(want.loss, rel=1e-10, abs=1e-12)
         for g, w in zip(grads, want.grads, strict=True):
             assert g == pytest.approx(w, rel=1e-9, abs=1e-12)
         metrics = stats.metrics()
         assert metrics["clip_fraction"] == pytest.approx(want.clip_fraction)
-        for key, value in (
-            ("kl_mean", want.kl_mean),
-            ("tis_truncated_fraction", want.truncated_fraction),
-        ):
-            if value is None:  # the option is off: no metric
-                assert key not in metrics
-            else:
-                assert metrics[key] == pytest.approx(value, rel=1e-10)
+        assert metrics["mismatch_kl"] == pytest.approx(want.mismatch_kl, rel=1e-10)
+        assert metrics["is_truncated_fraction"] == pytest.approx(want.truncated_fraction)
+        assert metrics["is_masked_fraction"] == pytest.approx(want.masked_fraction)
+        if want.kl_mean is None:  # the option is off: no metric
+            assert "kl_mean" not in metrics
+        else:
+            assert metrics["kl_mean"] == pytest.approx(want.kl_mean, rel=1e-10)
+        token_truncation = hyper.tis_cap > 0 or (
+            hyper.is_correction == "truncate" and hyper.is_level == "token"
+        )
+        assert ("tis_truncated_fraction" in metrics) == token_truncation
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("loss_agg", ["seq_mean_token_mean", "bnpo"])
+def test_the_split_never_changes_the_step(options, loss_agg):
+    """One completion per micro-batch, or all in one: the same loss, gradients and
+    metrics (the covariance selection, bnpo's local batches and the sequence-level
+    corrections are step-wide or per completion, never per micro-batch)."""
+    hyper = replace(BASE, loss_agg=loss_agg, **options)
+    seqs, masks = random_step(11, n=7)
+    whole = fast(seqs, masks, hyper, seed=3)
+    for chunks in ([1] * 7, [3, 4], [2, 2, 2, 1]):
+        loss, grads, stats = fast(seqs, masks, hyper, chunks=chunks, seed=3)
+        assert loss == pytest.approx(whole[0], rel=1e-12, abs=1e-14)
+        for a, b in zip(grads, whole[1], strict=True):
+            assert a == pytest.approx(b, rel=1e-12, abs=1e-15)
+        assert stats.metrics() == pytest.approx(whole[2].metrics(), rel=1e-12)
+
+
+def test_the_options_reach_every_branch_of_the_new_losses():
+    """The random steps above exercise what the comparison is about: clipped sequences
+    (gspo), clamped weights at both ends (cispo), selected tokens (clip_cov, kl_cov),
+    truncated and masked tokens at every level."""
+    seen = {}
+    for options in OPTIONS:
+        hyper = replace(BASE, **options)
+        for seed in range(3):
+            seqs, masks = random_step(seed)
+            want = reference(seqs, masks, hyper, seed)
+            key = tuple(sorted(options.items()))
+            seen[key] = [
+                max(seen.get(key, [0, 0, 0])[j], v)
+                for j, v in enumerate(
+                    (want.clip_fraction, want.truncated_fraction, want.masked_fraction)
+                )
+            ]
+    for options in OPTIONS:
+        clip, truncated, masked = seen[tuple(sorted(options.items()))]
+        if options.get("policy_loss") in ("gspo", "cispo", "clip_cov"):
+            assert 0 < clip < 1, options
+        if options.get("is_correction") == "truncate":
+            assert 0 < truncated < 1, options
+        if options.get("is_correction") == "mask":
+            assert 0 < masked < 1, options
 
 
 def test_the_random_batches_reach_every_branch():
@@ -172,20 +280,26 @@ def test_the_random_batches_reach_every_branch():
         min_size=1,
         max_size=12,
     ),
-    st.sampled_from(["is", "ppo_clip"]),
+    st.sampled_from(["is", "ppo_clip", "gspo", "cispo", "sapo", "vespo"]),
     st.sampled_from(LOSS_AGGS),
+    st.sampled_from(["tis", "sequence_truncate", "geometric_mask"]),
 )
-def test_one_completion_matches_the_reference(tokens, policy_loss, loss_agg):
+def test_one_completion_matches_the_reference(tokens, policy_loss, loss_agg, correction):
     """Any single completion (logp, log ratio, advantage, log ratio to the reference)
     under every option at once."""
+    corrections = {
+        "tis": dict(tis_cap=1.8),
+        "sequence_truncate": dict(is_correction="truncate", is_level="sequence", is_high=2.5),
+        "geometric_mask": dict(is_correction="mask", is_level="geometric", is_low=0.7),
+    }
     hyper = replace(
         BASE,
         policy_loss=policy_loss,
         loss_agg=loss_agg,
-        clip_ratio_c=2.5 if policy_loss == "ppo_clip" else 0.0,
+        clip_ratio_c=2.5 if policy_loss in ("ppo_clip", "gspo") else 0.0,
         adv_clip_max=2.0,
-        tis_cap=1.8,
         kl_coef=0.05,
+        **corrections[correction],
     )
     lp = [t[0] for t in tokens]
     seqs = [
@@ -208,7 +322,14 @@ def test_the_reference_gradients_are_the_derivatives_of_its_losses():
     d loss / d logp (away from the clip boundaries, where the loss has a kink)."""
     rng = np.random.default_rng(4)
     checked = 0
-    for options in OPTIONS:
+    smooth = [  # token-level losses without a detached weight or a selection
+        o
+        for o in OPTIONS
+        if o.get("policy_loss", "is") in ("is", "ppo_clip", "sapo")
+        and o.get("ratio_level", "token") == "token"
+        and "is_correction" not in o
+    ]
+    for options in smooth:
         hyper = replace(BASE, **options)
         for _ in range(30):
             lp, shift, a, d_ref = (
@@ -236,6 +357,58 @@ def test_the_reference_gradients_are_the_derivatives_of_its_losses():
     assert checked > 300
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(policy_loss="gspo", clip_eps=0.5, clip_eps_high=0.5),
+        dict(policy_loss="gspo", clip_eps=0.5, clip_eps_high=0.5, clip_ratio_c=1.3),
+        dict(policy_loss="sapo", ratio_level="sequence"),
+        dict(policy_loss="sapo", ratio_level="sequence", sapo_tau_pos=3.0, sapo_tau_neg=0.5),
+    ],
+)
+@pytest.mark.parametrize("loss_agg", LOSS_AGGS)
+def test_the_sequence_ratio_gradient_is_gspos(options, loss_agg):
+    """With the advantage constant over each completion, GSPO-token's straight-through
+    gradient (the reference's, and the fast path's) is the derivative of GSPO's
+    sequence objective: central differences of the aggregated loss, s_i recomputed from
+    the perturbed logprobs, equal it token by token (away from the clip's kinks)."""
+    hyper = replace(BASE, loss_agg=loss_agg, **options)
+    rng = np.random.default_rng(9)
+    checked = 0
+    for _ in range(8):
+        seqs, masks = random_step(int(rng.integers(1000)), spread=0.3)
+        seqs = [(lp, old, [adv[-1]] * len(adv), ref) for lp, old, adv, ref in seqs]
+        want = ref_objective(seqs, hyper, masks)
+        _, grads, _ = fast(seqs, masks, hyper, chunks=[1] * len(seqs))
+        for i, (lp, old, adv, ref) in enumerate(seqs):
+            for t in range(len(lp)):
+                if not masks[i][t]:
+                    continue
+                h = 1e-6
+                bumped = [list(s[0]) for s in seqs]
+                values = []
+                for step in (h, -h):
+                    bumped[i][t] = lp[t] + step
+                    moved = [(b, *s[1:]) for b, s in zip(bumped, seqs)]
+                    values.append(ref_objective(moved, hyper, masks).loss)
+                numeric = (values[0] - values[1]) / (2 * h)
+                kink = (
+                    any(
+                        tok is not None and tok.clipped
+                        for tok in ref_completion(
+                            lp, old, adv, ref, masks[i], hyper, [False] * len(lp)
+                        )
+                    )
+                    and abs(numeric) > 0
+                )
+                if kink:
+                    continue
+                assert want.grads[i][t] == pytest.approx(numeric, rel=1e-5, abs=1e-8)
+                assert grads[i][t] == pytest.approx(numeric, rel=1e-5, abs=1e-8)
+                checked += 1
+    assert checked > 100
+
+
 # ---------------------------------------------------------------- hand-worked values
 
 
@@ -261,12 +434,12 @@ def test_ppo_clip_by_hand():
     loss, grads, stats = fast(seqs, masks, hyper)
     assert loss == pytest.approx(0.15)
     assert grads == [pytest.approx([0.0, 0.0]), pytest.approx([-0.5, 0.75])]
-    assert stats.metrics() == {"clip_fraction": 0.5}
+    assert stats.metrics()["clip_fraction"] == 0.5
     # dual clip c = 1.5 bounds token 4's loss by -c A = 1.5 (and stops its gradient)
     dual, grads, stats = fast(seqs, masks, replace(hyper, clip_ratio_c=1.5))
     assert dual == pytest.approx((-1.2 + 0.8 - 2 + 1.5) / 4)
     assert grads == [pytest.approx([0.0, 0.0]), pytest.approx([-0.5, 0.0])]
-    assert stats.metrics() == {"clip_fraction": 0.75}
+    assert stats.metrics()["clip_fraction"] == 0.75
 
 
 def test_is_tis_and_k3_by_hand():
@@ -291,15 +464,209 @@ def test_is_tis_and_k3_by_hand():
     assert [ref_kl(d, "k3")[0] for d in ds] == pytest.approx(k3)
 
 
+def _constant_advantage_batch():
+    """Completion 1: r = 1.5, 0.5 with A = 1; completion 2: r = 1, 3 with A = -1 (GSPO's
+    case: one advantage per completion). Sampler logprobs 0, so logp = log r."""
+    seqs, masks = _hand_batch()
+    return [
+        (seqs[0][0], seqs[0][1], [1.0, 1.0], seqs[0][3]),
+        (*seqs[1][:2], [-1.0, -1.0], seqs[1][3]),
+    ], masks
+
+
+def test_gspo_by_hand():
+    """s_1 = sqrt(1.5 * 0.5) = 0.8660 (in [0.8, 1.2]: unclipped), s_2 = sqrt(3) = 1.7321
+    (A = -1: min(-1.7321, -1.2) = -1.7321, unclipped). Per token l = -s A, gradient -s A
+    on each token; GRPO's mean (1/4 per token):
+    loss = (2 * -0.8660 + 2 * 1.7321) / 4, grads -0.8660/4 and +1.7321/4.
+    Dual clip c = 1.5 bounds completion 2 at -c A = 1.5, without gradient."""
+    seqs, masks = _constant_advantage_batch()
+    s1, s2 = math.sqrt(0.75), math.sqrt(3.0)
+    hyper = replace(BASE, policy_loss="gspo", loss_agg="seq_mean_token_mean")
+    loss, grads, stats = fast(seqs, masks, hyper)
+    assert loss == pytest.approx((-2 * s1 + 2 * s2) / 4)
+    assert grads == [pytest.approx([-s1 / 4] * 2), pytest.approx([s2 / 4] * 2)]
+    assert stats.metrics()["clip_fraction"] == 0.0
+    dual, grads, stats = fast(seqs, masks, replace(hyper, clip_ratio_c=1.5))
+    assert dual == pytest.approx((-2 * s1 + 2 * 1.5) / 4)
+    assert grads[1] == pytest.approx([0.0, 0.0])
+    assert stats.metrics()["clip_fraction"] == 0.5
+    # clip_eps_high 0.1 leaves completion 1 (s < 1) alone; a positive completion with
+    # s = 1.2247 above 1.1 is clipped whole: both tokens constant
+    up = [([math.log(1.5), 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0])]
+    loss, grads, stats = fast(up, [[True, True]], replace(hyper, clip_eps_high=0.1))
+    assert loss == pytest.approx(-1.1)
+    assert grads == [pytest.approx([0.0, 0.0])] and stats.metrics()["clip_fraction"] == 1.0
+
+
+def test_cispo_sapo_and_vespo_by_hand():
+    """On _hand_batch, token_mean (1/4 per token), logp = log r:
+    cispo, clip [0.8, 1.28]: weights 1.28 (r 1.5), 0.8 (r 0.5), 1 (r 1), 1.28 (r 3);
+        l = -w A logp, gradient -w A: 1.28 * -1, 0.8 * 1, 1 * -2, 1.28 * 1;
+    sapo, tau 1 / 1.05: r = 1 gives f = 2 / tau and gradient exactly -A (f'(1) = 1);
+    vespo: completion 2 has w = 1 * 3 = 3; A = 2 >= 0 (k 2, lambda 3): phi = 9 e^-6."""
+    seqs, masks = _hand_batch()
+    cispo = replace(BASE, policy_loss="cispo", clip_eps=0.2, clip_eps_high=0.28)
+    loss, grads, stats = fast(seqs, masks, cispo)
+    logp = [math.log(1.5), math.log(0.5), 0.0, math.log(3.0)]
+    w, adv = [1.28, 0.8, 1.0, 1.28], [1.0, -1.0, 2.0, -1.0]
+    assert loss == pytest.approx(sum(-wi * a * lp for wi, a, lp in zip(w, adv, logp)) / 4)
+    assert grads == [pytest.approx([-1.28 / 4, 0.8 / 4]), pytest.approx([-2 / 4, 1.28 / 4])]
+    assert stats.metrics()["clip_fraction"] == 0.75  # r = 1 alone is inside the band
+    sapo = replace(BASE, policy_loss="sapo")
+    _, grads, _ = fast(seqs, masks, sapo)
+    assert grads[1][0] == pytest.approx(-2.0 / 4)  # r = 1, A = 2
+    g = 1 / (1 + math.exp(-0.5))  # r = 1.5, A = 1, tau = 1: sigmoid(0.5)
+    assert grads[0][0] == pytest.approx(-4 * g * (1 - g) * 1.5 / 4)
+    # no lower bound (clip_eps = 1, as MiniMax-M1): r = 0.5 keeps its weight 0.5
+    _, grads, _ = fast(seqs, masks, replace(cispo, clip_eps=1.0))
+    assert grads[0][1] == pytest.approx(0.5 / 4)
+    vespo = replace(BASE, policy_loss="vespo")
+    _, grads, _ = fast(seqs, masks, vespo)
+
+    def phi(w, k, lam):
+        return w**k * math.exp(lam * (1 - w))
+
+    # completion 1: w = 1.5 * 0.5; A = 1 (k 2, lambda 3) and A = -1 (k 3, lambda 2)
+    assert grads[0] == pytest.approx([-phi(0.75, 2, 3) / 4, phi(0.75, 3, 2) / 4])
+    assert grads[1] == pytest.approx([-phi(3.0, 2, 3) * 2 / 4, phi(3.0, 3, 2) / 4])
+    assert phi(1.0, 2, 3) == 1.0  # an on-policy sequence keeps the plain gradient
+
+
+def _covariance_step():
+    """One completion, logp [-0.1, -0.2, -3, -2], A [2, 2, -1, -1]: mean logp -1.325, mean A
+    0.5, so cov = 1.8375, 1.6875, 2.5125, 1.0125. Sampler logp = logp - 0.1 (r = e^0.1)
+    except token 2, r = 1.5 > 1.28 with A > 0: PPO's clipped branch."""
+    logp = [-0.1, -0.2, -3.0, -2.0]
+    shift = [0.1, math.log(1.5), 0.1, 0.1]
+    seqs = [(logp, [x - d for x, d in zip(logp, shift)], [2.0, 2.0, -1.0, -1.0], [0.0] * 4)]
+    return seqs, [[True] * 4]
+
+
+def test_clip_cov_and_kl_cov_by_hand():
+    seqs, masks = _covariance_step()
+    r = math.exp(0.1)
+    clip_cov = replace(
+        BASE,
+        policy_loss="clip_cov",
+        clip_eps=0.2,
+        clip_eps_high=0.28,
+        clip_cov_fraction=0.5,
+        clip_cov_lb=1.5,
+        clip_cov_ub=2.0,
+    )
+    # k = max(1, int(0.5 * 4)) = 2; the band (1.5, 2) holds tokens 1 and 2, but token 2
+    # is PPO-clipped already: token 1 alone is cut out (loss 0, no gradient)
+    assert step_picks(seqs, masks, clip_cov)[0].tolist() == [True, False, False, False]
+    loss, grads, stats = fast(seqs, masks, clip_cov)
+    assert loss == pytest.approx((0.0 - 2 * 1.28 + r + r) / 4)
+    assert grads[0] == pytest.approx([0.0, 0.0, r / 4, r / 4])
+    assert stats.metrics()["clip_fraction"] == 0.5  # the cut token and the PPO-clipped one
+    # kl_cov: the top int(0.5 * 4) = 2 by covariance are tokens 3 and 1; each adds
+    # beta |logp - logp_sampler| = 0.5 * 0.1, gradient beta * sign = 0.5
+    kl_cov = replace(BASE, policy_loss="kl_cov", kl_cov_fraction=0.5, kl_cov_beta=0.5)
+    assert step_picks(seqs, masks, kl_cov)[0].tolist() == [True, False, True, False]
+    loss, grads, _ = fast(seqs, masks, kl_cov)
+    base = [-2 * r, -2 * 1.5, r, r]
+    assert loss == pytest.approx((sum(base) + 2 * 0.05) / 4)
+    assert grads[0] == pytest.approx(
+        [(base[0] + 0.5) / 4, base[1] / 4, (base[2] + 0.5) / 4, base[3] / 4]
+    )
+    # at least one token even when the share rounds to none
+    tiny = replace(kl_cov, kl_cov_fraction=0.0001)
+    assert step_picks(seqs, masks, tiny)[0].tolist() == [False, False, True, False]
+
+
+def test_clip_cov_draws_at_random_among_the_band():
+    """One token of the band (1.0, 2.0) = tokens 1 and 4 (token 2 is PPO-clipped): which
+    one depends on the draw, never on the split."""
+    seqs, masks = _covariance_step()
+    hyper = replace(
+        BASE, policy_loss="clip_cov", clip_cov_fraction=0.25, clip_cov_lb=1.0, clip_cov_ub=2.0
+    )
+    seen = set()
+    for seed in range(20):
+        pick = step_picks(seqs, masks, hyper, seed)[0].tolist()
+        assert sum(pick) == 1 and (pick[0] or pick[3])
+        seen.add(pick.index(True))
+    assert seen == {0, 3}
+
+
+def test_off_policy_corrections_by_hand():
+    """is on _hand_batch (r = 1.5, 0.5 | 1, 3; A = 1, -1 | 2, -1), token_mean:
+    plain l = -A r = -1.5, 0.5 | -2, 3."""
+    seqs, masks = _hand_batch()
+    rho = [1.5, 0.5, 1.0, 3.0]
+    # mask at the token level, band [0.6, 2]: tokens 2 and 4 drop out (weight 0)
+    hyper = replace(BASE, is_correction="mask", is_low=0.6, is_high=2.0)
+    loss, grads, stats = fast(seqs, masks, hyper)
+    assert loss == pytest.approx((-1.5 - 2) / 4)
+    assert grads == [pytest.approx([-1.5 / 4, 0.0]), pytest.approx([-2 / 4, 0.0])]
+    assert stats.metrics()["is_masked_fraction"] == 0.5
+    assert stats.metrics()["is_truncated_fraction"] == 0.0
+    # truncate at the sequence level, high 1.2: completion 1's product 0.75 stays and
+    # replaces each token's own ratio (factors 0.75/1.5, 0.75/0.5); completion 2's 3 is
+    # cut to 1.2 (factors 1.2/1, 1.2/3)
+    hyper = replace(BASE, is_correction="truncate", is_level="sequence", is_high=1.2)
+    loss, grads, stats = fast(seqs, masks, hyper)
+    want = [-1.5 * 0.5, 0.5 * 1.5, -2 * 1.2, 3 * 0.4]
+    assert loss == pytest.approx(sum(want) / 4)
+    assert grads == [
+        pytest.approx([w / 4 for w in want[:2]]),
+        pytest.approx([w / 4 for w in want[2:]]),
+    ]
+    assert stats.metrics()["is_truncated_fraction"] == 0.5
+    assert "tis_truncated_fraction" not in stats.metrics()  # not token-level
+    # mask at the geometric level [0.8, 1.25]: completion 1 (0.866) stays, 2 (1.732) goes
+    hyper = replace(BASE, is_correction="mask", is_level="geometric", is_low=0.8, is_high=1.25)
+    loss, grads, stats = fast(seqs, masks, hyper)
+    assert loss == pytest.approx((-1.5 + 0.5) / 4)
+    assert grads[1] == pytest.approx([0.0, 0.0])
+    assert stats.metrics()["is_masked_fraction"] == 0.5
+    # the mismatch is reported with or without a correction: k3 = rho - 1 - log rho
+    for h in (BASE, hyper):
+        _, _, stats = fast(seqs, masks, h)
+        assert stats.metrics()["mismatch_kl"] == pytest.approx(
+            sum(x - 1 - math.log(x) for x in rho) / 4
+        )
+
+
+def test_the_new_aggregations_by_hand():
+    """_hand_batch under is: token losses -1.5, 0.5 | -2, 3 (completion sums -1 | 1)."""
+    seqs, masks = _hand_batch()
+    # Dr. GRPO's constant: (sum of token losses) / (G = 2 x max_tokens = 10)
+    loss, grads, _ = fast(
+        seqs, masks, replace(BASE, loss_agg="seq_mean_token_sum_norm", max_tokens=10)
+    )
+    assert loss == pytest.approx((-1 + 1) / 20)
+    assert grads[1] == pytest.approx([-2 / 20, 3 / 20])
+    # bnpo, one completion per local batch: GRPO's per-completion mean
+    one = fast(seqs, masks, replace(BASE, loss_agg="bnpo", bnpo_batch_size=1))
+    grpo = fast(seqs, masks, replace(BASE, loss_agg="seq_mean_token_mean"))
+    assert one[0] == pytest.approx(grpo[0]) and one[0] == pytest.approx((-1 / 2 + 1 / 2) / 2)
+    for a, b in zip(one[1], grpo[1], strict=True):
+        assert a == pytest.approx(b)
+    # bnpo, both in one local batch: the token mean
+    both = fast(seqs, masks, replace(BASE, loss_agg="bnpo", bnpo_batch_size=2), chunks=[1, 1])
+    assert both[0] == pytest.approx((-1.5 + 0.5 - 2 + 3) / 4)
+
+
 def test_gradient_descent_raises_the_logprob_of_advantaged_tokens():
     """The sign: d loss / d logp < 0 where A > 0 (a step down the gradient makes the
-    token likelier) and > 0 where A < 0, under every built-in objective, unclipped."""
+    token likelier) and > 0 where A < 0, under every built-in objective, unclipped (the
+    covariance-selected tokens aside: clip_cov cuts them out, kl_cov adds its penalty)."""
     seqs, masks = random_step(8, spread=0.01)
     for policy_loss in registry.OBJECTIVES.names():
-        _, grads, _ = fast(seqs, masks, replace(BASE, policy_loss=policy_loss))
-        for (_, _, adv, _), g, mask in zip(seqs, grads, masks, strict=True):
-            for a, d, m in zip(adv, g, mask, strict=True):
-                assert (d == 0) if not m else (np.sign(d) == -np.sign(a))
+        hyper = replace(BASE, policy_loss=policy_loss)
+        _, grads, _ = fast(seqs, masks, hyper)
+        picks = step_picks(seqs, masks, hyper) or [[False] * len(m) for m in masks]
+        for (_, _, adv, _), g, mask, pick in zip(seqs, grads, masks, picks, strict=True):
+            for a, d, m, p in zip(adv, g, mask, pick, strict=True):
+                if p:
+                    assert policy_loss in ("clip_cov", "kl_cov")
+                    assert d == 0 or policy_loss == "kl_cov"
+                    continue
+                assert (d == 0) if not m else (np.sign(d) == -np.sign(a)), policy_loss
 
 
 # ---------------------------------------------------------------- the registry
@@ -307,7 +674,16 @@ def test_gradient_descent_raises_the_logprob_of_advantaged_tokens():
 
 def test_every_objective_is_a_registry_entry_and_a_loss_option():
     assert registry.ALL_REGISTRIES["policy_loss"] is registry.OBJECTIVES
-    assert registry.OBJECTIVES.names() == ["is", "ppo_clip"]
+    assert registry.OBJECTIVES.names() == [
+        "is",
+        "ppo_clip",
+        "gspo",
+        "cispo",
+        "sapo",
+        "vespo",
+        "clip_cov",
+        "kl_cov",
+    ]
     assert resolve_objective("is") == LossFn("is", builtin.importance_sampling)
     assert resolve_objective("ppo_clip").objective is builtin.ppo_clip
     # "is" is the default every backend runs; every other name must be a loss option
@@ -350,7 +726,7 @@ def test_a_dotted_path_objective_is_composed_like_a_builtin(project):
         assert mine == -theirs and mine != 0
         assert g_mine == [[-x for x in g] for g in g_theirs]
         assert stats.clipped == 0.0
-    assert len(neg_is.CALLS) == 3 and float(neg_is.CALLS[-1].abs().max()) == 0.5
+    assert len(neg_is.CALLS) == len(LOSS_AGGS) and float(neg_is.CALLS[-1].abs().max()) == 0.5
 
 
 @pytest.mark.parametrize(
