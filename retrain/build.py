@@ -38,6 +38,7 @@ from retrain.settings import (
     TinkerOptions,
     TinkerSettings,
 )
+from retrain.shaping import Shaping
 from retrain.types import BackendCapabilities, SamplingParams, TrainHyper
 
 if TYPE_CHECKING:  # heavy modules: imported where the components are built
@@ -70,6 +71,7 @@ class Components:
     sampling: SamplingParams  # the seed is set per step
     hyper: TrainHyper  # the learning rate is set per step
     evaluator: Evaluator | None = None  # when [eval] every > 0
+    shaping: Shaping = Shaping()  # [training] batch shaping; the default changes nothing
 
     def close(self, say: Callable[[str], None]) -> None:
         """Release the rollout's event loop (multi-turn), the reward's workers, the
@@ -186,6 +188,18 @@ def sampling_params(config: Config, pipeline: AdvantagePipeline) -> SamplingPara
     )
 
 
+def batch_shaping(config: Config) -> Shaping:
+    t = config.training
+    return Shaping(
+        dynamic_sampling=t.dynamic_sampling,
+        max_rounds=t.dynamic_sampling_max_rounds,
+        mask_truncated=t.mask_truncated,
+        overlong_buffer=t.overlong_buffer,
+        overlong_penalty=t.overlong_penalty,
+        max_tokens=t.max_tokens,
+    )
+
+
 def train_hyper(config: Config) -> TrainHyper:
     t, o = config.training, config.optimizer
     return TrainHyper(
@@ -286,6 +300,7 @@ def build(config: Config, say: Callable[[str], None]) -> Components:
         backend=backend,
         sampling=sampling_params(config, pipeline),
         hyper=train_hyper(config),
+        shaping=batch_shaping(config),
     )
     if held_out is not None:
         parts.evaluator = build_evaluator(config, parts.rollout, held_out)

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from retrain.logs.timer import PhaseTimer
+from retrain.shaping import is_truncated
 from retrain.types import Datum, Example, GroupRollout, Sample, SamplingParams, TokenGroup
 
 
@@ -146,9 +147,14 @@ def token_groups(
 
 
 def build_datums(
-    groups: Sequence[GroupRollout], advantages: Sequence[list[np.ndarray] | None]
+    groups: Sequence[GroupRollout],
+    advantages: Sequence[list[np.ndarray] | None],
+    *,
+    mask_truncated: bool = False,
 ) -> list[Datum]:
-    """One Datum per non-empty completion of every kept group (skipped groups carry None)."""
+    """One Datum per non-empty completion of every kept group (skipped groups carry None).
+    `mask_truncated` ([training] mask_truncated): a completion cut at max_tokens gets a
+    zero loss mask, i.e. no datum (shaping.is_truncated says how this matches TRL)."""
     return [
         Datum(
             group.prompt_ids,
@@ -160,7 +166,9 @@ def build_datums(
         for group, adv_G in zip(groups, advantages, strict=True)
         if adv_G is not None
         for sample, adv in zip(group.samples, adv_G, strict=True)
-        if len(sample) and (sample.loss_mask is None or sample.loss_mask.any())
+        if len(sample)
+        and (sample.loss_mask is None or sample.loss_mask.any())
+        and not (mask_truncated and is_truncated(sample))
     ]
 
 

@@ -17,12 +17,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from retrain.errors import TrainingError
 from retrain.logs.timer import PhaseTimer
-from retrain.types import Datum, GroupRollout, RunPosition, StepResult, TrainHyper, TrainResult
+from retrain.types import (
+    Datum,
+    GroupRollout,
+    RunPosition,
+    ShapingReport,
+    StepResult,
+    TrainHyper,
+    TrainResult,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -46,6 +54,7 @@ class SampledStep:
     position: RunPosition  # as it was when this step sampled
     off_policy_steps: int  # optimizer steps between the weights sampled and those trained
     timer: PhaseTimer  # this step's phases; the training phase is added when it ends
+    shaping: ShapingReport = field(default_factory=ShapingReport)  # retrain.shaping
 
     def complete(self, train: TrainResult) -> StepResult:
         return StepResult(
@@ -61,6 +70,7 @@ class SampledStep:
             group_size=self.group_size,
             position=self.position,
             off_policy_steps=self.off_policy_steps,
+            shaping=self.shaping,
         )
 
 

@@ -32,6 +32,7 @@ from retrain.logs.runlog import RunLog
 from retrain.logs.timer import PhaseTimer
 from retrain.rollout import build_datums, correct_rate, planning_masks, token_groups
 from retrain.schedule import lr_at
+from retrain.shaping import sample_step
 from retrain.stepping import SampledStep, StepTraining, step_training
 from retrain.types import Datum, EvalResult, GroupRollout, RunPosition, StepResult
 
@@ -156,15 +157,17 @@ class Trainer:
         c, timer = self.parts, PhaseTimer(self._progress(step))
         off_policy = self.training.steps_behind  # read before sampling: a step in flight
         batch_size, group_size = self.batch_size, self.group_size  # as this step uses them
-        examples = c.data.next_batch(batch_size)
         params = replace(c.sampling, seed=step_seed(self.config.training.seed, step))
-        groups, reward_counters = c.rollout(examples, group_size, params, timer)
+        shaped = sample_step(
+            c.shaping, c.data.next_batch, c.rollout, (batch_size, group_size), params, timer
+        )
+        groups = shaped.groups
         with timer.phase("advantages"):
             planning, adv, datums = self._advantages(step, groups)
         sampled = SampledStep(
             step=step,
             groups=groups,
-            reward_counters=reward_counters,
+            reward_counters=shaped.reward_counters,
             planning=planning,
             advantages=adv,
             datums=datums,
@@ -173,6 +176,7 @@ class Trainer:
             position=self._position(),
             off_policy_steps=off_policy,
             timer=timer,
+            shaping=shaped.report,
         )
         hyper = replace(c.hyper, lr=self.scheduled_lr(step))
         row = None  # with overlap the first step hands back nothing
@@ -192,7 +196,8 @@ class Trainer:
             sepa_lambda=lambda stats: c.sepa.update(step, correct_rate(groups), stats.exec_var),
             step=step,
         )
-        return planning, adv, build_datums(groups, adv.advantages)
+        datums = build_datums(groups, adv.advantages, mask_truncated=c.shaping.mask_truncated)
+        return planning, adv, datums
 
     def _position(self) -> RunPosition:
         c = self.parts
@@ -236,6 +241,8 @@ class Trainer:
             self.batch_size = decision.batch_size
         for g in result.groups[: self.config.logging.group_lines]:
             self.say(group_line(g.num_correct, len(g), g.example.reference))
+        if result.shaping.warning:
+            self.say(f"Warning: step {result.step}: {result.shaping.warning}")
         self.say(self._step_line(row))
         if self._eval_due(result.step + 1):  # the rows carry the evaluation after this step
             row.update(eval_fields(self.evaluate(result.step + 1)))
@@ -250,7 +257,7 @@ class Trainer:
         return result.num_completions / max(busy, 1e-9)
 
     def _step_line(self, row: dict[str, Any]) -> str:
-        return step_line(
+        line = step_line(
             row["step"],
             self.config.condition,
             loss=row["loss"],
@@ -263,6 +270,9 @@ class Trainer:
             sepa_lambda=row["sepa_lambda"],
             seconds=row["step_time_s"],
         )
+        if "sampling_rounds" in row:  # dynamic sampling: what it dropped to fill the batch
+            line += f" | dropped={row['groups_dropped']} | rounds={row['sampling_rounds']}"
+        return line
 
     # ------------------------------------------------------------ held-out evaluation
 

@@ -404,6 +404,16 @@ class RunPosition:
     sepa_gate_open: bool
 
 
+@dataclass(frozen=True)
+class ShapingReport:
+    """What batch shaping (retrain.shaping) did to one step: its metrics-row fields
+    (groups_dropped, sampling_rounds, overlong_penalty_mean; those of the features turned
+    on) and a warning for the console ("" when none)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    warning: str = ""
+
+
 @dataclass
 class StepResult:
     """Everything one training step produced, for the logs and the controllers."""
@@ -420,6 +430,7 @@ class StepResult:
     group_size: int
     position: RunPosition  # as it was when this step sampled
     off_policy_steps: int  # optimizer steps between the weights sampled and those trained
+    shaping: ShapingReport = field(default_factory=ShapingReport)
 
     @property
     def num_completions(self) -> int:

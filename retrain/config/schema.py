@@ -332,6 +332,35 @@ class TrainingConfig:
         fix="use 0 for no lower bound, or a bound such as 0.5",
     )
     is_high: float = opt(2.0, "is_correction: the weight's upper bound (above 1)", gt=1.0)
+    # Batch shaping (retrain/shaping.py; `retrain man --topic advantages`)
+    dynamic_sampling: bool = opt(
+        False,
+        "DAPO's dynamic sampling (verl's filter_groups): groups whose rewards are all equal "
+        "are dropped from training and more prompts are sampled until the step has "
+        "batch_size informative groups, at most dynamic_sampling_max_rounds extra rounds",
+    )
+    dynamic_sampling_max_rounds: int = opt(
+        3,
+        "dynamic_sampling: extra sampling rounds per step at most; when they are spent the "
+        "step trains on the informative groups it has (with a warning)",
+        ge=1,
+    )
+    mask_truncated: bool = opt(
+        False,
+        "TRL's mask_truncated_completions: a completion cut at max_tokens (no end-of-sequence "
+        "token) gets a zero loss mask; its reward still counts in its group's advantages",
+    )
+    overlong_buffer: int = opt(
+        0,
+        "DAPO's soft overlong penalty: tokens before max_tokens where the reward is lowered "
+        "linearly, down to -overlong_penalty at max_tokens. 0 = off",
+        ge=0,
+    )
+    overlong_penalty: float = opt(
+        1.0,
+        "overlong_buffer: the penalty at max_tokens (its factor; added to the reward)",
+        gt=0.0,
+    )
     lr_schedule: str = opt(
         "constant",
         "Learning-rate schedule after warmup: constant, linear (to 0 at max_steps) or cosine "

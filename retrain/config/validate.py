@@ -281,6 +281,42 @@ def _correction(config: Config, defaults: dict) -> Problems:
     return []
 
 
+def _shaping(config: Config) -> Problems:
+    """Batch shaping (retrain/shaping.py): an overlong buffer inside max_tokens, and the
+    keys that only tune a feature that is off."""
+    t, defaults = config.training, type(config.training)()
+    problems: Problems = []
+    if t.overlong_buffer >= t.max_tokens:
+        problems.append(
+            (
+                "[training] overlong_buffer",
+                f"must be below max_tokens ({t.max_tokens}), got {t.overlong_buffer}: every "
+                "completion would be penalised from its first token. Fix: a buffer such as "
+                f"{max(1, t.max_tokens // 4)} (a quarter of max_tokens), or 0 to turn it off",
+            )
+        )
+    if t.overlong_buffer == 0 and t.overlong_penalty != defaults.overlong_penalty:
+        problems.append(
+            (
+                "[training] overlong_penalty",
+                "only used with overlong_buffer > 0 (it is 0: no overlong penalty). Fix: "
+                "set overlong_buffer, or remove the key",
+            )
+        )
+    if (
+        not t.dynamic_sampling
+        and t.dynamic_sampling_max_rounds != defaults.dynamic_sampling_max_rounds
+    ):
+        problems.append(
+            (
+                "[training] dynamic_sampling_max_rounds",
+                "only used with dynamic_sampling = true (it is false). Fix: set "
+                "dynamic_sampling = true, or remove the key",
+            )
+        )
+    return problems
+
+
 def _reward(config: Config) -> Problems:
     if config.reward.type != "custom" or config.reward.custom_module:
         return []
@@ -509,6 +545,7 @@ def _squeeze(config: Config) -> Problems:
 
 CROSS_CHECKS: tuple[Callable[[Config], Problems], ...] = (
     _objective,
+    _shaping,
     _backpressure,
     _reward,
     _data,

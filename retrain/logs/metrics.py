@@ -110,6 +110,7 @@ def metrics_row(
         "log_ratio_max_abs": train.log_ratio_max_abs,
         "trained_tokens": train.num_tokens,
         **result.reward_counters,
+        **result.shaping.metrics,
         "lr": ctx.lr,
         "examples_seen": examples_seen,
         "epoch": epoch,

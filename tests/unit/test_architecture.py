@@ -28,7 +28,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "retrain.hardware",
         ),
     ),
-    ("pure math", ("retrain.advantages", "retrain.sepa", "retrain.backpressure")),
+    (
+        "pure math",
+        ("retrain.advantages", "retrain.sepa", "retrain.backpressure", "retrain.shaping"),
+    ),
     ("configuration", ("retrain.config",)),
     ("kernels", ("retrain.kernels",)),
     (
