@@ -344,6 +344,7 @@ class TrainingConfig:
         "dynamic_sampling: extra sampling rounds per step at most; when they are spent the "
         "step trains on the informative groups it has (with a warning)",
         ge=1,
+        fix="use 1 or more extra rounds, or dynamic_sampling = false for one round per step",
     )
     mask_truncated: bool = opt(
         False,
@@ -360,6 +361,7 @@ class TrainingConfig:
         1.0,
         "overlong_buffer: the penalty at max_tokens (its factor; added to the reward)",
         gt=0.0,
+        fix="use a positive factor such as 1.0, or overlong_buffer = 0 for no penalty",
     )
     lr_schedule: str = opt(
         "constant",
