@@ -250,6 +250,24 @@ def _backpressure(config: Config) -> str:
     return f"on: batch size adapts within [{bp.min_batch_size}, {bp.max_batch_size}] after {bp.warmup_steps} warmup steps"
 
 
+def _shaping(config: Config) -> str:
+    """Batch shaping ([training]; retrain/shaping.py) in one line."""
+    t, parts = config.training, []
+    if t.dynamic_sampling:
+        parts.append(
+            f"dynamic sampling (all-equal groups dropped, up to {t.dynamic_sampling_max_rounds} "
+            f"extra rounds to reach {t.batch_size} informative groups)"
+        )
+    if t.mask_truncated:
+        parts.append(f"completions cut at {t.max_tokens} tokens masked")
+    if t.overlong_buffer:
+        start = t.max_tokens - t.overlong_buffer
+        parts.append(
+            f"overlong penalty from {start} tokens, -{t.overlong_penalty:g} at {t.max_tokens}"
+        )
+    return "; ".join(parts) or "off"
+
+
 def objective_summary(config: Config) -> str:
     """The training objective in one line: policy loss, aggregation, off-policy
     correction, KL, lr schedule."""
@@ -877,6 +895,7 @@ def build_report(
         "checkpoints": _checkpoints(config, info, max_steps),
         "sepa": sepa_summary(config),
         "backpressure": _backpressure(config),
+        "shaping": _shaping(config),
         "eval": _eval(config),
         "log_dir": config.logging.log_dir,
         "resume_from": config.resume.from_ or None,
@@ -936,6 +955,7 @@ def render(report: dict[str, Any]) -> str:
         f"Objective:   {report['objective']}",
         *_render_settings(report),
         f"Per step:    {ps['batch_size']} prompts x {ps['group_size']} completions = {ps['completions']} completions, <= {ps['sampled_token_upper_bound']:,} sampled tokens ({ps['max_new_tokens_per_completion']} per {ps['tokens_per']})",
+        f"Shaping:     {report['shaping']}",
         f"Steps:       {report['total_steps']:,}",
         f"Checkpoints: {('every ' + str(ck['every']) + ' steps (' + str(ck['periodic']) + ') + final') if ck['every'] else 'final only'} -> {ck['adapter_path']}",
         f"SEPA:        {report['sepa']}",

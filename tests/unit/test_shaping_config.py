@@ -101,3 +101,17 @@ def test_only_an_overlong_buffer_inside_max_tokens_loads(tmp_path):
     with pytest.raises(ConfigError, match="overlong_buffer"):
         load_config(write(tmp_path, "max_tokens = 8\noverlong_buffer = 9\n"))
     assert load_config(write(tmp_path, "max_tokens = 8\noverlong_buffer = 7\n"))
+
+
+def test_explain_says_what_the_step_does_to_its_batch(tmp_path):
+    write(tmp_path, "max_tokens = 64\ndynamic_sampling = true\nmask_truncated = true\n")
+    path = tmp_path / "retrain.toml"
+    path.write_text(path.read_text() + "overlong_buffer = 16\noverlong_penalty = 0.5\n")
+    out = cli(tmp_path, "explain", "retrain.toml").stdout  # exit 2: the model is absent
+    line = next(x for x in out.splitlines() if x.startswith("Shaping:"))
+    assert "dynamic sampling (all-equal groups dropped, up to 3 extra rounds" in line
+    assert "completions cut at 64 tokens masked" in line
+    assert "overlong penalty from 48 tokens, -0.5 at 64" in line
+    write(tmp_path, "")
+    out = cli(tmp_path, "explain", "retrain.toml").stdout
+    assert "Shaping:     off" in out.splitlines()
