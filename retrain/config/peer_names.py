@@ -110,12 +110,7 @@ PEER_NAMES: tuple[PeerName, ...] = (
         "retrain's ratios are per token (TRL's \"token\"); sequence-level ratios (GSPO) need an "
         'objective plugin, [training] policy_loss = "pkg.mod.fn" (retrain man --topic loss)',
     ),
-    *_peers(
-        TRL,
-        "mask_truncated_completions",
-        None,
-        "a completion cut at [training] max_tokens is trained on like the others: raise max_tokens",
-    ),
+    *_peers(TRL, "mask_truncated_completions", "training.mask_truncated"),
     *_peers(
         TRL,
         "use_vllm",
@@ -228,6 +223,28 @@ PEER_NAMES: tuple[PeerName, ...] = (
     *_peers(COMMON, "max_new_tokens", "training.max_tokens"),
     *_peers(COMMON, "model_name model_id model_path", "model.model"),
     *_peers(COMMON, "total_steps num_steps train_steps", "training.max_steps"),
+    *_peers(VERL, "algorithm.filter_groups.enable", "training.dynamic_sampling"),
+    *_peers(
+        VERL,
+        "algorithm.filter_groups.max_num_gen_batches",
+        "training.dynamic_sampling_max_rounds",
+        convert="verl counts every generation batch (0 = no bound), retrain the extra rounds "
+        "after the first: max_num_gen_batches - 1 (retrain always has a bound)",
+    ),
+    *_peers(
+        VERL,
+        "algorithm.filter_groups.metric",
+        None,
+        "[training] dynamic_sampling drops the groups whose rewards (the overlong penalty "
+        "included) are all equal",
+    ),
+    *_peers(
+        VERL,
+        "reward_model.overlong_buffer.enable reward_model.overlong_buffer.len",
+        "training.overlong_buffer",
+        convert="enable = true with len = N is overlong_buffer = N (0 = off)",
+    ),
+    *_peers(VERL, "reward_model.overlong_buffer.penalty_factor", "training.overlong_penalty"),
     *_peers(VERL, _OPTIM + "lr", "training.lr"),
     *_peers(VERL, _OPTIM + "weight_decay", "training.weight_decay"),
     *_peers(VERL, _OPTIM + "lr_warmup_steps", "training.warmup_steps"),
