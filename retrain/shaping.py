@@ -149,7 +149,7 @@ def with_overlong_penalty(
 # ---------------------------------------------------------------- the step's rounds
 
 NextBatch = Callable[[int], list[Example]]
-Rollout = Callable[..., tuple[list[GroupRollout], dict[str, float]]]
+RolloutCall = Callable[..., tuple[list[GroupRollout], dict[str, float]]]
 
 
 @dataclass
@@ -162,7 +162,7 @@ class ShapedBatch:
 def sample_step(
     shaping: Shaping,
     next_batch: NextBatch,
-    rollout: Rollout,
+    rollout: RolloutCall,
     sizes: tuple[int, int],
     params: SamplingParams,
     timer: Any,
