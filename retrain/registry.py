@@ -774,6 +774,23 @@ OBJECTIVES = Registry(
             "retrain.loss.objectives:kl_cov",
             "KL-Cov (Cui et al. 2025): -A r, plus |log r| on the highest-covariance tokens",
         ),
+        Entry(
+            "gpg",
+            "retrain.loss.objectives:gpg",
+            "GPG (Chu et al. 2025): -A logp, the plain policy gradient (no ratio, no clip)",
+        ),
+        Entry(
+            "gmpo",
+            "retrain.loss.objectives:gmpo",
+            "GMPO (Zhao et al. 2025; verl's geo_mean): -A_i x the geometric mean of the "
+            "completion's ratios, each clipped in log space",
+        ),
+        Entry(
+            "dppo",
+            "retrain.loss.objectives:dppo",
+            "DPPO-Binary-TV (prime-rl's default loss): -A r, dropped where p - p_sampler leaves "
+            "the trust region; + dppo_kl_coef (log r)^2",
+        ),
     ),
     key="[training] policy_loss",
 )
