@@ -272,9 +272,7 @@ def objective_summary(config: Config) -> str:
         "gpg": "gpg (plain policy gradient -A logp, no ratio)",
         "gmpo": f"gmpo (geometric mean of the ratios, log r clipped to [{-t.clip_eps:g}, {high:g}])",
         "dppo": f"dppo (tokens whose probability moved beyond -{t.clip_eps:g} / +{high:g} "
-        "dropped"
-        + (f", {t.dppo_kl_coef:g} (log r)^2" if t.dppo_kl_coef > 0 else "")
-        + ")",
+        "dropped" + (f", {t.dppo_kl_coef:g} (log r)^2" if t.dppo_kl_coef > 0 else "") + ")",
     }
     # a dotted path otherwise (config validation admits nothing else)
     loss = losses.get(
