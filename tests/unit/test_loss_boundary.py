@@ -634,6 +634,73 @@ def test_dppo_by_hand():
     assert fast(rare, [[True]], ppo)[2].metrics()["clip_fraction"] == 1.0
 
 
+def _row(peer, name):
+    from retrain.loss.peers import PEER_LOSSES
+
+    row = next(r for r in PEER_LOSSES if r.peer == peer and r.name == name)
+    config_from_dict({"training": dict(row.settings)})  # the row is a valid config
+    return replace(BASE, **row.settings)
+
+
+def test_the_verl_and_prime_rl_rows_follow_the_peers_formulas():
+    """Each verl / prime-rl row's settings, on a random step (one advantage per
+    completion, as verl's geo_mean requires), against the peer's formula as its code
+    writes it, token by token: loss (or, for dppo_tv, the gradient) and gradients."""
+    seqs, masks = random_step(21, spread=0.4)
+    seqs = [(lp, old, [adv[-1]] * len(adv), ref) for lp, old, adv, ref in seqs]
+    masks = [[True] * len(m) for m in masks]
+    n = sum(map(len, masks))
+    tokens = [(i, t) for i, m in enumerate(masks) for t in range(len(m))]
+
+    def each(fn):
+        return [[fn(i, t) for t in range(len(m))] for i, m in enumerate(masks)]
+
+    lp = lambda i, t: seqs[i][0][t]  # noqa: E731
+    old = lambda i, t: seqs[i][1][t]  # noqa: E731
+    adv = lambda i, t: seqs[i][2][t]  # noqa: E731
+    ratio = lambda i, t: math.exp(lp(i, t) - old(i, t))  # noqa: E731
+
+    # prime-rl default_loss_fn: sum(-keep A r + kl_tau (log r)^2) / loss tokens
+    def kept(i, t, low=0.2, high=0.2):
+        moved = math.exp(lp(i, t)) - math.exp(old(i, t))
+        return not (moved > high if adv(i, t) > 0 else moved < -low)
+
+    loss, grads, _ = fast(seqs, masks, _row("prime-rl", "trainer.loss (type = default)"))
+    d = lambda i, t: lp(i, t) - old(i, t)  # noqa: E731
+    want = sum(-kept(i, t) * adv(i, t) * ratio(i, t) + 1e-3 * d(i, t) ** 2 for i, t in tokens)
+    assert loss == pytest.approx(want / n, rel=1e-10)
+    want_g = each(lambda i, t: (-kept(i, t) * adv(i, t) * ratio(i, t) + 2e-3 * d(i, t)) / n)
+    for g, w in zip(grads, want_g, strict=True):
+        assert g == pytest.approx(w, rel=1e-9, abs=1e-15)
+    assert not all(kept(i, t) for i, t in tokens)  # the region acts on this step
+
+    # verl dppo_tv: -A sg(min(r, 20)) logp on the kept tokens, token-mean
+    _, grads, _ = fast(seqs, masks, _row("verl", "policy_loss.loss_mode=dppo_tv"))
+    want_g = each(lambda i, t: -kept(i, t) * adv(i, t) * min(ratio(i, t), 20.0) / n)
+    for g, w in zip(grads, want_g, strict=True):
+        assert g == pytest.approx(w, rel=1e-9, abs=1e-15)
+
+    # verl gpg: -A logp, token-mean
+    loss, grads, _ = fast(seqs, masks, _row("verl", "policy_loss.loss_mode=gpg"))
+    assert loss == pytest.approx(sum(-adv(i, t) * lp(i, t) for i, t in tokens) / n)
+    for g, w in zip(grads, each(lambda i, t: -adv(i, t) / n), strict=True):
+        assert g == pytest.approx(w)
+
+    # verl geo_mean: mean over completions of -A_i exp(mean_t sgn min(sgn d, sgn clip(d)))
+    def geo(i):
+        a = seqs[i][2][0]
+        sgn = (a > 0) - (a < 0)
+        kept_d = [
+            sgn * min(sgn * d(i, t), sgn * min(max(d(i, t), -0.4), 0.4))
+            for t in range(len(masks[i]))
+        ]
+        return -a * math.exp(sum(kept_d) / len(kept_d))
+
+    loss, _, stats = fast(seqs, masks, _row("verl", "policy_loss.loss_mode=geo_mean"))
+    assert loss == pytest.approx(sum(geo(i) for i in range(len(seqs))) / len(seqs), rel=1e-10)
+    assert 0 < stats.metrics()["clip_fraction"] < 1
+
+
 def _covariance_step():
     """One completion, logp [-0.1, -0.2, -3, -2], A [2, 2, -1, -1]: mean logp -1.325, mean A
     0.5, so cov = 1.8375, 1.6875, 2.5125, 1.0125. Sampler logp = logp - 0.1 (r = e^0.1)
@@ -926,3 +993,41 @@ def test_policy_loss_is_checked_through_the_registry():
         config_from_dict({"training": {"policy_loss": "ppo_clp"}})
     with pytest.raises(ConfigError, match=r"\[training\] clip_ratio_c.*only used with"):
         config_from_dict({"training": {"policy_loss": "is", "clip_ratio_c": 3.0}})
+
+
+def _explain(tmp_path, training: str):
+    import os
+    import subprocess
+    import sys
+
+    toml = tmp_path / "retrain.toml"
+    toml.write_text(f"[training]\nseed = 1\n{training}")
+    return subprocess.run(
+        [sys.executable, "-m", "retrain.cli.main", "explain", str(toml)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=os.environ,
+    )
+
+
+def test_explain_names_the_new_objectives_and_refuses_their_misuse(tmp_path, capsys):
+    """`retrain explain` as a user runs it: prime-rl's loss in retrain's keys is printed on
+    the Objective line; truncating gpg's (absent) ratio, or a dppo key under another
+    objective, exits 2 naming the key, the file and line, and the fix, without a traceback."""
+    from retrain.cli.main import main
+
+    quickstart = Path(__file__).resolve().parents[2] / "retrain/config/templates/quickstart.toml"
+    flags = ["--policy-loss", "dppo", "--dppo-kl-coef", "0.001"]
+    assert main(["explain", str(quickstart), *flags]) == 0
+    assert (
+        "Objective:   dppo (tokens whose probability moved beyond -0.2 / +0.2 dropped, "
+        "0.001 (log r)^2); agg token_mean" in capsys.readouterr().out
+    )
+    bad = _explain(tmp_path, 'policy_loss = "gpg"\nis_correction = "truncate"\n')
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "[training] is_correction (" in bad.stderr and "retrain.toml:4" in bad.stderr
+    assert 'Fix: is_correction = "mask"' in bad.stderr
+    misused = _explain(tmp_path, 'policy_loss = "gmpo"\ndppo_kl_coef = 0.01\n')
+    assert misused.returncode == 2 and "retrain.toml:4" in misused.stderr
+    assert 'only used with policy_loss = "dppo"' in misused.stderr
