@@ -226,6 +226,7 @@ def train_hyper(config: Config) -> TrainHyper:
         clip_cov_ub=t.clip_cov_ub,
         kl_cov_fraction=t.kl_cov_fraction,
         kl_cov_beta=t.kl_cov_beta,
+        dppo_kl_coef=t.dppo_kl_coef,
         adv_clip_max=t.adv_clip_max,
         loss_agg=t.loss_agg,
         max_tokens=t.max_tokens,

@@ -133,6 +133,8 @@ class Entry:
     alias_of: tuple[str, str] | None = None  # algorithm mode = (advantage_mode, transform_mode)
     kernel: str = ""  # transform mode: name of its vectorised kernel in advantages.transforms
     grouped: str = ""  # advantage mode: "module:attr" of its form over many groups at once
+    # advantage mode: its functions also take `lengths=` (each completion's trained tokens)
+    reads_lengths: bool = False
     token_varying: bool = False  # transform mode: tokens of one completion can differ
     # added at run time (`Registry.add`) for a plugin object: resolved like a dotted path,
     # through the kind's adapters, rather than trusted as a built-in in its kind's form
@@ -315,6 +317,14 @@ ADVANTAGE_MODES = Registry(
             aliases=("reinforce_plus_plus_baseline",),
             grouped="retrain.advantages.episode:reinforce_pp_baseline_grouped",
         ),
+        Entry(
+            "opo",
+            "retrain.advantages.episode:opo",
+            "A_i = r_i - sum_j l_j r_j / sum_j l_j: OPO's optimal baseline, the group's mean "
+            "reward weighted by the completions' lengths l_j (Hao et al. 2025)",
+            grouped="retrain.advantages.episode:opo_grouped",
+            reads_lengths=True,
+        ),
     ),
     key="[algorithm] advantage_mode",
 )
@@ -392,6 +402,7 @@ ALGORITHM_MODES = Registry(
             ("rloo", "none"),
             ("reinforce_pp", "none"),
             ("reinforce_pp_baseline", "none"),
+            ("opo", "none"),
         )
     ),
     key="[algorithm] algorithm_mode",
@@ -773,6 +784,23 @@ OBJECTIVES = Registry(
             "kl_cov",
             "retrain.loss.objectives:kl_cov",
             "KL-Cov (Cui et al. 2025): -A r, plus |log r| on the highest-covariance tokens",
+        ),
+        Entry(
+            "gpg",
+            "retrain.loss.objectives:gpg",
+            "GPG (Chu et al. 2025): -A logp, the plain policy gradient (no ratio, no clip)",
+        ),
+        Entry(
+            "gmpo",
+            "retrain.loss.objectives:gmpo",
+            "GMPO (Zhao et al. 2025; verl's geo_mean): -A_i x the geometric mean of the "
+            "completion's ratios, each clipped in log space",
+        ),
+        Entry(
+            "dppo",
+            "retrain.loss.objectives:dppo",
+            "DPPO-Binary-TV (prime-rl's default loss): -A r, dropped where p - p_sampler leaves "
+            "the trust region; + dppo_kl_coef (log r)^2",
         ),
     ),
     key="[training] policy_loss",

@@ -188,8 +188,10 @@ class TrainHyper:
     # The objective (retrain/loss/); the defaults are the plain importance-sampling
     # policy gradient averaged over the step's tokens.
     policy_loss: str = "is"  # a retrain.registry.OBJECTIVES name or a dotted path
-    clip_eps: float = 0.2  # ppo_clip, gspo, cispo, clip_cov: the ratio's lower bound 1 - clip_eps
-    clip_eps_high: float = 0.2  # ... and its upper bound, 1 + clip_eps_high
+    # ppo_clip, gspo, cispo, clip_cov: the ratio's lower bound 1 - clip_eps; gmpo: the log
+    # ratio's, -clip_eps; dppo: the drop of the token's probability p - p_sampler
+    clip_eps: float = 0.2
+    clip_eps_high: float = 0.2  # ... and the upper bound (1 + clip_eps_high, clip_eps_high)
     clip_ratio_c: float = 0.0  # dual clip for negative advantages (ppo_clip, gspo); 0 = off
     ratio_level: str = "token"  # cispo, sapo: "token" (r_t) | "sequence" (GSPO's s_i)
     sapo_tau_pos: float = 1.0  # sapo: the gate's temperature where A > 0
@@ -203,6 +205,7 @@ class TrainHyper:
     clip_cov_ub: float = 5.0
     kl_cov_fraction: float = 0.0002  # kl_cov: share of the step's tokens penalised
     kl_cov_beta: float = 1.0  # kl_cov: the penalty's coefficient on |logp - logp_sampler|
+    dppo_kl_coef: float = 0.0  # dppo: coefficient of (logp - logp_sampler)^2; 0 = off
     adv_clip_max: float = 0.0  # advantages clipped to [-max, max]; 0 = off
     # "token_mean" | "seq_mean_token_sum" | "seq_mean_token_mean" | "seq_mean_token_sum_norm"
     # | "bnpo" (retrain.loss.aggregation)
@@ -292,6 +295,9 @@ LOSS_OPTIONS = (
     "vespo",
     "clip_cov",
     "kl_cov",
+    "gpg",
+    "gmpo",
+    "dppo",
     "dual_clip",
     "sequence_ratio",  # ratio_level = "sequence" (cispo, sapo)
     "adv_clip",

@@ -16,6 +16,13 @@ deviation (ddof = 1):
 - ``rloo``: A_i = r_i - mean_{j != i} r_j = G / (G - 1) * (r_i - mean(r)): the
   leave-one-out baseline (Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline
   for Free!"; Ahmadian et al. 2024, "Back to Basics", arXiv 2402.14740).
+- ``opo``: A_i = r_i - sum_j l_j r_j / sum_j l_j, l_j the number of tokens completion j
+  is trained on: the optimal baseline of OPO (Hao et al. 2025, "On-Policy RL with
+  Optimal Reward Baseline", arXiv 2505.23585), the length-weighted mean reward of the
+  group, as verl's ``compute_opo_outcome_advantage`` (its l_j: the response mask's sum).
+  The only mode that reads the lengths: its functions take ``lengths=`` (one per
+  completion, the size of its logprobs in the pipeline). A group with no trained token
+  at all weighs its completions equally.
 
 Two more read statistics of the whole step, not of one group: REINFORCE++'s global
 advantage normalisation (Hu et al. 2025, arXiv 2501.03262). With B the batch and
@@ -47,8 +54,8 @@ built-in (its only baseline is itself), and a batch of one completion has var_B 
 
 ``params`` is accepted (and ignored by ``grpo``; ``maxrl`` reads ``eps``) so that
 built-ins and dotted-path plugins share one calling convention: ``fn(rewards)`` or
-``fn(rewards, params)``. ``grpo_std``, ``rloo``, ``reinforce_pp`` and
-``reinforce_pp_baseline`` check theirs (:func:`check_params`): ``eps`` (> 0) where the
+``fn(rewards, params)`` (``opo`` also takes ``lengths=``). ``grpo_std``, ``rloo``, ``opo``,
+``reinforce_pp`` and ``reinforce_pp_baseline`` check theirs (:func:`check_params`): ``eps`` (> 0) where the
 formula has one, nothing else.
 """
 
@@ -73,6 +80,7 @@ PARAMS: dict[str, dict[str, float]] = {
     "rloo": {},
     "reinforce_pp": {"eps": REINFORCE_PP_EPS},
     "reinforce_pp_baseline": {"eps": REINFORCE_PP_EPS},
+    "opo": {},
 }
 
 
@@ -164,6 +172,21 @@ def rloo(
     2019; Ahmadian et al. 2024, arXiv 2402.14740). The advantages of a group sum to 0.
     No parameters; a group of one gets 0."""
     return _one_group(rloo_grouped, rewards_G, params)
+
+
+def opo(
+    rewards_G: Sequence[float] | np.ndarray,
+    params: Mapping[str, Any] | None = None,
+    *,
+    lengths: Sequence[int] | np.ndarray,
+) -> np.ndarray:
+    """OPO episode advantages (Hao et al. 2025, arXiv 2505.23585): each reward minus the
+    group's length-weighted mean reward, b = sum_j l_j r_j / sum_j l_j, `lengths` the
+    trained tokens of each completion. With equal lengths this is ``grpo``. No
+    parameters; a group of one gets 0."""
+    r = _as_rewards(rewards_G)
+    sizes = np.array([r.size] if r.size else [], dtype=np.int64)
+    return opo_grouped(r, sizes, params, lengths=lengths)
 
 
 def reinforce_pp(
@@ -316,3 +339,31 @@ def reinforce_pp_baseline_grouped(
     if rewards.size == 0:
         return np.zeros(0)
     return _whiten(_centered(rewards, sizes), eps)
+
+
+def opo_grouped(
+    rewards: np.ndarray,
+    sizes: np.ndarray,
+    params: Mapping[str, Any] | None = None,
+    *,
+    lengths: Sequence[int] | np.ndarray,
+) -> np.ndarray:
+    """OPO over many groups: r_i minus its group's length-weighted mean reward. Centred
+    on the group's first reward first (as :func:`_centered`), so equal rewards give
+    exactly 0."""
+    check_params("opo", params)
+    rewards = np.asarray(rewards, dtype=np.float64)
+    sizes = _checked_sizes(rewards, sizes)
+    weights = np.asarray(lengths, dtype=np.float64).reshape(-1)
+    if weights.size != rewards.size or (weights < 0).any():
+        raise ValueError(
+            f"opo needs one length >= 0 per completion: {rewards.size} rewards, lengths "
+            f"{weights.tolist()}"
+        )
+    if rewards.size == 0:
+        return np.zeros(0)
+    totals = np.repeat(_group_sums(weights, sizes), sizes)
+    weights = np.where(totals > 0, weights, 1.0)  # no trained token: equal weights
+    d = rewards - np.repeat(rewards[_starts(sizes)], sizes)
+    baseline = _group_sums(weights * d, sizes) / _group_sums(weights, sizes)
+    return d - np.repeat(baseline, sizes)

@@ -448,7 +448,8 @@ class AdvantagePipeline:
         """Step 2: one episode advantage per completion of the kept groups."""
         if self._episode is None or not kept:
             return np.zeros(0)
-        return self._episode([g.rewards_G for g in kept], dict(self.advantage_params))
+        lengths = [np.array([x.size for x in g.logprobs_G_T], dtype=np.int64) for g in kept]
+        return self._episode([g.rewards_G for g in kept], dict(self.advantage_params), lengths)
 
     def _tokens(self, kept: list[TokenGroup]) -> _Tokens:
         """Step 3: the uncertainty of every kept token, with the planning-token indices."""

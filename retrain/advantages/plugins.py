@@ -21,9 +21,10 @@ import numpy as np
 from retrain import registry
 from retrain.errors import PluginError, RetrainError
 
-# The kept groups' rewards (one array per group) and the advantage params -> one
-# episode advantage per completion, all groups concatenated.
-EpisodeFn = Callable[[list[np.ndarray], dict], np.ndarray]
+# The kept groups' rewards (one array per group), the advantage params and the groups'
+# completion lengths (trained tokens, one array per group; read by a built-in whose entry
+# says `reads_lengths`) -> one episode advantage per completion, all groups concatenated.
+EpisodeFn = Callable[[list[np.ndarray], dict, list[np.ndarray]], np.ndarray]
 
 # ------------------------------------------------------------------ resolution
 
@@ -75,22 +76,26 @@ def episode_fn(name: str, search_paths: Iterable[str]) -> EpisodeFn:
     entry = builtin_entry(registry.ADVANTAGE_MODES, name)
     if entry is not None and entry.grouped:
         grouped = registry.import_object(entry.grouped)
+        reads_lengths = entry.reads_lengths
 
-        def run_grouped(rewards: list[np.ndarray], params: dict) -> np.ndarray:
+        def run_grouped(rewards: list[np.ndarray], params: dict, lengths: list) -> np.ndarray:
             sizes = np.array([r.size for r in rewards], dtype=np.int64)
-            return np.asarray(grouped(np.concatenate(rewards), sizes, params), dtype=np.float64)
+            args = (np.concatenate(rewards), sizes, params)
+            if reads_lengths:
+                return np.asarray(grouped(*args, lengths=np.concatenate(lengths)), np.float64)
+            return np.asarray(grouped(*args), dtype=np.float64)
 
         return run_grouped
     if entry is not None and not entry.plugin:
         fn = registry.ADVANTAGE_MODES.resolve(name)
 
-        def run_builtin(rewards: list[np.ndarray], params: dict) -> np.ndarray:
+        def run_builtin(rewards: list[np.ndarray], params: dict, lengths: list) -> np.ndarray:
             return np.concatenate([np.asarray(fn(r, params), dtype=np.float64) for r in rewards])
 
         return run_builtin
     plugin = _rewards_and_params(resolve_callable(registry.ADVANTAGE_MODES, name, search_paths))
 
-    def run_plugin(rewards: list[np.ndarray], params: dict) -> np.ndarray:
+    def run_plugin(rewards: list[np.ndarray], params: dict, lengths: list) -> np.ndarray:
         out = []
         for r in rewards:
             result = call_plugin("advantage_mode", name, plugin, r.tolist(), params)

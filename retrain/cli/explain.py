@@ -287,6 +287,10 @@ def objective_summary(config: Config) -> str:
         f"with covariance in ({t.clip_cov_lb:g}, {t.clip_cov_ub:g}) cut out)",
         "kl_cov": f"kl_cov ({t.kl_cov_beta:g} |log r| on the top {t.kl_cov_fraction:g} of the "
         "tokens by covariance)",
+        "gpg": "gpg (plain policy gradient -A logp, no ratio)",
+        "gmpo": f"gmpo (geometric mean of the ratios, log r clipped to [{-t.clip_eps:g}, {high:g}])",
+        "dppo": f"dppo (tokens whose probability moved beyond -{t.clip_eps:g} / +{high:g} "
+        "dropped" + (f", {t.dppo_kl_coef:g} (log r)^2" if t.dppo_kl_coef > 0 else "") + ")",
     }
     # a dotted path otherwise (config validation admits nothing else)
     loss = losses.get(

@@ -323,8 +323,8 @@ PEER_NAMES: tuple[PeerName, ...] = (
         "algorithm.adv_estimator",
         "algorithm.advantage_mode",
         convert='"grpo" is "grpo_std" ("grpo" with norm_adv_by_std_in_grpo = false); "rloo", '
-        '"reinforce_plus_plus" and "reinforce_plus_plus_baseline" are the same names; "gae" '
-        'needs a critic and "remax", "opo" and the others are not built in',
+        '"opo", "reinforce_plus_plus" and "reinforce_plus_plus_baseline" are the same names; '
+        '"gae" needs a critic and "remax", "gpg" and the others are not built in',
     ),
     *_peers(
         VERL,

@@ -146,7 +146,11 @@ class ModelConfig:
 class AlgorithmConfig:
     advantage_mode: str = opt(
         "maxrl",
-        "Episode-level advantage: grpo, maxrl, or a dotted path fn(rewards[, params])",
+        "Episode-level advantage, one per completion from its group's rewards: grpo (r - "
+        "mean, Dr. GRPO), grpo_std (GRPO: / the group's std), maxrl (/ the mean reward), rloo "
+        "(leave-one-out), reinforce_pp and reinforce_pp_baseline (REINFORCE++: normalised over "
+        "the step's batch), opo (r - the length-weighted mean reward of the group), or a "
+        "dotted path fn(rewards[, params]) (retrain man --topic advantages)",
         registry_name="advantage_mode",
     )
     transform_mode: str = opt(
@@ -172,7 +176,10 @@ class AlgorithmConfig:
         le=1.0,
     )
     advantage_params: dict = opt(
-        {}, "Parameters passed to a dotted-path advantage_mode ([algorithm.advantage_params])"
+        {},
+        "Parameters of the advantage mode ([algorithm.advantage_params]): eps for grpo_std "
+        "(default 1e-6), maxrl (1e-6), reinforce_pp and reinforce_pp_baseline (1e-8); rloo and "
+        "opo read none; a dotted-path mode gets the whole table",
     )
     transform_params: dict = opt(
         {}, "Parameters passed to a dotted-path transform/algorithm ([algorithm.transform_params])"
@@ -210,21 +217,26 @@ class TrainingConfig:
         "(-min(A r, A clip(r, 1 - clip_eps, 1 + clip_eps_high))), gspo (ppo_clip on GSPO's "
         "length-normalised sequence ratio), cispo (-sg(clip(r, ...)) A logp), sapo (a soft "
         "gate in place of the clip), vespo (a Gamma weight of the sequence ratio), clip_cov "
-        "or kl_cov (high-covariance tokens cut out or KL-penalised), or a dotted path to your "
+        "or kl_cov (high-covariance tokens cut out or KL-penalised), gpg (-A logp, no ratio), "
+        "gmpo (GMPO: the geometric mean of the completion's log-clipped ratios), dppo "
+        "(DPPO-Binary-TV, prime-rl's loss: -A r, dropped where p - p_sampler leaves "
+        "[-clip_eps, clip_eps_high]), or a dotted path to your "
         "objective fn(inputs, hyper) -> TokenLoss (local backend only; retrain man --topic loss)",
         registry_name="policy_loss",
     )
     clip_eps: float = opt(
         0.2,
         "ppo_clip, gspo, cispo, clip_cov: lower clip range, the ratio is kept >= 1 - clip_eps "
-        "(cispo: 1 = no lower bound)",
+        "(cispo: 1 = no lower bound); gmpo: the log ratio is kept >= -clip_eps; dppo: a token "
+        "whose probability fell by more than clip_eps (A < 0) is dropped",
         gt=0.0,
         le=1.0,
     )
     clip_eps_high: float = opt(
         0.0,
         "ppo_clip, gspo, cispo, clip_cov: upper clip range (1 + clip_eps_high); above clip_eps "
-        "is DAPO's clip-higher. 0 = clip_eps",
+        "is DAPO's clip-higher; gmpo: the log ratio's upper bound; dppo: the probability's "
+        "largest rise (A > 0). 0 = clip_eps",
         ge=0.0,
     )
     clip_ratio_c: float = opt(
@@ -265,6 +277,12 @@ class TrainingConfig:
     )
     kl_cov_beta: float = opt(
         1.0, "kl_cov: the penalty's coefficient on |logp - logp_sampler|", ge=0.0
+    )
+    dppo_kl_coef: float = opt(
+        0.0,
+        "dppo: coefficient of (logp - logp_sampler)^2 on every trained token (prime-rl's "
+        "kl_tau, 1e-3 there; a penalty towards the sampler, not the reference model). 0 = off",
+        ge=0.0,
     )
     adv_clip_max: float = opt(
         0.0, "Clip token advantages to [-adv_clip_max, adv_clip_max] in the loss. 0 = off", ge=0.0

@@ -189,7 +189,7 @@ def _objective(config: Config) -> Problems:
     t = config.training
     defaults = {f.name: f.default for f in fields(t)}
     users = {  # key -> the built-in objectives that read it
-        "clip_eps_high": ("ppo_clip", "gspo", "cispo", "clip_cov"),
+        "clip_eps_high": ("ppo_clip", "gspo", "cispo", "clip_cov", "gmpo", "dppo"),
         "clip_ratio_c": ("ppo_clip", "gspo"),
         "ratio_level": ("cispo", "sapo"),
         **dict.fromkeys(("sapo_tau_pos", "sapo_tau_neg"), ("sapo",)),
@@ -198,6 +198,7 @@ def _objective(config: Config) -> Problems:
         ),
         **dict.fromkeys(("clip_cov_fraction", "clip_cov_lb", "clip_cov_ub"), ("clip_cov",)),
         **dict.fromkeys(("kl_cov_fraction", "kl_cov_beta"), ("kl_cov",)),
+        "dppo_kl_coef": ("dppo",),
     }
     problems: Problems = []
     if registry.OBJECTIVES.is_builtin(t.policy_loss):
@@ -266,7 +267,17 @@ def _correction(config: Config, defaults: dict) -> Problems:
                 "too. Fix: keep one of them",
             )
         ]
-    sequence_ratio = t.policy_loss in ("gspo", "vespo") or (
+    if t.is_correction == "truncate" and t.policy_loss == "gpg":
+        return [
+            (
+                "[training] is_correction",
+                "truncation replaces each token's importance ratio by a truncated weight, and "
+                'policy_loss "gpg" (-A logp) has no ratio to replace. Fix: is_correction = '
+                '"mask" (drop the tokens or completions outside the band), or policy_loss = '
+                '"is" (-A r)',
+            )
+        ]
+    sequence_ratio = t.policy_loss in ("gspo", "vespo", "gmpo") or (
         t.policy_loss in ("cispo", "sapo") and t.ratio_level == "sequence"
     )
     if t.is_correction == "truncate" and t.is_level != "token" and sequence_ratio:

@@ -4,15 +4,16 @@ records and the numpy helpers stay light.
 
     records.py      LossInputs -> objective -> TokenLoss; LossOutputs, LossStats
     objectives.py   the built-in policy losses is, ppo_clip, gspo, cispo, sapo, vespo,
-                    clip_cov, kl_cov (the targets of retrain.registry.OBJECTIVES,
-                    `[training] policy_loss`)
+                    clip_cov, kl_cov, gpg, gmpo, dppo (the targets of
+                    retrain.registry.OBJECTIVES, `[training] policy_loss`)
     correction.py   the off-policy correction (tis_cap, is_correction, is_level) and the
                     mismatch_kl metric
     selection.py    the step-wide token selection of clip_cov and kl_cov (numpy)
     compose.py      LossFn: an objective resolved once, composed with advantage
                     clipping, the correction, the KL penalty and the aggregation
     aggregation.py  the per-completion weights of `[training] loss_agg`
-    peers.py        the map from other trainers' loss settings (TRL, ...) to retrain's
+    peers.py        the map from other trainers' loss settings (TRL, verl, prime-rl, ...)
+                    to retrain's
 
 The composition root (retrain/build.py) resolves the configured objective once
 (`resolve_objective(policy_loss)`, into LocalSettings.loss) and the backend calls the

@@ -3,8 +3,8 @@ shares composed around it once, here:
 
     A_t   <- clip(A_t, -adv_clip_max, adv_clip_max)       when adv_clip_max > 0
     l_t    = objective(inputs, hyper).per_token             (is, ppo_clip, gspo, cispo, sapo,
-                                                             vespo, clip_cov, kl_cov, a
-                                                             dotted path)
+                                                             vespo, clip_cov, kl_cov, gpg,
+                                                             gmpo, dppo, a dotted path)
     l_t   *= c_t                                            the off-policy correction
             (retrain.loss.correction: the trainer/sampler importance weight truncated or
             masked at the token, sequence or geometric level; `tis_cap` is token-level

@@ -165,6 +165,79 @@ def vespo(inputs: LossInputs, hyper: TrainHyper) -> TokenLoss:
     return TokenLoss(-(phi * adv * inputs.logp))
 
 
+def gpg(inputs: LossInputs, hyper: TrainHyper) -> TokenLoss:
+    """`gpg`: Group Policy Gradient (Chu et al. 2025, "GPG: A Simple and Strong
+    Reinforcement Learning Baseline for Model Reasoning", arXiv 2504.02546): the plain
+    policy gradient, no ratio, no clip, no trust region,
+
+        l_t = -A_t logp_t,   gradient -A_t d logp_t,
+
+    verl's `compute_policy_loss_gpg` (aggregated by its loss_agg_mode, token-mean by
+    default). Its gradient is `is`'s where the trainer and the sampler agree (r = 1); off
+    policy it does not weigh by r. GPG's batch scale alpha = B / B_valid is part of its
+    advantage (verl's adv_estimator gpg), not of this loss. Never clips."""
+    return TokenLoss(-(inputs.advantages * inputs.logp))
+
+
+def gmpo(inputs: LossInputs, hyper: TrainHyper) -> TokenLoss:
+    """`gmpo`: Geometric-Mean Policy Optimization (Zhao et al. 2025, "Geometric-Mean Policy
+    Optimization", arXiv 2507.20673; verl's `geo_mean`): PPO on the geometric mean of a
+    completion's token ratios, each clipped in log space,
+
+        l_i = -A_i exp((1/|o_i|) sum_t g_i min(g_i log r_t, g_i clip(log r_t, -eps, eps_high))),
+
+    g_i = sign(A_i), eps / eps_high = clip_eps / clip_eps_high, and A_i the mean of the completion's token advantages (GMPO's
+    advantage is one per completion). The clip bites above clip_eps_high where A_i > 0 and
+    below -clip_eps where A_i < 0; a token cut there is constant in logp and marked
+    clipped. The bounds are on log r: the paper's (e^-0.4, e^0.4) is clip_eps =
+    clip_eps_high = 0.4. Per token, as GSPO-token: every trained token has the value l_i,
+    and token t the derivative -A_i s_i u_t in its own logp (u_t = 0 where cut), so with
+    `seq_mean_token_mean` the step's loss is (1/G) sum_i l_i, GMPO's and verl's (which
+    averages l_i over the completions whatever its loss_agg_mode), gradient included."""
+    import torch
+
+    mask = inputs.mask
+    lengths = inputs.lengths()
+    adv = (inputs.advantages * mask).sum(-1, keepdim=True) / lengths
+    sign = adv.sign()
+    log_r = inputs.log_ratio()
+    low, high = -hyper.clip_eps, hyper.clip_eps_high
+    cut = mask & (((sign > 0) & (log_r > high)) | ((sign < 0) & (log_r < low)))
+    kept = torch.where(cut, log_r.clamp(low, high).detach(), log_r)
+    log_s = (kept.sum(-1, keepdim=True) / lengths).detach()
+    # straight-through: value s_i, derivative s_i in the token's own logp where not cut
+    own = torch.where(cut, torch.zeros_like(log_r), inputs.logp - inputs.logp.detach())
+    per_token = -(adv * torch.where(mask, log_s + own, torch.zeros_like(own)).exp())
+    return TokenLoss(per_token, cut)
+
+
+def dppo(inputs: LossInputs, hyper: TrainHyper) -> TokenLoss:
+    """`dppo`: DPPO-Binary-TV (Divergence PPO, arXiv 2602.04879), prime-rl's default loss:
+    the importance-sampling policy gradient inside a trust region on the probability
+    itself, p_t = exp(logp_t), rather than on the ratio,
+
+        l_t = -A_t r_t + dppo_kl_coef (logp_t - logp_sampler_t)^2,
+
+    with the policy term dropped (the squared term kept) where the token left the region
+    in the direction its advantage pushes: p_t - p_sampler_t > clip_eps_high where
+    A_t > 0, p_t - p_sampler_t < -clip_eps otherwise. Those tokens have no policy
+    gradient and count as clipped. The squared log ratio to the sampler is the Kimi K2.5
+    regulariser prime-rl adds (its kl_tau, 1e-3); it is not the KL to the reference model
+    (`kl_coef`), and an off-policy correction scales it with the token's loss. prime-rl's
+    region is dppo_mask_low / dppo_mask_high (0.2), here clip_eps / clip_eps_high; its
+    adv_tau scales A. verl's `dppo_tv` has the same region and gradient but weighs by
+    sg(min(r, clip_ratio_c)) logp (an is_correction = "truncate" at is_high =
+    clip_ratio_c here)."""
+    import torch
+
+    adv = inputs.advantages
+    log_r = inputs.log_ratio()
+    moved = inputs.logp.detach().exp() - inputs.sampler_logp.exp()
+    out = inputs.mask & torch.where(adv > 0, moved > hyper.clip_eps_high, moved < -hyper.clip_eps)
+    policy = torch.where(out, torch.zeros_like(log_r), -(adv * log_r.exp()))
+    return TokenLoss(policy + hyper.dppo_kl_coef * log_r * log_r, out)
+
+
 def _selected(inputs: LossInputs, name: str) -> Tensor:
     if inputs.selected is None:
         raise ValueError(

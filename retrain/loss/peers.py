@@ -282,4 +282,70 @@ OTHER_ROWS: tuple[PeerLoss, ...] = (
     ),
 )
 
-PEER_LOSSES: tuple[PeerLoss, ...] = TRL_ROWS + OTHER_ROWS
+VERL_GMPO_CLIP = {"clip_ratio_low": 0.4, "clip_ratio_high": 0.4}  # GMPO's recipe: e^-0.4, e^0.4
+
+POLICY_GRADIENT_ROWS: tuple[PeerLoss, ...] = (
+    PeerLoss(
+        "verl",
+        "policy_loss.loss_mode=gpg",
+        {"policy_loss": "gpg"},
+        "GPG (Chu et al. 2025): -A logp, no ratio, aggregated by loss_agg_mode (token-mean by "
+        "default, retrain's token_mean). verl's GPG recipe also sets adv_estimator = gpg, "
+        "alpha (r - group mean) with alpha = B / (number of nonzero rewards in the batch), "
+        "which retrain does not build (the paper's alpha counts the samples of informative "
+        'groups instead); without alpha it is advantage_mode = "grpo". ' + _READ_ONLY_NOTE,
+        {"loss_mode": "gpg"},
+    ),
+    PeerLoss(
+        "verl",
+        "policy_loss.loss_mode=geo_mean",
+        {
+            "policy_loss": "gmpo",
+            "clip_eps": 0.4,
+            "clip_eps_high": 0.4,
+            "loss_agg": "seq_mean_token_mean",
+        },
+        "GMPO (Zhao et al. 2025): -A_i x the geometric mean of the completion's token ratios, "
+        "each clipped in log space to [-clip_ratio_low, clip_ratio_high]; verl averages over "
+        "the completions whatever its loss_agg_mode (seq_mean_token_mean here). verl clips "
+        "with each token's advantage sign and averages the token advantages, retrain with "
+        "the sign of that average: the same for one advantage per completion, the only case "
+        "verl supports. verl's pg_clipfrac counts every token outside the band, retrain's "
+        "clip_fraction only those the clip cut (upper side for A > 0, lower for A < 0). "
+        + _READ_ONLY_NOTE,
+        {"loss_mode": "geo_mean", **VERL_GMPO_CLIP},
+    ),
+    PeerLoss(
+        "verl",
+        "policy_loss.loss_mode=dppo_tv",
+        {"policy_loss": "dppo", "is_correction": "truncate", "is_high": 20.0},
+        "DPPO-Binary-TV (arXiv 2602.04879): clip_ratio_low / clip_ratio_high are the region "
+        "on p - p_old (clip_eps / clip_eps_high), and verl weighs the kept tokens by "
+        "sg(min(r, clip_ratio_c)) logp, clip_ratio_c = 20: the gradient of retrain's "
+        "-A r under token truncation at is_high = 20 (the logged loss differs: verl's "
+        "surrogate is -A w logp). verl's dppo_kl (a binary-KL region) has no retrain "
+        "equivalent. " + _READ_ONLY_NOTE,
+        {"loss_mode": "dppo_tv", "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 20},
+    ),
+    PeerLoss(
+        "prime-rl",
+        "trainer.loss (type = default)",
+        {"policy_loss": "dppo", "dppo_kl_coef": 0.001},
+        "prime-rl's default_loss_fn: DPPO-Binary-TV plus kl_tau (trainer - inference log "
+        "ratio)^2 on every loss token (the Kimi K2.5 term; not a KL to a reference model, so "
+        "not kl_coef), summed and divided by the step's loss tokens (token_mean). "
+        "dppo_mask_low / dppo_mask_high are clip_eps / clip_eps_high (0.2 both). adv_tau "
+        "(1.0) scales the advantages and has no key: adv_tau = c is dppo_kl_coef = kl_tau / "
+        "c with the loss scaled by c. Its ipo loss type (a symmetric region |p - p_inf|) has "
+        "no retrain equivalent. " + _READ_ONLY_NOTE,
+        {
+            "type": "default",
+            "dppo_mask_low": 0.2,
+            "dppo_mask_high": 0.2,
+            "adv_tau": 1.0,
+            "kl_tau": 1e-3,
+        },
+    ),
+)
+
+PEER_LOSSES: tuple[PeerLoss, ...] = TRL_ROWS + OTHER_ROWS + POLICY_GRADIENT_ROWS

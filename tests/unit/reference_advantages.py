@@ -55,6 +55,14 @@ def ref_rloo(rewards):
     return [r - (total - r) / (n - 1) for r in rewards]
 
 
+def ref_opo(rewards, lengths):
+    """r_i minus the length-weighted mean reward of the group (OPO's optimal baseline);
+    equal weights when no completion has a token."""
+    weights = list(lengths) if sum(lengths) > 0 else [1] * len(rewards)
+    baseline = sum(w * r for w, r in zip(weights, rewards)) / sum(weights)
+    return [r - baseline for r in rewards]
+
+
 def _ref_whiten(xs, eps):
     """(x - batch mean) / sqrt(batch sample variance + eps), one value per completion."""
     if not xs:
@@ -100,9 +108,12 @@ BATCH_MODES = {
 }
 
 
-def ref_episode_batch(mode, groups_rewards, **params):
-    """Episode advantages of a batch of groups (lists of rewards): one list per group."""
+def ref_episode_batch(mode, groups_rewards, lengths=None, **params):
+    """Episode advantages of a batch of groups (lists of rewards): one list per group.
+    `lengths` (per group, per completion: its tokens) is what `opo` reads."""
     groups_rewards = [[float(r) for r in g] for g in groups_rewards]
+    if mode == "opo":
+        return [ref_opo(g, n) for g, n in zip(groups_rewards, lengths, strict=True)]
     if mode in BATCH_MODES:
         return BATCH_MODES[mode](groups_rewards, **params)
     return [PER_GROUP_MODES[mode](g, **params) for g in groups_rewards]
@@ -206,7 +217,8 @@ def ref_token_advantages(
     given by ref_batch_advantages for the batch modes; else the group is the batch."""
     rewards = [float(r) for r in rewards]
     if episode is None:
-        episode = ref_episode_batch(advantage_mode, [rewards])[0]
+        lengths = [[len(x) for x in logprobs_G_T]]
+        episode = ref_episode_batch(advantage_mode, [rewards], lengths)[0]
     out, hs = [], []
     for i, a in enumerate(episode):
         lps = [float(x) for x in logprobs_G_T[i]]
@@ -241,8 +253,10 @@ def ref_batch_advantages(groups, **kwargs):
     """Per group: None when all rewards are equal, else the token advantages. The
     episode advantages are computed over the kept groups only (the batch of the
     reinforce_pp modes)."""
-    kept = [list(g[0]) for g in groups if not all(r == g[0][0] for r in g[0])]
-    episodes = iter(ref_episode_batch(kwargs.get("advantage_mode", "maxrl"), kept))
+    informative = [g for g in groups if not all(r == g[0][0] for r in g[0])]
+    kept = [list(g[0]) for g in informative]
+    lengths = [[len(x) for x in g[1]] for g in informative]
+    episodes = iter(ref_episode_batch(kwargs.get("advantage_mode", "maxrl"), kept, lengths))
     result = []
     for rewards, logprobs, planning in groups:
         if all(r == rewards[0] for r in rewards):

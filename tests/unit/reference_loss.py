@@ -1,6 +1,7 @@
 """A plain, per-token Python reference of the objective (retrain/loss/, `retrain man
 --topic loss`): the policy losses is, ppo_clip (clip-higher, dual clip), gspo, cispo, sapo,
-vespo, clip_cov and kl_cov (with their covariance selection), advantage clipping, the
+vespo, clip_cov and kl_cov (with their covariance selection), gpg, gmpo and dppo, advantage
+clipping, the
 off-policy correction (truncate / mask at the token, sequence and geometric level; tis_cap),
 the k1/k2/k3 KL penalty and the five aggregations, each token's loss and its derivative
 d loss / d logp written out by hand.
@@ -53,14 +54,29 @@ def ref_clipped_surrogate(a, x, d_x, hyper, dual=True):
     return objective, d_objective, clipped
 
 
-def ref_policy_loss(lp, old, a, hyper, s=None, log_w=None, selected=False):
+def ref_policy_loss(lp, old, a, hyper, s=None, log_w=None, selected=False, gm=None):
     """(loss, d loss / d logp, clipped?) of one token under hyper.policy_loss, `a` already
     clipped; `s` the completion's GSPO ratio, `log_w` its summed log ratio (vespo),
-    `selected` the covariance selection's pick."""
+    `selected` the covariance selection's pick, `gm` the completion's (A_i, GMPO ratio)."""
     r = math.exp(lp - old)
     name = hyper.policy_loss
     if name == "is":
         return -a * r, -a * r, False  # d(-a e^{lp - old}) / d lp = -a r
+    if name == "gpg":
+        return -a * lp, -a, False
+    if name == "gmpo":
+        a_i, s_gm = gm  # every token carries l_i = -A_i s; its own logp moves s unless cut
+        d = lp - old
+        cut = (a_i > 0 and d > hyper.clip_eps_high) or (a_i < 0 and d < -hyper.clip_eps)
+        return -a_i * s_gm, 0.0 if cut else -a_i * s_gm, cut
+    if name == "dppo":
+        moved = math.exp(lp) - math.exp(old)
+        out = moved > hyper.clip_eps_high if a > 0 else moved < -hyper.clip_eps
+        d = lp - old
+        kl, dkl = hyper.dppo_kl_coef * d * d, 2 * hyper.dppo_kl_coef * d
+        if out:  # left the trust region: only the squared log ratio stays
+            return kl, dkl, True
+        return -a * r + kl, -a * r + dkl, False
     if name in ("ppo_clip", "gspo"):
         x = r if name == "ppo_clip" else s  # d x / d lp = x (straight-through for s)
         objective, d_objective, clipped = ref_clipped_surrogate(a, x, x, hyper)
@@ -116,12 +132,36 @@ def ref_correction(hyper):
     return hyper.is_correction, hyper.is_level, hyper.is_low, hyper.is_high
 
 
-def ref_token(lp, old, a, hyper, ref=None, *, s=None, log_w=None, w_level=None, selected=False):
+def ref_adv_clip(a, hyper):
+    if hyper.adv_clip_max > 0:
+        return min(max(a, -hyper.adv_clip_max), hyper.adv_clip_max)
+    return a
+
+
+def ref_gmpo(lp, old, adv, trained, hyper):
+    """(A_i, s_i) of GMPO: the mean clipped advantage, and exp of the mean log ratio with
+    each token's clipped on the side sign(A_i) pushes (min(d, eps_high) for A_i > 0,
+    max(d, -eps) for A_i < 0)."""
+    n = max(len(trained), 1)
+    a_i = sum(ref_adv_clip(adv[t], hyper) for t in trained) / n
+    logs = []
+    for t in trained:
+        d = lp[t] - old[t]
+        if a_i > 0:
+            d = min(d, hyper.clip_eps_high)
+        elif a_i < 0:
+            d = max(d, -hyper.clip_eps)
+        logs.append(d)
+    return a_i, math.exp(sum(logs) / n)
+
+
+def ref_token(
+    lp, old, a, hyper, ref=None, *, s=None, log_w=None, w_level=None, selected=False, gm=None
+):
     """One trained token: advantage clip, policy loss, correction, KL (in that order).
     `w_level` is the correction's weight at its level (None: this token's ratio)."""
-    if hyper.adv_clip_max > 0:
-        a = min(max(a, -hyper.adv_clip_max), hyper.adv_clip_max)
-    loss, grad, clipped = ref_policy_loss(lp, old, a, hyper, s, log_w, selected)
+    a = ref_adv_clip(a, hyper)
+    loss, grad, clipped = ref_policy_loss(lp, old, a, hyper, s, log_w, selected, gm)
     rho = math.exp(lp - old)
     out = RefToken(loss, grad, clipped, mismatch=rho - 1 - math.log(rho))
     kind, _, low, high = ref_correction(hyper)
@@ -204,6 +244,7 @@ def ref_completion(lp, old, adv, ref, mask, hyper, picks):
     s = math.exp(log_sum / max(len(trained), 1))
     _, level, _, _ = ref_correction(hyper)
     w_level = {"token": None, "sequence": math.exp(log_sum), "geometric": s}[level]
+    gm = ref_gmpo(lp, old, adv, trained, hyper) if hyper.policy_loss == "gmpo" else None
     out = []
     for t in range(len(lp)):
         if not mask[t]:
@@ -213,7 +254,7 @@ def ref_completion(lp, old, adv, ref, mask, hyper, picks):
         out.append(
             ref_token(
                 lp[t], old[t], adv[t], hyper, r, s=s, log_w=log_sum, w_level=w_level,
-                selected=picks[t],
+                selected=picks[t], gm=gm,
             )
         )  # fmt: skip
     return out

@@ -1,4 +1,5 @@
-"""The peers' advantage estimators: grpo_std, rloo, reinforce_pp, reinforce_pp_baseline.
+"""The peers' advantage estimators: grpo_std, rloo, reinforce_pp, reinforce_pp_baseline,
+opo (remax is not built: see the manual).
 
 Hand-worked cases, agreement with the plain references in reference_advantages.py on
 seeded random inputs (per group, batched, and through the pipeline), the batch-wide
@@ -35,6 +36,8 @@ from retrain.advantages.episode import (  # noqa: E402
     grpo_grouped,
     grpo_std,
     grpo_std_grouped,
+    opo,
+    opo_grouped,
     reinforce_pp,
     reinforce_pp_baseline,
     reinforce_pp_baseline_grouped,
@@ -333,7 +336,7 @@ def test_grpo_and_maxrl_params_keep_their_old_meaning():
     AdvantagePipeline(advantage_mode="grpo", advantage_params={"normalize_std": True})
     AdvantagePipeline(advantage_mode="maxrl", advantage_params={"eps": 1e-3, "other": 1})
     assert check_params("grpo", {"anything": 1}) == {}
-    assert set(PARAMS) == set(NEW_MODES)
+    assert set(PARAMS) == {*NEW_MODES, "opo"}
 
 
 def test_eps_param_reaches_the_batched_form():
@@ -360,8 +363,10 @@ def test_registry_entries_and_aliases():
     assert ADVANTAGE_MODES.canonical("reinforce_plus_plus_baseline") == "reinforce_pp_baseline"
     assert ADVANTAGE_MODES.resolve("reinforce_plus_plus") is reinforce_pp
     assert ADVANTAGE_MODES.resolve("reinforce_plus_plus_baseline") is reinforce_pp_baseline
-    for name in ("remax", "opo"):  # not built, and no name for them (see the manual)
-        assert ADVANTAGE_MODES.entry(name) is None
+    opo_entry = ADVANTAGE_MODES.entry("opo")
+    assert opo_entry.available and opo_entry.grouped and opo_entry.reads_lengths
+    assert not any(ADVANTAGE_MODES.entry(m).reads_lengths for m in ALL_MODES)
+    assert ADVANTAGE_MODES.entry("remax") is None  # not built, no name (see the manual)
 
 
 @pytest.mark.parametrize("mode", NEW_MODES)
@@ -392,5 +397,69 @@ def test_explain_and_plugins_know_the_new_modes(capsys):
 def test_manual_documents_the_new_modes(capsys):
     assert main(["man", "--topic", "advantages"]) == 0
     out = capsys.readouterr().out
-    for name in (*NEW_MODES, *(f"{m}_none" for m in NEW_MODES), "remax", "opo"):
+    for name in (*NEW_MODES, *(f"{m}_none" for m in NEW_MODES), "remax", "opo", "opo_none"):
         assert f"`{name}`" in out, name
+
+
+# ------------------------------------------------------------------ opo
+
+
+def test_opo_hand_worked():
+    """Rewards 1, 0, 0 with 1, 3 and 4 trained tokens: b = (1 x 1) / 8 = 1/8, so
+    A = 7/8, -1/8, -1/8 (grpo's mean 1/3 would give 2/3, -1/3, -1/3): a long completion
+    weighs more in the baseline."""
+    np.testing.assert_allclose(opo([1.0, 0.0, 0.0], lengths=[1, 3, 4]), [7 / 8, -1 / 8, -1 / 8])
+    # equal lengths: grpo
+    np.testing.assert_allclose(opo([3.0, 1.0, 2.0], lengths=[5, 5, 5]), grpo([3.0, 1.0, 2.0]))
+    # a group none of whose completions has a trained token: equal weights
+    np.testing.assert_allclose(opo([1.0, 0.0], lengths=[0, 0]), [0.5, -0.5])
+    # equal rewards: exactly 0, whatever the lengths
+    assert opo([0.1, 0.1, 0.1], lengths=[1, 7, 2]).tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="one length >= 0 per completion"):
+        opo([1.0, 0.0], lengths=[3])
+
+
+def test_opo_batched_matches_the_reference_on_random_groups():
+    rng = np.random.default_rng(29)
+    for _ in range(40):
+        groups = [
+            rng.normal(0.0, 2.0, size=int(rng.integers(1, 9))).tolist()
+            for _ in range(int(rng.integers(1, 10)))
+        ]
+        lengths = [rng.integers(0, 50, size=len(g)).tolist() for g in groups]
+        rewards, sizes = _flat(groups)
+        got = opo_grouped(rewards, sizes, {}, lengths=np.concatenate(lengths))
+        want = np.concatenate(ref_episode_batch("opo", groups, lengths))
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+        per_group = np.concatenate([opo(g, lengths=n) for g, n in zip(groups, lengths)])
+        np.testing.assert_allclose(got, per_group, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("transform", ["none", "gtpo", "gtpo_hicra", "gtpo_sepa"])
+def test_opo_through_the_pipeline_reads_each_completions_tokens(transform):
+    """The pipeline hands opo the size of each completion's logprobs (the tokens it is
+    trained on): the plain reference, fed the same lengths, agrees."""
+    rng = np.random.default_rng(zlib.crc32(f"opo/{transform}".encode()))
+    groups = [_group(rng, rng.integers(0, 2, size=6).astype(float), t_max=60) for _ in range(10)]
+    kw = dict(advantage_mode="opo", transform_mode=transform, gtpo_beta=0.4, hicra_alpha=0.3)
+    fast = AdvantagePipeline(**kw)(groups, sepa_lambda=0.6)
+    as_tuples = [(g.rewards_G.tolist(), g.logprobs_G_T, g.planning_G_T) for g in groups]
+    ref = ref_batch_advantages(as_tuples, sepa_lambda=0.6, **kw)
+    assert [a is None for a in fast.advantages] == [a is None for a in ref]
+    for fg, rg in zip(fast.advantages, ref):
+        for f, r in zip(fg or [], rg or []):
+            np.testing.assert_allclose(f, r, rtol=1e-9, atol=1e-9)
+    one = compute_token_advantages(
+        groups[0].rewards_G, groups[0].logprobs_G_T, None, advantage_mode="opo",
+        transform_mode="none",
+    )  # fmt: skip
+    want = opo(groups[0].rewards_G, lengths=[x.size for x in groups[0].logprobs_G_T])
+    for tokens, a in zip(one, want):
+        np.testing.assert_allclose(tokens, np.full(tokens.size, a))
+
+
+def test_opo_takes_no_parameters():
+    with pytest.raises(ConfigError, match="does not read 'eps' \\(it reads no parameters\\)"):
+        AdvantagePipeline(advantage_mode="opo", advantage_params={"eps": 1e-6})
+    entry = ALGORITHM_MODES.entry("opo_none")
+    assert entry is not None and entry.alias_of == ("opo", "none")

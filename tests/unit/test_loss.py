@@ -380,6 +380,9 @@ def test_local_supports_every_option_and_tinker_what_its_service_computes():
         "vespo",
         "clip_cov",
         "kl_cov",
+        "gpg",
+        "gmpo",
+        "dppo",
         "dual_clip",
         "sequence_ratio",
         "adv_clip",
@@ -463,6 +466,8 @@ def test_the_new_keys_reach_the_train_hyper_and_name_their_options():
         "vespo": dict(vespo_k_pos=1.0, vespo_lambda_pos=2.0, vespo_k_neg=0.5, vespo_lambda_neg=4.0),
         "clip_cov": dict(clip_cov_fraction=0.01, clip_cov_lb=0.5, clip_cov_ub=2.0),
         "kl_cov": dict(kl_cov_fraction=0.002, kl_cov_beta=0.3),
+        "dppo": dict(clip_eps=0.1, clip_eps_high=0.3, dppo_kl_coef=0.001),
+        "gmpo": dict(clip_eps=0.4, clip_eps_high=0.5),
     }.items():
         hyper = train_hyper(config_from_dict({"training": {"policy_loss": policy_loss, **keys}}))
         assert {k: getattr(hyper, k) for k in keys} == keys
@@ -527,6 +532,19 @@ def _loss_keys(hyper):
         ({"is_correction": "clip"}, "is_correction", "[training] is_correction"),
         ({"ratio_level": "word"}, "ratio_level", "[training] ratio_level"),
         ({"loss_agg": "bnpo_global"}, "loss_agg", "[training] loss_agg"),
+        ({"policy_loss": "gpg", "clip_eps_high": 0.3}, "clip_eps_high", '"gmpo" / "dppo"'),
+        ({"policy_loss": "gmpo", "dppo_kl_coef": 0.001}, "dppo_kl_coef", 'policy_loss = "dppo"'),
+        ({"policy_loss": "dppo", "dppo_kl_coef": -1.0}, "dppo_kl_coef", "[training] dppo_kl_coef"),
+        (
+            {"policy_loss": "gpg", "is_correction": "truncate"},
+            "is_correction",
+            '"gpg" (-A logp) has no ratio to replace',
+        ),
+        (
+            {"policy_loss": "gmpo", "is_correction": "truncate", "is_level": "geometric"},
+            "is_level",
+            "already weighs by a sequence ratio",
+        ),
     ],
 )
 def test_misused_new_loss_keys_are_config_errors(training, key, says):
@@ -546,6 +564,10 @@ def test_the_new_loss_keys_load_with_their_own_objectives():
         {"is_correction": "truncate", "is_level": "sequence", "is_low": 0.5, "is_high": 4.0},
         {"policy_loss": "gspo", "is_correction": "mask", "is_level": "geometric"},
         {"policy_loss": "my_losses.fn", "sapo_tau_pos": 3.0, "ratio_level": "sequence"},
+        {"policy_loss": "gpg", "is_correction": "mask", "is_level": "geometric"},
+        {"policy_loss": "gmpo", "clip_eps": 0.4, "clip_eps_high": 0.4},
+        {"policy_loss": "dppo", "clip_eps_high": 0.3, "dppo_kl_coef": 0.001},
+        {"policy_loss": "dppo", "is_correction": "truncate", "is_high": 20.0},
     ):
         config_from_dict({"training": training})
 
@@ -558,6 +580,9 @@ def test_the_new_loss_keys_load_with_their_own_objectives():
         ({"policy_loss": "vespo"}, "vespo"),
         ({"policy_loss": "clip_cov"}, "clip_cov"),
         ({"policy_loss": "kl_cov"}, "kl_cov"),
+        ({"policy_loss": "gpg"}, "gpg"),
+        ({"policy_loss": "gmpo"}, "gmpo"),
+        ({"policy_loss": "dppo"}, "dppo"),
         ({"policy_loss": "cispo", "ratio_level": "sequence"}, "sequence_ratio"),
         ({"tis_cap": 2.0}, "tis"),
         ({"is_correction": "truncate"}, "tis"),
@@ -606,9 +631,17 @@ def test_explain_names_the_objective_and_the_correction():
     assert "IS weight mask to [0.99, 1.01] (geometric)" in line
     tis = objective_summary(config_from_dict({"training": {"tis_cap": 2.0}}))
     assert "IS weight truncated at 2 (token)" in tis
-    for name in ("cispo", "sapo", "vespo", "clip_cov", "kl_cov"):
+    for name in ("cispo", "sapo", "vespo", "clip_cov", "kl_cov", "gpg", "gmpo", "dppo"):
         line = objective_summary(config_from_dict({"training": {"policy_loss": name}}))
         assert line.startswith(f"{name} (")
+    prime = {"policy_loss": "dppo", "dppo_kl_coef": 0.001}
+    assert objective_summary(config_from_dict({"training": prime})).startswith(
+        "dppo (tokens whose probability moved beyond -0.2 / +0.2 dropped, 0.001 (log r)^2)"
+    )
+    gmpo = {"policy_loss": "gmpo", "clip_eps": 0.4, "clip_eps_high": 0.4}
+    assert objective_summary(config_from_dict({"training": gmpo})).startswith(
+        "gmpo (geometric mean of the ratios, log r clipped to [-0.4, 0.4])"
+    )
 
 
 def test_tinker_refuses_kl_and_dual_clip_when_the_config_loads():

@@ -179,6 +179,14 @@ OPTIONS = [
     dict(is_correction="mask", is_level="geometric", is_low=0.8, is_high=1.25, kl_coef=0.05),
     dict(policy_loss="gspo", is_correction="mask", is_level="geometric", is_low=0.9),
     dict(policy_loss="cispo", is_correction="truncate", is_high=1.5, **CLIP),
+    dict(policy_loss="gpg"),
+    dict(policy_loss="gpg", adv_clip_max=1.0, kl_coef=0.05, is_correction="mask", is_high=1.5),
+    dict(policy_loss="gmpo", **CLIP),
+    dict(policy_loss="gmpo", clip_eps=0.4, clip_eps_high=0.4, adv_clip_max=1.0),
+    dict(policy_loss="gmpo", clip_eps=0.1, clip_eps_high=0.3, is_correction="mask", is_low=0.7),
+    dict(policy_loss="dppo"),
+    dict(policy_loss="dppo", clip_eps=0.1, clip_eps_high=0.3, dppo_kl_coef=0.05),
+    dict(policy_loss="dppo", dppo_kl_coef=0.001, is_correction="truncate", is_high=1.5),
 ]
 
 # ---------------------------------------------------------------- against the reference
@@ -247,7 +255,7 @@ def test_the_options_reach_every_branch_of_the_new_losses():
             ]
     for options in OPTIONS:
         clip, truncated, masked = seen[tuple(sorted(options.items()))]
-        if options.get("policy_loss") in ("gspo", "cispo", "clip_cov"):
+        if options.get("policy_loss") in ("gspo", "cispo", "clip_cov", "gmpo", "dppo"):
             assert 0 < clip < 1, options
         if options.get("is_correction") == "truncate":
             assert 0 < truncated < 1, options
@@ -280,7 +288,7 @@ def test_the_random_batches_reach_every_branch():
         min_size=1,
         max_size=12,
     ),
-    st.sampled_from(["is", "ppo_clip", "gspo", "cispo", "sapo", "vespo"]),
+    st.sampled_from(["is", "ppo_clip", "gspo", "cispo", "sapo", "vespo", "gpg", "gmpo", "dppo"]),
     st.sampled_from(LOSS_AGGS),
     st.sampled_from(["tis", "sequence_truncate", "geometric_mask"]),
 )
@@ -297,6 +305,7 @@ def test_one_completion_matches_the_reference(tokens, policy_loss, loss_agg, cor
         policy_loss=policy_loss,
         loss_agg=loss_agg,
         clip_ratio_c=2.5 if policy_loss in ("ppo_clip", "gspo") else 0.0,
+        dppo_kl_coef=0.01 if policy_loss == "dppo" else 0.0,
         adv_clip_max=2.0,
         kl_coef=0.05,
         **corrections[correction],
@@ -325,7 +334,7 @@ def test_the_reference_gradients_are_the_derivatives_of_its_losses():
     smooth = [  # token-level losses without a detached weight or a selection
         o
         for o in OPTIONS
-        if o.get("policy_loss", "is") in ("is", "ppo_clip", "sapo")
+        if o.get("policy_loss", "is") in ("is", "ppo_clip", "sapo", "gpg", "dppo")
         and o.get("ratio_level", "token") == "token"
         and "is_correction" not in o
     ]
@@ -340,7 +349,12 @@ def test_the_reference_gradients_are_the_derivatives_of_its_losses():
             )
             r = math.exp(shift)
             edges = [1 - hyper.clip_eps, 1 + hyper.clip_eps_high, hyper.tis_cap]
-            if any(abs(r - e) < 1e-3 for e in edges) or abs(a * r - hyper.clip_ratio_c * a) < 1e-3:
+            moved = math.exp(lp) - math.exp(lp - shift)  # dppo's region is on p - p_sampler
+            if (
+                any(abs(r - e) < 1e-3 for e in edges)
+                or abs(a * r - hyper.clip_ratio_c * a) < 1e-3
+                or min(abs(moved - hyper.clip_eps_high), abs(moved + hyper.clip_eps)) < 1e-3
+            ):
                 continue  # a kink of the loss: no derivative to compare
             old, ref = lp - shift, lp - d_ref  # held fixed: the derivative is in logp only
             h = 1e-6
@@ -364,6 +378,8 @@ def test_the_reference_gradients_are_the_derivatives_of_its_losses():
         dict(policy_loss="gspo", clip_eps=0.5, clip_eps_high=0.5, clip_ratio_c=1.3),
         dict(policy_loss="sapo", ratio_level="sequence"),
         dict(policy_loss="sapo", ratio_level="sequence", sapo_tau_pos=3.0, sapo_tau_neg=0.5),
+        dict(policy_loss="gmpo", clip_eps=0.5, clip_eps_high=0.5),
+        dict(policy_loss="gmpo", clip_eps=0.1, clip_eps_high=0.2),
     ],
 )
 @pytest.mark.parametrize("loss_agg", LOSS_AGGS)
@@ -371,7 +387,9 @@ def test_the_sequence_ratio_gradient_is_gspos(options, loss_agg):
     """With the advantage constant over each completion, GSPO-token's straight-through
     gradient (the reference's, and the fast path's) is the derivative of GSPO's
     sequence objective: central differences of the aggregated loss, s_i recomputed from
-    the perturbed logprobs, equal it token by token (away from the clip's kinks)."""
+    the perturbed logprobs, equal it token by token (away from the clip's kinks). GMPO's
+    per-token form likewise: a token cut by its log-space clip is constant in the
+    geometric mean, the others move it (no kink away from the bounds)."""
     hyper = replace(BASE, loss_agg=loss_agg, **options)
     rng = np.random.default_rng(9)
     checked = 0
@@ -392,7 +410,7 @@ def test_the_sequence_ratio_gradient_is_gspos(options, loss_agg):
                     moved = [(b, *s[1:]) for b, s in zip(bumped, seqs)]
                     values.append(ref_objective(moved, hyper, masks).loss)
                 numeric = (values[0] - values[1]) / (2 * h)
-                kink = (
+                kink = hyper.policy_loss != "gmpo" and (
                     any(
                         tok is not None and tok.clipped
                         for tok in ref_completion(
@@ -533,6 +551,156 @@ def test_cispo_sapo_and_vespo_by_hand():
     assert phi(1.0, 2, 3) == 1.0  # an on-policy sequence keeps the plain gradient
 
 
+def test_gpg_by_hand():
+    """gpg on _hand_batch, token_mean: l = -A logp = -ln 1.5, ln 0.5, 0, ln 3 (sum
+    ln(0.5 * 3 / 1.5) = 0), gradient -A / 4 whatever the ratio (no ratio at all); where the
+    trainer and the sampler agree (r = 1) its gradient is `is`'s."""
+    seqs, masks = _hand_batch()
+    hyper = replace(BASE, policy_loss="gpg")
+    loss, grads, stats = fast(seqs, masks, hyper)
+    assert loss == pytest.approx(0.0, abs=1e-15)
+    assert grads == [pytest.approx([-1 / 4, 1 / 4]), pytest.approx([-2 / 4, 1 / 4])]
+    assert stats.metrics()["clip_fraction"] == 0.0
+    on_policy = [([-0.5, -1.2], [-0.5, -1.2], [1.0, -2.0], [0.0, 0.0])]
+    _, g_gpg, _ = fast(on_policy, [[True, True]], hyper)
+    _, g_is, _ = fast(on_policy, [[True, True]], BASE)
+    assert g_gpg == g_is == [pytest.approx([-1 / 2, 2 / 2])]
+
+
+def test_gmpo_by_hand():
+    """_constant_advantage_batch, log-space clip 0.4 (the paper's), seq_mean_token_mean:
+    completion 1 (A = 1): log r = ln 1.5 = 0.405 > 0.4 is cut to 0.4, ln 0.5 stays: s_1 =
+    exp((0.4 + ln 0.5) / 2) = 0.8637; completion 2 (A = -1): ln 1, ln 3 are above -0.4,
+    nothing cut: s_2 = sqrt 3. loss = (-s_1 + s_2) / 2; per token (1/4 each) the gradient
+    -A s: completion 1's cut token 0, its other -s_1/4; completion 2's +s_2/4."""
+    seqs, masks = _constant_advantage_batch()
+    hyper = replace(
+        BASE, policy_loss="gmpo", clip_eps=0.4, clip_eps_high=0.4, loss_agg="seq_mean_token_mean"
+    )
+    s1, s2 = math.exp((0.4 + math.log(0.5)) / 2), math.sqrt(3.0)
+    loss, grads, stats = fast(seqs, masks, hyper)
+    assert loss == pytest.approx((-s1 + s2) / 2)
+    assert grads == [pytest.approx([0.0, -s1 / 4]), pytest.approx([s2 / 4, s2 / 4])]
+    assert stats.metrics()["clip_fraction"] == 0.25
+    # nothing cut: GMPO's ratio is GSPO's s_i, and so are the loss and the gradient
+    wide = replace(hyper, clip_eps=1.0, clip_eps_high=5.0)
+    gspo = replace(wide, policy_loss="gspo", clip_eps_high=5.0)
+    (a, ga, _), (b, gb, _) = fast(seqs, masks, wide), fast(seqs, masks, gspo)
+    assert a == pytest.approx(b) and a == pytest.approx((-math.sqrt(0.75) + s2) / 2)
+    for x, y in zip(ga, gb, strict=True):
+        assert x == pytest.approx(y)
+    # GMPO's advantage is the completion's mean: token advantages 3 and -1 act as 1 and 1
+    varied = [(seqs[0][0], seqs[0][1], [3.0, -1.0], seqs[0][3])]
+    _, g_varied, _ = fast(varied, masks[:1], hyper)
+    _, g_const, _ = fast(seqs[:1], masks[:1], hyper)
+    assert g_varied == [pytest.approx(g_const[0])]
+
+
+def _probability_batch():
+    """One completion, the sampler's p = 0.5 on every token; the trainer's p = 0.8 (A = 1),
+    0.4 (A = -1), 0.5 (A = 2), 0.2 (A = -1): r = 1.6, 0.8, 1, 0.4 and p - p_sampler =
+    +0.3, -0.1, 0, -0.3."""
+    old = [math.log(0.5)] * 4
+    logp = [math.log(p) for p in (0.8, 0.4, 0.5, 0.2)]
+    return [(logp, old, [1.0, -1.0, 2.0, -1.0], [0.0] * 4)], [[True] * 4]
+
+
+def test_dppo_by_hand():
+    """dppo, region 0.2 either way, token_mean (1/4): token 1 rose by 0.3 > 0.2 with A > 0
+    and token 4 fell by 0.3 with A < 0: dropped (loss 0, no gradient, clipped); token 2
+    (fell 0.1) and 3 keep -A r: 0.8 and -2, gradients -A r = 0.8, -2. With dppo_kl_coef
+    0.1 every token adds 0.1 (ln r)^2, gradient 0.2 ln r, the dropped ones included."""
+    seqs, masks = _probability_batch()
+    hyper = replace(BASE, policy_loss="dppo")
+    loss, grads, stats = fast(seqs, masks, hyper)
+    assert loss == pytest.approx((0.8 - 2.0) / 4)
+    assert grads == [pytest.approx([0.0, 0.8 / 4, -2.0 / 4, 0.0])]
+    assert stats.metrics()["clip_fraction"] == 0.5
+    kl = replace(hyper, dppo_kl_coef=0.1)
+    log_r = [math.log(x) for x in (1.6, 0.8, 1.0, 0.4)]
+    loss, grads, _ = fast(seqs, masks, kl)
+    assert loss == pytest.approx((0.8 - 2.0 + 0.1 * sum(d * d for d in log_r)) / 4)
+    policy = [0.0, 0.8, -2.0, 0.0]
+    assert grads == [pytest.approx([(g + 0.2 * d) / 4 for g, d in zip(policy, log_r)])]
+    # a region wide enough keeps every token: dppo is then `is`
+    wide = fast(seqs, masks, replace(hyper, clip_eps=0.5, clip_eps_high=0.5))
+    plain = fast(seqs, masks, BASE)
+    assert wide[0] == pytest.approx(plain[0]) and wide[1] == [pytest.approx(plain[1][0])]
+    # PPO's ratio clip [0.8, 1.2] cuts the same two tokens here, but on r, not on p: a
+    # rare token (p_sampler 0.01 -> 0.03, r = 3) is far outside PPO's band, inside DPPO's
+    rare = [([math.log(0.03)], [math.log(0.01)], [1.0], [0.0])]
+    assert fast(rare, [[True]], hyper)[2].metrics()["clip_fraction"] == 0.0
+    ppo = replace(BASE, policy_loss="ppo_clip")
+    assert fast(rare, [[True]], ppo)[2].metrics()["clip_fraction"] == 1.0
+
+
+def _row(peer, name):
+    from retrain.loss.peers import PEER_LOSSES
+
+    row = next(r for r in PEER_LOSSES if r.peer == peer and r.name == name)
+    config_from_dict({"training": dict(row.settings)})  # the row is a valid config
+    return replace(BASE, **row.settings)
+
+
+def test_the_verl_and_prime_rl_rows_follow_the_peers_formulas():
+    """Each verl / prime-rl row's settings, on a random step (one advantage per
+    completion, as verl's geo_mean requires), against the peer's formula as its code
+    writes it, token by token: loss (or, for dppo_tv, the gradient) and gradients."""
+    seqs, masks = random_step(21, spread=0.4)
+    seqs = [(lp, old, [adv[-1]] * len(adv), ref) for lp, old, adv, ref in seqs]
+    masks = [[True] * len(m) for m in masks]
+    n = sum(map(len, masks))
+    tokens = [(i, t) for i, m in enumerate(masks) for t in range(len(m))]
+
+    def each(fn):
+        return [[fn(i, t) for t in range(len(m))] for i, m in enumerate(masks)]
+
+    lp = lambda i, t: seqs[i][0][t]  # noqa: E731
+    old = lambda i, t: seqs[i][1][t]  # noqa: E731
+    adv = lambda i, t: seqs[i][2][t]  # noqa: E731
+    ratio = lambda i, t: math.exp(lp(i, t) - old(i, t))  # noqa: E731
+
+    # prime-rl default_loss_fn: sum(-keep A r + kl_tau (log r)^2) / loss tokens
+    def kept(i, t, low=0.2, high=0.2):
+        moved = math.exp(lp(i, t)) - math.exp(old(i, t))
+        return not (moved > high if adv(i, t) > 0 else moved < -low)
+
+    loss, grads, _ = fast(seqs, masks, _row("prime-rl", "trainer.loss (type = default)"))
+    d = lambda i, t: lp(i, t) - old(i, t)  # noqa: E731
+    want = sum(-kept(i, t) * adv(i, t) * ratio(i, t) + 1e-3 * d(i, t) ** 2 for i, t in tokens)
+    assert loss == pytest.approx(want / n, rel=1e-10)
+    want_g = each(lambda i, t: (-kept(i, t) * adv(i, t) * ratio(i, t) + 2e-3 * d(i, t)) / n)
+    for g, w in zip(grads, want_g, strict=True):
+        assert g == pytest.approx(w, rel=1e-9, abs=1e-15)
+    assert not all(kept(i, t) for i, t in tokens)  # the region acts on this step
+
+    # verl dppo_tv: -A sg(min(r, 20)) logp on the kept tokens, token-mean
+    _, grads, _ = fast(seqs, masks, _row("verl", "policy_loss.loss_mode=dppo_tv"))
+    want_g = each(lambda i, t: -kept(i, t) * adv(i, t) * min(ratio(i, t), 20.0) / n)
+    for g, w in zip(grads, want_g, strict=True):
+        assert g == pytest.approx(w, rel=1e-9, abs=1e-15)
+
+    # verl gpg: -A logp, token-mean
+    loss, grads, _ = fast(seqs, masks, _row("verl", "policy_loss.loss_mode=gpg"))
+    assert loss == pytest.approx(sum(-adv(i, t) * lp(i, t) for i, t in tokens) / n)
+    for g, w in zip(grads, each(lambda i, t: -adv(i, t) / n), strict=True):
+        assert g == pytest.approx(w)
+
+    # verl geo_mean: mean over completions of -A_i exp(mean_t sgn min(sgn d, sgn clip(d)))
+    def geo(i):
+        a = seqs[i][2][0]
+        sgn = (a > 0) - (a < 0)
+        kept_d = [
+            sgn * min(sgn * d(i, t), sgn * min(max(d(i, t), -0.4), 0.4))
+            for t in range(len(masks[i]))
+        ]
+        return -a * math.exp(sum(kept_d) / len(kept_d))
+
+    loss, _, stats = fast(seqs, masks, _row("verl", "policy_loss.loss_mode=geo_mean"))
+    assert loss == pytest.approx(sum(geo(i) for i in range(len(seqs))) / len(seqs), rel=1e-10)
+    assert 0 < stats.metrics()["clip_fraction"] < 1
+
+
 def _covariance_step():
     """One completion, logp [-0.1, -0.2, -3, -2], A [2, 2, -1, -1]: mean logp -1.325, mean A
     0.5, so cov = 1.8375, 1.6875, 2.5125, 1.0125. Sampler logp = logp - 0.1 (r = e^0.1)
@@ -654,13 +822,16 @@ def test_the_new_aggregations_by_hand():
 def test_gradient_descent_raises_the_logprob_of_advantaged_tokens():
     """The sign: d loss / d logp < 0 where A > 0 (a step down the gradient makes the
     token likelier) and > 0 where A < 0, under every built-in objective, unclipped (the
-    covariance-selected tokens aside: clip_cov cuts them out, kl_cov adds its penalty)."""
+    covariance-selected tokens aside: clip_cov cuts them out, kl_cov adds its penalty; gmpo
+    reads one advantage per completion, the mean of its tokens')."""
     seqs, masks = random_step(8, spread=0.01)
     for policy_loss in registry.OBJECTIVES.names():
         hyper = replace(BASE, policy_loss=policy_loss)
         _, grads, _ = fast(seqs, masks, hyper)
         picks = step_picks(seqs, masks, hyper) or [[False] * len(m) for m in masks]
         for (_, _, adv, _), g, mask, pick in zip(seqs, grads, masks, picks, strict=True):
+            if policy_loss == "gmpo":
+                adv = [float(np.mean([a for a, m in zip(adv, mask) if m]))] * len(adv)
             for a, d, m, p in zip(adv, g, mask, pick, strict=True):
                 if p:
                     assert policy_loss in ("clip_cov", "kl_cov")
@@ -683,6 +854,9 @@ def test_every_objective_is_a_registry_entry_and_a_loss_option():
         "vespo",
         "clip_cov",
         "kl_cov",
+        "gpg",
+        "gmpo",
+        "dppo",
     ]
     assert resolve_objective("is") == LossFn("is", builtin.importance_sampling)
     assert resolve_objective("ppo_clip").objective is builtin.ppo_clip
@@ -819,3 +993,41 @@ def test_policy_loss_is_checked_through_the_registry():
         config_from_dict({"training": {"policy_loss": "ppo_clp"}})
     with pytest.raises(ConfigError, match=r"\[training\] clip_ratio_c.*only used with"):
         config_from_dict({"training": {"policy_loss": "is", "clip_ratio_c": 3.0}})
+
+
+def _explain(tmp_path, training: str):
+    import os
+    import subprocess
+    import sys
+
+    toml = tmp_path / "retrain.toml"
+    toml.write_text(f"[training]\nseed = 1\n{training}")
+    return subprocess.run(
+        [sys.executable, "-m", "retrain.cli.main", "explain", str(toml)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=os.environ,
+    )
+
+
+def test_explain_names_the_new_objectives_and_refuses_their_misuse(tmp_path, capsys):
+    """`retrain explain` as a user runs it: prime-rl's loss in retrain's keys is printed on
+    the Objective line; truncating gpg's (absent) ratio, or a dppo key under another
+    objective, exits 2 naming the key, the file and line, and the fix, without a traceback."""
+    from retrain.cli.main import main
+
+    quickstart = Path(__file__).resolve().parents[2] / "retrain/config/templates/quickstart.toml"
+    flags = ["--policy-loss", "dppo", "--dppo-kl-coef", "0.001"]
+    assert main(["explain", str(quickstart), *flags]) == 0
+    assert (
+        "Objective:   dppo (tokens whose probability moved beyond -0.2 / +0.2 dropped, "
+        "0.001 (log r)^2); agg token_mean" in capsys.readouterr().out
+    )
+    bad = _explain(tmp_path, 'policy_loss = "gpg"\nis_correction = "truncate"\n')
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "[training] is_correction (" in bad.stderr and "retrain.toml:4" in bad.stderr
+    assert 'Fix: is_correction = "mask"' in bad.stderr
+    misused = _explain(tmp_path, 'policy_loss = "gmpo"\ndppo_kl_coef = 0.01\n')
+    assert misused.returncode == 2 and "retrain.toml:4" in misused.stderr
+    assert 'only used with policy_loss = "dppo"' in misused.stderr
