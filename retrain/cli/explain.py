@@ -272,6 +272,12 @@ def objective_summary(config: Config) -> str:
     """The training objective in one line: policy loss, aggregation, off-policy
     correction, KL, lr schedule."""
     t = config.training
+    if config.backend.backend == "prime_rl":  # its trainer computes the loss, not retrain
+        return (
+            "the prime-rl trainer's own [trainer.loss] (by default DPPO with kl_tau 1e-3, "
+            "retrain's dppo + dppo_kl_coef = 0.001); retrain's [training] loss keys do not "
+            f"apply; lr {t.lr:g} {t.lr_schedule}"
+        )
     high = t.clip_eps_high or t.clip_eps
     band = f"[{1 - t.clip_eps:g}, {1 + high:g}]"
     dual = f", dual clip c={t.clip_ratio_c:g}" if t.clip_ratio_c > 0 else ""

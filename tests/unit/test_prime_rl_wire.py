@@ -460,3 +460,16 @@ def test_explain_and_doctor_run_the_probe_before_any_model_load(tmp_path):
     checks = doctor.check_backend_probe(cfg)
     assert [c.status for c in checks] == [doctor.FAIL]
     assert "[inference] url" in checks[0].detail and "start prime-rl" in checks[0].fix
+
+
+def test_explain_says_the_prime_rl_trainer_owns_the_loss(tmp_path):
+    """The default policy_loss "is" would otherwise read as the objective, while the prime-rl
+    trainer applies its own [trainer.loss]."""
+    from retrain.cli.explain import objective_summary
+
+    cfg = prime_config(tmp_path)
+    summary = objective_summary(cfg)
+    assert summary.startswith("the prime-rl trainer's own [trainer.loss]")
+    assert "importance-sampling" not in summary
+    cfg.backend.backend = "local"
+    assert objective_summary(cfg).startswith("is (importance-sampling")
