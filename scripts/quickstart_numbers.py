@@ -4,6 +4,7 @@ manual, so their numbers are refreshed with the code instead of going stale.
     python scripts/quickstart_numbers.py                 # seed 0, 2 threads: ~6 min here
     python scripts/quickstart_numbers.py --seeds 0,1,2   # the manual's table over seeds
     python scripts/quickstart_numbers.py --check         # the generated blocks are there
+    python scripts/quickstart_numbers.py --from-json     # refill them from the last results
 
 Each seed runs `retrain` on the quickstart template in a fresh directory, as a user would,
 with the CPU thread count pinned (`--threads`, default 2): float sums depend on it, and the
@@ -114,10 +115,13 @@ def seeds_block(rows: list[dict]) -> str:
 
 
 def replace_block(text: str, name: str, body: str) -> str:
-    pattern = re.compile(rf"(<!-- quickstart:{name} -->\n).*?(\n<!-- /quickstart:{name} -->)", re.S)
+    # the block may be empty (its markers on consecutive lines) or hold an earlier body
+    pattern = re.compile(
+        rf"(<!-- quickstart:{name} -->\n)(?:.*?\n)?(<!-- /quickstart:{name} -->)", re.S
+    )
     if not pattern.search(text):
         raise SystemExit(f"no <!-- quickstart:{name} --> block to fill")
-    return pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
+    return pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
 
 
 def check() -> int:
@@ -136,17 +140,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--check", action="store_true")
+    p.add_argument("--from-json", action="store_true", help="refill from --json, no runs")
     p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "quickstart.json"))
     args = p.parse_args(argv)
     if args.check:
         return check()
-    runs = [run_seed(int(s), args.threads) for s in args.seeds.split(",")]
+    out = Path(args.json)
+    if args.from_json:  # refill the blocks from an earlier invocation's results
+        runs = json.loads(out.read_text())["runs"]
+    else:
+        runs = [run_seed(int(s), args.threads) for s in args.seeds.split(",")]
+        out.parent.mkdir(parents=True, exist_ok=True)  # saved before any block is touched
+        out.write_text(json.dumps({"runs": runs}, indent=2))
     rows = [summary(r) for r in runs]
     readme = replace_block(README.read_text(), "output", output_block(runs[0]))
     README.write_text(replace_block(readme, "numbers", numbers_block(rows[0])))
     MANUAL.write_text(replace_block(MANUAL.read_text(), "seeds", seeds_block(rows)))
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"summary": rows, "runs": runs}, indent=2))
     for s in rows:
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in s.items()}))

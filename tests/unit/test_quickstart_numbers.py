@@ -76,3 +76,13 @@ def test_a_block_is_replaced_between_its_markers_only():
     )
     with pytest.raises(SystemExit, match="quickstart:output"):
         qn.replace_block(text, "output", "x")
+
+
+def test_an_empty_block_is_filled_and_refilled():
+    """The repository's blocks start empty: the markers on consecutive lines."""
+    text = "a\n<!-- quickstart:output -->\n<!-- /quickstart:output -->\nb"
+    once = qn.replace_block(text, "output", "x\ny")
+    assert once == "a\n<!-- quickstart:output -->\nx\ny\n<!-- /quickstart:output -->\nb"
+    assert qn.replace_block(once, "output", "z") == (
+        "a\n<!-- quickstart:output -->\nz\n<!-- /quickstart:output -->\nb"
+    )
