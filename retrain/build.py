@@ -591,6 +591,8 @@ def _world_backend_problems(config: Config, n: int) -> Problems:
     engine = registry.ENGINES.entry(config.inference.engine)
     if engine is None or engine.engine_traits is None or not engine.engine_traits.in_process:
         found.append(("[inference] engine", f"{config.inference.engine!r} {runs}: every rank samples with its own in-process engine (a server would get every rank's adapter). Fix: engine = \"pytorch\""))
+    if b.options.get("shard") is True:
+        found.append(("[backend.options] shard", f"true {runs}: sharding the frozen base with FSDP2 is not built yet (every rank holds the whole model). Fix: shard = false"))
     if needs_selection(config.training.policy_loss):
         found.append(("[training] policy_loss", f"{config.training.policy_loss!r} {runs}: its token selection spans the whole step's logprobs, which no rank holds. Fix: policy_loss = \"ppo_clip\" (or run on one process)"))
     return found

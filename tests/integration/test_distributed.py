@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -26,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMED = ("time_", "step_time_s", "elapsed", "wall", "tokens_per_s", "completions_per_s", "threads")
 
 
-def two_rank_raw(tiny_raw: dict, tmp_path: Path, name: str) -> dict:
-    raw = copy.deepcopy(tiny_raw)
+def two_rank_raw(raw: dict, tmp_path: Path, name: str) -> dict:
+    raw = copy.deepcopy(raw)
     raw["training"].update(batch_size=4, max_steps=3, save_every=2)
     raw["logging"]["log_dir"] = str(tmp_path / name / "logs")
     raw["backend"]["adapter_path"] = str(tmp_path / name / "adapter")
@@ -53,6 +54,24 @@ def torchrun(
     cmd += [f"--nproc-per-node={nproc}", "-m", "retrain", str(path), *flags]
     return subprocess.run(
         cmd, cwd=tmp_path, env=full_env, capture_output=True, text=True, timeout=400
+    )
+
+
+def torchrun_job(raw: dict, tmp_path: Path, env: dict) -> subprocess.Popen:
+    """The same command, left running in its own process group (to be killed)."""
+    path = tmp_path / "job.toml"
+    path.write_text(config_to_toml(config_from_dict(raw)))
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += ["--nproc-per-node=2", "-m", "retrain", str(path)]
+    return subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
 
 
@@ -88,12 +107,73 @@ def assert_same_rows(a: list[dict], b: list[dict]) -> None:
                 assert x[key] == y[key], key
 
 
-def test_two_ranks_train_the_adapter_one_process_trains(tiny_raw, tmp_path):
-    single = two_rank_raw(tiny_raw, tmp_path, "single")
-    assert one_process(single) == 0
-    double = two_rank_raw(tiny_raw, tmp_path, "double")
-    done = torchrun(double, tmp_path)
+# The parity reward, plus two ways for a rank to stop mid-run, chosen by environment
+# variables the test hands torchrun: return a string on rank 1 from its 9th completion on
+# (step 2), or block once the step-2 checkpoint is written (to be killed there).
+REWARD = """
+import os, time
+from pathlib import Path
+
+calls = 0
+
+
+def score(response, reference):
+    global calls
+    calls += 1
+    if os.environ.get("BREAK_RANK", "-") == os.environ.get("RANK") and calls > 8:
+        return "rank one breaks on purpose"
+    pause = os.environ.get("PAUSE_AFTER")
+    if pause and Path(pause).exists():
+        time.sleep(600)
+    return float(sum(map(ord, response)) % 2)
+"""
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, tiny_model_dir) -> tuple[dict, subprocess.CompletedProcess]:
+    """A 3-step run on two ranks, batch 4 (2 prompts per rank)."""
+    tmp = tmp_path_factory.mktemp("straight")
+    raw = two_rank_raw(base_raw(tmp, tiny_model_dir), tmp, "double")
+    return raw, torchrun(raw, tmp)
+
+
+def base_raw(tmp: Path, model: Path) -> dict:
+    (tmp / "parity_reward.py").write_text(REWARD)
+    return {
+        "backend": {
+            "backend": "local",
+            "devices": "cpu",
+            "options": {"threads": 1, "dtype": "fp32"},
+        },
+        "model": {"model": str(model), "lora_rank": 4},
+        "algorithm": {"advantage_mode": "reinforce_pp", "transform_mode": "gtpo_sepa"},
+        "training": {
+            "seed": 3,
+            "batch_size": 4,
+            "group_size": 4,
+            "max_tokens": 6,
+            "temperature": 1.0,
+            "lr": 5e-3,
+        },
+        "data": {
+            "source": "reasoning_gym",
+            "task": "basic_arithmetic",
+            "size": 50,
+            "args": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+        },
+        "reward": {"type": "custom", "custom_module": str(tmp / "parity_reward.py")},
+        "logging": {"group_lines": 1},
+        "plugins": {"search_paths": [str(tmp)]},
+    }
+
+
+def test_two_ranks_train_the_adapter_one_process_trains(straight, tmp_path, tiny_model_dir):
+    """reinforce_pp (batch-normalised advantages) with SEPA (pooled statistics): the
+    statistics span the whole batch on both ranks."""
+    double, done = straight
     assert done.returncode == 0, done.stderr[-3000:]
+    single = two_rank_raw(base_raw(tmp_path, tiny_model_dir), tmp_path, "single")
+    assert one_process(single) == 0
     diff = max_diff(
         Path(single["backend"]["adapter_path"]) / "final",
         Path(double["backend"]["adapter_path"]) / "final",
@@ -106,3 +186,51 @@ def test_two_ranks_train_the_adapter_one_process_trains(tiny_raw, tmp_path):
     state = json.loads((Path(double["logging"]["log_dir"]) / "trainer_state.json").read_text())
     assert len(state["rng"]["ranks"]) == 2
     assert "Done: 3 steps" in done.stdout and done.stdout.count("Done: 3 steps") == 1
+
+
+def test_a_two_rank_run_killed_after_a_checkpoint_resumes_on_two_ranks(straight, tmp_path):
+    """Both ranks block in step 2 once the step-2 checkpoint is written; the whole job is
+    killed (SIGKILL), then resumed on two ranks: the straight run's adapter and rows."""
+    raw = copy.deepcopy(straight[0])
+    raw["logging"]["log_dir"] = str(tmp_path / "logs")
+    raw["backend"]["adapter_path"] = str(tmp_path / "adapter")
+    state = tmp_path / "logs" / "trainer_state.json"
+    job = torchrun_job(raw, tmp_path, env={"PAUSE_AFTER": str(state)})
+    try:
+        deadline = time.monotonic() + 300
+        while not state.exists() and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert state.exists(), job.communicate()[1][-3000:]
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    assert json.loads(state.read_text())["step"] == 2
+    done = torchrun(raw, tmp_path, "--resume", str(tmp_path / "logs"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Resumed from" in done.stdout
+    diff = max_diff(
+        Path(straight[0]["backend"]["adapter_path"]) / "final", tmp_path / "adapter" / "final"
+    )
+    print(f"max |adapter diff| resumed vs straight (2 ranks): {diff:.3g}")
+    assert diff == 0.0
+    assert_same_rows(rows(Path(straight[0]["logging"]["log_dir"])), rows(tmp_path / "logs"))
+
+
+def test_a_rank_that_raises_stops_every_rank_with_its_message(straight, tmp_path):
+    """Rank 1's reward returns a string in step 2 (a RewardError there): rank 0, waiting
+    for it in the gather, stops at once with rank 1's message; both exit non-zero and the
+    step-2 checkpoint stays whole."""
+    raw = copy.deepcopy(straight[0])
+    raw["training"]["batch_size"] = 2
+    raw["logging"]["log_dir"] = str(tmp_path / "logs")
+    raw["backend"]["adapter_path"] = str(tmp_path / "adapter")
+    raw["backend"]["options"]["collective_timeout_s"] = 20
+    done = torchrun(raw, tmp_path, env={"BREAK_RANK": "1"})
+    assert done.returncode != 0
+    err = done.stderr
+    assert "returned str 'rank one breaks on purpose'" in err
+    assert "rank 1 of 2 failed: custom reward" in err  # rank 0's own error
+    assert "rank      : 1 (local_rank: 1)" in err and "exitcode  : 1" in err  # torchrun's
+    state = json.loads((tmp_path / "logs" / "trainer_state.json").read_text())
+    assert state["step"] == 2
+    assert (tmp_path / "adapter" / "checkpoint_step_2" / "adapter_model.safetensors").exists()
