@@ -550,7 +550,7 @@ def world_of(config: Config) -> World:
 
 
 def device_kind(config: Config) -> str:
-    """"cuda" when `[backend] devices` names a GPU (NCCL between ranks), else its kind."""
+    """ "cuda" when `[backend] devices` names a GPU (NCCL between ranks), else its kind."""
     first = config.backend.devices.split(",")[0].strip()
     return "cuda" if first.startswith(("gpu", "cuda")) else first
 
@@ -564,9 +564,19 @@ def world_problems(config: Config, world: World) -> Problems:
     n, t, found = world.size, config.training, []
     if t.batch_size % n:
         down, up = max(n, t.batch_size - t.batch_size % n), t.batch_size + n - t.batch_size % n
-        found.append(("[training] batch_size", f"{t.batch_size} prompts do not divide over {n} ranks (WORLD_SIZE={n}): every rank samples whole groups of the same number of prompts. Fix: batch_size = {down} or {up}, or --nproc-per-node a divisor of {t.batch_size}"))
+        found.append(
+            (
+                "[training] batch_size",
+                f"{t.batch_size} prompts do not divide over {n} ranks (WORLD_SIZE={n}): every rank samples whole groups of the same number of prompts. Fix: batch_size = {down} or {up}, or --nproc-per-node a divisor of {t.batch_size}",
+            )
+        )
     if t.seed < 0:
-        found.append(("[training] seed", f"-1 (unseeded) on {n} ranks: every rank must draw the same prompts and the same LoRA init. Fix: seed = 0 (any number >= 0)"))
+        found.append(
+            (
+                "[training] seed",
+                f"-1 (unseeded) on {n} ranks: every rank must draw the same prompts and the same LoRA init. Fix: seed = 0 (any number >= 0)",
+            )
+        )
     found += _world_backend_problems(config, n)
     return found
 
@@ -581,21 +591,63 @@ def _world_backend_problems(config: Config, n: int) -> Problems:
     runs = f"on {n} ranks"
     entry = registry.BACKENDS.entry(b.backend)
     if entry is None or not entry.capabilities.multi_process:
-        found.append(("[backend] backend", f"{b.backend!r} {runs}: only the local backend trains under torchrun (a service backend spreads its own work). Fix: backend = \"local\", or start one process"))
+        found.append(
+            (
+                "[backend] backend",
+                f'{b.backend!r} {runs}: only the local backend trains under torchrun (a service backend spreads its own work). Fix: backend = "local", or start one process',
+            )
+        )
         return found
     parts = [p.strip() for p in b.devices.split(",")]
     if len(parts) > 1 or parts[0] not in ("cpu", "gpu:0"):
-        found.append(("[backend] devices", f"{b.devices!r} {runs}: each rank trains and samples on one device, rank r of a node on gpu:r. Fix: devices = \"gpu:0\" (every rank takes its LOCAL_RANK's GPU) or \"cpu\""))
+        found.append(
+            (
+                "[backend] devices",
+                f'{b.devices!r} {runs}: each rank trains and samples on one device, rank r of a node on gpu:r. Fix: devices = "gpu:0" (every rank takes its LOCAL_RANK\'s GPU) or "cpu"',
+            )
+        )
     if b.options.get("overlap") is True:
-        found.append(("[backend.options] overlap", f"true {runs}: the background training would run its gradient all-reduce beside the next step's gather. Fix: overlap = false"))
+        found.append(
+            (
+                "[backend.options] overlap",
+                f"true {runs}: the background training would run its gradient all-reduce beside the next step's gather. Fix: overlap = false",
+            )
+        )
     engine = registry.ENGINES.entry(config.inference.engine)
     if engine is None or engine.engine_traits is None or not engine.engine_traits.in_process:
-        found.append(("[inference] engine", f"{config.inference.engine!r} {runs}: every rank samples with its own in-process engine (a server would get every rank's adapter). Fix: engine = \"pytorch\""))
+        found.append(
+            (
+                "[inference] engine",
+                f'{config.inference.engine!r} {runs}: every rank samples with its own in-process engine (a server would get every rank\'s adapter). Fix: engine = "pytorch"',
+            )
+        )
     if b.options.get("shard") is True:
-        found.append(("[backend.options] shard", f"true {runs}: sharding the frozen base with FSDP2 is not built yet (every rank holds the whole model). Fix: shard = false"))
+        found.append(
+            (
+                "[backend.options] shard",
+                f"true {runs}: sharding the frozen base with FSDP2 is not built yet (every rank holds the whole model). Fix: shard = false",
+            )
+        )
     if needs_selection(config.training.policy_loss):
-        found.append(("[training] policy_loss", f"{config.training.policy_loss!r} {runs}: its token selection spans the whole step's logprobs, which no rank holds. Fix: policy_loss = \"ppo_clip\" (or run on one process)"))
+        found.append(
+            (
+                "[training] policy_loss",
+                f'{config.training.policy_loss!r} {runs}: its token selection spans the whole step\'s logprobs, which no rank holds. Fix: policy_loss = "ppo_clip" (or run on one process)',
+            )
+        )
     return found
+
+
+def check_world(config: Config, world: World) -> None:
+    """A run's first check under torchrun, before it joins the process group: what its
+    ranks cannot run (the same on every rank, so every rank exits 2)."""
+    problems = world_problems(config, world)
+    if problems:
+        raise ConfigError(
+            [f"{key}: {problem}" for key, problem in problems],
+            head=f"the run cannot start on {world.size} ranks (checked before any model "
+            "loads; `retrain explain` names the file and line)",
+        )
 
 
 def check_startup(config: Config) -> None:

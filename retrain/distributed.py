@@ -19,6 +19,7 @@ before. With N ranks:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -99,10 +100,8 @@ def post_failure(world: World, exc: BaseException) -> None:
     if store is None:
         return
     text = str(exc) if isinstance(exc, RetrainError) else f"{type(exc).__name__}: {exc}"
-    try:
+    with contextlib.suppress(Exception):  # the store is gone with the launcher
         store.set(f"{_FAILURE}{world.rank}", text or type(exc).__name__)
-    except Exception:  # the store is gone with the launcher: nothing left to tell
-        pass
 
 
 def _posted_failure(world: World, wait_s: float = 3.0) -> tuple[int, str] | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from retrain import distributed
-from retrain.build import Components, build, device_kind, world_of
+from retrain.build import Components, build, check_world, device_kind, world_of
 from retrain.checkpoint import (
     TrainerState,
     capture_rng,
@@ -99,7 +99,8 @@ class Trainer:
         self.world = world_of(config)
         self.console = console or Console()
         if not self.world.is_main:
-            self.console = Console(open(os.devnull, "w"), live=False)
+            # held for the process's life: the other ranks print nothing
+            self.console = Console(open(os.devnull, "w"), live=False)  # noqa: SIM115
         self.say: Callable[[str], None] = self.console.print
         self.log_dir = Path(config.logging.log_dir)
         self.log = RunLog(config, self.log_dir, config_path, self.say)
@@ -396,6 +397,7 @@ class Trainer:
     def run(self) -> int:
         """The run; under torchrun inside the process group, which a failure on any rank
         ends on every rank (retrain/distributed.py)."""
+        check_world(self.config, self.world)  # before the process group: all ranks exit 2
         with distributed.session(self.world, device_kind(self.config)):
             return self._run()
 

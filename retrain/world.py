@@ -74,4 +74,3 @@ def merge_counters(parts: list[tuple[int, dict[str, float]]]) -> dict[str, float
             share = value * n / total if key.endswith("_rate") and total else value
             out[key] = out.get(key, 0) + share
     return out
-

@@ -69,7 +69,6 @@ from retrain.memory import (
 from retrain.models import resolve_model, resolved_model_shape
 from retrain.registry import BACKENDS
 from retrain.settings import LocalSettings
-from retrain.world import World
 from retrain.types import (
     CheckpointInfo,
     Datum,
@@ -78,6 +77,7 @@ from retrain.types import (
     TrainHyper,
     TrainResult,
 )
+from retrain.world import World
 
 log = logging.getLogger("retrain.backends.local")
 

@@ -234,3 +234,49 @@ def test_a_rank_that_raises_stops_every_rank_with_its_message(straight, tmp_path
     state = json.loads((tmp_path / "logs" / "trainer_state.json").read_text())
     assert state["step"] == 2
     assert (tmp_path / "adapter" / "checkpoint_step_2" / "adapter_model.safetensors").exists()
+
+
+def test_a_batch_that_does_not_divide_over_the_ranks_is_a_config_error(straight, tmp_path):
+    """`retrain explain` (WORLD_SIZE from torchrun's environment, or --world-size) and the
+    run's own start refuse batch_size 3 on 2 ranks: exit 2, the key, file:line, the fix;
+    explain shows the ranks and each one's share."""
+    raw = copy.deepcopy(straight[0])
+    raw["training"]["batch_size"] = 3
+    raw["logging"]["log_dir"] = str(tmp_path / "logs")
+    path = tmp_path / "run.toml"
+    path.write_text(config_to_toml(config_from_dict(raw)))
+    line = next(
+        i
+        for i, text in enumerate(path.read_text().splitlines(), 1)
+        if text.startswith("batch_size")
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cli = [sys.executable, "-m", "retrain"]
+    explain = subprocess.run(
+        [*cli, "explain", "--world-size", "2", "run.toml"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert explain.returncode == 2
+    assert (
+        f"ERROR: [training] batch_size (run.toml:{line}): 3 prompts do not divide over 2 ranks"
+        in explain.stdout
+    )
+    assert "Fix: batch_size = 2 or 4" in explain.stdout
+    assert "Ranks:       2 processes (torchrun), 1.5 prompts" in explain.stdout
+    start = subprocess.run(
+        [*cli, "run.toml"],
+        cwd=tmp_path,
+        env={**env, "WORLD_SIZE": "2", "RANK": "0"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert start.returncode == 2
+    assert "the run cannot start on 2 ranks" in start.stderr
+    assert "[training] batch_size: 3 prompts do not divide over 2 ranks" in start.stderr
+    assert "Traceback" not in start.stderr
+    assert not (tmp_path / "logs").exists()
