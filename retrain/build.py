@@ -40,6 +40,7 @@ from retrain.settings import (
 )
 from retrain.shaping import Shaping
 from retrain.types import BackendCapabilities, SamplingParams, TrainHyper
+from retrain.world import World, world_from_env
 
 if TYPE_CHECKING:  # heavy modules: imported where the components are built
     from retrain.data import DataSource
@@ -368,6 +369,7 @@ def local_settings(config: Config) -> LocalSettings:
         seed=t.seed,
         options=LocalOptions.from_mapping(config.backend.options),
         loss=resolve_objective(t.policy_loss, tuple(config.plugins.search_paths)),
+        world=world_of(config),
     )
 
 
@@ -535,16 +537,133 @@ def resume_problems(config: Config) -> Problems:
     ]
 
 
-def startup_problems(config: Config, ask: HubAsk | None = ask_hub) -> Problems:
+def startup_problems(
+    config: Config, ask: HubAsk | None = ask_hub, world: World | None = None
+) -> Problems:
     """What the run refuses before anything loads: `[backend] devices` this machine does
     not have (nvidia-smi counts them; torch is not imported), a model that cannot be had
     (`ask`: the hub request, None to skip it), a `[resume] from` directory it cannot
-    resume from."""
+    resume from, a config that cannot run on `world`'s ranks (default: torchrun's
+    environment)."""
     return (
         devices_problems(config, hardware.cuda_device_count)
+        + world_problems(config, world or world_of(config))
         + model_problems(config, ask)
         + resume_problems(config)
     )
+
+
+# ---------------------------------------------------------------- several processes
+
+
+def world_of(config: Config) -> World:
+    """This process's place in the run: torchrun's environment, with the local backend's
+    `[backend.options]` collective_timeout_s and shard."""
+    opts = config.backend.options
+    return world_from_env(
+        timeout_s=float(opts.get("collective_timeout_s", 600)), shard=opts.get("shard") is True
+    )
+
+
+def device_kind(config: Config) -> str:
+    """ "cuda" when `[backend] devices` names a GPU (NCCL between ranks), else its kind."""
+    first = config.backend.devices.split(",")[0].strip()
+    return "cuda" if first.startswith(("gpu", "cuda")) else first
+
+
+def world_problems(config: Config, world: World) -> Problems:
+    """What a run on `world.size` ranks (torchrun) refuses before any model loads."""
+    if not world.distributed:
+        if config.backend.options.get("shard") is True:
+            return [("[backend.options] shard", _SHARD_ALONE)]
+        return []
+    n, t, found = world.size, config.training, []
+    if t.batch_size % n:
+        down, up = max(n, t.batch_size - t.batch_size % n), t.batch_size + n - t.batch_size % n
+        found.append(
+            (
+                "[training] batch_size",
+                f"{t.batch_size} prompts do not divide over {n} ranks (WORLD_SIZE={n}): every rank samples whole groups of the same number of prompts. Fix: batch_size = {down} or {up}, or --nproc-per-node a divisor of {t.batch_size}",
+            )
+        )
+    if t.seed < 0:
+        found.append(
+            (
+                "[training] seed",
+                f"-1 (unseeded) on {n} ranks: every rank must draw the same prompts and the same LoRA init. Fix: seed = 0 (any number >= 0)",
+            )
+        )
+    found += _world_backend_problems(config, n)
+    return found
+
+
+_SHARD_ALONE = "true needs several ranks (it shards the frozen base over them), but this is one process (WORLD_SIZE unset). Fix: start with torchrun --nproc-per-node N, or shard = false"
+
+
+def _world_backend_problems(config: Config, n: int) -> Problems:
+    from retrain.loss import needs_selection
+
+    b, found = config.backend, []
+    runs = f"on {n} ranks"
+    entry = registry.BACKENDS.entry(b.backend)
+    if entry is None or not entry.capabilities.multi_process:
+        found.append(
+            (
+                "[backend] backend",
+                f'{b.backend!r} {runs}: only the local backend trains under torchrun (a service backend spreads its own work). Fix: backend = "local", or start one process',
+            )
+        )
+        return found
+    parts = [p.strip() for p in b.devices.split(",")]
+    if len(parts) > 1 or parts[0] not in ("cpu", "gpu:0"):
+        found.append(
+            (
+                "[backend] devices",
+                f'{b.devices!r} {runs}: each rank trains and samples on one device, rank r of a node on gpu:r. Fix: devices = "gpu:0" (every rank takes its LOCAL_RANK\'s GPU) or "cpu"',
+            )
+        )
+    if b.options.get("overlap") is True:
+        found.append(
+            (
+                "[backend.options] overlap",
+                f"true {runs}: the background training would run its gradient all-reduce beside the next step's gather. Fix: overlap = false",
+            )
+        )
+    engine = registry.ENGINES.entry(config.inference.engine)
+    if engine is None or engine.engine_traits is None or not engine.engine_traits.in_process:
+        found.append(
+            (
+                "[inference] engine",
+                f'{config.inference.engine!r} {runs}: every rank samples with its own in-process engine (a server would get every rank\'s adapter). Fix: engine = "pytorch"',
+            )
+        )
+    if b.options.get("shard") is True:
+        found.append(
+            (
+                "[backend.options] shard",
+                f"true {runs}: sharding the frozen base with FSDP2 is not built yet (every rank holds the whole model). Fix: shard = false",
+            )
+        )
+    if needs_selection(config.training.policy_loss):
+        found.append(
+            (
+                "[training] policy_loss",
+                f'{config.training.policy_loss!r} {runs}: its token selection spans the whole step\'s logprobs, which no rank holds. Fix: policy_loss = "ppo_clip" (or run on one process)',
+            )
+        )
+    return found
+
+
+def check_world(config: Config, world: World) -> None:
+    """A run's first check under torchrun, before it joins the process group: what its
+    ranks cannot run (the same on every rank, so every rank exits 2)."""
+    problems = world_problems(config, world)
+    if problems:
+        raise ConfigError(
+            [f"{key}: {problem}" for key, problem in problems],
+            head=f"the run cannot start on {world.size} ranks (checked before any model "
+            "loads; `retrain explain` names the file and line)",
+        )
 
 
 def check_startup(config: Config) -> None:

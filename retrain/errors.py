@@ -62,3 +62,8 @@ class CheckpointError(RetrainError):
 
 class TrainingError(RetrainError):
     """Training cannot continue (NaN loss, preflight failure, ...)."""
+
+
+class DistributedError(RetrainError):
+    """Another rank of a run on several processes (torchrun) failed or stopped answering;
+    this rank stops too (docs/distributed.md)."""

@@ -525,6 +525,7 @@ BACKENDS = Registry(
                 supports_checkpoint_resume=True,
                 token_data=("entropy",),
                 loss_options=LOSS_OPTIONS,  # all of them, a dotted-path policy_loss included
+                multi_process=True,
             ),
             options={
                 "micro_batch_tokens": OptionSpec(
@@ -578,6 +579,21 @@ BACKENDS = Registry(
                     "Activation checkpointing: keep each transformer block's input only and "
                     "recompute the block in the backward pass (~30% more training compute for "
                     "much less activation memory: long completions, large micro-batches)",
+                ),
+                "collective_timeout_s": OptionSpec(
+                    "int",
+                    600,
+                    "Under torchrun (world size > 1): seconds a rank waits in a collective "
+                    "for the others before the run stops with an error naming the rank that "
+                    "did not answer (docs/distributed.md)",
+                    validator=_positive,
+                ),
+                "shard": OptionSpec(
+                    "bool",
+                    False,
+                    "Under torchrun (world size > 1): shard the frozen base model's weights "
+                    "over the ranks with FSDP2 (torch.distributed.fsdp.fully_shard), for a "
+                    "model whose weights do not fit one device (docs/distributed.md)",
                 ),
             },
         ),

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
+from retrain.world import World
+
 if TYPE_CHECKING:
     from retrain.loss import LossFn
 
@@ -70,6 +72,8 @@ class LocalOptions(_BackendOptions):
     dtype: str
     decode: str
     checkpointing: bool
+    collective_timeout_s: int
+    shard: bool
 
     BACKEND: ClassVar[str] = "local"
 
@@ -107,6 +111,7 @@ class LocalSettings:
     seed: int  # -1 = unseeded (LoRA init draws from torch's global RNG)
     options: LocalOptions
     loss: LossFn  # [training] policy_loss, resolved once (a dotted path imported here)
+    world: World = World()  # under torchrun: this rank (retrain/world.py)
 
 
 # ---------------------------------------------------------------- remote backends

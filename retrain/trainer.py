@@ -5,6 +5,7 @@ built here: retrain.build makes the components."""
 
 from __future__ import annotations
 
+import os
 import signal
 import statistics
 import sys
@@ -14,7 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from retrain.build import Components, build
+from retrain import distributed
+from retrain.build import Components, build, check_world, device_kind, world_of
 from retrain.checkpoint import (
     TrainerState,
     capture_rng,
@@ -24,7 +26,7 @@ from retrain.checkpoint import (
     save_state,
 )
 from retrain.config import Config
-from retrain.errors import RetrainError
+from retrain.errors import CheckpointError, RetrainError
 from retrain.logs.console import Console, eval_line, group_line, step_line
 from retrain.logs.metrics import RunContext, RunCounters, eval_fields, metrics_row
 from retrain.logs.ownership import Launch, claim, launch_for, occupied_dirs
@@ -32,7 +34,7 @@ from retrain.logs.runlog import RunLog
 from retrain.logs.timer import PhaseTimer
 from retrain.rollout import build_datums, correct_rate, planning_masks, token_groups
 from retrain.schedule import lr_at
-from retrain.shaping import sample_step
+from retrain.shaping import merge_counters, sample_step
 from retrain.stepping import SampledStep, StepTraining, step_training
 from retrain.types import Datum, EvalResult, GroupRollout, RunPosition, StepResult
 
@@ -93,7 +95,12 @@ class Trainer:
         self.config = config
         self.config_path = config_path
         self.launch = launch or launch_for(config_path)
+        # Under torchrun: rank 0 alone prints and writes (retrain/world.py).
+        self.world = world_of(config)
         self.console = console or Console()
+        if not self.world.is_main:
+            # held for the process's life: the other ranks print nothing
+            self.console = Console(open(os.devnull, "w"), live=False)  # noqa: SIM115
         self.say: Callable[[str], None] = self.console.print
         self.log_dir = Path(config.logging.log_dir)
         self.log = RunLog(config, self.log_dir, config_path, self.say)
@@ -135,6 +142,7 @@ class Trainer:
         if c.backpressure is not None and state.backpressure:
             c.backpressure.load_state_dict(state.backpressure)
         restore_rng(state.rng)
+        self._restore_rank_rng(state.rng, resume_from)
         self.counters = RunCounters.from_dict(state.counters)
         self.batch_size, self.group_size = state.batch_size, state.group_size
         self.start_step = self.last_saved_step = state.step
@@ -159,7 +167,7 @@ class Trainer:
         batch_size, group_size = self.batch_size, self.group_size  # as this step uses them
         params = replace(c.sampling, seed=step_seed(self.config.training.seed, step))
         shaped = sample_step(
-            c.shaping, c.data.next_batch, c.rollout, (batch_size, group_size), params, timer
+            c.shaping, c.data.next_batch, self._rollout, (batch_size, group_size), params, timer
         )
         groups = shaped.groups
         with timer.phase("advantages"):
@@ -183,6 +191,21 @@ class Trainer:
         for result in self.training.submit(sampled, hyper):
             row = self._record(result)
         return row
+
+    def _rollout(self, examples, group_size: int, params, timer: PhaseTimer):
+        """This rank's whole groups sampled and scored; under torchrun every rank's
+        gathered, so what follows (advantages, SEPA, counters, metrics) sees the batch."""
+        start, stop = self.world.bounds(len(examples))
+        params = replace(params, prompt_offset=start)
+        mine, counters = self.parts.rollout(examples[start:stop], group_size, params, timer)
+        if not self.world.distributed:
+            return mine, counters
+        with timer.phase("gather", "gathering the ranks' groups"):
+            parts = distributed.gather(
+                self.world, (mine, counters), "the gather of the step's groups"
+            )
+        groups = [g for part, _ in parts for g in part]
+        return groups, merge_counters([(k, sum(map(len, p))) for p, k in parts])
 
     def _advantages(
         self, step: int, groups: list[GroupRollout]
@@ -236,9 +259,9 @@ class Trainer:
         row["off_policy_steps"] = result.off_policy_steps
         if c.backpressure is not None:
             # the step's own size: with overlap the next step has sampled already
-            decision = c.backpressure.observe(result.batch_size, self.throughput(result))
+            decision = c.backpressure.observe(result.batch_size, self._throughput(result))
             row.update(decision.as_metrics())
-            self.batch_size = decision.batch_size
+            self.batch_size = self._whole_ranks(decision.batch_size)
         for g in result.groups[: self.config.logging.group_lines]:
             self.say(group_line(g.num_correct, len(g), g.example.reference))
         if result.shaping.warning:
@@ -246,8 +269,23 @@ class Trainer:
         self.say(self._step_line(row))
         if self._eval_due(result.step + 1):  # the rows carry the evaluation after this step
             row.update(eval_fields(self.evaluate(result.step + 1)))
-        self.log.write_step(result, row)
+        if self.world.is_main:
+            self.log.write_step(result, row)
         return row
+
+    def _throughput(self, result: StepResult) -> float:
+        """What back pressure observes: under torchrun the same on every rank (the whole
+        batch's completions over the slowest rank's busy time), so all decide alike."""
+        if not self.world.distributed:
+            return self.throughput(result)
+        rates = distributed.gather(self.world, self.throughput(result), "back pressure")
+        slowest = min(rates)  # every rank's rate counts the whole batch's completions
+        return slowest
+
+    def _whole_ranks(self, batch_size: int) -> int:
+        """A batch size every rank can take whole prompts of (rounded up to a multiple)."""
+        n = self.world.size
+        return -(-batch_size // n) * n
 
     @staticmethod
     def throughput(result: StepResult) -> float:
@@ -295,7 +333,8 @@ class Trainer:
             on_phase=lambda label: self.console.status(f"held-out evaluation: {label}"),
         )
         self.say(eval_line(done, self.config.condition, result))
-        self.log.write_eval(result)
+        if self.world.is_main:
+            self.log.write_eval(result)
         return result
 
     # ------------------------------------------------------------ checkpoints
@@ -305,6 +344,10 @@ class Trainer:
         self.settle()  # the pending training is part of the `step` steps saved
         cfg, c = self.config, self.parts
         name = "final" if final else f"checkpoint_step_{step}"
+        rng = self._rng_states()  # every rank's (a collective: before rank 0 alone writes)
+        if not self.world.is_main:
+            self._saved(step, "")
+            return distributed.barrier(self.world, "the checkpoint")
         info = c.backend.save_checkpoint(Path(cfg.backend.adapter_path) / name)
         state = TrainerState(
             step=step,
@@ -318,22 +361,60 @@ class Trainer:
             sepa=c.sepa.state_dict(),
             checkpoint=info,
             backpressure=c.backpressure.state_dict() if c.backpressure is not None else None,
-            rng=capture_rng(),
+            rng=rng,
             finished=final,
         )
         save_state(self.log_dir, state)
-        self.last_saved_step = step
-        self.last_adapter = info.adapter
+        distributed.barrier(self.world, "the checkpoint")  # every rank past a whole save
+        self._saved(step, info.adapter)
         self.say(
             f"Saved {'final adapter' if final else 'checkpoint'} at step {step}"
             + (f" -> {info.adapter}" if info.adapter else "")
         )
 
+    def _saved(self, step: int, adapter: str) -> None:
+        self.last_saved_step = step
+        self.last_adapter = adapter
+
+    def _rng_states(self) -> dict[str, Any]:
+        """Python's and numpy's RNG states (rank 0's, as one process saves them); under
+        torchrun also every rank's own, Python, numpy and torch, under "ranks"."""
+        state = capture_rng()
+        if self.world.distributed:
+            mine = {**capture_rng(), **distributed.rank_rng_state()}
+            state["ranks"] = distributed.gather(self.world, mine, "the checkpoint's RNG states")
+        return state
+
+    def _restore_rank_rng(self, rng: dict[str, Any], resume_from: str) -> None:
+        """Under torchrun, this rank's own RNG states (saved by a run on as many ranks)."""
+        ranks = rng.get("ranks")
+        if not self.world.distributed and ranks is None:
+            return
+        n = len(ranks) if ranks is not None else 1
+        if n != self.world.size:
+            raise CheckpointError(
+                f"[resume] from: {resume_from} was saved by a run on {n} rank(s), and this run "
+                f"has {self.world.size}: each rank resumes its own RNG state. Fix: start it "
+                f"with torchrun --nproc-per-node {n}" + (" (or without torchrun)" if n == 1 else "")
+            )
+        mine = ranks[self.world.rank]
+        restore_rng(mine)
+        distributed.restore_rank_rng(mine)
+
     # ------------------------------------------------------------ the loop
 
     def run(self) -> int:
+        """The run; under torchrun inside the process group, which a failure on any rank
+        ends on every rank (retrain/distributed.py)."""
+        check_world(self.config, self.world)  # before the process group: all ranks exit 2
+        with distributed.session(self.world, device_kind(self.config)):
+            return self._run()
+
+    def _run(self) -> int:
         cfg = self.config
-        claim(cfg, self.launch, self.say)  # before any model loads
+        if self.world.is_main:
+            claim(cfg, self.launch, self.say)  # before any model loads
+        distributed.barrier(self.world, "the start (rank 0 checks the run directories)")
         self.setup()
         resume_from = cfg.resume.from_
         if resume_from and not self.restore(resume_from):
@@ -341,7 +422,8 @@ class Trainer:
                 f"Nothing to do: the run in {resume_from} already finished {cfg.training.max_steps} steps (raise --max-steps to continue)."
             )
             return 0
-        self.log.open(self.start_step)
+        if self.world.is_main:
+            self.log.open(self.start_step)
         self.context = replace(self.context, started=self.log.started)
         stop = _StopRequest()
         stop.install()
@@ -372,7 +454,7 @@ class Trainer:
             done = step + 1
             if cfg.training.save_every and done % cfg.training.save_every == 0 and done < last:
                 self.checkpoint(done)
-            if stop.signal is not None:
+            if distributed.any_rank(self.world, stop.signal is not None, "a stop request"):
                 if self.last_saved_step != done:
                     self.checkpoint(done)
                 self.console.done()

@@ -46,6 +46,10 @@ class SamplingParams:
     # the token was drawn from (the true behaviour policy), so the importance ratio
     # exp(logp_trainer - logp_sampler) stays honest; 1.0 = no truncation.
     top_p: float = 1.0
+    # Under torchrun, the index of this rank's first prompt in the step's whole batch: the
+    # engine draws as if the earlier ranks' prompts came first in one call, so N ranks
+    # sample what one process sampling the whole batch would (retrain/world.py).
+    prompt_offset: int = 0
 
 
 def _ids(x: Any) -> np.ndarray:
@@ -327,6 +331,8 @@ class BackendCapabilities:
     # Loss options implemented beyond the default objective (names from LOSS_OPTIONS);
     # config loading refuses an option the backend does not list.
     loss_options: tuple[str, ...] = ()
+    # Trains one run on several processes under torchrun (docs/distributed.md).
+    multi_process: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from retrain import distributed
 from retrain.engines.base import Engine, ServerEngine, UnboundEngine
 from retrain.errors import BackendError, CheckpointError, ConfigError, TrainingError
 from retrain.kernels.logprobs import linear_head
@@ -76,6 +77,7 @@ from retrain.types import (
     TrainHyper,
     TrainResult,
 )
+from retrain.world import World
 
 log = logging.getLogger("retrain.backends.local")
 
@@ -104,6 +106,13 @@ def parse_devices(spec: str, warn: Callable[[str], None]) -> list[torch.device]:
                 )
             devices.append(torch.device("cuda", index))
     return devices
+
+
+def rank_devices(devices: list[torch.device], world: World) -> list[torch.device]:
+    """Under torchrun a rank's device: its node-local GPU (LOCAL_RANK), or the CPU."""
+    if not world.distributed or devices[0].type != "cuda":
+        return devices
+    return [torch.device("cuda", world.local_rank)]
 
 
 class TrainingInFlight:
@@ -163,7 +172,8 @@ class LocalBackend:
         # threads = 0: chosen from the free cores before each phase (retrain/threads.py).
         self.threads = ThreadPolicy(self.options.threads)
         say(self.threads.describe(self.threads.apply()))
-        devices = parse_devices(settings.devices, say)
+        self.world = settings.world
+        devices = rank_devices(parse_devices(settings.devices, say), self.world)
         self.train_device = devices[-1]
         self.infer_device = devices[0]
         self.split_mode = len(devices) > 1
@@ -180,6 +190,7 @@ class LocalBackend:
             f"trainable params: {trainable:,} || all params: {total:,} || trainable%: {100 * trainable / total:.4f}"
         )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        distributed.broadcast_params(self.world, self.params)  # one init on every rank
         o = settings.optimizer
         self.optimizer = torch.optim.AdamW(
             self.params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
@@ -447,12 +458,16 @@ class LocalBackend:
         before, retries = self.options.micro_batch_tokens, 0
         # Out of memory in a micro-batch: the step is redone from its first one with half
         # the budget (kept for later steps), until a micro-batch of one completion fails.
+        # Under torchrun each rank takes its slice of the step's datums; the weights and the
+        # denominator above are the whole step's, so the gradients add up to one process's.
+        start, stop = self.world.bounds(len(datums))
+        mine, weights = datums[start:stop], weights[start:stop]
         while isinstance(
-            sums := self._accumulate(datums, hyper, loss_fn, denominator, weights, weighted),
+            sums := self._accumulate(mine, hyper, loss_fn, denominator, weights, weighted),
             int,
         ):
             retries += 1
-            self._back_off(sums, datums)
+            self._back_off(sums, mine)
         if retries:
             self._say(
                 f"out of memory on {self.train_device} in a training micro-batch: "
@@ -460,7 +475,7 @@ class LocalBackend:
                 f"{self.options.micro_batch_tokens} for the rest of the run ({retries} "
                 "retries of this step; set it lower to skip them)"
             )
-        loss_sum, ratio_sum, ratio_max, stats = sums
+        loss_sum, ratio_sum, ratio_max, stats = self._reduce(sums)
         self._selected = {}
         max_norm = hyper.max_grad_norm if hyper.max_grad_norm > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
@@ -480,6 +495,26 @@ class LocalBackend:
             log_ratio_mean=ratio_sum / max(total, 1),
             log_ratio_max_abs=ratio_max,
             extra=extra,
+        )
+
+    def _reduce(
+        self, sums: tuple[float, float, float, LossStats]
+    ) -> tuple[float, float, float, LossStats]:
+        """Under torchrun: the LoRA gradients summed over the ranks (an explicit all-reduce
+        once per optimizer step, not DDP: ranks run different numbers of micro-batches,
+        and DDP reduces in every backward) and the step's sums gathered."""
+        if not self.world.distributed:
+            return sums
+        distributed.all_reduce_grads(self.world, self.params)
+        parts = distributed.gather(self.world, sums, "the step's loss sums")
+        stats = LossStats()
+        for part in parts:
+            stats.add(part[3])
+        return (
+            sum(p[0] for p in parts),
+            sum(p[1] for p in parts),
+            max(p[2] for p in parts),
+            stats,
         )
 
     def _accumulate(

@@ -13,7 +13,7 @@ from typing import Any
 
 from retrain import registry
 from retrain.backends.base import BackendInfo, backend_info, backend_options
-from retrain.build import backend_problems, engine_problems
+from retrain.build import backend_problems, engine_problems, world_of
 from retrain.build import startup_problems as run_startup_problems
 from retrain.campaign.expand import (
     Condition,
@@ -48,6 +48,7 @@ from retrain.memory import (
 )
 from retrain.models import HubAsk, ask_hub, model_shape
 from retrain.types import BackendCapabilities
+from retrain.world import World
 
 
 def uses_sepa(config: Config) -> bool:
@@ -429,7 +430,9 @@ def _reward_problems(config: Config) -> list[tuple[str, str]]:
     return []
 
 
-def startup_problems(config: Config, ask: HubAsk | None = ask_hub) -> list[tuple[str, str]]:
+def startup_problems(
+    config: Config, ask: HubAsk | None = ask_hub, world: World | None = None
+) -> list[tuple[str, str]]:
     """(key, problem) for everything the run would refuse at start before its first step,
     found without loading a model: missing modules of the configured entries, the
     reasoning-gym task, the custom reward's module and function, and the run's own startup
@@ -440,7 +443,7 @@ def startup_problems(config: Config, ask: HubAsk | None = ask_hub) -> list[tuple
         module_problems(config)
         + _data_problems(config)
         + _reward_problems(config)
-        + run_startup_problems(config, ask)
+        + run_startup_problems(config, ask, world)
     )
 
 
@@ -697,7 +700,7 @@ def _named_memory(params: int, plan: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def memory_estimate(config: Config) -> dict[str, Any]:
+def memory_estimate(config: Config, world: World | None = None) -> dict[str, Any]:
     """The local step's peak memory on its training device (retrain/memory.py), that
     device's free and total memory (retrain/hardware.py, no torch), and `memory_problem`:
     a FitProblem when the estimate comes near or over the free memory."""
@@ -715,7 +718,8 @@ def memory_estimate(config: Config) -> dict[str, Any]:
         "total": total,
         "errors": [],
         "step": StepSizes(
-            batch_size=t.batch_size,
+            # under torchrun each rank holds its share of the batch (and its own device)
+            batch_size=max(1, t.batch_size // (world.size if world else 1)),
             group_size=t.group_size,
             max_tokens=t.max_tokens,
             prompt_tokens=PROMPT_TOKENS_GUESS,
@@ -748,7 +752,7 @@ def memory_estimate(config: Config) -> dict[str, Any]:
     return out
 
 
-def estimates(config: Config, info: BackendInfo) -> dict[str, Any]:
+def estimates(config: Config, info: BackendInfo, world: World | None = None) -> dict[str, Any]:
     """Rough peak memory and wall time per step. Memory: `memory_estimate` (the local
     step on its device, compared with the device's free memory). Time: a recent run's
     measured median when [logging] log_dir has one, else FLOPs (2 x params per sampled
@@ -766,7 +770,7 @@ def estimates(config: Config, info: BackendInfo) -> dict[str, Any]:
         out["peak_memory_gib"] = None
         out["memory_note"] = f"the model runs on the {info.name} service"
     else:
-        out.update(memory_estimate(config))
+        out.update(memory_estimate(config, world))
     recent = _recent_rates(config)
     out["recent_run"] = recent
     if recent is not None:
@@ -861,6 +865,7 @@ def build_report(
     launch: ownership.Launch | None = None,
     *,
     ask: HubAsk | None = ask_hub,
+    world: World | None = None,
 ) -> dict[str, Any]:
     """What the config would do, and every problem the run would stop on before its first
     step. `launch`: the command line explained (its flags and --overwrite), for the
@@ -869,6 +874,7 @@ def build_report(
     if is_standalone_squeeze(config):
         return _squeeze_report(config, path)
     errors: list[str] = []
+    world = world or world_of(config)  # torchrun's WORLD_SIZE, or --world-size
     info = _backend(config, errors)
     errors += _flow_errors(config, info)
     max_steps = (
@@ -899,7 +905,8 @@ def build_report(
         "uncertainty_kind": config.algorithm.uncertainty_kind,
         "objective": objective_summary(config),
         "settings": resolved_settings(config, info),
-        "estimates": estimates(config, info),
+        "estimates": estimates(config, info, world),
+        "world": _world(config, world),
         "per_step": _per_step(config),
         "total_steps": max_steps,
         "checkpoints": _checkpoints(config, info, max_steps),
@@ -916,7 +923,7 @@ def build_report(
         report["total_steps"] = report["campaign"]["total_steps"]
     errors += [
         f"{key}{_where(config, path, key)}: {problem}"
-        for key, problem in startup_problems(config, ask)
+        for key, problem in startup_problems(config, ask, world)
     ]
     occupied, moved = ownership.check(config, launch or ownership.launch_for(path))
     errors += occupied
@@ -930,6 +937,26 @@ def build_report(
         (errors if memory["level"] == "error" else report["warnings"]).append(memory["message"])
     report["errors"] = errors
     return report
+
+
+def _world(config: Config, world: World) -> dict[str, Any]:
+    """The run's processes: one, or torchrun's ranks and each one's share of a step."""
+    t = config.training
+    return {
+        "size": world.size,
+        "prompts_per_rank": t.batch_size / world.size,
+        "completions_per_rank": t.batch_size * t.group_size / world.size,
+    }
+
+
+def _world_line(w: dict[str, Any]) -> list[str]:
+    if w["size"] == 1:
+        return []
+    share = f"{w['prompts_per_rank']:g} prompts ({w['completions_per_rank']:g} completions)"
+    return [
+        f"Ranks:       {w['size']} processes (torchrun), {share} per rank per step; the "
+        "memory estimate is per rank; rank 0 writes logs and checkpoints"
+    ]
 
 
 def render(report: dict[str, Any]) -> str:
@@ -964,6 +991,7 @@ def render(report: dict[str, Any]) -> str:
         f"Reward:      {report['reward']}   uncertainty: {report['uncertainty_kind']}",
         f"Objective:   {report['objective']}",
         *_render_settings(report),
+        *_world_line(report["world"]),
         f"Per step:    {ps['batch_size']} prompts x {ps['group_size']} completions = {ps['completions']} completions, <= {ps['sampled_token_upper_bound']:,} sampled tokens ({ps['max_new_tokens_per_completion']} per {ps['tokens_per']})",
         f"Shaping:     {report['shaping']}",
         f"Steps:       {report['total_steps']:,}",
@@ -1026,6 +1054,14 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="explain a run on N processes (torchrun --nproc-per-node x --nnodes); "
+        "default: WORLD_SIZE from the environment, else 1",
+    )
+    parser.add_argument(
         "--overwrite",
         action="store_true",
         help="as the run's --overwrite: directories holding another run are moved aside",
@@ -1043,6 +1079,9 @@ def main(argv: list[str]) -> int:
     if known.overwrite:
         refuse_overwrite(config)  # as the run would
     launch = ownership.launch_for(path, flags, overwrite=known.overwrite)
-    report = build_report(config, path, launch)
+    world = world_of(config)
+    if known.world_size is not None:
+        world = replace(world, size=max(1, known.world_size))
+    report = build_report(config, path, launch, world=world)
     print(json.dumps(report, indent=2) if known.json else render(report))
     return 2 if report["errors"] else 0

@@ -228,7 +228,7 @@ class HTTPEngine:
         """One prompt's n completions: one request with `n`, topped up one by one when the
         server returns fewer (llama.cpp and MLX-LM ignore `n`)."""
         # Distinct seeds per prompt; vLLM seeds the i-th of n completions with seed + i.
-        base = None if params.seed is None else params.seed + index * n
+        base = None if params.seed is None else params.seed + (params.prompt_offset + index) * n
         per_call = n if self.dialect.honours_n else 1
         async with gate:
             samples = await self._complete(client, prompt, per_call, params, base)

@@ -210,6 +210,8 @@ class PyTorchEngine:
             generator.manual_seed(params.seed)
         else:
             generator.seed()
+        if params.prompt_offset:  # the uniforms of the earlier ranks' rows, skipped
+            uniforms(params.prompt_offset * n, params.max_tokens, generator)
         if self.threads is not None:
             self.threads.apply("sampling")
         out: list[list[Sample]] = [[] for _ in prompts_B]

@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "retrain.throttle",
             "retrain.memory",
             "retrain.hardware",
+            "retrain.world",
         ),
     ),
     (
@@ -46,6 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "retrain.environments",
             "retrain.compare",
             "retrain.checkpoint",
+            "retrain.distributed",
             "retrain.rollout",
             "retrain.multiturn",
             "retrain.threads",
