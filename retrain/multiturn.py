@@ -456,11 +456,9 @@ class MultiTurnRollout:
         n = max(1, len(trajectories))
         turns = [t.turns for t in trajectories]
         errors = [t.error for t in trajectories]
-        answered = [t for t in trajectories if t.replies]
         return {
             "reward_errors": float(errors.count("score_error")),
             "reward_timeouts": 0.0,
-            "no_answer_rate": sum(extract_boxed(t.replies[-1]) is None for t in answered) / n,
             "turns_mean": float(np.mean(turns)) if turns else 0.0,
             "turns_max": float(max(turns, default=0)),
             "truncated_max_turns_rate": sum(t.truncated for t in trajectories) / n,

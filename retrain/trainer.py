@@ -34,6 +34,7 @@ from retrain.rollout import build_datums, correct_rate, planning_masks, token_gr
 from retrain.schedule import lr_at
 from retrain.stepping import SampledStep, StepTraining, step_training
 from retrain.types import Datum, EvalResult, GroupRollout, RunPosition, StepResult
+from retrain.zero_signal import ZeroSignalGuard
 
 if TYPE_CHECKING:
     import numpy as np
@@ -102,6 +103,7 @@ class Trainer:
         self.last_saved_step: int | None = None
         self.last_adapter = ""
         self.training: StepTraining | None = None
+        self.guard = ZeroSignalGuard(config.training.zero_signal_steps)
 
     def setup(self) -> None:
         self.parts = c = build(self.config, self.say)
@@ -236,10 +238,14 @@ class Trainer:
             self.batch_size = decision.batch_size
         for g in result.groups[: self.config.logging.group_lines]:
             self.say(group_line(g.num_correct, len(g), g.example.reference))
-        self.say(self._step_line(row))
+        no_signal = self.guard.observe(result)
+        if no_signal:
+            row["zero_signal"] = no_signal
+        self.say(self._step_line(row) + self.guard.flag(no_signal))
         if self._eval_due(result.step + 1):  # the rows carry the evaluation after this step
             row.update(eval_fields(self.evaluate(result.step + 1)))
         self.log.write_step(result, row)
+        self.guard.check()  # N steps in a row without a datum: stop, saying why
         return row
 
     @staticmethod

@@ -203,6 +203,13 @@ class TrainingConfig:
     weight_decay: float = opt(0.0, "AdamW weight decay", ge=0.0)
     max_examples: int = opt(0, "Limit dataset size. 0 = use all", ge=0)
     save_every: int = opt(20, "Checkpoint every N steps (0 = only at the end)", ge=0)
+    zero_signal_steps: int = opt(
+        5,
+        "Stop the run (exit 1, last checkpoint kept) after this many consecutive steps with "
+        "no trainable datum: every trajectory failed, no answer extracted, or every group's "
+        "rewards equal (each such step is flagged on its step line). 0 = never stop",
+        ge=0,
+    )
     # The objective (retrain/loss/; `retrain man --topic loss`).
     policy_loss: str = opt(
         "is",

@@ -319,7 +319,7 @@ class ClassicRubricReward(Reward):
 
     def score_batch(self, responses: Sequence[str], examples: Sequence[Example]) -> BatchScore:
         self._check_lengths(responses, examples)
-        out = BatchScore(rewards=[0.0] * len(responses))
+        out = BatchScore(rewards=[0.0] * len(responses), extracts_answers=False)
         groups: dict[Any, list[int]] = {}
         states = []
         for i, (response, example) in enumerate(zip(responses, examples)):
@@ -328,9 +328,7 @@ class ClassicRubricReward(Reward):
                 raise DataError(
                     f"the {self.env_id!r} rubric scores examples from that environment only"
                 )
-            answer = extract_boxed(response)
-            out.answers.append(answer)
-            out.no_answer += answer is None
+            out.answers.append(extract_boxed(response))  # logged; the scorer reads its own
             states.append(_classic_state(meta["row"], response, self.message_type))
             groups.setdefault(meta.get("row_index", id(example)), []).append(i)
         if hasattr(self.rubric, "score_group"):
@@ -446,7 +444,7 @@ class TaskScoreReward(Reward):
 
     def score_batch(self, responses: Sequence[str], examples: Sequence[Example]) -> BatchScore:
         self._check_lengths(responses, examples)
-        out = BatchScore()
+        out = BatchScore(extracts_answers=False)
         coros = []
         for response, example in zip(responses, examples):
             meta = example.meta or {}
@@ -454,9 +452,7 @@ class TaskScoreReward(Reward):
                 raise DataError(
                     f"the {self.env_id!r} task scorer scores examples from that taskset only"
                 )
-            answer = extract_boxed(response)
-            out.answers.append(answer)
-            out.no_answer += answer is None
+            out.answers.append(extract_boxed(response))  # logged; the scorer reads its own
             coros.append(self._score(meta["task"], response))
         for result in self._loop.gather(coros):
             if isinstance(result, BaseException):

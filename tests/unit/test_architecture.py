@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "retrain.checkpoint",
             "retrain.rollout",
             "retrain.multiturn",
+            "retrain.zero_signal",
             "retrain.threads",
             "retrain.evaluate",
             "retrain.schedule",

@@ -129,7 +129,9 @@ def test_v1_taskset_gives_examples_and_reward(v1_env):
     # correct (1.0) + 0.5 * mentions_plus; the second is wrong for example 2 (answer 12)
     assert out.rewards == [1.5, 0.0, 0.0]
     assert out.answers == ["11", "11", None]
-    assert out.no_answer == 1 and out.errors == 0
+    assert out.errors == 0
+    # the taskset scores its own format: no \boxed{} no-answer rate is reported for it
+    assert "no_answer_rate" not in out.counters()
     src.close()
 
 
