@@ -416,10 +416,28 @@ class DataConfig:
 @dataclass
 class EnvironmentConfig:
     provider: str = opt(
-        "", "Optional environment provider: '' or 'verifiers'", choices=("", "verifiers")
+        "",
+        "Optional environment provider: '', 'verifiers' or 'openenv'",
+        choices=("", "verifiers", "openenv"),
     )
-    id: str = opt("", "Environment id (e.g. primeintellect/gsm8k)")
-    args: Any = opt({}, "Environment kwargs as a TOML table (or a JSON string)")
+    id: str = opt(
+        "",
+        "verifiers: the environment id (e.g. primeintellect/gsm8k); openenv: the dotted "
+        "path of an Environment class to run in-process (pkg.mod.MyEnv)",
+    )
+    module: str = opt(
+        "",
+        "verifiers: the module to import, instead of looking the id up (verifiers' "
+        "bundled tasksets, then installed packages, then retrain's own)",
+    )
+    base_url: str = opt(
+        "", "openenv: the URL of a running OpenEnv server (one WebSocket session per trajectory)"
+    )
+    args: Any = opt(
+        {},
+        "Environment kwargs as a TOML table (or a JSON string); openenv: the Environment "
+        "class's constructor kwargs (in-process) or reset() kwargs (a server)",
+    )
     max_turns: int = opt(-1, "Multi-turn safety cap. -1 = environment default", ge=-1)
     auto_install: bool = opt(False, "Install a missing Prime Hub environment automatically")
     turn_timeout_s: float = opt(

@@ -302,6 +302,15 @@ def _data(config: Config) -> Problems:
                 "provider 'verifiers' needs an environment id, e.g. id = \"primeintellect/gsm8k\"",
             )
         ]
+    if env.provider == "openenv" and bool(env.base_url) == bool(env.id):
+        return [
+            (
+                "[environment] base_url" if env.base_url else "[environment] id",
+                "provider 'openenv' needs exactly one of base_url (a running OpenEnv server, "
+                'e.g. base_url = "http://127.0.0.1:8000") and id (the dotted path of an '
+                'Environment class to run in-process, e.g. id = "my_env.server.MyEnvironment")',
+            )
+        ]
     if env.provider:
         return []
     if data.source == "jsonl" and not data.path:
