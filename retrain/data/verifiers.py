@@ -115,7 +115,7 @@ def interim_api_error(env_id: str, target: str, why: str) -> DataError:
         f"verifiers environment {env_id!r} (module {target!r}) is written for the interim "
         f"verifiers API ({why}), which retrain does not drive and verifiers {have} does not "
         f"ship. The three API generations: {API_GENERATIONS}. Fix: use the v1 taskset of the "
-        "same environment if verifiers bundles one (e.g. id = \"textarena\" is "
+        'same environment if verifiers bundles one (e.g. id = "textarena" is '
         "verifiers.v1.tasksets.textarena), pick another module with [environment] module, "
         "or install a classic (verifiers<0.4) or v1 (verifiers>=0.4) build of it"
     )

@@ -11,11 +11,11 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 import stat
 import sys
 import textwrap
 import uuid
+from pathlib import Path
 
 import classic_verifiers
 import pytest
