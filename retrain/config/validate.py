@@ -295,7 +295,7 @@ def _reward(config: Config) -> Problems:
 
 def _data(config: Config) -> Problems:
     env, data = config.environment, config.data
-    if env.provider == "verifiers" and not env.id:
+    if env.provider == "verifiers" and not (env.id or env.module):
         return [
             (
                 "[environment] id",
