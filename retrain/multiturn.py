@@ -128,6 +128,21 @@ class Trajectory:
         for m in messages:
             self.transcript.append({**m, "turn": self.turns})
 
+    def open_with(self, prompt_ids: list[int]) -> None:
+        """The environment spoke first: the prompt is its opening, rendered."""
+        self.prompt_ids = list(prompt_ids)
+
+    def split_prompt(self, keep: int) -> None:
+        """Keep the first `keep` prompt tokens (the group's shared prompt); the rest of
+        this trajectory's opening becomes environment tokens (context, out of the loss)."""
+        tail = self.prompt_ids[keep:]
+        self.prompt_ids = self.prompt_ids[:keep]
+        n = len(tail)
+        self.ids = tail + self.ids
+        self.mask = [False] * n + self.mask
+        self.logprobs = [0.0] * n + self.logprobs
+        self.entropies = [0.0] * n + self.entropies
+
     def sample(self, with_entropies: bool) -> Sample:
         mask = np.asarray(self.mask, dtype=np.bool_)
         if self.error is not None:  # a failed conversation is never trained on
@@ -346,6 +361,11 @@ class MultiTurnRollout:
                     t.transcript.append({**m, "turn": t.turns})
                 return None
             if t.turns == 0:
+                opening = _spoken_first(messages, history)
+                if opening is not None:  # the environment opened: its messages are the prompt
+                    t.open_with(self.chat.encode(self.chat.render(opening, True)))
+                    history[:] = opening
+                    t.transcript.extend({**m, "turn": 0} for m in opening)
                 prompt = list(t.prompt_ids)
             else:
                 # the environment's messages after the model's last reply
@@ -428,8 +448,9 @@ class MultiTurnRollout:
         self, examples, prompts, trajectories, rewards, with_entropies
     ) -> list[GroupRollout]:
         groups = []
-        for gi, (example, prompt) in enumerate(zip(examples, prompts)):
+        for gi, example in enumerate(examples):
             members = [(t, r) for t, r in zip(trajectories, rewards) if t.group == gi]
+            prompt = _shared_prompt([t for t, _ in members])
             texts = [self._text(t) for t, _ in members]
             answers = [extract_boxed(t.replies[-1]) if t.replies else None for t, _ in members]
             rs = [r for _, r in members]
@@ -456,11 +477,9 @@ class MultiTurnRollout:
         n = max(1, len(trajectories))
         turns = [t.turns for t in trajectories]
         errors = [t.error for t in trajectories]
-        answered = [t for t in trajectories if t.replies]
         return {
             "reward_errors": float(errors.count("score_error")),
             "reward_timeouts": 0.0,
-            "no_answer_rate": sum(extract_boxed(t.replies[-1]) is None for t in answered) / n,
             "turns_mean": float(np.mean(turns)) if turns else 0.0,
             "turns_max": float(max(turns, default=0)),
             "truncated_max_turns_rate": sum(t.truncated for t in trajectories) / n,
@@ -473,6 +492,34 @@ class MultiTurnRollout:
     def close(self) -> None:
         """Stop the event loop the conversations run on."""
         self.loop.close()
+
+
+def _spoken_first(messages: Messages, history: Messages) -> Messages | None:
+    """The conversation the environment opened with, when it is not the example's prompt
+    (an OpenEnv reset observation, a v1 Env's message before the model's first turn, a
+    task without a prompt); None when the example's rendered prompt already holds it."""
+    rendered = [m["content"] for m in history if m["content"]]
+    if all(any(m["content"] in r for r in rendered) for m in messages if m["content"]):
+        return None
+    return messages
+
+
+def _shared_prompt(members: list[Trajectory]) -> list[int]:
+    """The group's prompt: the tokens every member's prompt starts with. Members that
+    were opened differently by the environment keep the rest as environment tokens."""
+    first = members[0].prompt_ids
+    keep = len(first)
+    for t in members[1:]:
+        same = 0
+        for a, b in zip(first[:keep], t.prompt_ids):
+            if a != b:
+                break
+            same += 1
+        keep = same
+    for t in members:
+        if len(t.prompt_ids) > keep:
+            t.split_prompt(keep)
+    return list(first[:keep])
 
 
 def _turn_seed(seed: int | None, turn: int) -> int | None:

@@ -37,6 +37,7 @@ from retrain.schedule import lr_at
 from retrain.shaping import merge_counters, sample_step
 from retrain.stepping import SampledStep, StepTraining, step_training
 from retrain.types import Datum, EvalResult, GroupRollout, RunPosition, StepResult
+from retrain.zero_signal import ZeroSignalGuard
 
 if TYPE_CHECKING:
     import numpy as np
@@ -110,6 +111,7 @@ class Trainer:
         self.last_saved_step: int | None = None
         self.last_adapter = ""
         self.training: StepTraining | None = None
+        self.guard = ZeroSignalGuard(config.training.zero_signal_steps)
 
     def setup(self) -> None:
         self.parts = c = build(self.config, self.say)
@@ -266,11 +268,15 @@ class Trainer:
             self.say(group_line(g.num_correct, len(g), g.example.reference))
         if result.shaping.warning:
             self.say(f"Warning: step {result.step}: {result.shaping.warning}")
-        self.say(self._step_line(row))
+        no_signal = self.guard.observe(result)
+        if no_signal:
+            row["zero_signal"] = no_signal
+        self.say(self._step_line(row) + self.guard.flag(no_signal))
         if self._eval_due(result.step + 1):  # the rows carry the evaluation after this step
             row.update(eval_fields(self.evaluate(result.step + 1)))
         if self.world.is_main:
             self.log.write_step(result, row)
+        self.guard.check()  # N steps in a row without a datum: stop, saying why
         return row
 
     def _throughput(self, result: StepResult) -> float:

@@ -439,8 +439,9 @@ def check_run(config: Any, path: str | None, launch: Any = None) -> list[Check]:
         for e in report.get("errors", [])
         if not e.startswith("[model] model") and "retrain[" not in e
     ]
+    env = [Check("environment", OK, report["environment"])] if report.get("environment") else []
     if not errors:
-        return [Check("run checks", OK, "what the run checks before its first step passes")]
+        return env + [Check("run checks", OK, "what the run checks before its first step passes")]
     fix = f"retrain explain {path or 'retrain.toml'} says the same"
     return [Check("run checks", FAIL, e, fix) for e in errors]
 

@@ -925,6 +925,8 @@ def build_report(
         f"{key}{_where(config, path, key)}: {problem}"
         for key, problem in startup_problems(config, ask, world)
     ]
+    report["environment"], env_errors = environment_report(config)
+    errors += env_errors
     occupied, moved = ownership.check(config, launch or ownership.launch_for(path))
     errors += occupied
     # An engine's server must answer before step 0 (the run would stop there), so its
@@ -959,6 +961,24 @@ def _world_line(w: dict[str, Any]) -> list[str]:
     ]
 
 
+def environment_report(config: Config) -> tuple[str | None, list[str]]:
+    """An `[environment]` imported and instantiated (no model, a timeout): its summary,
+    or the error the run would stop with at its start."""
+    env = config.environment
+    if not env.provider or (env.provider == "verifiers" and _missing_modules(("verifiers",))):
+        return None, []  # no environment, or the missing module is reported already
+    from retrain.data.env_probe import probe_environment
+    from retrain.errors import RetrainError
+
+    try:
+        return probe_environment(config).summary(), []
+    except RetrainError as exc:
+        key = "[environment] module" if env.module else "[environment] id"
+        if env.provider == "openenv":
+            key = "[environment] base_url" if env.base_url else "[environment] id"
+        return None, [f"{key}: {exc}"]
+
+
 def render(report: dict[str, Any]) -> str:
     if report["kind"] == "squeeze":
         lines = [
@@ -988,6 +1008,7 @@ def render(report: dict[str, Any]) -> str:
     lines += [
         f"Model:       {report['model']['model']} (LoRA rank {report['model']['lora_rank']}, alpha {report['model']['lora_alpha']})",
         f"Data:        {report['data']}",
+        *([f"Environment: {report['environment']}"] if report.get("environment") else []),
         f"Reward:      {report['reward']}   uncertainty: {report['uncertainty_kind']}",
         f"Objective:   {report['objective']}",
         *_render_settings(report),

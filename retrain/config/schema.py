@@ -210,6 +210,13 @@ class TrainingConfig:
     weight_decay: float = opt(0.0, "AdamW weight decay", ge=0.0)
     max_examples: int = opt(0, "Limit dataset size. 0 = use all", ge=0)
     save_every: int = opt(20, "Checkpoint every N steps (0 = only at the end)", ge=0)
+    zero_signal_steps: int = opt(
+        5,
+        "Stop the run (exit 1, last checkpoint kept) after this many consecutive steps with "
+        "no trainable datum: every trajectory failed, no answer extracted, or every group's "
+        "rewards equal (each such step is flagged on its step line). 0 = never stop",
+        ge=0,
+    )
     # The objective (retrain/loss/; `retrain man --topic loss`).
     policy_loss: str = opt(
         "is",
@@ -458,10 +465,28 @@ class DataConfig:
 @dataclass
 class EnvironmentConfig:
     provider: str = opt(
-        "", "Optional environment provider: '' or 'verifiers'", choices=("", "verifiers")
+        "",
+        "Optional environment provider: '', 'verifiers' or 'openenv'",
+        choices=("", "verifiers", "openenv"),
     )
-    id: str = opt("", "Environment id (e.g. primeintellect/gsm8k)")
-    args: Any = opt({}, "Environment kwargs as a TOML table (or a JSON string)")
+    id: str = opt(
+        "",
+        "verifiers: the environment id (e.g. primeintellect/gsm8k); openenv: the dotted "
+        "path of an Environment class to run in-process (pkg.mod.MyEnv)",
+    )
+    module: str = opt(
+        "",
+        "verifiers: the module to import, instead of looking the id up (verifiers' "
+        "bundled tasksets, then installed packages, then retrain's own)",
+    )
+    base_url: str = opt(
+        "", "openenv: the URL of a running OpenEnv server (one WebSocket session per trajectory)"
+    )
+    args: Any = opt(
+        {},
+        "Environment kwargs as a TOML table (or a JSON string); openenv: the Environment "
+        "class's constructor kwargs (in-process) or reset() kwargs (a server)",
+    )
     max_turns: int = opt(-1, "Multi-turn safety cap. -1 = environment default", ge=-1)
     auto_install: bool = opt(False, "Install a missing Prime Hub environment automatically")
     turn_timeout_s: float = opt(

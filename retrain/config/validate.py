@@ -342,11 +342,20 @@ def _reward(config: Config) -> Problems:
 
 def _data(config: Config) -> Problems:
     env, data = config.environment, config.data
-    if env.provider == "verifiers" and not env.id:
+    if env.provider == "verifiers" and not (env.id or env.module):
         return [
             (
                 "[environment] id",
                 "provider 'verifiers' needs an environment id, e.g. id = \"primeintellect/gsm8k\"",
+            )
+        ]
+    if env.provider == "openenv" and bool(env.base_url) == bool(env.id):
+        return [
+            (
+                "[environment] base_url" if env.base_url else "[environment] id",
+                "provider 'openenv' needs exactly one of base_url (a running OpenEnv server, "
+                'e.g. base_url = "http://127.0.0.1:8000") and id (the dotted path of an '
+                'Environment class to run in-process, e.g. id = "my_env.server.MyEnvironment")',
             )
         ]
     if env.provider:

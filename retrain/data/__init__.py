@@ -14,6 +14,7 @@ source: a DataSource subclass, or a callable returning a DataSource or a list of
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
@@ -62,6 +63,23 @@ def build_data_source(
 ) -> DataSource:
     """The data source for the `[data]` table (or `[environment]` when its provider is
     set). `max_examples` comes from `[training]`; `shuffle_seed` from the run's seed."""
+    if environment is not None and environment.provider == "openenv":
+        from retrain.data.openenv_source import OpenEnvSource
+
+        for p in search_paths:  # the Environment class's folder
+            if p and p not in sys.path:
+                sys.path.insert(0, p)
+        source = OpenEnvSource(
+            {
+                "id": environment.id,
+                "base_url": environment.base_url,
+                "args": environment.args,
+                "max_turns": environment.max_turns,
+            },
+            size=data.size,
+            seed=data.seed,
+        )
+        return source
     if environment is not None and environment.provider:
         from retrain.data.verifiers import VerifiersSource
 

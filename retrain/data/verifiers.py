@@ -74,14 +74,67 @@ def module_name(env_id: str) -> str:
     return name.replace("-", "_").strip().lower()
 
 
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _find_module(name: str) -> str | None:
-    # An installed package first (cheap); then a taskset shipped inside verifiers.
-    for candidate in (name, f"verifiers.v1.tasksets.{name}"):
-        try:
-            if importlib.util.find_spec(candidate) is not None:
-                return candidate
-        except (ImportError, ValueError):
+    # verifiers' own order (verifiers.v1.utils.loaders): its bundled tasksets first, so
+    # `id = "textarena"` is verifiers' taskset even with the TextArena library installed;
+    # then an installed package or [plugins] search_paths; retrain's own come last.
+    for candidate in (f"verifiers.v1.tasksets.{name}", name):
+        if _importable(candidate):
+            return candidate
+    return None
+
+
+API_GENERATIONS = (
+    "classic (verifiers 0.1 - 0.3.x, the Prime Hub environments): load_environment(**args) "
+    "returns an Environment; "
+    "interim (verifiers dev builds before 0.4, e.g. the `tasksets` package): "
+    "load_environment(config: vf.EnvConfig) or load_taskset(config) with vf.Taskset at the "
+    "top level of verifiers; "
+    "v1 (verifiers.v1, 0.3.1+, the only API of 0.4): the module exports a Taskset subclass "
+    "(and, multi-turn, an Env) in __all__"
+)
+
+
+def interim_api_error(env_id: str, target: str, why: str) -> DataError:
+    """The interim API (config-object loaders) is not driven: say which generation the
+    module is, what the three are, and what to use instead."""
+    import importlib.metadata as md
+
+    try:
+        have = md.version("verifiers")
+    except md.PackageNotFoundError:
+        have = "not installed"
+    return DataError(
+        f"verifiers environment {env_id!r} (module {target!r}) is written for the interim "
+        f"verifiers API ({why}), which retrain does not drive and verifiers {have} does not "
+        f"ship. The three API generations: {API_GENERATIONS}. Fix: use the v1 taskset of the "
+        'same environment if verifiers bundles one (e.g. id = "textarena" is '
+        "verifiers.v1.tasksets.textarena), pick another module with [environment] module, "
+        "or install a classic (verifiers<0.4) or v1 (verifiers>=0.4) build of it"
+    )
+
+
+def _interim_loader(module: Any) -> str | None:
+    """'load_environment(config)' when the module's loader takes one config object."""
+    import inspect
+
+    for name in ("load_environment", "load_taskset"):
+        fn = getattr(module, name, None)
+        if not callable(fn):
             continue
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            continue
+        if params and params[0].name == "config" and params[0].kind is not params[0].VAR_KEYWORD:
+            return f"{name}(config)"
     return None
 
 
@@ -110,9 +163,11 @@ def install_environment(env_id: str) -> None:
 
 
 def import_environment(
-    env_id: str, search_paths: Sequence[str] = (), auto_install: bool = False
+    env_id: str, search_paths: Sequence[str] = (), auto_install: bool = False, module: str = ""
 ) -> Any:
-    if not env_id:
+    """The environment's module: `[environment] module` when set, else the id looked up in
+    verifiers' order (see _find_module)."""
+    if not env_id and not module:
         raise DataError("[environment] id is required when [environment] provider = 'verifiers'")
     for p in search_paths:
         if p and p not in sys.path:
@@ -121,19 +176,34 @@ def import_environment(
 
     if str(ENVIRONMENTS_DIR) not in sys.path:  # retrain's own environments, found last
         sys.path.append(str(ENVIRONMENTS_DIR))
-    name = module_name(env_id)
-    target = _find_module(name)
-    if target is None and auto_install:
-        install_environment(env_id)
+    env_id = env_id or module
+    if module:
+        target = module if _importable(module) else None
+        if target is None:
+            raise DataError(
+                f"[environment] module = {module!r}: no such module. Install the package "
+                "that provides it, add the folder holding it to [plugins] search_paths, or "
+                "remove the key to look the id up"
+            )
+    else:
+        name = module_name(env_id)
         target = _find_module(name)
-    if target is None:
-        raise DataError(
-            f"verifiers environment {env_id!r} is not installed (no module {name!r}). Install it "
-            f"with `prime env install {env_id}`, set [environment] auto_install = true, or add "
-            "the folder holding it to [plugins] search_paths"
-        )
+        if target is None and auto_install:
+            install_environment(env_id)
+            target = _find_module(name)
+        if target is None:
+            raise DataError(
+                f"verifiers environment {env_id!r} is not installed (no module {name!r}). "
+                f"Install it with `prime env install {env_id}`, set [environment] "
+                "auto_install = true, add the folder holding it to [plugins] search_paths, or "
+                "name the module with [environment] module"
+            )
     try:
         return importlib.import_module(target)
+    except AttributeError as exc:
+        if "verifiers" in str(exc):  # `vf.Taskset`, `vf.UserConfig`: an older API's names
+            raise interim_api_error(env_id, target, f"importing it failed: {exc}") from exc
+        raise DataError(f"importing verifiers environment {env_id!r} failed: {exc}") from exc
     except ImportError as exc:
         hint = f" ({INSTALL_HINT})" if "verifiers" in str(exc) else ""
         raise DataError(
@@ -319,7 +389,7 @@ class ClassicRubricReward(Reward):
 
     def score_batch(self, responses: Sequence[str], examples: Sequence[Example]) -> BatchScore:
         self._check_lengths(responses, examples)
-        out = BatchScore(rewards=[0.0] * len(responses))
+        out = BatchScore(rewards=[0.0] * len(responses), extracts_answers=False)
         groups: dict[Any, list[int]] = {}
         states = []
         for i, (response, example) in enumerate(zip(responses, examples)):
@@ -328,9 +398,7 @@ class ClassicRubricReward(Reward):
                 raise DataError(
                     f"the {self.env_id!r} rubric scores examples from that environment only"
                 )
-            answer = extract_boxed(response)
-            out.answers.append(answer)
-            out.no_answer += answer is None
+            out.answers.append(extract_boxed(response))  # logged; the scorer reads its own
             states.append(_classic_state(meta["row"], response, self.message_type))
             groups.setdefault(meta.get("row_index", id(example)), []).append(i)
         if hasattr(self.rubric, "score_group"):
@@ -354,7 +422,25 @@ class ClassicRubricReward(Reward):
 
 
 # -- the v1 API ---------------------------------------------------------------------
-def _v1_examples(env_id: str, args: dict[str, Any], size: int) -> tuple[list[Example], Any]:
+def _v1_id(env_id: str, explicit: str) -> str:
+    """The id verifiers' own loaders resolve to the chosen module (they import by id)."""
+    if not explicit:
+        return env_id
+    prefix = "verifiers.v1.tasksets."
+    if explicit.startswith(prefix) and "." not in explicit[len(prefix) :]:
+        return explicit[len(prefix) :]
+    if "." not in explicit and not _importable(prefix + explicit):
+        return explicit
+    raise DataError(
+        f"[environment] module = {explicit!r}: verifiers loads a v1 taskset by a top-level "
+        "module name (its bundled tasksets first), and this name does not resolve to that "
+        "module. Fix: install the taskset as a top-level package, or use its id"
+    )
+
+
+def _v1_examples(
+    env_id: str, args: dict[str, Any], size: int, opens: bool = False
+) -> tuple[list[Example], Any]:
     try:
         import verifiers.v1 as vf
     except ImportError as exc:
@@ -377,10 +463,11 @@ def _v1_examples(env_id: str, args: dict[str, Any], size: int) -> tuple[list[Exa
         data = task.data
         messages = None if isinstance(data.prompt, str) else _message_dicts(data.prompt)
         prompt = data.prompt if isinstance(data.prompt, str) else data.prompt_text
-        if not prompt and not messages:
+        if not prompt and not messages and not opens:
             raise DataError(
-                f"verifiers taskset {env_id!r}: task {data.idx} has no prompt (the user opens "
-                "the conversation); retrain needs a prompt to sample from"
+                f"verifiers taskset {env_id!r}: task {data.idx} has no prompt and the taskset "
+                "has no Env to open the conversation; retrain needs a prompt or an opening "
+                "message to sample from"
             )
         answer = getattr(data, "answer", None)
         meta = {
@@ -446,7 +533,7 @@ class TaskScoreReward(Reward):
 
     def score_batch(self, responses: Sequence[str], examples: Sequence[Example]) -> BatchScore:
         self._check_lengths(responses, examples)
-        out = BatchScore()
+        out = BatchScore(extracts_answers=False)
         coros = []
         for response, example in zip(responses, examples):
             meta = example.meta or {}
@@ -454,9 +541,7 @@ class TaskScoreReward(Reward):
                 raise DataError(
                     f"the {self.env_id!r} task scorer scores examples from that taskset only"
                 )
-            answer = extract_boxed(response)
-            out.answers.append(answer)
-            out.no_answer += answer is None
+            out.answers.append(extract_boxed(response))  # logged; the scorer reads its own
             coros.append(self._score(meta["task"], response))
         for result in self._loop.gather(coros):
             if isinstance(result, BaseException):
@@ -487,8 +572,8 @@ def _v1_env_class(env_id: str) -> Any:
 def _v1_opening(task: Any) -> list[dict[str, str]]:
     data = task.data
     msgs = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
-    if isinstance(data.prompt, str):
-        return msgs + [{"role": "user", "content": data.prompt}]
+    if isinstance(data.prompt, str):  # "": the Env opens the conversation itself
+        return msgs + ([{"role": "user", "content": data.prompt}] if data.prompt else [])
     return msgs + (_message_dicts(data.prompt) or [])
 
 
@@ -747,23 +832,28 @@ class VerifiersSource(DataSource):
             raise DataError(
                 f"[environment] provider: unknown provider {provider!r} (valid: 'verifiers')"
             )
-        env_id = str(environment.get("id") or "")
+        explicit = str(environment.get("module") or "")
+        env_id = str(environment.get("id") or "") or explicit
         args = _parse_args(environment.get("args"))
         self.max_turns = int(environment.get("max_turns", -1) or -1)
         module = import_environment(
-            env_id, search_paths, bool(environment.get("auto_install", False))
+            env_id, search_paths, bool(environment.get("auto_install", False)), explicit
         )
         self.env_id = env_id
         self.env: Any = None
         # Set when the environment talks back (retrain.multiturn drives it turn by turn).
         self.turn_environment: Any = None
+        interim = _interim_loader(module)
         if exports_v1_taskset(module):
             self.api = "v1"
-            examples, self.env = _v1_examples(env_id, args, size)
+            vf_id = _v1_id(env_id, explicit)
+            env_cls = _v1_env_class(vf_id)
+            examples, self.env = _v1_examples(vf_id, args, size, opens=env_cls is not None)
             reward: Reward = TaskScoreReward(env_id)
-            env_cls = _v1_env_class(env_id)
             if env_cls is not None:
-                self.turn_environment = _v1_turn_environment(env_cls, env_id, args, self.max_turns)
+                self.turn_environment = _v1_turn_environment(env_cls, vf_id, args, self.max_turns)
+        elif interim is not None:
+            raise interim_api_error(env_id, module.__name__, f"its {interim}")
         elif callable(getattr(module, "load_environment", None)):
             self.api = "classic"
             try:
@@ -784,7 +874,9 @@ class VerifiersSource(DataSource):
             raise DataError(
                 f"module {module.__name__!r} for environment {env_id!r} is not a verifiers "
                 "environment: it neither defines load_environment() (classic API) nor "
-                "exports a Taskset subclass in __all__ (v1 API)"
+                f"exports a Taskset subclass in __all__ (v1 API). The API generations: "
+                f"{API_GENERATIONS}. Fix: name the environment's module with [environment] "
+                "module if the id picked another one"
             )
         super().__init__(
             examples,
@@ -812,6 +904,7 @@ class VerifiersSource(DataSource):
                 "id": env.id,
                 "args": env.args,
                 "max_turns": env.max_turns,
+                "module": env.module,
                 "auto_install": env.auto_install,
             },
             size=data.size,

@@ -76,6 +76,9 @@ class BatchScore:
     errors: int = 0
     timeouts: int = 0
     no_answer: int = 0
+    # False for scorers that read their own format (verifiers rubrics, environments):
+    # `no_answer` (a \boxed{} extraction) says nothing about them, so it is not reported.
+    extracts_answers: bool = True
 
     def __len__(self) -> int:
         return len(self.rewards)
@@ -90,11 +93,10 @@ class BatchScore:
 
     def counters(self) -> dict[str, float]:
         """The counters as a flat dict, ready for a metrics row."""
-        return {
-            "reward_errors": self.errors,
-            "reward_timeouts": self.timeouts,
-            "no_answer_rate": self.no_answer_rate,
-        }
+        out = {"reward_errors": self.errors, "reward_timeouts": self.timeouts}
+        if self.extracts_answers:
+            out["no_answer_rate"] = self.no_answer_rate
+        return out
 
 
 class Reward:

@@ -153,7 +153,8 @@ class CustomReward(Reward):
 
     def score_batch(self, responses: Sequence[str], examples: Sequence[Example]) -> BatchScore:
         self._check_lengths(responses, examples)
-        out = BatchScore()
+        # fn scores the whole response; the \boxed{} answer is only logged
+        out = BatchScore(extracts_answers=False)
         results: list[Any] = []
         pending: list[tuple[int, Any]] = []
         for i, (response, example) in enumerate(zip(responses, examples)):

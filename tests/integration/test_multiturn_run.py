@@ -235,3 +235,25 @@ def test_the_multiturn_template_builds_a_turn_environment(tmp_path):
     assert src.api == "v1" and len(src) == 64
     assert src.turn_environment.max_turns == config.environment.max_turns == 4
     src.close()
+
+
+def test_an_environment_that_speaks_first_opens_the_conversation(built):
+    """A v1 Env whose tasks have no prompt says its opening at turn 0: the first
+    sampled prompt is that message rendered, and the conversation trains."""
+    tok, _ = built
+    src, spy, rollout = rollout_for(built, "opening_env", {"n": 2})
+    assert src.examples[0].prompt == ""
+    params = SamplingParams(max_tokens=4, temperature=1.0, seed=1)
+    groups, counters = rollout(src.examples[:2], 2, params, PhaseTimer())
+    assert counters["env_errors"] == counters["env_malformed"] == 0
+    first = spy.calls[0][0]
+    assert "Welcome, traveller. Name a colour." in tok.decode(first)
+    g = groups[0]
+    assert g.prompt_ids == first  # the group shares the opening as its prompt
+    assert g.transcripts[0][0] == {
+        "role": "user",
+        "content": "Welcome, traveller. Name a colour.",
+        "turn": 0,
+    }
+    assert all(s.loss_mask.any() for s in g.samples)
+    src.close()

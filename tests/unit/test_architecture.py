@@ -50,6 +50,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "retrain.distributed",
             "retrain.rollout",
             "retrain.multiturn",
+            "retrain.zero_signal",
             "retrain.threads",
             "retrain.evaluate",
             "retrain.schedule",

@@ -15,6 +15,7 @@ import stat
 import sys
 import textwrap
 import uuid
+from pathlib import Path
 
 import classic_verifiers
 import pytest
@@ -129,7 +130,9 @@ def test_v1_taskset_gives_examples_and_reward(v1_env):
     # correct (1.0) + 0.5 * mentions_plus; the second is wrong for example 2 (answer 12)
     assert out.rewards == [1.5, 0.0, 0.0]
     assert out.answers == ["11", "11", None]
-    assert out.no_answer == 1 and out.errors == 0
+    assert out.errors == 0
+    # the taskset scores its own format: no \boxed{} no-answer rate is reported for it
+    assert "no_answer_rate" not in out.counters()
     src.close()
 
 
@@ -371,3 +374,36 @@ def test_real_classic_single_turn_env(env_dir):
     )
     out = src.reward.score_batch(["\\boxed{1}", "\\boxed{3}"], src.examples[:2])
     assert out.rewards == [1.0, 0.0]
+
+
+GENERATIONS = Path(__file__).resolve().parents[1] / "fixtures" / "api_generations"
+
+
+def test_an_id_resolves_to_verifiers_bundled_taskset_before_an_installed_library():
+    """`id = "textarena"` with a library of that name installed: verifiers' own order
+    picks its bundled taskset, as `vf-eval textarena` would."""
+    from retrain.data.verifiers import import_environment
+
+    # verifiers' taskset is the one imported (it then asks for its own extras, nltk and
+    # the real textarena, which this machine lacks): never the library on the path
+    with pytest.raises(DataError, match=r"module 'verifiers\.v1\.tasksets\.textarena'"):
+        import_environment("textarena", [str(GENERATIONS)])
+    # [environment] module picks any module: here the library, which is refused by name
+    with pytest.raises(DataError, match=r"is not a verifiers environment.*classic.*interim.*v1"):
+        data_source(
+            "math",
+            environment={"provider": "verifiers", "id": "textarena", "module": "textarena"},
+            search_paths=[str(GENERATIONS)],
+        )
+
+
+def test_the_interim_api_is_refused_naming_the_three_generations():
+    with pytest.raises(DataError) as err:
+        data_source(
+            "math",
+            environment={"provider": "verifiers", "id": "interim-env"},
+            search_paths=[str(GENERATIONS)],
+        )
+    text = str(err.value)
+    assert "interim verifiers API (its load_environment(config))" in text
+    assert "classic (verifiers 0.1 - 0.3.x" in text and "v1 (verifiers.v1" in text

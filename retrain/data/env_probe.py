@@ -1,0 +1,88 @@
+"""What `retrain explain` and `retrain doctor` learn about an `[environment]` before any
+model loads: they import and instantiate it (the data source the run would build, so an
+environment that fails to load fails here first), under a timeout, and report its API
+generation, its task count, whether it opens the conversation, whether it talks back,
+and whether it needs tool calls."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from retrain.errors import DataError, RetrainError
+
+if TYPE_CHECKING:
+    from retrain.config import Config
+
+PROBE_TIMEOUT_S = 120.0  # loading a taskset may download or build data; a hang must not
+
+
+@dataclass(frozen=True)
+class EnvironmentReport:
+    api: str  # classic | v1 | openenv-server | openenv-in-process
+    tasks: int
+    opens: bool  # the environment speaks first (no prompt of its own)
+    multi_turn: bool
+    needs_tools: bool
+
+    def summary(self) -> str:
+        return (
+            f"{self.api} API, {self.tasks} tasks, "
+            f"{'opens the conversation' if self.opens else 'the task prompt opens'}, "
+            f"{'multi-turn' if self.multi_turn else 'single-turn'}, "
+            f"{'needs tool calls' if self.needs_tools else 'no tools'}"
+        )
+
+
+def describe(source: Any) -> EnvironmentReport:
+    examples = list(getattr(source, "examples", []))
+    opens = bool(getattr(source, "opens", False)) or any(
+        not e.prompt and not (e.meta or {}).get("messages") for e in examples
+    )
+    return EnvironmentReport(
+        api=str(getattr(source, "api", "?")),
+        tasks=len(source),
+        opens=opens,
+        multi_turn=getattr(source, "turn_environment", None) is not None,
+        needs_tools=bool(getattr(source, "needs_tools", False)),
+    )
+
+
+def probe_environment(config: Config, timeout_s: float = PROBE_TIMEOUT_S) -> EnvironmentReport:
+    """Build the run's environment data source in a thread (a hang is reported, not
+    waited on forever), describe it and close it. DataError when it fails to load."""
+    from retrain.data import build_data_source
+
+    out: dict[str, Any] = {}
+
+    def load() -> None:
+        try:
+            source = build_data_source(
+                config.data,
+                environment=config.environment,
+                max_examples=config.training.max_examples,
+                shuffle_seed=0,
+                search_paths=tuple(config.plugins.search_paths),
+            )
+            try:
+                out["report"] = describe(source)
+            finally:
+                source.close()
+        except Exception as exc:  # reported by the caller, with the key
+            out["error"] = exc
+
+    worker = threading.Thread(target=load, name="retrain-env-probe", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise DataError(
+            f"the environment did not load within {timeout_s:g} s (import and instantiate, "
+            "no model): check that it does not wait on a server or a download that never comes"
+        )
+    if "error" in out:
+        exc = out["error"]
+        if isinstance(exc, RetrainError):
+            raise exc
+        raise DataError(f"loading the environment failed: {type(exc).__name__}: {exc}") from exc
+    return out["report"]

@@ -1,0 +1,62 @@
+"""`retrain explain` and `retrain doctor` import and instantiate the `[environment]`
+(no model): they report its API generation, task count, whether it opens the
+conversation and whether it needs tools, and an environment that fails to load is an
+error there, before any run starts. The real CLI as a process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verifiers.v1")
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+def cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "retrain.cli.main", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def config(tmp_path: Path, environment: str) -> Path:
+    path = tmp_path / "env.toml"
+    path.write_text(
+        '[backend]\ndevices = "cpu"\n[model]\nmodel = "HuggingFaceTB/SmolLM2-135M-Instruct"\n'
+        f"[plugins]\nsearch_paths = [{str(FIXTURES / 'multiturn_envs')!r}, "
+        f"{str(FIXTURES / 'api_generations')!r}]\n"
+        f'[environment]\nprovider = "verifiers"\n{environment}\n'
+    )
+    return path
+
+
+def test_explain_reports_what_the_environment_is(tmp_path):
+    path = config(tmp_path, 'id = "opening_env"\nargs = { n = 3 }')
+    proc = cli(tmp_path, "explain", str(path))
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("Environment:"))
+    assert line == ("Environment: v1 API, 3 tasks, opens the conversation, multi-turn, no tools"), (
+        proc.stdout + proc.stderr
+    )
+
+
+def test_explain_and_doctor_refuse_an_environment_that_does_not_load(tmp_path):
+    path = config(tmp_path, 'id = "interim-env"')
+    proc = cli(tmp_path, "explain", str(path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "ERROR: [environment] id: verifiers environment 'interim-env'" in proc.stdout
+    assert "interim verifiers API" in proc.stdout and "Traceback" not in proc.stderr
+    proc = cli(tmp_path, "doctor", str(path), "--no-network")
+    assert proc.returncode == 1
+    fail = [x for x in proc.stdout.splitlines() if "interim verifiers API" in x]
+    assert fail and "FAIL" in fail[0], proc.stdout
