@@ -39,6 +39,7 @@ CAPABILITY_HELP = {
     "loss_options": "objective options beyond the importance-sampling token mean ("
     + ", ".join(LOSS_OPTIONS)
     + "; retrain man --topic loss)",
+    "multi_process": "one run trains on several processes under torchrun (docs/distributed.md)",
 }
 
 
