@@ -27,7 +27,8 @@ TOOL_CHAT_TEMPLATE = (
     "{% if message['role'] == 'system' %}"
     "{% elif message['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n"
     "{{ message['content'] }}\n</tool_response><|im_end|>\n"
-    "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "{% else %}<|im_start|>{{ message['role'] }}"
+    "{% if message['content'] or not message.tool_calls %}{{ '\\n' + message['content'] }}{% endif %}"
     # (trim_blocks: a newline right after a tag is dropped, so it is written as output)
     "{% for call in message.tool_calls or [] %}{{ '\\n' }}<tool_call>\n"
     '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}'
