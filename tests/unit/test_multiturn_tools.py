@@ -66,14 +66,18 @@ def test_a_tool_env_gets_tool_calls_and_its_results_are_masked(tmp_path):
     tok = build_tokenizer(TOOL_CHAT_TEMPLATE)
     sampler = ScriptedSampler(tok)
     rollout = build_rollout(config_from_dict({}), src, sampler, src.reward, PromptRenderer(tok))
-    groups, counters = rollout(src.examples, 2, SamplingParams(max_tokens=64, temperature=1.0, seed=0), PhaseTimer())
+    groups, counters = rollout(
+        src.examples, 2, SamplingParams(max_tokens=64, temperature=1.0, seed=0), PhaseTimer()
+    )
     # the tool ran once per conversation, with the parsed arguments
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert calls == [{"a": 0, "b": 3}] * 2 and counters["tool_calls"] == 2
     assert groups[0].rewards == [1.0, 1.0] and counters["env_errors"] == 0
     first, second = (tok.decode(c[0]) for c in sampler.calls)
     assert '"name": "add"' in first and "# Tools" in first  # the schema, via the template
-    assert second.endswith("<tool_response>\n3\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert second.endswith(
+        "<tool_response>\n3\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     s = groups[0].samples[0]
     env_text = tok.decode(s.token_ids[~s.loss_mask])
     assert env_text == (
