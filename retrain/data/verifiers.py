@@ -35,7 +35,9 @@ Multi-turn (both APIs, retrain plays the model's seat):
 - v1: the package's `Env` subclass (one agent seat) runs its `run(task, agents)`; the
   seat's `interaction(task).turn(...)` returns the sampled turn as a `vf.Segment`. The
   task's rewards, what `run` recorded on the trace, and the Env's `finalize` score it.
-  Tool-calling harnesses (MCP toolsets) and user-opened tasks (no prompt) are not driven.
+  v1 tool-calling harnesses (MCP toolsets) are not driven; a classic ToolEnv is: its
+  tools go into the prompt through the chat template and the model's calls are parsed
+  from its tokens (retrain/tool_calls.py) into the client's tool_calls.
 
 An environment without a training dataset (evaluation-only: only `eval_dataset`, or a
 taskset that yields nothing) fails fast with a DataError saying what to do instead.
