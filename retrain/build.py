@@ -279,6 +279,10 @@ def build(config: Config, say: Callable[[str], None]) -> Components:
     vocab = VocabTable(tokenizer)
     say(f"Vocabulary table: {len(vocab)} entries")
     data, renderer = build_data(config, tokenizer, say)
+    if getattr(data, "needs_tools", False):  # before any model loads
+        from retrain.tool_calls import require_format
+
+        say(f"Tool calls: {require_format(tokenizer, config.model.model).name} format")
     held_out = prepare_held_out(config, data, renderer, say) if config.eval.every > 0 else None
     # A verifiers environment scores with its own rubric.
     reward = getattr(data, "reward", None) or build_reward(config.reward, search_paths)

@@ -150,20 +150,23 @@ class Evaluator:
     ) -> tuple[list[GroupRollout], dict[str, float]]:
         groups: list[GroupRollout] = []
         errors = timeouts = no_answer = 0.0
+        extracts_answers = False
         for start in range(0, len(self.examples), self.chunk):
             part = self.examples[start : start + self.chunk]
             got, counters = self.rollout(part, self.samples, self.params, PhaseTimer(on_phase))
             groups += got
             errors += counters.get("reward_errors", 0.0)
             timeouts += counters.get("reward_timeouts", 0.0)
-            no_answer += counters.get("no_answer_rate", 0.0) * len(part) * self.samples
+            # the training side's rule (BatchScore.extracts_answers): the rate is reported
+            # only by a reward that extracts \boxed{} answers, never as 0 for the others
+            if "no_answer_rate" in counters:
+                extracts_answers = True
+                no_answer += counters["no_answer_rate"] * len(part) * self.samples
         total = len(self.examples) * self.samples
-        counters = {
-            "reward_errors": errors,
-            "reward_timeouts": timeouts,
-            "no_answer_rate": no_answer / total,
-        }
-        return groups, counters
+        out = {"reward_errors": errors, "reward_timeouts": timeouts}
+        if extracts_answers:
+            out["no_answer_rate"] = no_answer / total
+        return groups, out
 
     def __call__(self, step: int, on_phase: Callable[[str], None] | None = None) -> EvalResult:
         started = time.perf_counter()

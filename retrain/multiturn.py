@@ -36,14 +36,27 @@ from retrain.errors import DataError
 from retrain.logs.timer import PhaseTimer
 from retrain.rewards.base import LoopThread
 from retrain.rewards.boxed import extract_boxed
+from retrain.tool_calls import ToolCall, format_of, supported
 from retrain.types import Example, GroupRollout, Sample, SamplingParams
 
 logger = logging.getLogger("retrain.multiturn")
 
-Messages = list[dict[str, str]]
+Messages = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The model's turn as the environment reads it: its text (without the tool calls,
+    when tools were offered) and the tool calls parsed from its tokens."""
+
+    text: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+
 # The model's next turn: called with the conversation so far (the environment's newest
-# messages last); returns the model's reply text, or None when `max_turns` is reached.
-AskModel = Callable[[Messages], Awaitable[str | None]]
+# messages last) and the tools on offer (OpenAI function schemas; None: no tools);
+# returns the model's reply, or None when `max_turns` is reached.
+AskModel = Callable[..., Awaitable[Reply | None]]
 
 
 class MalformedMessages(ValueError):
@@ -82,7 +95,11 @@ def check_messages(messages: Any) -> Messages:
             content = ""
         if role not in ("system", "user", "assistant", "tool") or not isinstance(content, str):
             raise MalformedMessages(f"not a chat message: {m!r:.200}")
-        out.append({"role": str(role), "content": content})
+        message: dict[str, Any] = {"role": str(role), "content": content}
+        call_id = m.get("tool_call_id") if isinstance(m, dict) else getattr(m, "tool_call_id", None)
+        if role == "tool" and call_id:  # templates pair a result with its call by id
+            message["tool_call_id"] = str(call_id)
+        out.append(message)
     return out
 
 
@@ -107,8 +124,10 @@ class Trajectory:
     error: str | None = None  # "error" | "timeout" | "malformed"
     state: Any = None
     replies: list[str] = field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None  # offered at the first turn, kept throughout
+    tool_calls: int = 0
 
-    def add_model_turn(self, sample: Sample, text: str) -> None:
+    def add_model_turn(self, sample: Sample, reply: Reply) -> None:
         n = len(sample)
         self.ids += sample.token_ids.tolist()
         self.mask += [True] * n
@@ -117,8 +136,12 @@ class Trajectory:
         self.entropies += ent.tolist()
         self.turns += 1
         self.stop_reason = sample.stop_reason
-        self.replies.append(text)
-        self.transcript.append({"role": "assistant", "content": text, "turn": self.turns})
+        self.replies.append(reply.text)
+        message: dict[str, Any] = {"role": "assistant", "content": reply.text, "turn": self.turns}
+        if reply.tool_calls:
+            message["tool_calls"] = [c.openai() for c in reply.tool_calls]
+            self.tool_calls += len(reply.tool_calls)
+        self.transcript.append(message)
 
     def add_env_tokens(self, ids: Sequence[int], messages: Messages) -> None:
         self.ids += list(ids)
@@ -169,9 +192,11 @@ class ChatTokens:
         self.tokenizer = tokenizer
         self.eos_id = getattr(tokenizer, "eos_token_id", None)
 
-    def render(self, messages: Messages, generation_prompt: bool) -> str:
+    def render(self, messages: Messages, generation_prompt: bool, tools: Any = None) -> str:
+        # tools only when offered: some templates change their system prompt on tools=[]
+        extra = {"tools": tools} if tools else {}
         text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt
+            messages, tokenize=False, add_generation_prompt=generation_prompt, **extra
         )
         return text if isinstance(text, str) else text[0]
 
@@ -179,13 +204,18 @@ class ChatTokens:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def env_delta(
-        self, prompt_ids: Sequence[int], ids: Sequence[int], history: Messages, new: Messages
+        self,
+        prompt_ids: Sequence[int],
+        ids: Sequence[int],
+        history: Messages,
+        new: Messages,
+        tools: Any = None,
     ) -> list[int]:
         """Token ids that follow `prompt_ids + ids` (the conversation `history` so far,
         ending with the model's turn) when the environment adds `new`: the end of the
         model's turn the template adds (e.g. a newline after the end-of-turn token),
         the new messages, and the next generation prompt."""
-        full = self.render(history + new, generation_prompt=True)
+        full = self.render(history + new, generation_prompt=True, tools=tools)
         so_far = self.tokenizer.decode(
             list(prompt_ids) + list(ids),
             skip_special_tokens=False,
@@ -195,7 +225,7 @@ class ChatTokens:
             return self.encode(full[len(so_far) :])
         # The model's turn does not render back to itself (stopped by length, or the
         # template rewrites earlier turns): close it and append what the template adds.
-        closed = self.render(history, generation_prompt=False)
+        closed = self.render(history, generation_prompt=False, tools=tools)
         if not full.startswith(closed):
             raise DataError(
                 "the chat template is not prefix-consistent across turns (rendering the "
@@ -243,6 +273,7 @@ class MultiTurnRollout:
 
     def __post_init__(self) -> None:
         self.chat = ChatTokens(self.renderer.tokenizer)
+        self.tool_format = format_of(self.renderer.tokenizer)
 
     def __call__(
         self,
@@ -352,7 +383,7 @@ class MultiTurnRollout:
         history: Messages = self.renderer.messages(t.example)
         seen = 0  # how many of the environment's messages the trajectory holds
 
-        async def ask(messages: Messages) -> str | None:
+        async def ask(messages: Messages, tools: Any = None) -> Reply | None:
             nonlocal seen
             messages = check_messages(messages)
             if t.turns >= env.max_turns:
@@ -361,30 +392,26 @@ class MultiTurnRollout:
                     t.transcript.append({**m, "turn": t.turns})
                 return None
             if t.turns == 0:
-                opening = _spoken_first(messages, history)
-                if opening is not None:  # the environment opened: its messages are the prompt
-                    t.open_with(self.chat.encode(self.chat.render(opening, True)))
-                    history[:] = opening
-                    t.transcript.extend({**m, "turn": 0} for m in opening)
+                self._open(t, messages, history, tools)
                 prompt = list(t.prompt_ids)
             else:
                 # the environment's messages after the model's last reply
                 new = messages[seen + 1 :]
                 if not new:
                     raise MalformedMessages("the environment asked for a turn without replying")
-                delta = self.chat.env_delta(t.prompt_ids, t.ids, history, new)
+                delta = self.chat.env_delta(t.prompt_ids, t.ids, history, new, t.tools)
                 t.add_env_tokens(delta, new)
                 history.extend(new)
                 prompt = t.prompt_ids + t.ids
-            reply: asyncio.Future = asyncio.get_running_loop().create_future()
-            queue.append(_Waiting(t, prompt, reply))
+            reply_future: asyncio.Future = asyncio.get_running_loop().create_future()
+            queue.append(_Waiting(t, prompt, reply_future))
             changed.set()
-            sample = await reply
-            text = self.renderer.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
-            t.add_model_turn(sample, text)
-            history.append({"role": "assistant", "content": text})
+            sample = await reply_future
+            reply = self._reply(sample, t)
+            t.add_model_turn(sample, reply)
+            history.append(_assistant(reply))
             seen = len(messages)
-            return text
+            return reply
 
         try:
             t.state = await env.play(t.example, ask)
@@ -400,6 +427,42 @@ class MultiTurnRollout:
             self._fail(t, "error", exc)
         finally:
             changed.set()
+
+    def _open(self, t: Trajectory, messages: Messages, history: Messages, tools: Any) -> None:
+        """The first turn's prompt: the example's (as single-turn tokenises it), or the
+        environment's opening messages; rendered with the tools when it offers any."""
+        if tools:
+            if self.tool_format is None:
+                raise DataError(
+                    f"environment {self.environment.env_id!r} offers tools, but the model's chat "
+                    f"template has no tool-call format retrain can parse (supported: "
+                    f"{supported()}); pick a model whose chat template supports tools"
+                )
+            t.tools = list(tools)
+        opening = _spoken_first(messages, history)
+        if opening is not None:  # the environment opened: its messages are the prompt
+            history[:] = opening
+            t.transcript.extend({**m, "turn": 0} for m in opening)
+        if opening is not None or t.tools:
+            t.open_with(self.chat.encode(self.chat.render(history, True, t.tools)))
+
+    def _reply(self, sample: Sample, t: Trajectory) -> Reply:
+        """The sampled turn as the environment reads it; with tools on offer, the calls
+        are parsed from the tokens in the template's own format (special tokens kept:
+        some formats open with one) and given ids the results can name."""
+        tok = self.renderer.tokenizer
+        if not t.tools or self.tool_format is None:
+            return Reply(tok.decode(sample.token_ids, skip_special_tokens=True))
+        raw = tok.decode(sample.token_ids, skip_special_tokens=False)
+        parsed = self.tool_format.parse(raw)
+        content = parsed.content
+        for special in getattr(tok, "all_special_tokens", []):
+            content = content.replace(special, "")
+        calls = [
+            ToolCall(c.name, c.arguments, c.id or f"call_{t.turns + 1}_{i}")
+            for i, c in enumerate(parsed.calls)
+        ]
+        return Reply(content.strip(), calls)
 
     async def _score(self, trajectories: list[Trajectory]) -> list[float]:
         """Each group's finished conversations scored together (group rubrics need that);
@@ -487,11 +550,19 @@ class MultiTurnRollout:
             "env_timeouts": float(errors.count("timeout")),
             "env_malformed": float(errors.count("malformed")),
             "sampler_calls": float(stats.sampler_calls),
+            "tool_calls": float(sum(t.tool_calls for t in trajectories)),
         }
 
     def close(self) -> None:
         """Stop the event loop the conversations run on."""
         self.loop.close()
+
+
+def _assistant(reply: Reply) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+    if reply.tool_calls:
+        message["tool_calls"] = [c.openai() for c in reply.tool_calls]
+    return message
 
 
 def _spoken_first(messages: Messages, history: Messages) -> Messages | None:

@@ -12,8 +12,33 @@ CHAT_TEMPLATE = (
 )
 SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>"]
 
+# The same turns with tool support in the Hermes/Qwen format (written for the tests, not
+# a model's own): the tools' JSON schemas in a system turn, each call as
+# <tool_call>{"name": ..., "arguments": {...}}</tool_call>, each result as a user turn
+# holding <tool_response>...</tool_response>.
+TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
+    "# Tools\n<tools>\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n"
+    'Call a tool as <tool_call>{"name": ..., "arguments": {...}}</tool_call><|im_end|>\n'
+    "{% elif messages[0]['role'] == 'system' %}<|im_start|>system\n"
+    "{{ messages[0]['content'] }}<|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}"
+    "{% elif message['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n"
+    "{{ message['content'] }}\n</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ message['role'] }}"
+    "{% if message['content'] or not message.tool_calls %}{{ '\\n' + message['content'] }}{% endif %}"
+    # (trim_blocks: a newline right after a tag is dropped, so it is written as output)
+    "{% for call in message.tool_calls or [] %}{{ '\\n' }}<tool_call>\n"
+    '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}'
+    "\n</tool_call>{% endfor %}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
-def build_tokenizer():
+
+def build_tokenizer(template: str = CHAT_TEMPLATE):
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
@@ -31,12 +56,17 @@ def build_tokenizer():
         eos_token="<|im_end|>",
         pad_token="<|im_end|>",
     )
-    tok.chat_template = CHAT_TEMPLATE
+    tok.chat_template = template
     return tok
 
 
 def make_tiny_model(
-    directory: str | Path, *, seed: int = 0, hidden: int = 32, layers: int = 2
+    directory: str | Path,
+    *,
+    seed: int = 0,
+    hidden: int = 32,
+    layers: int = 2,
+    template: str = CHAT_TEMPLATE,
 ) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -44,7 +74,7 @@ def make_tiny_model(
     directory = Path(directory)
     if (directory / "config.json").exists():
         return directory
-    tok = build_tokenizer()
+    tok = build_tokenizer(template)
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tok),

@@ -7,7 +7,8 @@ and whether it needs tool calls."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from retrain.errors import DataError, RetrainError
@@ -25,13 +26,21 @@ class EnvironmentReport:
     opens: bool  # the environment speaks first (no prompt of its own)
     multi_turn: bool
     needs_tools: bool
+    # the model's tool-call format (retrain/tool_calls.py) when the tokenizer was at hand
+    tool_format: str = ""
 
     def summary(self) -> str:
+        tools = "no tools"
+        if self.needs_tools:
+            tools = "needs tools (" + (
+                f"the model writes {self.tool_format} tool calls)"
+                if self.tool_format
+                else "the model's tool-call format is checked at the run's start)"
+            )
         return (
             f"{self.api} API, {self.tasks} tasks, "
             f"{'opens the conversation' if self.opens else 'the task prompt opens'}, "
-            f"{'multi-turn' if self.multi_turn else 'single-turn'}, "
-            f"{'needs tool calls' if self.needs_tools else 'no tools'}"
+            f"{'multi-turn' if self.multi_turn else 'single-turn'}, {tools}"
         )
 
 
@@ -85,4 +94,26 @@ def probe_environment(config: Config, timeout_s: float = PROBE_TIMEOUT_S) -> Env
         if isinstance(exc, RetrainError):
             raise exc
         raise DataError(f"loading the environment failed: {type(exc).__name__}: {exc}") from exc
-    return out["report"]
+    report = out["report"]
+    if report.needs_tools:
+        report = replace(report, tool_format=_tool_format(config.model.model))
+    return report
+
+
+def _tool_format(model: str) -> str:
+    """The model's tool-call format when its tokenizer is on disk (a model directory or
+    the Hugging Face cache: cheap, no download); "" when it is not (the run's start
+    checks it). ConfigError when its chat template has none."""
+    from transformers import AutoTokenizer
+
+    from retrain.tool_calls import require_format
+
+    local = Path(model).expanduser()
+    try:
+        if local.is_dir():
+            tokenizer = AutoTokenizer.from_pretrained(str(local))
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    except (OSError, ValueError):  # not on disk: not worth a download here
+        return ""
+    return require_format(tokenizer, model).name

@@ -162,9 +162,10 @@ class OpenEnvTurns:
             obs, total, done = await session.reset(seed=example.meta["seed"], **self.args)
             messages = [{"role": "user", "content": render_observation(obs)}]
             while not done:
-                reply = await ask(list(messages))
-                if reply is None:
+                turn = await ask(list(messages))
+                if turn is None:
                     break
+                reply = turn.text
                 action = action_of(reply, self.fields, self.required)
                 if action is None:  # not an action: the episode ends on the model's mistake
                     break

@@ -35,7 +35,9 @@ Multi-turn (both APIs, retrain plays the model's seat):
 - v1: the package's `Env` subclass (one agent seat) runs its `run(task, agents)`; the
   seat's `interaction(task).turn(...)` returns the sampled turn as a `vf.Segment`. The
   task's rewards, what `run` recorded on the trace, and the Env's `finalize` score it.
-  Tool-calling harnesses (MCP toolsets) and user-opened tasks (no prompt) are not driven.
+  v1 tool-calling harnesses (MCP toolsets) are not driven; a classic ToolEnv is: its
+  tools go into the prompt through the chat template and the model's calls are parsed
+  from its tokens (retrain/tool_calls.py) into the client's tool_calls.
 
 An environment without a training dataset (evaluation-only: only `eval_dataset`, or a
 taskset that yields nothing) fails fast with a DataError saying what to do instead.
@@ -616,11 +618,12 @@ class _V1Interaction:
                 )
                 self._append(cls(content=m["content"]))
         self.started = True
-        reply = await self.ask(list(self.messages))
-        if reply is None:  # retrain's max_turns
+        turn = await self.ask(list(self.messages))
+        if turn is None:  # retrain's max_turns
             self.over = True
             self.trace.stop("max_turns")
             return vf.Segment(messages=[], terminated=True)
+        reply = turn.text
         self.messages.append({"role": "assistant", "content": reply})
         assistant = vf.AssistantMessage(content=reply)
         self._append(assistant, sampled=True)
@@ -699,6 +702,16 @@ class V1TurnEnvironment:
         return rewards
 
 
+def _classic_tool_schemas(tools: Any) -> list[dict[str, Any]] | None:
+    """A classic environment's `vf.Tool`s (name, description, JSON-schema parameters) as
+    the OpenAI function schemas chat templates take."""
+    from retrain.tool_calls import tool_schema
+
+    if not tools:
+        return None
+    return [tool_schema(t.name, t.description or "", dict(t.parameters)) for t in tools]
+
+
 def _classic_client(ask: Any) -> Any:
     """A classic verifiers `Client` whose responses are the model's turns sampled by
     retrain (the environment's own rollout loop runs unchanged around it)."""
@@ -729,13 +742,21 @@ def _classic_client(ask: Any) -> Any:
         async def close(self) -> None:
             return None
 
-        async def get_response(self, prompt: Any, model: str, **kwargs: Any) -> Any:
-            text = await ask(list(prompt))
-            over = text is None
+        async def get_response(
+            self, prompt: Any, model: str, tools: Any = None, **kwargs: Any
+        ) -> Any:
+            reply = await ask(list(prompt), _classic_tool_schemas(tools))
+            over = reply is None
+            calls = [] if over else reply.tool_calls
             message = vf.types.ResponseMessage(
-                content="" if over else text,
-                finish_reason="length" if over else "stop",
+                content="" if over else reply.text,
+                finish_reason="length" if over else ("tool_calls" if calls else "stop"),
                 is_truncated=over,
+                tool_calls=[
+                    vf.types.ToolCall(id=c.id, name=c.name, arguments=json.dumps(c.arguments))
+                    for c in calls
+                ]
+                or None,
             )
             return vf.types.Response(
                 id="retrain", created=int(time.time()), model=model, message=message
@@ -843,6 +864,9 @@ class VerifiersSource(DataSource):
         self.env: Any = None
         # Set when the environment talks back (retrain.multiturn drives it turn by turn).
         self.turn_environment: Any = None
+        # A classic ToolEnv's tools: the model must write native tool calls
+        # (retrain/tool_calls.py), so `build` checks its chat template has a format.
+        self.needs_tools = False
         interim = _interim_loader(module)
         if exports_v1_taskset(module):
             self.api = "v1"
@@ -870,6 +894,7 @@ class VerifiersSource(DataSource):
             reward = ClassicRubricReward(self.env, env_id)
             if is_classic_multi_turn(self.env):
                 self.turn_environment = ClassicTurnEnvironment(self.env, env_id, self.max_turns)
+                self.needs_tools = bool(getattr(self.env, "tool_defs", None))
         else:
             raise DataError(
                 f"module {module.__name__!r} for environment {env_id!r} is not a verifiers "

@@ -51,6 +51,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "retrain.rollout",
             "retrain.multiturn",
             "retrain.zero_signal",
+            "retrain.tool_calls",
             "retrain.threads",
             "retrain.evaluate",
             "retrain.schedule",

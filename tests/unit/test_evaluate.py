@@ -178,6 +178,21 @@ def test_evaluator_chunks_and_summarises():
     }
 
 
+def test_an_environment_that_scores_its_own_format_reports_no_no_answer_rate():
+    """A multi-turn environment (or a rubric) does not extract \\boxed{} answers, so its
+    rollout reports no no_answer_rate; eval then reports none either (not 0)."""
+
+    class EnvRollout(FakeRollout):
+        def __call__(self, examples, group_size, params, timer):
+            groups, _ = super().__call__(examples, group_size, params, timer)
+            return groups, {"reward_errors": 0.0, "reward_timeouts": 0.0, "env_errors": 0.0}
+
+    examples = [Example(f"q{i}", str(i)) for i in range(4)]
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    result = Evaluator(EnvRollout(), examples, params, 2, chunk=3)(step=0)
+    assert result.reward_counters == {"reward_errors": 0.0, "reward_timeouts": 0.0}
+
+
 def test_summarise_pass_at_k_averages_problems():
     ex = Example("q", "1")
     result = summarise(0, [_group(ex, [True, False]), _group(ex, [False, False])], 2, 0.7, 1.0)

@@ -23,6 +23,7 @@ from retrain.errors import DataError  # noqa: E402
 from retrain.multiturn import (  # noqa: E402
     ChatTokens,
     MalformedMessages,
+    Reply,
     Trajectory,
     check_messages,
 )
@@ -128,9 +129,9 @@ def test_no_chat_template_is_refused():
 
 def test_trajectory_mask_logprobs_and_transcript_by_hand():
     t = Trajectory(Example("q", ""), 0, [1, 2])
-    t.add_model_turn(Sample([10, 11, 2], [-0.5, -0.25, -0.125], "eos"), "ab")
+    t.add_model_turn(Sample([10, 11, 2], [-0.5, -0.25, -0.125], "eos"), Reply("ab"))
     t.add_env_tokens([5, 6, 7, 8], [{"role": "user", "content": "higher"}])
-    t.add_model_turn(Sample([12, 13], [-1.0, -2.0], "length"), "cd")
+    t.add_model_turn(Sample([12, 13], [-1.0, -2.0], "length"), Reply("cd"))
     s = t.sample(with_entropies=False)
     assert s.token_ids.tolist() == [10, 11, 2, 5, 6, 7, 8, 12, 13]
     assert s.loss_mask.tolist() == [True, True, True, False, False, False, False, True, True]
