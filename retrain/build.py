@@ -641,11 +641,11 @@ def _world_backend_problems(config: Config, n: int) -> Problems:
                 f'{config.inference.engine!r} {runs}: every rank samples with its own in-process engine (a server would get every rank\'s adapter). Fix: engine = "pytorch"',
             )
         )
-    if b.options.get("shard") is True:
+    if b.options.get("shard") is True and config.inference.dtype == "bf16":
         found.append(
             (
-                "[backend.options] shard",
-                f"true {runs}: sharding the frozen base with FSDP2 is not built yet (every rank holds the whole model). Fix: shard = false",
+                "[inference] dtype",
+                f'"bf16" with [backend.options] shard = true {runs}: a bf16 sampler is a merged copy of the whole weights, which no rank holds. Fix: dtype = "auto" (or shard = false)',
             )
         )
     if needs_selection(config.training.policy_loss):

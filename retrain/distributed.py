@@ -14,7 +14,10 @@ before. With N ranks:
   completions' lengths, and DDP reduces on every backward);
 - a rank that raises posts `failure/<rank>` (its message) to the rendezvous store
   before it exits; a rank whose collective then fails (the peer's connection closed, or
-  `collective_timeout_s` passed) raises DistributedError naming that rank and message.
+  `collective_timeout_s` passed) raises DistributedError naming that rank and message;
+- `shard_base` (`[backend.options] shard = true`) shards the frozen base's transformer
+  blocks over the ranks with FSDP2; `full_weights` / `sharded_weights` switch between
+  the whole blocks the sampler reads and the shards training keeps.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from retrain.errors import DistributedError, RetrainError
+from retrain.errors import BackendError, DistributedError, RetrainError
 from retrain.world import World
 
 T = TypeVar("T")
@@ -130,19 +133,26 @@ def collective(world: World, what: str, call: Callable[[], T]) -> T:
     try:
         return call()
     except Exception as exc:
-        failed = _posted_failure(world)
-        if failed is not None:
-            rank, message = failed
-            raise DistributedError(
-                f"rank {rank} of {world.size} failed: {message} (rank {world.rank} stops too, "
-                f"during {what}; the last checkpoint is kept)"
-            ) from exc
-        raise DistributedError(
-            f"rank {world.rank} of {world.size}: another rank stopped answering during {what} "
-            f"(it crashed or was killed, or was still busy after [backend.options] "
-            f"collective_timeout_s = {world.timeout_s:g}): {str(exc).splitlines()[0]}. The "
-            "launcher's log names the rank; the last checkpoint is kept"
-        ) from exc
+        raise named_failure(world, what, exc) from exc
+
+
+def named_failure(world: World, what: str, exc: BaseException) -> DistributedError:
+    """The DistributedError for a collective that failed with `exc`: the rank that posted
+    its failure and its message, or a rank that stopped answering."""
+    failed = _posted_failure(world)
+    if failed is not None:
+        rank, message = failed
+        return DistributedError(
+            f"rank {rank} of {world.size} failed: {message} (rank {world.rank} stops too, "
+            f"during {what}; the last checkpoint is kept)"
+        )
+    first = (str(exc).splitlines() or [type(exc).__name__])[0]
+    return DistributedError(
+        f"rank {world.rank} of {world.size}: another rank stopped answering during {what} "
+        f"(it crashed or was killed, or was still busy after [backend.options] "
+        f"collective_timeout_s = {world.timeout_s:g}): {first}. The "
+        "launcher's log names the rank; the last checkpoint is kept"
+    )
 
 
 def gather(world: World, obj: T, what: str) -> list[T]:
@@ -191,6 +201,74 @@ def broadcast_params(world: World, params: Sequence[torch.Tensor]) -> None:
     with torch.no_grad():
         for p in params:
             collective(world, "the adapter broadcast", lambda p=p: dist.broadcast(p.data, 0))
+
+
+# ---------------------------------------------------------------- the sharded base (FSDP2)
+#
+# `[backend.options] shard = true`: each transformer block's frozen weights are split over
+# the ranks (torch.distributed.fsdp.fully_shard, one FSDP unit per block); the embeddings,
+# the final norm and the output layer stay whole on every rank. The LoRA weights are left
+# out of FSDP (`ignored_params`): they stay whole and identical on every rank, so the
+# optimizer, clipping, saving and loading are those of the unsharded run, and their
+# gradients are summed by the same one flat all-reduce per step (`all_reduce_grads`).
+# They are a fraction of a percent of the model; sharding them would save nothing worth a
+# second gradient path (FSDP averages its reduce-scatter; retrain sums).
+
+
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's transformer blocks: the modules whose class transformers names in
+    `_no_split_modules` (the unit it never splits over devices)."""
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def shard_base(model: torch.nn.Module, world: World, device: torch.device) -> int:
+    """Shard every transformer block's frozen weights over the ranks (one FSDP2 unit per
+    block, resharded after its forward); the trainable (LoRA) weights stay whole. Returns
+    the number of blocks. Every rank must then run the same forward and backward passes
+    (each one all-gathers the blocks): see LocalBackend's padded micro-batches."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = _blocks(model)
+    if not blocks:
+        raise BackendError(
+            f"[backend.options] shard = true: {type(model).__name__} names no transformer "
+            "block class (`_no_split_modules`), so there is nothing to shard per block. "
+            "Fix: shard = false"
+        )
+    mesh = init_device_mesh(device.type, (world.size,))
+    for block in blocks:
+        trainable = {p for p in block.parameters() if p.requires_grad}
+        # explicit True: FSDP2 keeps a root's weights whole after forward, and each
+        # block is its own root here
+        fully_shard(block, mesh=mesh, reshard_after_forward=True, ignored_params=trainable)
+    return len(blocks)
+
+
+def _sharded(model: torch.nn.Module) -> list[Any]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def full_weights(world: World, model: torch.nn.Module) -> None:
+    """All-gather every sharded block and keep it whole until `sharded_weights`, so the
+    sampler's forward passes need no collective (each rank decodes a different number of
+    tokens). A collective: every rank calls it at the same point (the first sampling call
+    after a training step); a second call is a no-op."""
+    for module in _sharded(model):
+        module.set_reshard_after_forward(False, recurse=False)
+        collective(world, "the sharded blocks' all-gather", module.unshard)
+
+
+def sharded_weights(model: torch.nn.Module) -> None:
+    """Back to the shards (local, no collective): training gathers one block at a time."""
+    for module in _sharded(model):
+        module.set_reshard_after_forward(True, recurse=False)
+        module.reshard()
 
 
 # ---------------------------------------------------------------- per-rank RNG state

@@ -256,6 +256,7 @@ class StepSizes:
     target_modules: tuple[str, ...] = ()  # () = every projection
     max_rows: int | None = None  # the decoder's row budget (None: SAMPLE_ROWS)
     checkpointing: bool = False  # [backend.options] checkpointing
+    shards: int = 1  # [backend.options] shard = true under torchrun: the ranks
 
 
 @dataclass(frozen=True)
@@ -269,6 +270,7 @@ class PeakMemory:
     runtime: float
     slack: float
     total: float  # (weights + adapter + max(sampling, training)) x slack + runtime
+    training_weights: float = 0.0  # shard = true: the weights a rank holds while training
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -366,8 +368,31 @@ def peak_memory(
     rows = sampling_rows(step.batch_size, step.group_size, step.prompt_batch, step.max_rows)
     tokens = step.prompt_tokens + step.max_tokens
     sampling = rows * (shape.kv_bytes_per_token() * tokens + shape.logit_bytes_per_row())
+    if step.shards > 1:
+        return _sharded_peak(shape, step, train, sampling, dtype)
     live = train.weights + train.adapter + max(sampling, train.training)
     return replace(train, sampling=sampling, total=live * train.slack + train.runtime)
+
+
+def _sharded_peak(
+    shape: ModelShape, step: StepSizes, train: PeakMemory, sampling: int, dtype: str
+) -> PeakMemory:
+    """`[backend.options] shard = true` on `step.shards` ranks: training holds 1/shards of
+    the blocks plus the one block it has gathered; sampling gathers every block whole
+    (retrain/distributed.py `full_weights`), and there is no merged sampling copy:
+
+        total = max(whole + adapter + sampling, sharded + adapter + training) x slack + runtime"""
+    blocks = shape.block_params * block_bytes(dtype)
+    whole = (shape.params - shape.block_params) * 4 + blocks  # weight_bytes, no merged copy
+    sharded = whole - blocks + blocks / step.shards + blocks / max(shape.layers, 1)
+    live = max(whole + sampling, sharded + train.training) + train.adapter
+    return replace(
+        train,
+        weights=whole,
+        training_weights=sharded,
+        sampling=sampling,
+        total=live * train.slack + train.runtime,
+    )
 
 
 # ----------------------------------------------------------------------------- sizes

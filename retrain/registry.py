@@ -591,9 +591,11 @@ BACKENDS = Registry(
                 "shard": OptionSpec(
                     "bool",
                     False,
-                    "Under torchrun (world size > 1): shard the frozen base model's weights "
-                    "over the ranks with FSDP2 (torch.distributed.fsdp.fully_shard), for a "
-                    "model whose weights do not fit one device (docs/distributed.md)",
+                    "Under torchrun (world size > 1): shard the frozen base model's "
+                    "transformer blocks over the ranks with FSDP2 "
+                    "(torch.distributed.fsdp.fully_shard) while training; the LoRA adapter "
+                    "stays whole on every rank and sampling gathers the blocks whole "
+                    "(docs/distributed.md)",
                 ),
             },
         ),

@@ -37,7 +37,13 @@ import torch
 
 from retrain import distributed
 from retrain.engines.base import Engine, ServerEngine, UnboundEngine
-from retrain.errors import BackendError, CheckpointError, ConfigError, TrainingError
+from retrain.errors import (
+    BackendError,
+    CheckpointError,
+    ConfigError,
+    RetrainError,
+    TrainingError,
+)
 from retrain.kernels.logprobs import linear_head
 from retrain.kernels.packing import (
     MASK_STYLES,
@@ -182,6 +188,9 @@ class LocalBackend:
         if settings.seed >= 0:  # LoRA init draws from the global RNG
             torch.manual_seed(settings.seed)
         self.model = self._load_model(model, say)
+        self._full = True  # the sharded base is whole (sampling) or in shards (training)
+        if self.world.shard:
+            self._shard(say)
         # the output layer split off, so training never holds the whole logits (None: the
         # model's logits are not a plain linear of its hidden states; logits are kept)
         self.head = linear_head(self.model)
@@ -275,7 +284,8 @@ class LocalBackend:
             model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32)
         if self.bf16:  # bf16 matmuls, float32 residual stream, logits and adapter
             bf16_linears(model)  # before the move: a GPU never holds the float32 blocks
-        model.to(self.train_device)
+        if not self.world.shard:  # sharded: only this rank's shards reach the device
+            model.to(self.train_device)
         lora = self.settings.lora
         peft_config = LoraConfig(
             r=lora.rank,
@@ -296,6 +306,18 @@ class LocalBackend:
         self._mask_style = MASK_STYLES[attention]
         return peft_model
 
+    def _shard(self, say: Callable[[str], None]) -> None:
+        """`[backend.options] shard`: the frozen blocks split over the ranks (FSDP2,
+        retrain/distributed.py), then what stays whole (embeddings, output layer, LoRA)
+        moved to this rank's device."""
+        blocks = distributed.shard_base(self.model, self.world, self.train_device)
+        self.model.to(self.train_device)
+        self._full = False
+        say(
+            f"Sharded the frozen base's {blocks} transformer blocks over {self.world.size} "
+            "ranks (FSDP2); the LoRA adapter stays whole on every rank."
+        )
+
     def _attach(self, engine, tokenizer) -> tuple[Engine, ServerEngine | None]:
         """(the sampling engine, the server engine or None): an in-process engine is bound
         to the sampler's model; a server gets the stop tokens and a live-adapter folder
@@ -309,6 +331,8 @@ class LocalBackend:
                 device=self.infer_device,
                 bf16=self.bf16,
                 threads=self.threads,
+                # a sharded base has no whole weights to copy: sample from the model
+                merge_lora=not self.world.shard,
             )
             return bound, None
         from retrain.engines.sync import LIVE_DIR, LiveAdapterDir
@@ -324,6 +348,9 @@ class LocalBackend:
     ) -> list[list[Sample]]:
         with self._lock:
             self._reset_peak_memory()  # a step's peak: from its sampling to its update
+            if not self._full:  # the first sampling call since the last training step
+                distributed.full_weights(self.world, self.model)
+                self._full = True
             return self.engine.sample(prompts_B, n, params)
 
     def _cuda_devices(self) -> list[torch.device]:
@@ -438,6 +465,9 @@ class LocalBackend:
         not see it until _publish."""
         if not datums:
             return TrainResult(loss=0.0, num_tokens=0)
+        if self.world.shard and self._full:  # training holds the shards only
+            distributed.sharded_weights(self.model)
+            self._full = False
         return self._train_step(datums, hyper)
 
     def _train_step(self, datums: list[Datum], hyper: TrainHyper) -> TrainResult:
@@ -462,8 +492,11 @@ class LocalBackend:
         # denominator above are the whole step's, so the gradients add up to one process's.
         start, stop = self.world.bounds(len(datums))
         mine, weights = datums[start:stop], weights[start:stop]
+        filler = min(datums, key=_area) if self.world.shard else None
         while isinstance(
-            sums := self._accumulate(mine, hyper, loss_fn, denominator, weights, weighted),
+            sums := self._accumulate_on_rank(
+                mine, hyper, loss_fn, denominator, weights, weighted, filler
+            ),
             int,
         ):
             retries += 1
@@ -488,6 +521,8 @@ class LocalBackend:
         self.optimizer.zero_grad(set_to_none=True)
         extra = stats.metrics()
         extra.update(micro_batch_tokens=self.options.micro_batch_tokens, oom_retries=retries)
+        if self.world.shard:
+            extra["shard_padding_passes"] = self._padding
         return TrainResult(
             loss=loss_sum,
             num_tokens=total,
@@ -516,6 +551,39 @@ class LocalBackend:
             max(p[2] for p in parts),
             stats,
         )
+
+    def _accumulate_on_rank(
+        self,
+        datums: list[Datum],
+        hyper: TrainHyper,
+        loss_fn: LossFn,
+        denominator: float,
+        weights: np.ndarray,
+        weighted: bool,
+        filler: Datum | None,
+    ) -> tuple[float, float, float, LossStats] | int:
+        """`_accumulate`; with a sharded base, padded to the ranks' largest number of
+        micro-batches with zero-weight passes over `filler` (the step's smallest datum).
+        Every forward and backward all-gathers each sharded block, so every rank must run
+        the same passes; a rank's count depends on its completions' lengths. A collective
+        that fails names the rank that failed."""
+        if filler is None:
+            return self._accumulate(datums, hyper, loss_fn, denominator, weights, weighted)
+        counts = distributed.gather(
+            self.world, len(self._micro_batches(datums)), "the micro-batch counts"
+        )
+        pad = max(counts) - counts[self.world.rank]
+        self._padding = sum(max(counts) - c for c in counts)  # over the ranks: their imbalance
+        try:
+            sums = self._accumulate(datums, hyper, loss_fn, denominator, weights, weighted)
+            for _ in range(pad if not isinstance(sums, int) else 0):
+                ones = np.ones(1, dtype=np.float32) if weighted else None
+                self._backward([filler], hyper, loss_fn, denominator, ones, scale=0.0)
+        except (RetrainError, torch.OutOfMemoryError):
+            raise
+        except Exception as exc:  # a peer's failure, seen in FSDP's own collectives
+            raise distributed.named_failure(self.world, "a sharded forward/backward", exc) from exc
+        return sums
 
     def _accumulate(
         self,
@@ -556,6 +624,14 @@ class LocalBackend:
         if self.train_device.type == "cuda":
             torch.cuda.empty_cache()
         budget = self.options.micro_batch_tokens
+        if self.world.shard:  # the other ranks are inside the next pass's all-gather
+            raise TrainingError(
+                f"out of memory on {self.train_device} in a training micro-batch with "
+                f"[backend.options] shard = true ({failed} completions, micro_batch_tokens "
+                f"= {budget}): with a sharded base every rank runs the same passes, so one "
+                "rank cannot halve its budget and redo the step alone. Fix: a lower "
+                "micro_batch_tokens, or checkpointing = true"
+            )
         if failed > 1:
             self.options = replace(self.options, micro_batch_tokens=max(1, budget // 2))
             return
@@ -584,11 +660,13 @@ class LocalBackend:
         loss_fn: LossFn,
         denominator: float,
         seq_weights: np.ndarray | None,
+        scale: float = 1.0,
     ) -> tuple[float, float, float, LossStats]:
         """Forward and backward of one micro-batch, gradients added to the parameters';
         returns (loss, sum and max |log ratio| over its trained tokens, loss stats). Its
         tensors die on return, before the next micro-batch allocates (no small survivors
-        pinned in the middle of the freed memory)."""
+        pinned in the middle of the freed memory). `scale = 0`: a padding pass (the same
+        collectives, zero gradients)."""
         groups = _prompt_groups(chunk)
         temperature = hyper.temperature
         logp = self._logprobs(groups, temperature)
@@ -616,7 +694,7 @@ class LocalBackend:
             raise TrainingError(
                 f"loss is {value} (non-finite) in a micro-batch of {len(chunk)} completions; the weights were not updated"
             )
-        out.loss.backward()
+        (out.loss if scale == 1.0 else out.loss * scale).backward()
         log_ratio = (logp.detach() - old)[mask]
         largest = float(log_ratio.abs().max()) if log_ratio.numel() else 0.0
         return value, float(log_ratio.sum()), largest, out.stats
@@ -765,6 +843,10 @@ def _prompt_groups(chunk: Sequence[Datum]) -> list[Group]:
         else:
             groups.append((d.prompt_ids, [d.completion_ids]))
     return groups
+
+
+def _area(d: Datum) -> int:
+    return padded_area([(d.prompt_ids, len(d.completion_ids))])
 
 
 def _padded(

@@ -462,6 +462,14 @@ def _where(config: Config, path: str, key: str) -> str:
         raw, text = read_toml(path)
     except (ConfigError, OSError):
         return ""
+    if table == "backend.options":  # the backend's own keys, `[backend.options] shard`
+        options = (
+            raw.get("backend", {}).get("options") if isinstance(raw.get("backend"), dict) else None
+        )
+        written = options.get(name) if isinstance(options, dict) else None
+        same = written is not None and written == config.backend.options.get(name)
+        line = locate_keys(text).get((table, name)) if same else None
+        return f" ({path}:{line})" if line else ""
     written = raw.get(table, {}).get(name) if isinstance(raw.get(table), dict) else None
     if spec is None or written is None or written != getattr(getattr(config, table), spec.attr):
         return ""
@@ -639,6 +647,11 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
         f"({how}) {gib['training']:.2f} GiB, +{parts.slack - 1:.0%} allocator slack, "
         f"+ {gib['runtime']:.1f} GiB runtime; prompts of ~{PROMPT_TOKENS_GUESS} tokens"
     )
+    if step.shards > 1:
+        note += (
+            f"; shard = true: training holds {gib['training_weights']:.2f} GiB of weights "
+            f"(the blocks / {step.shards}), sampling gathers them whole"
+        )
     if not step.prompt_batch:  # with prompt_batch > 0 sampling grows with the group
         note += "; does not grow with the group size"
     if chosen is None:
@@ -727,6 +740,7 @@ def memory_estimate(config: Config, world: World | None = None) -> dict[str, Any
             lora_rank=config.model.lora_rank,
             target_modules=tuple(config.lora.target_modules),
             checkpointing=bool(opts.get("checkpointing", False)),
+            shards=world.size if world and opts.get("shard") is True else 1,
         ),
     }
     out: dict[str, Any] = {

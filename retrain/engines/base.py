@@ -51,8 +51,17 @@ class UnboundEngine(Protocol):
     traits: EngineTraits
 
     def bind(
-        self, model: Any, *, eos_ids: set[int], pad_id: int, device: Any, bf16: bool, threads: Any
+        self,
+        model: Any,
+        *,
+        eos_ids: set[int],
+        pad_id: int,
+        device: Any,
+        bf16: bool,
+        threads: Any,
+        merge_lora: bool = True,
     ) -> Engine:
         """The engine sampling from `model` on `device`; `bf16` says the trainer runs bf16
         matmuls (its sampling copy then does too), `threads` is the backend's
-        retrain.threads.ThreadPolicy."""
+        retrain.threads.ThreadPolicy; `merge_lora = False` samples from `model` itself,
+        never a merged copy (a sharded base has no whole weights to copy)."""

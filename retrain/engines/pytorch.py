@@ -89,7 +89,15 @@ class UnboundPyTorchEngine:
     traits: EngineTraits = TRAITS
 
     def bind(
-        self, model, *, eos_ids: set[int], pad_id: int, device, bf16: bool, threads: Any
+        self,
+        model,
+        *,
+        eos_ids: set[int],
+        pad_id: int,
+        device,
+        bf16: bool,
+        threads: Any,
+        merge_lora: bool = True,
     ) -> PyTorchEngine:
         s = self.settings
         return PyTorchEngine(
@@ -102,6 +110,7 @@ class UnboundPyTorchEngine:
             # bf16 trainer: the merged copy's layers are bf16 matmuls like the trainer's
             # (`[inference] dtype` "bf16" adds nothing then)
             dtype="auto" if bf16 else s.dtype,
+            merge_lora=merge_lora,
             threads=threads,
             decode=decoder_for(s.decode, device),
             say=self.say,

@@ -282,6 +282,69 @@ def test_a_batch_that_does_not_divide_over_the_ranks_is_a_config_error(straight,
     assert not (tmp_path / "logs").exists()
 
 
+def test_a_sharded_base_on_two_ranks_trains_the_adapter_the_all_reduce_trains(
+    tmp_path, tiny_model_dir
+):
+    """`[backend.options] shard = true` (FSDP2: the blocks split over the ranks, gathered
+    whole for sampling) against the same 2-rank run unsharded (LoRA grads all-reduced),
+    both with micro-batches of at most 86 positions: the same adapter after 3 steps and
+    the same rows. That budget packs step 2's groups into 4 micro-batches on one rank and
+    2 on the other, so the short rank runs zero-weight padding passes; the step-2
+    checkpoint is saved from the sharded model."""
+    runs = {}
+    for name, shard in (("ddp", False), ("fsdp", True)):
+        raw = two_rank_raw(base_raw(tmp_path, tiny_model_dir), tmp_path, name)
+        raw["backend"]["options"].update(shard=shard, micro_batch_tokens=86)
+        runs[name] = done = torchrun(raw, tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert "transformer blocks over 2 ranks (FSDP2)" in runs["fsdp"].stdout
+    diff = max_diff(tmp_path / "ddp" / "adapter" / "final", tmp_path / "fsdp" / "adapter" / "final")
+    print(f"max |adapter diff| FSDP2 shard vs all-reduce (2 ranks): {diff:.3g}")
+    assert diff < 1e-6
+    a, b = rows(tmp_path / "ddp" / "logs"), rows(tmp_path / "fsdp" / "logs")
+    assert sum(r.pop("shard_padding_passes") for r in b) > 0
+    assert_same_rows(a, b)
+    checkpoint = tmp_path / "fsdp" / "adapter" / "checkpoint_step_2"
+    assert (checkpoint / "adapter_model.safetensors").exists()
+
+
+def test_shard_alone_or_with_a_bf16_sampler_is_a_config_error(tmp_path, tiny_model_dir):
+    """`shard = true` on one process (nothing to shard over) and, on 2 ranks, with a bf16
+    sampler (a merged copy of weights no rank holds whole): `retrain explain` exits 2 with
+    the key, its file:line and the fix."""
+    raw = two_rank_raw(base_raw(tmp_path, tiny_model_dir), tmp_path, "cfg")
+    del raw["backend"]["options"]
+
+    def with_shard(raw: dict) -> str:  # [backend.options] as a table: keys get lines
+        text = config_to_toml(config_from_dict(raw)).replace("options = {}\n", "", 1)
+        return text + "\n[backend.options]\nthreads = 1\nshard = true\n"
+
+    text = with_shard(raw)
+    (tmp_path / "run.toml").write_text(text)
+    line = text.splitlines().index("shard = true") + 1
+    (tmp_path / "bf16.toml").write_text(with_shard({**raw, "inference": {"dtype": "bf16"}}))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def explain(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "retrain", "explain", *args]
+        return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    alone = explain("run.toml")
+    assert alone.returncode == 2
+    assert (
+        f"ERROR: [backend.options] shard (run.toml:{line}): true needs several ranks"
+        in alone.stdout
+    )
+    assert "Fix: start with torchrun --nproc-per-node N, or shard = false" in alone.stdout
+    two = explain("--world-size", "2", "run.toml")
+    assert two.returncode == 0, two.stdout
+    assert "shard = true: training holds" in two.stdout
+    bf16 = explain("--world-size", "2", "bf16.toml")
+    assert bf16.returncode == 2
+    assert "[inference] dtype (bf16.toml:" in bf16.stdout
+    assert 'no rank holds. Fix: dtype = "auto" (or shard = false)' in bf16.stdout
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2,

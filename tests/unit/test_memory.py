@@ -383,3 +383,18 @@ def test_checkpointing_keeps_one_float32_input_per_block():
         ).training
         == ckpt.training
     )
+
+
+def test_a_sharded_base_is_divided_over_the_ranks_while_training_only():
+    """`[backend.options] shard = true` on 4 ranks: training holds a quarter of the blocks
+    plus the one it gathered; sampling gathers them whole, and there is no merged copy."""
+    sharded = estimate(16, shards=4)
+    s, block = SMOLLM2, SMOLLM2.block_params * 2
+    rest = (s.params - s.block_params) * 4
+    assert sharded.weights == rest + block  # no merged sampling copy
+    assert sharded.training_weights == rest + block / 4 + block / s.layers
+    live = max(sharded.weights + sharded.sampling, sharded.training_weights + sharded.training)
+    assert sharded.total == (live + sharded.adapter) * sharded.slack + sharded.runtime
+    # long micro-batches: the training phase sets the peak, and sharding lowers it
+    long = dict(micro_batch_tokens=8192)
+    assert estimate(2, **long, shards=4).total < estimate(2, **long).total
