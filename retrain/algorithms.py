@@ -228,6 +228,7 @@ _TRL_ROWS: tuple[Algorithm, ...] = (
 
 
 def _option(name: str, peer: str, peer_name: str, loss: PeerLoss, **kw: Any) -> Algorithm:
+    kw.setdefault("differs", loss.notes)  # the loss-level row's notes say how it maps
     return Algorithm(name, peer, peer_name, {}, dict(loss.settings), kind=OPTION, loss=loss, **kw)
 
 
