@@ -217,7 +217,7 @@ def test_init_zoo_then_explain_names_each_condition(tmp_path):
     assert proc.returncode == 0, proc.stderr
     camp = json.loads(proc.stdout)["campaign"]
     assert camp["runs"] == 18 and camp["seeds"] == [0, 1, 2]
-    assert camp["total_steps"] == 18 * 12
+    assert camp["total_steps"] == 18 * 10
     named = {c["label"]: c["algorithm"]["rows"][0]["name"] for c in camp["condition_details"]}
     assert named == {
         "GRPO": "GRPO",
@@ -238,7 +238,7 @@ def test_zoo_runs_the_quickstart_task():
         load_config(REPO / "retrain/config/templates/quickstart.toml"),
     )
     assert zoo.model == quick.model and zoo.data == quick.data and zoo.reward == quick.reward
-    assert (zoo.eval.size, zoo.eval.temperature) == (quick.eval.size, quick.eval.temperature)
+    assert zoo.eval.temperature == quick.eval.temperature and zoo.eval.size <= quick.eval.size
     assert zoo.eval.every == zoo.campaign.max_steps  # held out before step 0 and at the end
 
 
