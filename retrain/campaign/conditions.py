@@ -4,6 +4,7 @@ ones; and the condition of a manifest's run entry, when a campaign resumes."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,4 +41,7 @@ def condition_from_manifest(entry: Mapping[str, Any]) -> Condition:
     parsed = parse_entry({**overrides, **table})
     if isinstance(parsed, list):
         raise ConfigError(parsed)
+    label = entry.get("condition")
+    if isinstance(label, str) and label and label != parsed.label:  # a named condition
+        return dataclasses.replace(parsed, name=label)
     return parsed

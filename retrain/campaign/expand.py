@@ -117,7 +117,7 @@ def expand_run(base: Config, condition: Condition, seed: int, campaign_dir: str 
     if base.campaign is not None:
         cfg.training.max_steps = base.campaign.max_steps
     condition.apply(cfg)
-    if condition.overrides:
+    if condition.overrides or condition.name:
         _carry_label(cfg, label)
     cfg.resume.from_ = ""  # the campaign passes --resume per run when a checkpoint exists
     cfg.logging.log_dir = str(run_dir)
@@ -152,7 +152,7 @@ def _with_campaign(cfg: Config, base: Config) -> Config:
 
 def _carry_label(cfg: Config, label: str) -> None:
     """Metrics rows and run.json record `Config.condition`; a condition with overrides
-    records its full label through `[logging] condition_label`."""
+    records its full label through `[logging] condition_label`, and so does a named one."""
     cfg.logging.condition_label = label
 
 

@@ -211,6 +211,7 @@ def _condition_report(cond: Condition, runs: list[RunSpec]) -> dict[str, Any]:
         ],
         "max_steps": cfg.training.max_steps,
         "runs": [r.name for r in runs],
+        "algorithm": named_algorithm(cfg),
     }
 
 
@@ -242,6 +243,16 @@ def _campaign_report(config: Config, errors: list[str]) -> dict[str, Any]:
         "auto_squeeze": config.squeeze is not None,
         "matrix": [name for c in conds for name in c["runs"]],
     }
+
+
+def named_algorithm(config: Config) -> dict[str, Any] | None:
+    """The rows of the map (`retrain man --topic algorithms`) the config amounts to."""
+    from retrain.algorithms import describe, identify
+
+    rows = identify(config)
+    if not rows:
+        return None
+    return {"text": describe(rows), "rows": [row.as_dict() for row in rows]}
 
 
 def _backpressure(config: Config) -> str:
@@ -918,6 +929,7 @@ def build_report(
         ),
         "uncertainty_kind": config.algorithm.uncertainty_kind,
         "objective": objective_summary(config),
+        "algorithm": named_algorithm(config),
         "settings": resolved_settings(config, info),
         "estimates": estimates(config, info, world),
         "world": _world(config, world),
@@ -1025,6 +1037,7 @@ def render(report: dict[str, Any]) -> str:
         *([f"Environment: {report['environment']}"] if report.get("environment") else []),
         f"Reward:      {report['reward']}   uncertainty: {report['uncertainty_kind']}",
         f"Objective:   {report['objective']}",
+        *([f"Algorithm:   {report['algorithm']['text']}"] if report.get("algorithm") else []),
         *_render_settings(report),
         *_world_line(report["world"]),
         f"Per step:    {ps['batch_size']} prompts x {ps['group_size']} completions = {ps['completions']} completions, <= {ps['sampled_token_upper_bound']:,} sampled tokens ({ps['max_new_tokens_per_completion']} per {ps['tokens_per']})",
@@ -1070,6 +1083,8 @@ def _render_conditions(camp: dict[str, Any]) -> list[str]:
     lines = []
     for c in camp.get("condition_details", []):
         lines.append(f"  - {c['label']}")
+        if c.get("algorithm"):
+            lines.append(f"      algorithm: {c['algorithm']['text']}")
         lines += [f"      {o['field']} = {json.dumps(o['value'])}" for o in c["overrides"]]
         if c["max_steps"] != camp["max_steps_per_run"]:
             lines.append(f"      {c['max_steps']} steps per run")

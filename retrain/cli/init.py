@@ -15,6 +15,8 @@ from pathlib import Path
 from retrain.errors import UsageError
 
 TEMPLATE_DIR = "config/templates"
+# Campaign templates get a file of their own, so a run's retrain.toml beside them stays.
+_DEFAULT_OUTPUT = {"campaign": "campaign.toml", "zoo": "zoo.toml"}
 
 
 def templates() -> dict[str, str]:
@@ -174,13 +176,13 @@ def main(argv: list[str]) -> int:
         "--template",
         "-t",
         default=None,
-        help="quickstart | experiment | campaign | multiturn (see --list)",
+        help="quickstart | experiment | campaign | multiturn | zoo (see --list)",
     )
     parser.add_argument(
         "--output",
         "-o",
         default=None,
-        help="where to write (default ./retrain.toml, or ./campaign.toml for the campaign template)",
+        help="where to write (default ./retrain.toml; ./campaign.toml and ./zoo.toml for the campaign and zoo templates)",
     )
     parser.add_argument("--force", action="store_true", help="overwrite an existing file")
     parser.add_argument(
@@ -220,7 +222,7 @@ def main(argv: list[str]) -> int:
         raise UsageError(
             f"unknown template {name!r}{suggest(name, available)}; available: {', '.join(available)}"
         )
-    out = Path(args.output or ("campaign.toml" if name == "campaign" else "retrain.toml"))
+    out = Path(args.output or _DEFAULT_OUTPUT.get(name, "retrain.toml"))
     _write(out, available[name], args.force)
     run_hint = (
         f"retrain {out}" if out.name != "retrain.toml" or out.parent != Path(".") else "retrain"

@@ -36,6 +36,7 @@ TOPIC_ORDER = (
     "configuration",
     "advantages",
     "loss",
+    "algorithms",
     "eval",
     "sepa",
     "rewards",
@@ -393,14 +394,25 @@ def gen_engine_table() -> str:
     return "\n".join(out)
 
 
+def gen_algorithm_map() -> str:
+    """The map of named algorithms to retrain settings, from retrain.algorithms."""
+    from retrain.algorithms import render_markdown
+
+    return render_markdown()
+
+
 # block name -> (file, generator)
 GENERATED: dict[str, tuple[str, Callable[[], str]]] = {
+    "algorithm-map": ("algorithms.md", gen_algorithm_map),
     "config-reference": ("configuration.md", gen_config_reference),
     "cli-flags": ("configuration.md", gen_cli_flags),
     "plugin-registry": ("plugins.md", gen_plugin_registry),
     "backend-tables": ("backends.md", gen_backend_tables),
     "engine-table": ("inference.md", gen_engine_table),
 }
+# Blocks a page of the repository's docs/ repeats (checked and synced with the manual's
+# own in a source checkout; an installed package has no docs/).
+DOC_COPIES: dict[str, str] = {"algorithm-map": "algorithms.md"}
 
 
 def sync_text(text: str, blocks: dict[str, str]) -> tuple[str, list[str]]:
@@ -421,11 +433,16 @@ def check_manual(directory: Path, *, write: bool = False) -> list[str]:
     """Problems with the generated blocks (stale or missing); with `write`, fix the stale
     ones in place and report what was rewritten."""
     problems: list[str] = []
-    by_file: dict[str, dict[str, str]] = {}
+    by_file: dict[Path, dict[str, str]] = {}
     for name, (filename, gen) in GENERATED.items():
-        by_file.setdefault(filename, {})[name] = gen()
-    for filename, blocks in by_file.items():
-        path = directory / filename
+        by_file.setdefault(directory / filename, {})[name] = gen()
+    docs = directory.parent.parent / "docs"
+    for name, filename in DOC_COPIES.items():
+        if docs.is_dir():
+            by_file.setdefault(docs / filename, {})[name] = by_file[directory / GENERATED[name][0]][
+                name
+            ]
+    for path, blocks in by_file.items():
         if not path.is_file():
             problems.append(f"{path}: missing (it must hold the blocks {', '.join(blocks)})")
             continue

@@ -17,7 +17,8 @@ like `--gtpo-beta`, is `[gtpo] beta`); the installed key dialect
 as `bp_enabled`, and keys it refuses by name). A value is type- and range-checked like
 the same key at the top level. The condition's label is `{advantage_mode}+{transform_mode}`,
 then for overrides `~` and `key=value` pairs sorted by key and joined by `,`, each key
-as written and each value as Python prints it: `maxrl+gtpo_sepa~lr=0.0001,uncertainty_kind=...`.
+as written and each value as Python prints it: `maxrl+gtpo_sepa~lr=0.0001,uncertainty_kind=...`;
+`name = "GRPO"` in the entry is the label instead.
 
 Config loading checks the entries here (so a bad one fails at load, naming the entry and
 the key); :mod:`retrain.campaign` turns them into runs.
@@ -36,6 +37,7 @@ from retrain.config.values import check_range_and_choice, coerce_value
 from retrain.errors import ConfigError
 
 MODE_KEYS = ("advantage_mode", "transform_mode")
+NAME_KEY = "name"  # the condition's label, in place of the generated one
 ENTRY = "[[campaign.conditions]] entry"
 
 # Tables that are not run settings, and keys the campaign sets for each run itself.
@@ -69,9 +71,12 @@ class Condition:
     advantage_mode: str
     transform_mode: str
     overrides: tuple[Override, ...] = ()
+    name: str = ""  # `name = "GRPO"` in the entry: the label, as written
 
     @property
     def label(self) -> str:
+        if self.name:
+            return self.name
         return condition_label(self.advantage_mode, self.transform_mode, self.raw_overrides)
 
     @property
@@ -113,7 +118,7 @@ def _written_keys(
     refused_tables = dialect.current().refused_tables
     out: list[tuple[str, Any]] = []
     for key, value in entry.items():
-        if key in MODE_KEYS:
+        if key in (*MODE_KEYS, NAME_KEY):
             continue
         field = flags.get(f"--{key.replace('_', '-')}")
         as_field = field is not None and field.type in ("dict", "any")
@@ -241,9 +246,12 @@ def parse_entry(entry: Any, flags: Mapping[str, FieldSpec] | None = None) -> Con
             problems.append(f"{key}: sets {checked.spec.label} again (as {twin.key})")
             continue
         overrides.append(checked)
+    name = entry.get(NAME_KEY, "")
+    if not isinstance(name, str) or (NAME_KEY in entry and not name.strip()):
+        problems.append(f"{NAME_KEY}: must be a non-empty string (the condition's label)")
     if problems:
         return problems
-    return Condition(modes[0], modes[1], tuple(overrides))
+    return Condition(modes[0], modes[1], tuple(overrides), name.strip())
 
 
 def conditions_problems(entries: Sequence[Any]) -> list[str]:

@@ -58,6 +58,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "retrain.squeeze",
             "retrain.models",
             "retrain.http",
+            "retrain.algorithms",
         ),
     ),
     ("compat", ("retrain.compat",)),

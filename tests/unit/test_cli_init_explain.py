@@ -35,19 +35,19 @@ def test_help_and_version(capsys):
 def test_init_list_names_every_template(capsys):
     code, out, _ = run(["init", "--list"], capsys)
     assert code == 0
-    for name in ("quickstart", "experiment", "campaign", "multiturn"):
+    for name in ("quickstart", "experiment", "campaign", "multiturn", "zoo"):
         line = next(line for line in out.splitlines() if line.startswith(name))
         assert len(line.split(None, 1)[1]) > 20  # a real one-line description
 
 
-@pytest.mark.parametrize("name", ["quickstart", "experiment", "campaign", "multiturn"])
+@pytest.mark.parametrize("name", ["quickstart", "experiment", "campaign", "multiturn", "zoo"])
 def test_init_writes_valid_template_and_refuses_overwrite(tmp_path, capsys, monkeypatch, name):
     monkeypatch.chdir(tmp_path)
     out_path = tmp_path / f"{name}.toml"
     code, out, _ = run(["init", "--template", name, "--output", str(out_path)], capsys)
     assert code == 0 and out_path.exists() and "retrain explain" in out
     config = load_config(out_path)
-    assert (config.campaign is not None) == (name == "campaign")
+    assert (config.campaign is not None) == (name in ("campaign", "zoo"))
     out_path.write_text("# mine\n")
     code, _, err = run(["init", "--template", name, "--output", str(out_path)], capsys)
     assert code == 2 and "--force" in err
