@@ -36,6 +36,7 @@ NOT_REPRODUCED = "not reproduced"
 ALGORITHM, OPTION, METRIC = "algorithm", "option", "metric"
 
 TRL, VERL, PRIME, SKYRL = "TRL 1.16", "verl", "prime-rl", "SkyRL"
+PRIME_LOSS = "prime-rl"  # the peer name of its row in retrain/loss/peers.py
 ORIGINAL, RETRAIN = "retrain (original)", "retrain"
 
 
@@ -330,26 +331,21 @@ _VERL_ROWS: tuple[Algorithm, ...] = (
         "grpo_std",
         {"policy_loss": "cispo", "clip_eps": 1.0, "clip_eps_high": 4.0},
     ),
-    _verl(
-        "GPG",
-        "policy_loss.loss_mode=gpg",
-        "grpo",
-        {"policy_loss": "gpg"},
-        differs='Needs [training] policy_loss = "gpg" (-A logp, no ratio).',
-    ),
-    _verl(
-        "GMPO",
-        "policy_loss.loss_mode=geo_mean",
-        "grpo_std",
-        {"policy_loss": "gmpo"},
-        differs='Needs [training] policy_loss = "gmpo" (the geometric mean of the token ratios).',
-    ),
-    _verl(
-        "DPPO",
-        "policy_loss.loss_mode=dppo",
-        "grpo_std",
-        {"policy_loss": "dppo"},
-        differs='Needs [training] policy_loss = "dppo".',
+    *(
+        _verl(
+            name,
+            f"policy_loss.loss_mode={mode}",
+            adv,
+            dict(peer_loss(VERL, f"policy_loss.loss_mode={mode}").settings),
+            status=DIFFERS,
+            differs=peer_loss(VERL, f"policy_loss.loss_mode={mode}").notes,
+            loss=peer_loss(VERL, f"policy_loss.loss_mode={mode}"),
+        )
+        for name, mode, adv in (
+            ("GPG", "gpg", "grpo"),
+            ("GMPO", "geo_mean", "grpo_std"),
+            ("DPPO", "dppo_tv", "grpo_std"),
+        )
     ),
     Algorithm(
         "Clip-Cov",
@@ -388,13 +384,15 @@ _VERL_ROWS: tuple[Algorithm, ...] = (
         status=DIFFERS,
         differs=_WHITEN,
     ),
-    _verl(
+    Algorithm(
         "ReMax",
+        VERL,
         "adv_estimator=remax",
-        "remax",
-        _VERL_PPO,
-        differs='Needs [algorithm] advantage_mode = "remax" (the greedy completion\'s reward '
-        "as the baseline).",
+        {},
+        {},
+        status=NOT_REPRODUCED,
+        differs="Not built: its baseline is the reward of an extra greedy completion per "
+        "prompt, a second rollout at other sampling settings that the step does not draw.",
     ),
     _verl(
         "OPO",
@@ -412,6 +410,7 @@ _VERL_ROWS: tuple[Algorithm, ...] = (
             "clip_eps": 0.2,
             "clip_eps_high": 0.28,
             "dynamic_sampling": True,
+            "max_tokens": 20480,  # the recipe's max_response_length
             "overlong_buffer": 4096,
             "overlong_penalty": 1.0,
         },
@@ -424,13 +423,16 @@ _PRIME_ROWS: tuple[Algorithm, ...] = (
     Algorithm(
         "prime-rl default (DPPO + KL)",
         PRIME,
-        "loss defaults",
+        "trainer.loss (type = default)",
         _adv("grpo"),
-        {"policy_loss": "dppo", "kl_coef": 0.001, "kl_estimator": "k3"},
+        {
+            **peer_loss(PRIME_LOSS, "trainer.loss (type = default)").settings,
+            "loss_agg": "token_mean",
+        },
         DIFFERS,
-        "Mapped from prime-rl's documented default (DPPO with a KL term), not run against "
-        "it: prime-rl's KL is taken against the sampler, retrain's against the base weights "
-        '(LoRA off). Needs policy_loss = "dppo".',
+        peer_loss(PRIME_LOSS, "trainer.loss (type = default)").notes,
+        ALGORITHM,
+        peer_loss(PRIME_LOSS, "trainer.loss (type = default)"),
     ),
     Algorithm(
         "GRPO advantage",
@@ -447,10 +449,10 @@ _PRIME_ROWS: tuple[Algorithm, ...] = (
         "metric mismatch_kl",
         {},
         {},
-        NOT_REPRODUCED,
-        "A metric, not a setting: the sampler-trainer KL. retrain logs log_ratio_mean and "
-        "log_ratio_max_abs of the same log ratio every step; a mismatch_kl field comes with "
-        "the off-policy correction metrics.",
+        SAME,
+        "A metric, not a setting: every step row of a local run carries mismatch_kl (the k3 "
+        "estimate of the sampler-trainer KL over the step's tokens), with log_ratio_mean "
+        "and log_ratio_max_abs of the same log ratio.",
         METRIC,
     ),
     Algorithm(

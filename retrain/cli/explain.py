@@ -884,6 +884,15 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _backend_entry(info) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "source": info.source,
+        "capabilities": info.capabilities.as_dict(),
+        "ignored_sections": list(info.ignores),
+    }
+
+
 def build_report(
     config: Config,
     path: str,
@@ -909,12 +918,7 @@ def build_report(
         "config": path,
         "kind": "campaign" if config.campaign is not None else "run",
         "condition": config.condition,
-        "backend": {
-            "name": info.name,
-            "source": info.source,
-            "capabilities": info.capabilities.as_dict(),
-            "ignored_sections": list(info.ignores),
-        },
+        "backend": _backend_entry(info),
         "model": {
             "model": config.model.model,
             "lora_rank": config.model.lora_rank,
