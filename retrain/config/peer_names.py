@@ -90,10 +90,10 @@ PEER_NAMES: tuple[PeerName, ...] = (
         TRL,
         "loss_type",
         "training.loss_agg",
-        convert='"grpo" is "seq_mean_token_mean", "dapo" and "bnpo" are "token_mean", "dr_grpo" '
-        'is "seq_mean_token_sum" (TRL also divides by max_completion_length: scale [training] '
-        'lr); "cispo", "sapo" and "luspo" are not built in ([training] policy_loss takes a '
-        "dotted path)",
+        convert='"grpo" is "seq_mean_token_mean", "dapo" is "token_mean", "bnpo" is "bnpo", '
+        '"dr_grpo" is "seq_mean_token_sum_norm", "luspo" is "seq_mean_token_sum"; "cispo", '
+        '"sapo" and "vespo" are [training] policy_loss values (the whole map: retrain man '
+        "--topic algorithms)",
     ),
     *_peers(
         TRL,
@@ -107,8 +107,8 @@ PEER_NAMES: tuple[PeerName, ...] = (
         TRL,
         "importance_sampling_level",
         None,
-        "retrain's ratios are per token (TRL's \"token\"); sequence-level ratios (GSPO) need an "
-        'objective plugin, [training] policy_loss = "pkg.mod.fn" (retrain man --topic loss)',
+        '"token" is the default; "sequence" is policy_loss = "gspo" with the ppo loss types, '
+        'ratio_level = "sequence" with cispo and sapo (retrain man --topic algorithms)',
     ),
     *_peers(TRL, "mask_truncated_completions", "training.mask_truncated"),
     *_peers(
@@ -277,7 +277,8 @@ PEER_NAMES: tuple[PeerName, ...] = (
         _ACTOR + "loss_agg_mode",
         "training.loss_agg",
         convert='"token-mean", "seq-mean-token-sum" and "seq-mean-token-mean" are token_mean, '
-        'seq_mean_token_sum and seq_mean_token_mean; "seq-mean-token-sum-norm" is not built in',
+        'seq_mean_token_sum and seq_mean_token_mean; "seq-mean-token-sum-norm" is '
+        "seq_mean_token_sum_norm",
     ),
     *_peers(
         VERL, _ACTOR + "use_kl_loss", "training.kl_coef", convert="kl_coef > 0 turns the KL loss on"
