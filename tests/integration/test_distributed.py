@@ -75,6 +75,20 @@ def torchrun_job(raw: dict, tmp_path: Path, env: dict) -> subprocess.Popen:
     )
 
 
+def kill_job(job: subprocess.Popen, config: Path) -> None:
+    """SIGKILL torchrun and its ranks. The ranks run in sessions of their own (torch's
+    elastic agent starts them so), so killing torchrun's group alone leaves them blocked;
+    they are found by the config path on their command line."""
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(config).encode() in cmdline.read_bytes():
+                os.kill(int(cmdline.parent.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass  # gone meanwhile
+
+
 def one_process(raw: dict) -> int:
     return train(config_from_dict(raw), console=QuietConsole())
 
@@ -202,8 +216,7 @@ def test_a_two_rank_run_killed_after_a_checkpoint_resumes_on_two_ranks(straight,
             time.sleep(0.2)
         assert state.exists(), job.communicate()[1][-3000:]
     finally:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
+        kill_job(job, tmp_path / "job.toml")
     assert json.loads(state.read_text())["step"] == 2
     done = torchrun(raw, tmp_path, "--resume", str(tmp_path / "logs"))
     assert done.returncode == 0, done.stderr[-3000:]
