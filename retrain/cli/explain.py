@@ -185,11 +185,16 @@ def _per_step(config: Config) -> dict[str, Any]:
 def _checkpoints(config: Config, info: BackendInfo, max_steps: int) -> dict[str, Any]:
     every = config.training.save_every
     remote = "[backend] adapter_path" in info.ignores
+    path = config.backend.adapter_path
+    if config.campaign is not None:  # each run gets its own (campaign/expand.py)
+        from retrain.campaign.expand import campaign_root
+
+        path = f"{campaign_root(config)}/campaign_*/runs/CONDITION_sSEED/adapter"
     return {
         "every": every,
         "periodic": len(checkpoint_steps(max_steps, every)),
         "final": True,
-        "adapter_path": "on the backend's service" if remote else config.backend.adapter_path,
+        "adapter_path": "on the backend's service" if remote else path,
     }
 
 

@@ -200,6 +200,8 @@ def test_init_zoo_then_explain_names_each_condition(tmp_path):
     text = cli(["explain", "zoo.toml"], tmp_path)
     assert text.returncode == 0 and "ERROR" not in text.stdout
     assert "  - Dr.GRPO\n      algorithm: Dr. GRPO (TRL 1.16 loss_type=dr_grpo" in text.stdout
+    # each run has its own adapter directory, not the [backend] default
+    assert "-> logs/campaign_*/runs/CONDITION_sSEED/adapter" in text.stdout
 
 
 def test_zoo_runs_the_quickstart_task():
