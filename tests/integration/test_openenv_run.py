@@ -25,9 +25,10 @@ GAMES = REPO / "tests" / "fixtures" / "openenv_envs"
 VENV_PYTHON = REPO / ".venv-openenv" / "bin" / "python"
 
 
-def runs_here(test_name: str) -> bool:
+def runs_here(test_name: str, marker: str = "not slow") -> bool:
     """True when openenv imports here; else the test runs under .venv-openenv, which
-    must pass it (skipped, saying how, when that interpreter is missing)."""
+    must pass it (skipped, saying how, when that interpreter is missing). `marker`: the
+    re-run's -m (a slow test is deselected by the default one)."""
     try:
         import openenv.core  # noqa: F401
 
@@ -44,6 +45,8 @@ def runs_here(test_name: str) -> bool:
             "-q",
             "-p",
             "no:cacheprovider",
+            "-m",
+            marker,
             "-k",
             test_name,
             __file__,
@@ -52,7 +55,7 @@ def runs_here(test_name: str) -> bool:
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=3000,
     )
     last = (proc.stdout.strip().splitlines() or [""])[-1]
     assert proc.returncode == 0 and "1 passed" in last, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -147,3 +150,37 @@ def test_a_run_on_an_openenv_environment_in_process(tiny_raw, tmp_path):
         return
     proc = run_cli(tmp_path, openenv_raw(tiny_raw, id="pick_game.PickGame", args={"tries": 2}))
     check_run(proc, tmp_path / "logs")
+
+
+LEARN_STEPS = 20
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_smollm2_learns_an_openenv_game(tmp_path):
+    """The embedded SmolLM2 on add_game (an OpenEnv environment, in-process): the sum of
+    two one-digit numbers, the instruction and a worked example in the reset observation,
+    one try; the quickstart's settings otherwise. Measured (seed 0, 2 threads, lr 1e-3):
+    correct 0.0, 6.2, 12.5% over the first three steps, 53.1, 68.8, 65.6% over the last
+    three (peaks of 87.5% and 96.9% on the way). The bound is a margin under that, not
+    the values."""
+    if not runs_here("test_smollm2_learns_an_openenv_game", "slow"):
+        return
+    raw = tomlkit.parse((REPO / "retrain/config/templates/quickstart.toml").read_text())
+    raw["training"].update(max_steps=LEARN_STEPS, lr=1e-3, save_every=0)
+    raw["backend"]["adapter_path"] = str(tmp_path / "adapter")
+    raw["backend"]["options"] = {"threads": 2}  # float sums depend on the thread count
+    raw["logging"]["log_dir"] = str(tmp_path / "logs")
+    raw["eval"]["every"] = 0
+    raw.pop("reward")
+    raw["data"] = {"size": 200}
+    raw["environment"] = {"provider": "openenv", "id": "add_game.AddGame", "max_turns": 1}
+    raw["plugins"] = {"search_paths": [str(GAMES)]}
+    proc = run_cli(tmp_path, raw)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    correct = [r["correct_rate"] for r in rows]
+    print(f"\n[openenv add_game] correct rate per step: {[round(c, 3) for c in correct]}")
+    assert len(rows) == LEARN_STEPS and all(r["env_errors"] == 0 for r in rows)
+    first, last = sum(correct[:3]) / 3, sum(correct[-3:]) / 3
+    assert last >= first + 0.3, (first, last)
