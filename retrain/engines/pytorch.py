@@ -48,6 +48,7 @@ import torch
 from retrain.engines.draw import draw, uniforms
 from retrain.engines.merged import MergedSampler
 from retrain.errors import BackendError
+from retrain.kernels.cache_arg import cache_kwargs
 from retrain.memory import decoding_batches
 from retrain.registry import ENGINES
 from retrain.settings import EngineSettings
@@ -286,7 +287,7 @@ class PyTorchEngine:
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,
             position_ids=batch.position_ids,
-            past_key_values=cache,
+            **cache_kwargs(model, cache),
             use_cache=True,
             logits_to_keep=1,
         )
@@ -310,7 +311,7 @@ class PyTorchEngine:
             input_ids=token[:, None],
             attention_mask=state.mask,
             position_ids=state.position,
-            past_key_values=state.cache,
+            **cache_kwargs(model, state.cache),
             use_cache=True,
         )
         return out.logits[:, -1, :]

@@ -37,6 +37,7 @@ import torch
 
 from retrain.engines.draw import draw
 from retrain.errors import BackendError
+from retrain.kernels.cache_arg import cache_kwargs
 from retrain.types import SamplingParams
 
 log = logging.getLogger("retrain.engines.static_decode")
@@ -214,7 +215,7 @@ class StaticDecoder:
             input_ids=ids,
             attention_mask=self._mask(prefill_mask(step.key_valid, width), model),
             position_ids=positions,
-            past_key_values=cache,
+            **cache_kwargs(model, cache),
             use_cache=True,
             logits_to_keep=1,
         )
@@ -279,7 +280,7 @@ class StaticDecoder:
             input_ids=step.token,
             attention_mask=self._mask(step.key_valid[:, None, None, :], model),
             position_ids=step.position,
-            past_key_values=cache,
+            **cache_kwargs(model, cache),
             use_cache=True,
         )
         logits = out.logits[:, -1, :]
