@@ -9,9 +9,14 @@ by round; medians are reported with the load average of each measurement.
     python benchmarks/sampling.py --rounds 5
     python benchmarks/sampling.py --threads 1,2 --variants generate,engine,unmerged,bf16
 
-Variants: generate (HF `generate` on the PEFT model), engine (retrain's engine, merged
-LoRA, float32), unmerged (the engine on the PEFT model as is), bf16 (`[inference] dtype =
-"bf16"`).
+Variants on a float32 model: generate (HF `generate` on the PEFT model), engine
+(retrain's engine, merged LoRA), unmerged (the engine on the PEFT model as is), bf16
+(`[inference] dtype = "bf16"`, a wholly bf16 copy). On the local backend's bf16 mode
+(bf16 block weights, float32 rest and adapter; the default on a GPU or a bf16 CPU):
+blocks (the engine: the adapter beside the bf16 weights, in float32), blocks_peft (the
+engine on the PEFT model as is), blocks_folded (the adapter folded into the bf16
+weights, rounded: the faster copy retrain does not use, because it rounds a small update
+away). `--mismatch` prints each variant's trainer-minus-sampler logprobs instead.
 """
 
 from __future__ import annotations
@@ -29,23 +34,47 @@ import torch
 BATCH, GROUP, TOKENS = 4, 8, 24
 
 
-def load(dtype=torch.float32):
+def load(blocks_bf16: bool = False, lora_b_std: float = 0.01):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
+    from retrain.kernels.precision import bf16_linears
     from retrain.models import load_tokenizer, resolve_model
 
     name = "HuggingFaceTB/SmolLM2-135M-Instruct"
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(name).path, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(name).path, dtype=torch.float32)
+    if blocks_bf16:
+        bf16_linears(model)  # as the local backend does, before the adapter
     lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
     model = get_peft_model(model, lora)
     # A trained adapter is not zero: give B small values so the LoRA path computes.
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "lora_B" in n:
-                p.normal_(0, 0.01)
-    return model, load_tokenizer(name)
+                p.normal_(0, lora_b_std)
+    return model.eval(), load_tokenizer(name)
+
+
+def fold_into_bf16(engine) -> None:
+    """Replace the copy's adapter-beside layers by bf16 layers holding W + scaling * B @ A
+    rounded to bf16 (the alternative docs/performance.md measures against)."""
+    from retrain.kernels.precision import Bf16Linear
+
+    engine.copy.refresh()
+    with torch.no_grad():
+        for i, (layer, side) in enumerate(engine.copy.pairs):
+            w = side.base.weight
+            folded = Bf16Linear(w.shape[1], w.shape[0], bias=False)
+            ad = layer.active_adapters[0]
+            delta = layer.lora_B[ad].weight @ layer.lora_A[ad].weight * layer.scaling[ad]
+            folded.weight = torch.nn.Parameter((w.float() + delta).to(w.dtype), False)
+            for parent in engine.copy.model.modules():
+                for name, child in parent.named_children():
+                    if child is side:
+                        setattr(parent, name, folded)
+            engine.copy.pairs[i] = (layer, folded)
+    engine.copy.refresh = lambda: None  # a fixed adapter here
 
 
 def prompts(tokenizer) -> list[list[int]]:
@@ -99,7 +128,7 @@ def make_engine(model, tokenizer, **kw):
 
 def mismatch(model, tokenizer, prompts_B, engines: dict) -> dict:
     """Sampler vs trainer logprobs on the tokens each engine sampled: the trainer's are the
-    float32 PEFT model's (what the importance ratio compares against)."""
+    PEFT model's on the whole sequence (what the importance ratio compares against)."""
     out = {}
     for name, engine in engines.items():
         groups = engine.sample(prompts_B, GROUP, _params(seed=123))
@@ -132,24 +161,39 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default="generate,engine,unmerged,bf16")
     p.add_argument("--json", default="benchmarks/results/sampling.json")
     p.add_argument("--mismatch", action="store_true", help="only the logprob mismatch")
+    p.add_argument(
+        "--lora-b-std",
+        type=float,
+        default=0.01,
+        help="std of the adapter's B (0.01: a trained adapter; 1e-4: after a few steps)",
+    )
     args = p.parse_args(argv)
-    model, tokenizer = load()
-    model.eval()
+    variants = args.variants.split(",")
+    model, tokenizer = load(lora_b_std=args.lora_b_std)
     prompts_B = prompts(tokenizer)
+    engines = {}
+    if {"engine", "unmerged", "bf16"} & set(variants):
+        engines["engine"] = make_engine(model, tokenizer)
+        engines["unmerged"] = make_engine(model, tokenizer, sampling_copy=False)
+        engines["bf16"] = make_engine(model, tokenizer, dtype="bf16")
+    if any(v.startswith("blocks") for v in variants):
+        blocks, _ = load(blocks_bf16=True, lora_b_std=args.lora_b_std)
+        engines["blocks"] = make_engine(blocks, tokenizer)
+        engines["blocks_peft"] = make_engine(blocks, tokenizer, sampling_copy=False)
+        engines["blocks_folded"] = make_engine(blocks, tokenizer)
+        fold_into_bf16(engines["blocks_folded"])
+    engines = {k: e for k, e in engines.items() if k in variants}
     if args.mismatch:
-        engines = {k: make_engine(model, tokenizer, dtype=k) for k in ("auto", "bf16")}
-        result = mismatch(model, tokenizer, prompts_B, engines)
+        result = {}
+        for name, engine in engines.items():
+            trainer = blocks if name.startswith("blocks") else model
+            result.update(mismatch(trainer, tokenizer, prompts_B, {name: engine}))
         Path(args.json).write_text(json.dumps({"mismatch": result}, indent=2))
         return 0
-    engines = {
-        "engine": make_engine(model, tokenizer),
-        "unmerged": make_engine(model, tokenizer, merge_lora=False),
-        "bf16": make_engine(model, tokenizer, dtype="bf16"),
-    }
     runners = {"generate": lambda s: run_generate(model, tokenizer, prompts_B, s)}
     for name, engine in engines.items():
         runners[name] = lambda s, e=engine: run_engine(e, prompts_B, s)
-    variants = [(v, int(t)) for v in args.variants.split(",") for t in args.threads.split(",")]
+    variants = [(v, int(t)) for v in variants for t in args.threads.split(",")]
     runs: dict[str, list[dict]] = {f"{v}/t{t}": [] for v, t in variants}
     for r in range(args.rounds + 1):  # round 0 warms up
         for v, t in variants:

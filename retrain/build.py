@@ -645,7 +645,7 @@ def _world_backend_problems(config: Config, n: int) -> Problems:
         found.append(
             (
                 "[inference] dtype",
-                f'"bf16" with [backend.options] shard = true {runs}: a bf16 sampler is a merged copy of the whole weights, which no rank holds. Fix: dtype = "auto" (or shard = false)',
+                f'"bf16" with [backend.options] shard = true {runs}: a bf16 sampler is a bf16 copy of the whole weights, which no rank holds. Fix: dtype = "auto" (or shard = false)',
             )
         )
     if needs_selection(config.training.policy_loss):

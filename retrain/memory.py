@@ -263,7 +263,7 @@ class StepSizes:
 class PeakMemory:
     """Bytes of each part of a local step's peak on one device, and the total."""
 
-    weights: float  # base weights, and the sampler's merged copy of the adapted linears
+    weights: float  # base weights, and in float32 the sampler's merged adapted linears
     adapter: float  # LoRA weights, their gradients and two Adam moments
     sampling: float  # KV cache and logits of the rows decoded at once
     training: float  # one micro-batch's activations and logit chunk
@@ -279,13 +279,14 @@ class PeakMemory:
 def weight_bytes(shape: ModelShape, dtype: str, target_modules: Sequence[str] = ()) -> int:
     """The blocks' linears at `block_bytes(dtype)` (bf16-matmul mode: 2), everything else
     (embeddings, output layer, norms, biases) float32, as retrain/kernels/precision.py
-    holds them; plus the sampler's merged copy of the adapted linears at the block dtype:
+    holds them. The sampler's copy (retrain/engines/sampling_copy.py) shares them all,
+    except in float32, where it holds W + scaling * B @ A for each adapted linear:
 
-        (params - block_params) x 4 + (block_params + adapted) x block_bytes"""
-    adapted = shape.layers * sum(i * o for i, o in shape.adapted(target_modules).values())
-    return (shape.params - shape.block_params) * 4 + (shape.block_params + adapted) * block_bytes(
-        dtype
-    )
+        (params - block_params) x 4 + block_params x block_bytes  [+ adapted x 4 in fp32]"""
+    own = (shape.params - shape.block_params) * 4 + shape.block_params * block_bytes(dtype)
+    if block_bytes(dtype) == 2:  # bf16: the adapter runs beside the shared bf16 weights
+        return own
+    return own + shape.layers * sum(i * o for i, o in shape.adapted(target_modules).values()) * 4
 
 
 def adapter_bytes(shape: ModelShape, lora_rank: int, target_modules: Sequence[str] = ()) -> int:
@@ -383,7 +384,7 @@ def _sharded_peak(
 
         total = max(whole + adapter + sampling, sharded + adapter + training) x slack + runtime"""
     blocks = shape.block_params * block_bytes(dtype)
-    whole = (shape.params - shape.block_params) * 4 + blocks  # weight_bytes, no merged copy
+    whole = (shape.params - shape.block_params) * 4 + blocks  # weight_bytes, no sampling copy
     sharded = whole - blocks + blocks / step.shards + blocks / max(shape.layers, 1)
     live = max(whole + sampling, sharded + train.training) + train.adapter
     return replace(

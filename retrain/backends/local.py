@@ -332,7 +332,7 @@ class LocalBackend:
                 bf16=self.bf16,
                 threads=self.threads,
                 # a sharded base has no whole weights to copy: sample from the model
-                merge_lora=not self.world.shard,
+                sampling_copy=not self.world.shard,
             )
             return bound, None
         from retrain.engines.sync import LIVE_DIR, LiveAdapterDir

@@ -574,10 +574,10 @@ class InferenceConfig:
     )
     dtype: str = opt(
         "auto",
-        "Inference dtype. pytorch engine: auto (the trained model's dtype; the adapter is "
-        "merged into a sampling copy) or bf16 (a bf16 sampling copy: the sampler's logprobs "
-        "are its own and the importance ratio corrects the difference; see "
-        "docs/performance.md)",
+        "Inference dtype. pytorch engine: auto (the trained model's dtype: a sampling copy "
+        "that computes what the trained model does) or bf16 (a wholly bf16 sampling copy, "
+        "the adapter beside its weights in float32: the sampler's logprobs are its own and "
+        "the importance ratio corrects the difference; see docs/performance.md)",
         choices=("auto", "bf16", "fp8", "fp4"),
     )
     kv_cache_dtype: str = opt("auto", "KV cache dtype", choices=("auto", "bf16", "fp8", "int8"))

@@ -59,9 +59,9 @@ class UnboundEngine(Protocol):
         device: Any,
         bf16: bool,
         threads: Any,
-        merge_lora: bool = True,
+        sampling_copy: bool = True,
     ) -> Engine:
         """The engine sampling from `model` on `device`; `bf16` says the trainer runs bf16
         matmuls (its sampling copy then does too), `threads` is the backend's
-        retrain.threads.ThreadPolicy; `merge_lora = False` samples from `model` itself,
-        never a merged copy (a sharded base has no whole weights to copy)."""
+        retrain.threads.ThreadPolicy; `sampling_copy = False` samples from `model`
+        itself, never a copy (a sharded base has no whole weights to copy)."""

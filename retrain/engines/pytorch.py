@@ -25,14 +25,15 @@ not grow with the group size.
 
 Speed (docs/performance.md): a PEFT LoRA model runs four extra small operators per
 adapted linear for every decoded token. When the model is a plain LoRA PEFT model, the
-engine samples from a `MergedSampler` instead (retrain/engines/merged.py): an adapter-free
-copy whose adapted linears hold W + scaling * B @ A, re-merged only when the adapter's
-weights changed. In float32 the merged logprobs equal the adapter's to rounding (~1e-6).
-In the local backend's bf16 mode the copy's layers are bf16 matmuls like the trainer's
-(W + BA rounded to bf16 once per update); `[inference] dtype = "bf16"` on a float32
-trainer gives a wholly bf16 copy. Either way the recorded logprobs are the sampler's
-own, so the trainer's importance ratio corrects the difference (`log_ratio_mean` /
-`log_ratio_max_abs` show its size). A `retrain.threads.ThreadPolicy` picks torch's
+engine samples from a `SamplingCopy` instead (retrain/engines/sampling_copy.py), an
+adapter-free copy refreshed only when the adapter's weights changed: a float32 adapted
+linear holds W + scaling * B @ A (equal to the adapter's output to ~1e-6); a bf16 one
+(the local backend's bf16 mode) keeps its bf16 W and adds the adapter's product beside
+it in float32, as the trained model does (folding a small update into bf16 weights
+rounds it away). `[inference] dtype = "bf16"` on a float32 trainer gives a wholly bf16
+copy. The recorded logprobs are the sampler's own, so the trainer's importance ratio
+corrects what kernel order leaves (`log_ratio_mean` / `log_ratio_max_abs` show its size).
+A `retrain.threads.ThreadPolicy` picks torch's
 thread count before each call.
 """
 
@@ -46,7 +47,7 @@ import numpy as np
 import torch
 
 from retrain.engines.draw import draw, uniforms
-from retrain.engines.merged import MergedSampler
+from retrain.engines.sampling_copy import SamplingCopy
 from retrain.errors import BackendError
 from retrain.kernels.cache_arg import cache_kwargs
 from retrain.memory import decoding_batches
@@ -98,7 +99,7 @@ class UnboundPyTorchEngine:
         device,
         bf16: bool,
         threads: Any,
-        merge_lora: bool = True,
+        sampling_copy: bool = True,
     ) -> PyTorchEngine:
         s = self.settings
         return PyTorchEngine(
@@ -108,10 +109,10 @@ class UnboundPyTorchEngine:
             device,
             prefix_caching=s.prefix_caching,
             prompt_batch=s.prompt_batch,
-            # bf16 trainer: the merged copy's layers are bf16 matmuls like the trainer's
+            # bf16 trainer: the copy's block layers are the trainer's own bf16 matmuls
             # (`[inference] dtype` "bf16" adds nothing then)
             dtype="auto" if bf16 else s.dtype,
-            merge_lora=merge_lora,
+            sampling_copy=sampling_copy,
             threads=threads,
             decode=decoder_for(s.decode, device),
             say=self.say,
@@ -155,7 +156,7 @@ class PyTorchEngine:
         prefix_caching: bool = True,
         prompt_batch: int = 0,
         dtype: str = "auto",
-        merge_lora: bool = True,
+        sampling_copy: bool = True,
         threads=None,
         decode: str = "dynamic",
         say=None,
@@ -173,8 +174,8 @@ class PyTorchEngine:
             )
         # bf16 needs a copy of the weights; "auto" keeps the training model's dtype.
         target = torch.bfloat16 if dtype == "bf16" else None
-        self.merged = MergedSampler.build(model, target) if merge_lora else None
-        if self.merged is None and target is not None:
+        self.copy = SamplingCopy.build(model, target) if sampling_copy else None
+        if self.copy is None and target is not None:
             raise BackendError(
                 '[inference] dtype = "bf16" needs a plain LoRA adapter on the pytorch engine (set dtype = "auto")'
             )
@@ -206,10 +207,10 @@ class PyTorchEngine:
         pass  # nothing of its own: the model is the backend's
 
     def _sampling_model(self):
-        if self.merged is None:
+        if self.copy is None:
             return self.model
-        self.merged.refresh()
-        return self.merged.model
+        self.copy.refresh()
+        return self.copy.model
 
     @torch.inference_mode()
     def sample(

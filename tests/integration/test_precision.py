@@ -66,9 +66,10 @@ def test_bf16_mode_keeps_the_adapter_norms_and_logits_in_float32(tiny_raw, tiny_
     assert norms and all(p.dtype == torch.float32 for p in norms)
     out = b.model(input_ids=torch.tensor([PROMPTS[0]]))
     assert out.logits.dtype == torch.float32
-    # the sampler's merged copy runs the same bf16 matmuls
-    assert b.engine.merged is not None
-    assert all(type(plain) is Bf16Linear for _, plain in b.engine.merged.pairs)
+    # the sampler's copy runs the trainer's own bf16 weights, the adapter beside them
+    assert b.engine.copy is not None
+    for layer, side in b.engine.copy.pairs:
+        assert type(side.base) is Bf16Linear and side.base.weight is layer.base_layer.weight
 
 
 def test_bf16_sampler_and_trainer_agree_to_bf16_rounding(tiny_raw, tiny_model_dir):
@@ -101,6 +102,13 @@ def test_bf16_update_moves_the_policy_the_right_way(tiny_raw, tiny_model_dir):
     b.train_step(datums, TrainHyper(lr=2e-2, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8))
     delta = seq_logp() - before
     assert np.mean(delta[0::2]) > 1e-3 and np.mean(delta[1::2]) < -1e-3
+    # the sampler follows the update: after the backend's own optimizer step its copy
+    # computes the trained model's logits (the same bf16 matmuls, the adapter beside)
+    ids = torch.tensor([prompt + datums[0].completion_ids.tolist()])
+    b.engine.copy.refresh()
+    with torch.no_grad():
+        got, want = b.engine.copy.model(input_ids=ids).logits, b.model(input_ids=ids).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
 def test_auto_picks_bf16_only_where_matmuls_are_native(monkeypatch):

@@ -69,6 +69,9 @@ def run_quickstart(tmp_path: Path, name: str, lr: float) -> list[dict]:
     )
     if getattr(getattr(config, "eval", None), "every", 0):
         config.eval.every = 0  # the held-out evaluation is not what this test measures
+    # At lr 1e-3 every group can be all-correct for several steps running: that is the
+    # learning this test looks for, not a run to stop (the zero-signal guard would).
+    config.training.zero_signal_steps = 0
     assert train(config, str(cfg), console=Console(live=False)) == 0
     rows, bad = read_jsonl(work / "logs" / "metrics.jsonl")
     assert not bad and [r["step"] for r in rows] == list(range(STEPS))
@@ -105,6 +108,12 @@ def test_quickstart_learns_on_smollm2_and_a_frozen_control_does_not(tmp_path):
     assert t_rise >= 0.0
     assert c_rise <= 0.15, f"the control rose without training: {c_first:.3f} -> {c_last:.3f}"
     assert t_last >= c_last + 0.15
+    # The sampler samples what the trainer scores at every step: what is left between
+    # their logprobs is kernel order (bf16 rounding on a bf16 CPU: 0.04-0.11 here), not a
+    # lagging policy (with the adapter folded into bf16 weights: 0.37-0.71, median 0.55).
+    drift = [r["log_ratio_max_abs"] for r in trained if r["log_ratio_max_abs"] is not None]
+    print(f"[smollm2] log_ratio_max_abs per step: {[round(d, 3) for d in drift]}")
+    assert drift and statistics.median(drift) < 0.25 and max(drift) < 1.0
 
     state = json.loads((tmp_path / "trained" / "logs" / "trainer_state.json").read_text())
     assert state["finished"] and state["step"] == STEPS

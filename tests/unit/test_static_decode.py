@@ -48,7 +48,7 @@ def tiny_model(attention: str = "sdpa", seed: int = 0):
 
 def engines(model, decode: str, **kw) -> PyTorchEngine:
     return PyTorchEngine(
-        model, {EOS}, 0, torch.device("cpu"), merge_lora=False, decode=decode, **kw
+        model, {EOS}, 0, torch.device("cpu"), sampling_copy=False, decode=decode, **kw
     )
 
 
@@ -141,7 +141,7 @@ def test_on_cuda_the_rows_decoded_at_once_follow_the_free_memory(monkeypatch):
     params = SamplingParams(max_tokens=30, temperature=1.0)
     cpu = engines(model, "dynamic")
     assert cpu._row_budget(PROMPTS, params) is None  # decoding_batches' SAMPLE_ROWS
-    gpu = PyTorchEngine(model, {EOS}, 0, torch.device("cuda"), merge_lora=False)
+    gpu = PyTorchEngine(model, {EOS}, 0, torch.device("cuda"), sampling_copy=False)
     free = {"bytes": 2 * GIB}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free["bytes"], 80 * GIB))
     shape = shape_from_config(model.config.to_dict())

@@ -1,0 +1,222 @@
+"""The pytorch engine's sampling copy against the PEFT model it stands in for: the same
+logits (float32 merged; bf16 blocks with the adapter beside them), refreshed after the
+adapter changes, an update too small for a bf16 weight still reaching the sampler, the
+same samples from the same seed, and logprobs that are the copy's own (the behaviour
+policy)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from retrain.engines.pytorch import PyTorchEngine  # noqa: E402
+from retrain.engines.sampling_copy import LoraBeside, SamplingCopy  # noqa: E402
+from retrain.types import SamplingParams  # noqa: E402
+
+
+def tiny_peft(seed: int = 0, *, bf16_blocks: bool = False, b_std: float = 0.2, **lora_kw):
+    """A tiny Llama with LoRA on every projection, B ~ N(0, b_std) (a trained adapter).
+    `bf16_blocks`: what the local backend trains in bf16 mode (bf16 block linears, turned
+    before the adapter is added; float32 residual stream and adapter)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from retrain.kernels.precision import bf16_linears
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
+    base = LlamaForCausalLM(config)
+    if bf16_blocks:
+        bf16_linears(base)
+    lora = LoraConfig(
+        r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM", **lora_kw
+    )
+    model = get_peft_model(base, lora)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, b_std) if b_std else p.zero_()
+    return model.eval()
+
+
+def logits_of(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def test_merged_copy_matches_the_adapter_and_shares_frozen_weights():
+    model = tiny_peft()
+    sc = SamplingCopy.build(model, None)
+    sc.refresh()
+    ids = torch.randint(0, 64, (3, 11), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(logits_of(sc.model, ids), logits_of(model, ids), atol=1e-5, rtol=0)
+    base = model.get_base_model()
+    assert sc.model.model.embed_tokens.weight is base.model.embed_tokens.weight
+    assert len(sc.pairs) == 2 * 7  # every projection of both layers
+
+
+def test_refresh_follows_in_place_updates_and_only_then():
+    model = tiny_peft()
+    sc = SamplingCopy.build(model, None)
+    sc.refresh()
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(2))
+    before = logits_of(sc.model, ids)
+    sc.refresh()  # nothing changed: the same weights
+    torch.testing.assert_close(logits_of(sc.model, ids), before, atol=0, rtol=0)
+    with torch.no_grad():  # what an optimizer step does
+        for name, p in model.named_parameters():
+            if "lora_A" in name:
+                p.add_(0.1)
+    assert not torch.allclose(logits_of(model, ids), before)
+    sc.refresh()
+    torch.testing.assert_close(logits_of(sc.model, ids), logits_of(model, ids), atol=1e-5, rtol=0)
+
+
+def test_the_trained_model_is_untouched_by_building_a_bf16_copy():
+    model = tiny_peft()
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(3))
+    before = logits_of(model, ids)
+    sc = SamplingCopy.build(model, torch.bfloat16)
+    sc.refresh()
+    assert next(sc.model.parameters()).dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    torch.testing.assert_close(logits_of(model, ids), before, atol=0, rtol=0)
+
+
+def test_a_bf16_copy_runs_the_tiled_bf16_layer_and_follows_the_adapter():
+    """The wholly bf16 copy's block linears are the tiled Bf16Linear (fixed matmul row
+    counts on a CPU), the adapted ones included; the output layer stays a plain linear. Its
+    logits are those of the same copy with plain bf16 linears, and follow an update."""
+    from retrain.kernels.precision import Bf16Linear
+
+    model = tiny_peft()
+    sc = SamplingCopy.build(model, torch.bfloat16)
+    sc.refresh()
+    linears = [m for m in sc.model.modules() if isinstance(m, torch.nn.Linear)]
+    head = sc.model.get_output_embeddings()
+    assert [type(m) is Bf16Linear for m in linears] == [m is not head for m in linears]
+    # the adapter stays float32 beside the bf16 weights
+    assert all(type(side) is LoraBeside for _, side in sc.pairs)
+    assert all(type(side.base) is Bf16Linear for _, side in sc.pairs)
+    assert all(side.a.dtype == side.b.dtype == torch.float32 for _, side in sc.pairs)
+    ids = torch.randint(0, 64, (3, 40), generator=torch.Generator().manual_seed(4))  # 120 rows
+    before = logits_of(sc.model, ids).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_A" in name:
+                p.add_(0.1)
+    sc.refresh()
+    tiled = logits_of(sc.model, ids).float()
+    assert (tiled - before).abs().max() > 0.2  # the update reached the copy
+    for m in linears:  # the same weights through plain bf16 linears
+        if m is not head:
+            m.__class__ = torch.nn.Linear
+    plain = logits_of(sc.model, ids).float()
+    # the same bf16 products; only the order of a few sums may differ between row counts
+    torch.testing.assert_close(tiled, plain, atol=3e-2, rtol=0)
+
+
+def test_bf16_mode_copy_shares_the_bf16_weights_and_computes_the_trainers_logits():
+    from retrain.kernels.precision import Bf16Linear
+
+    model = tiny_peft(bf16_blocks=True, b_std=0.05)
+    sc = SamplingCopy.build(model, None)
+    sc.refresh()
+    assert len(sc.pairs) == 2 * 7
+    for layer, side in sc.pairs:
+        assert type(side) is LoraBeside and type(side.base) is Bf16Linear
+        assert side.base.weight is layer.base_layer.weight  # shared: no new weight memory
+    trained = {id(p) for p in model.parameters()}
+    assert all(id(p) in trained for p in sc.model.parameters())
+    ids = torch.randint(0, 64, (3, 13), generator=torch.Generator().manual_seed(6))
+    # the same bf16 matmuls on the same rows, and the adapter's float32 product beside them
+    torch.testing.assert_close(logits_of(sc.model, ids), logits_of(model, ids), atol=1e-5, rtol=0)
+
+
+def test_an_update_below_a_bf16_step_reaches_the_bf16_sampler():
+    """A young adapter's update is far below half a bf16 step of the weights it adapts:
+    folded into bf16 weights it rounds away and the sampler keeps the old policy. Beside
+    the weights it moves the sampler's logits exactly as it moves the trainer's."""
+    model = tiny_peft(bf16_blocks=True, b_std=0.0)  # a fresh adapter
+    sc = SamplingCopy.build(model, None)
+    sc.refresh()
+    ids = torch.randint(0, 64, (2, 11), generator=torch.Generator().manual_seed(7))
+    before = logits_of(model, ids)
+    with torch.no_grad():  # B from zero to a first optimizer step's size
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 1e-5)
+    kept = lost = 0
+    for layer, _ in sc.pairs:  # what folding the update into the bf16 weights would give
+        w = layer.base_layer.weight
+        delta = layer.lora_B["default"].weight @ layer.lora_A["default"].weight
+        folded = (w.float() + delta * layer.scaling["default"]).to(torch.bfloat16)
+        lost += int((folded == w).sum())
+        kept += folded.numel()
+    assert lost > 0.95 * kept  # nearly all of it rounds back to the old weights
+    after = logits_of(model, ids)
+    moved = (after - before).abs().max().item()
+    assert moved > 1e-4  # the trainer sees the update
+    sc.refresh()
+    got = logits_of(sc.model, ids)
+    assert (got - after).abs().max().item() < moved / 50  # so does the sampler
+
+
+def test_unsupported_models_fall_back_to_sampling_the_model_as_is():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    plain = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+        )
+    )
+    assert SamplingCopy.build(plain, None) is None
+    assert SamplingCopy.build(tiny_peft(use_dora=True), None) is None
+
+
+def sample(engine, seed=5, n=4):
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=12, seed=seed)
+    return engine.sample([[1, 5, 9, 3], [7, 2]], n, params)
+
+
+def test_merged_engine_samples_what_the_adapter_samples():
+    model = tiny_peft()
+    fast = PyTorchEngine(model, {0}, 0, torch.device("cpu"))
+    slow = PyTorchEngine(model, {0}, 0, torch.device("cpu"), sampling_copy=False)
+    assert fast.copy is not None and slow.copy is None
+    for g_fast, g_slow in zip(sample(fast), sample(slow)):
+        for a, b in zip(g_fast, g_slow):
+            assert a.token_ids.tolist() == b.token_ids.tolist()
+            assert abs(a.logprobs - b.logprobs).max() < 1e-5
+
+
+def test_bf16_logprobs_are_the_bf16_models_own():
+    """The recorded logprob of each token is log_softmax of the bf16 copy's logits: the
+    distribution the token was drawn from (what the importance ratio needs)."""
+    model = tiny_peft()
+    engine = PyTorchEngine(model, {0}, 0, torch.device("cpu"), dtype="bf16")
+    prompt = [1, 5, 9, 3]
+    (group,) = engine.sample([prompt], 3, SamplingParams(max_tokens=10, temperature=1.0, seed=7))
+    for s in group:
+        ids = torch.tensor([prompt + s.token_ids.tolist()])
+        logits = logits_of(engine.copy.model, ids)[0, len(prompt) - 1 : -1].float()
+        want = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+        assert abs(s.logprobs - want.double().numpy()).max() < 2e-2  # bf16 kernel order
+        fp32 = torch.log_softmax(logits_of(model, ids)[0, len(prompt) - 1 : -1], -1)
+        fp32 = fp32.gather(-1, ids[0, len(prompt) :, None])[:, 0]
+        assert abs(s.logprobs - fp32.double().numpy()).max() < 0.2  # bf16 vs fp32, bounded
