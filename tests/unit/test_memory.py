@@ -223,8 +223,9 @@ def test_parts_worked_by_hand():
     assert parts.training == 512 * 576 * 30 * cpu.activation_bytes + LOGIT_ROWS * 49152 * 8
     live = parts.weights + parts.adapter + parts.training
     assert parts.total == pytest.approx(live * cpu.slack + cpu.runtime_bytes)
-    # the SmolLM2 quickstart peaked at 2.6-2.9 GiB on a CPU in bf16 mode
-    assert 2.3 < parts.total / GIB < 3.2
+    # the SmolLM2 quickstart peaked at 2.4 GiB RSS on a CPU in bf16 mode (vs_trl.py,
+    # 2026-11-24; 2.6-2.9 GiB while the sampler held a merged copy)
+    assert 2.1 < parts.total / GIB < 2.8
 
 
 def test_training_memory_leaves_sampling_out():
