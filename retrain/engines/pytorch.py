@@ -33,8 +33,7 @@ it in float32, as the trained model does (folding a small update into bf16 weigh
 rounds it away). `[inference] dtype = "bf16"` on a float32 trainer gives a wholly bf16
 copy. The recorded logprobs are the sampler's own, so the trainer's importance ratio
 corrects what kernel order leaves (`log_ratio_mean` / `log_ratio_max_abs` show its size).
-A `retrain.threads.ThreadPolicy` picks torch's
-thread count before each call.
+A `retrain.threads.ThreadPolicy` picks torch's thread count before each call.
 """
 
 from __future__ import annotations
