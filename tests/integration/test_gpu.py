@@ -2,6 +2,9 @@
 
 - the CUDA-graph decoder draws what the eager static decoder draws (the same tokens from
   the same uniforms; bf16 logprobs within rounding) and replays its captured step;
+- with bf16 mode's sampler (the trainer's bf16 blocks, the LoRA adapter beside them in
+  the sampling copy's buffers), a replayed step reads the adapter refreshed after an
+  update (an optimizer step);
 - the quickstart trains on `gpu:0`: held-out correct rate up by >= 0.3 in 15 steps;
 - the original's headline shape (a random-weight model with Qwen3-4B's shapes, 8 x 16
   completions of 256 tokens, LoRA r32) runs 3 steps: every completion at 256 tokens, a
@@ -62,6 +65,12 @@ def test_the_cuda_graph_decoder_draws_what_the_eager_one_draws():
             n = int(a.lengths[r])
             assert torch.equal(a.tokens[r, :n], out.tokens[r, :n])
             assert torch.allclose(a.logprobs[r, :n], out.logprobs[r, :n], atol=2e-2)
+
+
+def test_a_captured_step_reads_the_adapter_refreshed_after_an_update():
+    from decode_cases import adapter_update_case
+
+    adapter_update_case(torch.device("cuda"), graphs=True)
 
 
 def _run(tmp_path: Path, flags: list[str]) -> tuple[list[dict], list[dict]]:

@@ -155,3 +155,13 @@ def test_on_cuda_the_rows_decoded_at_once_follow_the_free_memory(monkeypatch):
     assert gpu._row_budget(PROMPTS, params) == want > SAMPLE_ROWS
     free["bytes"] = GIB // 1024
     assert gpu._row_budget(PROMPTS, params) < want
+
+
+def test_static_decoder_samples_the_bf16_copy_and_follows_an_adapter_update():
+    """bf16 mode's sampling copy (the adapter beside the bf16 blocks) under the static
+    decoder equals the eager static decoder before and after an in-place adapter update
+    (on CUDA the same case runs with the step captured: tests/integration/test_gpu.py)."""
+    pytest.importorskip("peft")
+    from decode_cases import adapter_update_case
+
+    adapter_update_case(torch.device("cpu"), graphs=False, tokens=12)

@@ -1,0 +1,63 @@
+"""A decoding case shared by the CPU tests and the opt-in GPU tests: bf16 mode's sampling
+copy (the trainer's bf16 blocks, the LoRA adapter beside them) under the static decoder,
+before and after an in-place adapter update."""
+
+from __future__ import annotations
+
+import torch
+
+
+def adapter_update_case(device, graphs: bool, tokens: int = 40) -> None:
+    """bf16 mode's sampling copy decoded by the static decoder (`graphs`: captured): it
+    draws what the eager decoder draws, which is what the trained PEFT model itself
+    draws (the same tokens, logprobs within 1e-5), and after an in-place adapter update and the
+    copy's refresh, the same captured step draws what the eager decoder draws from the
+    updated copy. tests/unit/test_static_decode.py runs it on a CPU (graphs=False),
+    tests/integration/test_gpu.py on CUDA with graphs."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from retrain.engines.draw import uniforms
+    from retrain.engines.sampling_copy import LoraBeside, SamplingCopy
+    from retrain.engines.static_decode import StaticDecoder
+    from retrain.kernels.precision import bf16_linears
+    from retrain.types import SamplingParams
+
+    cfg = AutoConfig.for_model(
+        "qwen3", vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, eos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(cfg)
+    bf16_linears(base)  # what the local backend does in bf16 mode, before the adapter
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    model = get_peft_model(base.to(device), lora).eval()
+    copy = SamplingCopy.build(model, None)
+    assert all(type(side) is LoraBeside for _, side in copy.pairs)
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]] * 3
+    params = SamplingParams(max_tokens=tokens, temperature=1.0, top_p=1.0, seed=3)
+    u = uniforms(len(prompts), tokens, torch.Generator(device=device).manual_seed(3))
+    eager = StaticDecoder(eos_ids=[2], pad_id=0, device=device)
+    tested = StaticDecoder(eos_ids=[2], pad_id=0, device=device, graphs=graphs)
+    drawn = []
+    for update in range(2):
+        if update:  # an optimizer step: the adapter's tensors change in place
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if "lora_B" in name:
+                        p.normal_(0, 0.5, generator=torch.Generator(device=device).manual_seed(1))
+        copy.refresh()
+        with torch.inference_mode():
+            a = eager.decode(copy.model, prompts, params, u)
+            b = tested.decode(copy.model, prompts, params, u)
+            peft = eager.decode(model, prompts, params, u)  # the trained model itself
+        for other, atol in ((b, 2e-2), (peft, 1e-5)):
+            assert torch.equal(a.lengths, other.lengths)
+            for r in range(len(prompts)):
+                n = int(a.lengths[r])
+                assert torch.equal(a.tokens[r, :n], other.tokens[r, :n])
+                assert torch.allclose(a.logprobs[r, :n], other.logprobs[r, :n], atol=atol)
+        drawn.append(a)
+    if graphs:  # one capture, replayed after the update
+        assert tested.graph_failures == 0 and len(tested._captured) == 1
+    assert not torch.equal(drawn[0].logprobs, drawn[1].logprobs)  # the update was sampled
