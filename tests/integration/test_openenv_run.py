@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import tomlkit
+from cli_run import run_config
 
 REPO = Path(__file__).resolve().parents[2]
 GAMES = REPO / "tests" / "fixtures" / "openenv_envs"
@@ -99,19 +100,6 @@ def server():
     proc.wait(timeout=30)
 
 
-def run_cli(tmp_path: Path, raw: dict) -> subprocess.CompletedProcess:
-    config = tmp_path / "run.toml"
-    config.write_text(tomlkit.dumps(raw))
-    return subprocess.run(
-        [sys.executable, "-m", "retrain.cli.main", str(config)],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": "PASSIVE"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 def openenv_raw(tiny_raw: dict, **environment) -> dict:
     raw = copy.deepcopy(tiny_raw)
     raw.pop("reward")
@@ -141,14 +129,14 @@ def test_a_run_on_an_openenv_server(tiny_raw, tmp_path, request):
     if not runs_here("test_a_run_on_an_openenv_server"):
         return
     url = request.getfixturevalue("server")
-    proc = run_cli(tmp_path, openenv_raw(tiny_raw, base_url=url))
+    proc = run_config(tmp_path, openenv_raw(tiny_raw, base_url=url))
     check_run(proc, tmp_path / "logs")
 
 
 def test_a_run_on_an_openenv_environment_in_process(tiny_raw, tmp_path):
     if not runs_here("test_a_run_on_an_openenv_environment_in_process"):
         return
-    proc = run_cli(tmp_path, openenv_raw(tiny_raw, id="pick_game.PickGame", args={"tries": 2}))
+    proc = run_config(tmp_path, openenv_raw(tiny_raw, id="pick_game.PickGame", args={"tries": 2}))
     check_run(proc, tmp_path / "logs")
 
 
@@ -176,7 +164,7 @@ def test_smollm2_learns_an_openenv_game(tmp_path):
     raw["data"] = {"size": 200}
     raw["environment"] = {"provider": "openenv", "id": "add_game.AddGame", "max_turns": 1}
     raw["plugins"] = {"search_paths": [str(GAMES)]}
-    proc = run_cli(tmp_path, raw)
+    proc = run_config(tmp_path, raw)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     correct = [r["correct_rate"] for r in rows]

@@ -7,33 +7,16 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import tomlkit
+from cli_run import run_config
 
 pytest.importorskip("verifiers.v1")
 
 REPO = Path(__file__).resolve().parents[2]
 ENVS = REPO / "tests" / "fixtures" / "multiturn_envs"
 CONSTANT_REWARD = "def score(response, reference):\n    return 1.0\n"
-
-
-def run_cli(tmp_path: Path, raw: dict) -> subprocess.CompletedProcess:
-    config = tmp_path / "run.toml"
-    config.write_text(tomlkit.dumps(raw))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": "PASSIVE"}
-    return subprocess.run(
-        [sys.executable, "-m", "retrain.cli.main", str(config)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def guarded(tiny_raw: dict, steps: int) -> dict:
@@ -49,7 +32,7 @@ def test_every_conversation_failing_stops_the_run_naming_environment_errors(tiny
     raw["environment"] = {"provider": "verifiers", "id": "flaky_env", "args": {"modes": ["raise"]}}
     raw["plugins"]["search_paths"].append(str(ENVS))
     raw["training"].update(max_tokens=4, group_size=2, batch_size=2)
-    proc = run_cli(tmp_path, raw)
+    proc = run_config(tmp_path, raw)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert "no trainable datums for 2 consecutive steps" in out, out[-3000:]
@@ -71,7 +54,7 @@ def test_equal_rewards_stop_the_run_naming_rewards_all_equal(tiny_raw, tmp_path)
     raw = guarded(tiny_raw, 3)
     (tmp_path / "constant.py").write_text(CONSTANT_REWARD)
     raw["reward"] = {"type": "custom", "custom_module": str(tmp_path / "constant.py")}
-    proc = run_cli(tmp_path, raw)
+    proc = run_config(tmp_path, raw)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert "no trainable datums for 3 consecutive steps" in out
@@ -85,7 +68,7 @@ def test_zero_turns_the_guard_off(tiny_raw, tmp_path):
     raw["training"]["max_steps"] = 2
     (tmp_path / "constant.py").write_text(CONSTANT_REWARD)
     raw["reward"] = {"type": "custom", "custom_module": str(tmp_path / "constant.py")}
-    proc = run_cli(tmp_path, raw)
+    proc = run_config(tmp_path, raw)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert out.count("| NO SIGNAL: rewards all equal") == 2 and "Done:" in out

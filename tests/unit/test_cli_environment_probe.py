@@ -5,12 +5,11 @@ error there, before any run starts. The real CLI as a process."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_run import run_retrain
 
 pytest.importorskip("verifiers.v1")
 
@@ -19,15 +18,7 @@ FIXTURES = REPO / "tests" / "fixtures"
 
 
 def cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "retrain.cli.main", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_retrain(list(args), tmp_path, env={"HF_HUB_OFFLINE": "1"})
 
 
 def config(tmp_path: Path, environment: str) -> Path:
