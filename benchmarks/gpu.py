@@ -21,6 +21,7 @@ affects both. A table goes to stdout, everything to `--json`.
     pip install -e '.[bench]'                     # TRL 1.16.0, a benchmark-only extra
     python benchmarks/gpu.py --what headline,quickstart --rounds 2
     python benchmarks/gpu.py --smoke              # the plumbing, on the CPU, in a minute
+    python benchmarks/gpu.py --what headline --only retrain,retrain-dense   # flex vs dense
 
 On an offline CUDA machine see ../shared/gpu/README.md (the bundle) and docs/performance.md.
 """
@@ -322,7 +323,19 @@ def child_generate(setup: dict, steps: int, seed: int) -> dict:
     return {"generate": out}
 
 
-CHILDREN = {"retrain": child_retrain, "trl": child_trl, "generate": child_generate}
+def child_retrain_dense(setup: dict, steps: int, seed: int, extra: list[str]) -> dict:
+    """retrain with packed rows through the dense L x L mask instead of FlexAttention (what
+    `[backend.options] attention = "auto"` picks on CUDA for rows of 2048+ positions)."""
+    dense = ["--backend-options", json.dumps({"attention": "dense"})]
+    return child_retrain(setup, steps, seed, [*extra, *dense])
+
+
+CHILDREN = {
+    "retrain": child_retrain,
+    "retrain-dense": child_retrain_dense,
+    "trl": child_trl,
+    "generate": child_generate,
+}
 
 
 # ------------------------------------------------------------------ parent
@@ -442,7 +455,12 @@ def parse(argv):
     p.add_argument("--steps", type=int, default=4, help="steps per run (step 0 is warm-up)")
     p.add_argument("--rounds", type=int, default=2, help="runs of each trainer, alternating")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--only", default="retrain,trl,generate", help="which kinds to run")
+    p.add_argument(
+        "--only",
+        default="retrain,trl,generate",
+        help="which kinds to run: retrain, retrain-dense (packed rows through the dense "
+        "mask, not FlexAttention), trl, generate",
+    )
     p.add_argument("--model-dir", default=str(Path(tempfile.gettempdir()) / "rand4b"))
     p.add_argument("--smoke", action="store_true", help="a tiny model on the CPU (plumbing)")
     p.add_argument("--json", default="benchmarks/results/gpu.json")
@@ -456,7 +474,7 @@ def parse(argv):
 def child_main(args) -> int:
     setup = json.loads(args.child_setup)
     fn = CHILDREN[args.child]
-    extra = [args.retrain_flags] if args.child == "retrain" else []
+    extra = [args.retrain_flags] if args.child.startswith("retrain") else []
     result = fn(setup, args.steps, args.seed, *extra)
     Path(args.child_out).write_text(json.dumps(result))
     return 0

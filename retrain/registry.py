@@ -580,6 +580,18 @@ BACKENDS = Registry(
                     "recompute the block in the backward pass (~30% more training compute for "
                     "much less activation memory: long completions, large micro-batches)",
                 ),
+                "attention": OptionSpec(
+                    "str",
+                    "auto",
+                    "How packed training rows attend (a prompt, then its completions): dense "
+                    "(an L x L mask per row through the model's SDPA or eager attention), "
+                    "flex (FlexAttention, compiled, skipping the wholly masked blocks: about "
+                    "the sum of the segments' squares instead of the row's square; CUDA only, "
+                    "torch has no FlexAttention backward on a CPU) or auto (flex on CUDA for "
+                    "micro-batches whose longest row reaches 2048 positions, where that saving "
+                    "outweighs a compile; dense otherwise)",
+                    validator=_one_of("auto", "dense", "flex"),
+                ),
                 "collective_timeout_s": OptionSpec(
                     "int",
                     600,

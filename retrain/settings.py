@@ -72,6 +72,7 @@ class LocalOptions(_BackendOptions):
     dtype: str
     decode: str
     checkpointing: bool
+    attention: str
     collective_timeout_s: int
     shard: bool
 

@@ -44,11 +44,13 @@ from retrain.errors import (
     RetrainError,
     TrainingError,
 )
+from retrain.kernels import flex
 from retrain.kernels.logprobs import linear_head
 from retrain.kernels.packing import (
     MASK_STYLES,
     Group,
     completion_logprobs,
+    mask_style,
     padded_area,
     split,
 )
@@ -215,8 +217,13 @@ class LocalBackend:
             self.sampler_model.requires_grad_(False)
         self.engine, self.server = self._attach(engine, tokenizer)
         say(
-            f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'}, micro_batch_tokens={self.options.micro_batch_tokens})."
+            f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'}, micro_batch_tokens={self.options.micro_batch_tokens}, attention={self._attention_label()})."
         )
+
+    def _attention_label(self) -> str:
+        if self._flex_from is None:
+            return "dense"
+        return "flex" if self._flex_from == 0 else f"flex from {self._flex_from}-position rows"
 
     def _size_memory(self, model, say: Callable[[str], None]) -> None:
         """Before the model loads (retrain/memory.py): `micro_batch_tokens = "auto"`
@@ -304,6 +311,11 @@ class LocalBackend:
                 f"{name} uses the {attention!r} attention; the local backend trains with {sorted(MASK_STYLES)}"
             )
         self._mask_style = MASK_STYLES[attention]
+        self._flex_from = flex.flex_from(
+            self.options.attention, self.train_device.type, attention, name
+        )
+        if self._flex_from is not None:
+            flex.use_flex(peft_model.get_base_model())
         return peft_model
 
     def _shard(self, say: Callable[[str], None]) -> None:
@@ -382,8 +394,9 @@ class LocalBackend:
     def _logprobs(self, groups: list[Group], temperature: float) -> torch.Tensor:
         """(completions, longest) logprobs of several prompts' completions, packed into one
         forward pass (retrain/kernels/packing.py)."""
+        style = mask_style(groups, self._mask_style, self._flex_from)
         return completion_logprobs(
-            self.model, groups, temperature, self._mask_style, self.train_device, self.head
+            self.model, groups, temperature, style, self.train_device, self.head
         )
 
     def _micro_batches(self, datums: list[Datum]) -> list[tuple[int, list[Datum]]]:

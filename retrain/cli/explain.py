@@ -28,6 +28,7 @@ from retrain.config import DEFAULT_CONFIG, Config, load_config, load_dotenv
 from retrain.config.validate import flow_problems, static_token_varying
 from retrain.errors import BackendError, ConfigError, PluginError
 from retrain.hardware import device_memory, matmul_dtype
+from retrain.kernels import flex
 from retrain.logs import ownership
 from retrain.memory import (
     MICRO_BATCH_STEP,
@@ -543,6 +544,7 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
         opts = _local_options(config)
         out["matmuls"] = matmul_dtype(opts["dtype"], _device_kind(config, last=True))
         out["micro_batch_tokens"] = opts["micro_batch_tokens"]
+        out["attention"] = flex.describe(opts["attention"], _device_kind(config, last=True))
     if "[inference]" in ignored:
         out["inference"] = {
             "engine": f"the {info.name} backend's own sampler",
@@ -873,7 +875,7 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
         if s.get("matmuls"):
             lines.append(
                 f"Compute:     {s['matmuls']} matmuls (float32 adapter and logits), micro-batches "
-                f"of {_micro_batch_text(s, est)}"
+                f"of {_micro_batch_text(s, est)}, attention: {s['attention']}"
             )
     if est:
         lines.append(f"Memory:      {_memory_text(est)}")

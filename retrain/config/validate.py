@@ -482,7 +482,7 @@ def _decode(config: Config) -> Problems:
     if config.backend.options.get("decode") != "graphs" or "decode" not in _options_of(config):
         return []
     sampler = config.backend.devices.split(",")[0].strip()
-    if sampler.startswith("gpu"):
+    if sampler.startswith(("gpu", "cuda")):
         return []
     return [
         (
@@ -490,6 +490,25 @@ def _decode(config: Config) -> Problems:
             f'= "graphs" captures the decode step as a CUDA graph, but the sampler runs on '
             f"{sampler!r} ([backend] devices = {config.backend.devices!r}). Fix: decode = "
             '"auto" (graphs on a GPU, dynamic elsewhere), or a gpu device',
+        )
+    ]
+
+
+def _attention(config: Config) -> Problems:
+    """FlexAttention for training on a device that is not a GPU (the last of `[backend]
+    devices` trains): torch has no FlexAttention backward there."""
+    if config.backend.options.get("attention") != "flex" or "attention" not in _options_of(config):
+        return []
+    trainer = config.backend.devices.split(",")[-1].strip()
+    if trainer.startswith(("gpu", "cuda")):
+        return []
+    return [
+        (
+            "[backend.options] attention",
+            f'= "flex" trains through FlexAttention, which torch runs backward on CUDA only, '
+            f"but training runs on {trainer!r} ([backend] devices = "
+            f'{config.backend.devices!r}). Fix: attention = "auto" (flex on a GPU, dense '
+            'elsewhere) or "dense", or a gpu device',
         )
     ]
 
@@ -575,6 +594,7 @@ CROSS_CHECKS: tuple[Callable[[Config], Problems], ...] = (
     _backend_options,
     _overlap,
     _decode,
+    _attention,
     _inference,
     _squeeze,
 )

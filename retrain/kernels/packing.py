@@ -12,6 +12,11 @@ Logits are computed only at the positions that predict a completion token, and w
 model split at its output layer (retrain/kernels/logprobs.py) never kept whole.
 (One row for the whole micro-batch would also work, but attention then costs the square
 of the micro-batch's length instead of the sum of its groups' squares.)
+
+The mask goes to the model in one of three styles: a bool L x L mask per row (SDPA), an
+additive one (eager attention), or, for FlexAttention (retrain/kernels/flex.py), no
+L x L mask at all: each position's segment (the prompt, its completion, or padding), from
+which a block mask is built on the device.
 """
 
 from __future__ import annotations
@@ -22,11 +27,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from retrain.kernels import flex
 from retrain.kernels.logprobs import LinearHead, chosen_logprobs
 
-# How each attention implementation takes a custom mask: SDPA a bool mask (True =
-# attend), eager an additive one (0 = attend, -inf = blocked).
-MASK_STYLES = {"sdpa": "bool", "eager": "additive"}
+# How each attention implementation takes a custom tensor mask: SDPA a bool mask (True =
+# attend), eager an additive one (0 = attend, -inf = blocked); retrain's FlexAttention
+# implementation passes tensor masks on to SDPA.
+MASK_STYLES = {"sdpa": "bool", "eager": "additive", flex.NAME: "bool"}
+STYLES = ("bool", "additive", "flex")
 
 Group = tuple[Sequence[int], Sequence[np.ndarray]]  # (prompt ids, its completions)
 
@@ -58,6 +66,20 @@ def split(items: Sequence[tuple[Sequence[int], int]], budget: int) -> list[int]:
     return sizes
 
 
+def row_width(groups: Sequence[Group]) -> int:
+    """The longest packed row of `groups`: a prompt and its completions (each without its
+    last token)."""
+    return max(len(p) + sum(len(c) - 1 for c in cs) for p, cs in groups)
+
+
+def mask_style(groups: Sequence[Group], dense: str, flex_from: int | None) -> str:
+    """ "flex" when the micro-batch's longest row reaches `flex_from` positions (None:
+    never), else the `dense` style."""
+    if flex_from is not None and row_width(groups) >= flex_from:
+        return "flex"
+    return dense
+
+
 def padded_area(items: Sequence[tuple[Sequence[int], int]]) -> int:
     """Rows x longest row of one micro-batch's packed layout (see `split`)."""
     rows: list[int] = []
@@ -77,7 +99,8 @@ class Packed:
 
     ids: torch.Tensor  # (B, L)
     positions: torch.Tensor  # (B, L)
-    mask: torch.Tensor  # (B, 1, L, L) who may attend to whom
+    segments: torch.Tensor  # (B, L) flex.PROMPT, i for the i-th completion, flex.PAD
+    mask: torch.Tensor | None  # (B, 1, L, L) who may attend to whom; None in style "flex"
     keep: torch.Tensor  # (B, L) bool: the positions whose logits are needed (R in all)
     row: torch.Tensor  # (T,) for each completion token, the kept row (row-major) predicting it
     targets: torch.Tensor  # (T,) the completion tokens
@@ -96,12 +119,13 @@ class _Row:
 
     ids: torch.Tensor
     positions: torch.Tensor
-    allowed: torch.Tensor  # (n, n) bool
+    segment: torch.Tensor  # (n,) 0 for the prompt, i for the i-th completion
+    allowed: torch.Tensor | None  # (n, n) bool; None when not asked for
     keep: list[int]  # positions whose logits are needed, increasing
     row: list[int]  # for each completion token, its index in `keep`
 
 
-def _row(prompt: Sequence[int], completions: Sequence[np.ndarray]) -> _Row:
+def _row(prompt: Sequence[int], completions: Sequence[np.ndarray], dense: bool) -> _Row:
     p = len(prompt)
     if p < 1 or not completions or min(len(c) for c in completions) < 1:
         raise ValueError("every prompt and completion needs at least one token")
@@ -111,45 +135,53 @@ def _row(prompt: Sequence[int], completions: Sequence[np.ndarray]) -> _Row:
     # segment 0 is the prompt, segment i + 1 the i-th completion
     segment = torch.repeat_interleave(torch.arange(len(fed) + 1), torch.tensor([p, *sizes]))
     positions = torch.cat([torch.arange(p), *(p + torch.arange(k) for k in sizes)])
-    causal = positions[None, :] <= positions[:, None]
-    same = segment[:, None] == segment[None, :]
-    sees_prompt = (segment[None, :] == 0) & (segment[:, None] > 0)
+    allowed = None
+    if dense:
+        causal = positions[None, :] <= positions[:, None]
+        same = segment[:, None] == segment[None, :]
+        sees_prompt = (segment[None, :] == 0) & (segment[:, None] > 0)
+        allowed = (same & causal) | sees_prompt
     keep, row, start = [p - 1], [], p  # the prompt's last position predicts every first token
     for k in sizes:
         row.append(0)
         row.extend(range(len(keep), len(keep) + k))
         keep.extend(range(start, start + k))
         start += k
-    return _Row(ids, positions, (same & causal) | sees_prompt, keep, row)
+    return _Row(ids, positions, segment, allowed, keep, row)
 
 
 def pack(groups: Sequence[Group], style: str) -> Packed:
-    """Pack `groups` (each prompt with at least one completion of at least one token)."""
-    rows = [_row(prompt, completions) for prompt, completions in groups]
+    """Pack `groups` (each prompt with at least one completion of at least one token)
+    for a mask of `style` (one of STYLES)."""
+    if style not in STYLES:
+        raise ValueError(f"unknown attention mask style {style!r}")
+    dense = style != "flex"
+    rows = [_row(prompt, completions, dense) for prompt, completions in groups]
     b, width = len(rows), max(len(r.ids) for r in rows)
     ids = torch.zeros((b, width), dtype=torch.long)
     positions = torch.zeros((b, width), dtype=torch.long)
+    segments = torch.full((b, width), flex.PAD, dtype=torch.long)
     # a padding position attends to itself only (a row with nothing to attend to is NaN)
-    allowed = torch.eye(width, dtype=torch.bool).repeat(b, 1, 1)
+    allowed = torch.eye(width, dtype=torch.bool).repeat(b, 1, 1) if dense else None
     keep = torch.zeros((b, width), dtype=torch.bool)
     row, offset = [], 0
     for i, r in enumerate(rows):
         n = len(r.ids)
-        ids[i, :n], positions[i, :n], allowed[i, :n, :n] = r.ids, r.positions, r.allowed
+        ids[i, :n], positions[i, :n], segments[i, :n] = r.ids, r.positions, r.segment
+        if dense:
+            allowed[i, :n, :n] = r.allowed
         keep[i, r.keep] = True
         row.extend(offset + j for j in r.row)
         offset += len(r.keep)
-    if style == "bool":
-        mask = allowed
-    elif style == "additive":
+    mask = allowed
+    if style == "additive":
         mask = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
-    else:
-        raise ValueError(f"unknown attention mask style {style!r}")
     targets = [np.asarray(c, dtype=np.int64) for _, cs in groups for c in cs]
     return Packed(
         ids=ids,
         positions=positions,
-        mask=mask[:, None],
+        segments=segments,
+        mask=None if mask is None else mask[:, None],
         keep=keep,
         row=torch.tensor(row, dtype=torch.long),
         targets=torch.from_numpy(np.concatenate(targets)),
@@ -168,12 +200,17 @@ def completion_logprobs(
     """Logprobs (completions, longest) of every completion's tokens given its prompt, at
     `temperature`, in the order of `groups`, right-padded with 0. With `head` (the model
     split at its output layer, retrain/kernels/logprobs.py) the logits are never kept
-    whole: their memory no longer grows with the completion tokens of the micro-batch."""
+    whole: their memory no longer grows with the completion tokens of the micro-batch.
+    Style "flex" needs the model on retrain's FlexAttention implementation (flex.use_flex)."""
     packed = pack(groups, style)
+    if style == "flex":
+        mask = flex.block_mask(packed.segments.to(device))
+    else:
+        mask = packed.mask.to(device)
     inputs = dict(
         input_ids=packed.ids.to(device),
         position_ids=packed.positions.to(device),
-        attention_mask=packed.mask.to(device),
+        attention_mask=mask,
         use_cache=False,
     )
     keep, row, target = (t.to(device) for t in (packed.keep, packed.row, packed.targets))

@@ -5,6 +5,9 @@
 - with bf16 mode's sampler (the trainer's bf16 blocks, the LoRA adapter beside them in
   the sampling copy's buffers), a replayed step reads the adapter refreshed after an
   update (an optimizer step);
+- packed rows through FlexAttention (compiled) give the dense mask's logprobs and
+  gradients (a CPU checks the forward pass only: torch has no FlexAttention backward
+  there);
 - the quickstart trains on `gpu:0`: held-out correct rate up by >= 0.3 in 15 steps;
 - the original's headline shape (a random-weight model with Qwen3-4B's shapes, 8 x 16
   completions of 256 tokens, LoRA r32) runs 3 steps: every completion at 256 tokens, a
@@ -71,6 +74,39 @@ def test_a_captured_step_reads_the_adapter_refreshed_after_an_update():
     from decode_cases import adapter_update_case
 
     adapter_update_case(torch.device("cuda"), graphs=True)
+
+
+def test_flex_attention_gives_the_dense_masks_gradients():
+    import numpy as np
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from retrain.kernels import flex
+    from retrain.kernels.packing import completion_logprobs
+
+    cfg = AutoConfig.for_model(
+        "qwen3", vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, attn_implementation="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).cuda()
+    flex.use_flex(model)
+    rng = np.random.default_rng(0)
+    # rows longer than a 128-position block, so whole blocks are skipped
+    groups = [
+        (rng.integers(0, 512, 40).tolist(), [rng.integers(0, 512, k) for k in (90, 1, 130, 57)]),
+        (rng.integers(0, 512, 7).tolist(), [rng.integers(0, 512, k) for k in (200, 3)]),
+    ]
+    weights = torch.from_numpy(rng.normal(size=(6, 200))).float().cuda()
+    grads = {}
+    for style in ("flex", "bool"):
+        model.zero_grad()
+        logp = completion_logprobs(model, groups, 1.0, style, torch.device("cuda"), None)
+        (logp * weights[:, : logp.shape[1]]).sum().backward()
+        grads[style] = (logp.detach(), [p.grad.clone() for p in model.parameters()])
+    (a, ga), (b, gb) = grads["flex"], grads["bool"]
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    for x, y in zip(ga, gb):
+        torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-3)
 
 
 def _run(tmp_path: Path, flags: list[str]) -> tuple[list[dict], list[dict]]:

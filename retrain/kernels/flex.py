@@ -1,0 +1,139 @@
+"""Packed rows through FlexAttention (`[backend.options] attention`).
+
+A packed row (retrain/kernels/packing.py) is a prompt, then its completions back to back:
+a token attends to the earlier tokens of its own segment and to the whole prompt. The
+dense path hands the model that rule as an L x L mask per row, and SDPA computes every
+score of the L x L square before masking most of it: with 16 completions of 256 tokens a
+row is ~4.2k positions, and all but ~1/16 of its completion-to-completion scores are
+masked. FlexAttention takes the rule as a function of (query, key) and a block map built
+from it, and skips the 128 x 128 blocks that are wholly masked, so attention costs about
+the sum of the segments' squares instead of the row's square, and no mask is stored.
+
+The model keeps one attention implementation, `NAME`, registered with transformers: a
+BlockMask goes to FlexAttention, any other mask to transformers' own SDPA function, so the
+sampler (which passes tensor masks) computes exactly what it did. On CUDA FlexAttention
+runs compiled (torch.compile, recompiling once for a new shape and then with dynamic
+shapes); on a CPU it runs torch's eager reference, forward only: torch 2.13 has no
+FlexAttention backward on a CPU, which is why training uses it on CUDA only (the config
+check says so). The CPU tests therefore check the forward pass against the dense mask on
+random layouts; the opt-in `-m gpu` test checks the gradients on CUDA.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from retrain.errors import BackendError
+
+if TYPE_CHECKING:  # torch is imported where it is used: `explain` reads this module without it
+    import torch
+    from torch.nn.attention.flex_attention import BlockMask
+
+NAME = "retrain_packed"  # the attention implementation's name in transformers' registry
+
+# Segment ids of a packed row: the prompt, each completion (1, 2, ...), and padding.
+PROMPT, PAD = 0, -1
+
+# attention = "auto" on CUDA: the longest row (positions) from which a micro-batch runs
+# through FlexAttention. Below it the L x L mask is small and the dense path costs little,
+# while FlexAttention's first call compiles. A first guess, not measured on a GPU yet.
+AUTO_FROM = 2048
+
+_compiled: list = []  # the compiled FlexAttention, built on the first CUDA call
+
+
+def block_mask(segments: torch.Tensor) -> BlockMask:
+    """The packed rows' rule for `segments` (rows, L) on the training device: a query
+    sees a key at or before it in its own segment or in the prompt. (A pad, after every
+    real token of its row, sees the prompt and the pads before it; no real token sees a
+    pad. The dense mask lets a pad see only itself; pads' outputs are never used.)"""
+
+    def allowed(b, h, q, kv):
+        key = segments[b, kv]
+        return (kv <= q) & ((key == segments[b, q]) | (key == PROMPT))
+
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    rows, length = segments.shape
+    return create_block_mask(allowed, rows, None, length, length, device=segments.device)
+
+
+def describe(option: str, device_kind: str) -> str:
+    """What `attention = option` does when training on `device_kind` (for `explain`;
+    a model that is not on SDPA keeps the dense mask under auto)."""
+    if option == "dense" or (option == "auto" and device_kind != "cuda"):
+        return "dense mask"
+    if option == "flex":
+        return "FlexAttention"
+    return f"FlexAttention for rows of {AUTO_FROM}+ positions, dense mask below"
+
+
+def flex_from(option: str, device_type: str, attention: str, model: str) -> int | None:
+    """`[backend.options] attention` = `option` for a model with the `attention`
+    implementation trained on `device_type`: the row length from which a micro-batch runs
+    through FlexAttention (0: always), or None (always the dense mask)."""
+    cuda = device_type == "cuda"
+    if option == "dense" or (option == "auto" and (not cuda or attention != "sdpa")):
+        return None
+    if not cuda:
+        raise BackendError(
+            f'[backend.options] attention = "flex" trains on {device_type}, but torch has no '
+            'FlexAttention backward there (CUDA only). Fix: attention = "auto" or "dense"'
+        )
+    if attention not in ("sdpa", NAME):
+        raise BackendError(
+            f'[backend.options] attention = "flex" replaces SDPA attention, but {model} uses '
+            f'{attention!r}. Fix: attention = "dense"'
+        )
+    return 0 if option == "flex" else AUTO_FROM
+
+
+def _flex(query, key, value, mask: BlockMask, scale: float | None) -> torch.Tensor:
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    fn = flex_attention
+    if query.device.type == "cuda":  # eager FlexAttention materialises every score
+        if not _compiled:
+            _compiled.append(torch.compile(flex_attention))
+        fn = _compiled[0]
+    gqa = query.shape[1] != key.shape[1]
+    return fn(query, key, value, block_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention interface: (batch, heads, L, head_dim) in, (batch, L,
+    heads, head_dim) and no weights out."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    if not isinstance(attention_mask, BlockMask):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    unsupported = [k for k in ("sliding_window", "softcap", "s_aux") if kwargs.get(k) is not None]
+    if dropout or unsupported:
+        what = ", ".join(unsupported + (["attention dropout"] if dropout else []))
+        raise ValueError(
+            f"[backend.options] attention = flex does not apply this model's {what}. "
+            'Fix: attention = "dense"'
+        )
+    out = _flex(query, key, value, attention_mask, scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Make `NAME` a transformers attention implementation (idempotent): this module's
+    function, and SDPA's mask builder for the 2-D masks the sampler passes."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def use_flex(model) -> None:
+    """Switch a transformers model (SDPA attention) to `NAME`."""
+    register()
+    model.set_attn_implementation(NAME)
