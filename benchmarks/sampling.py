@@ -13,8 +13,9 @@ Variants on a float32 model: generate (HF `generate` on the PEFT model), engine
 (retrain's engine, merged LoRA), unmerged (the engine on the PEFT model as is), bf16
 (`[inference] dtype = "bf16"`, a wholly bf16 copy). On the local backend's bf16 mode
 (bf16 block weights, float32 rest and adapter; the default on a GPU or a bf16 CPU):
-blocks (the engine: the adapter beside the bf16 weights, in float32), blocks_peft (the
-engine on the PEFT model as is), blocks_folded (the adapter folded into the bf16
+blocks (the engine: the adapter beside the bf16 weights, in float32, sibling
+projections as one matmul), blocks_unfused (each projection its own matmul), blocks_peft
+(the engine on the PEFT model as is), blocks_folded (the adapter folded into the bf16
 weights, rounded: the faster copy retrain does not use, because it rounds a small update
 away). `--mismatch` prints each variant's trainer-minus-sampler logprobs instead.
 """
@@ -71,10 +72,19 @@ def fold_into_bf16(engine) -> None:
             folded.weight = torch.nn.Parameter((w.float() + delta).to(w.dtype), False)
             for parent in engine.copy.model.modules():
                 for name, child in parent.named_children():
-                    if child is side:
+                    if child is side or getattr(child, "part", None) is side:  # a Sibling
                         setattr(parent, name, folded)
             engine.copy.pairs[i] = (layer, folded)
     engine.copy.refresh = lambda: None  # a fixed adapter here
+
+
+def unfuse(engine) -> None:
+    """Put each sibling projection of the copy back as its own layer (the copy before
+    sibling projections ran as one matmul)."""
+    for parent in engine.copy.model.modules():
+        for name, child in list(parent.named_children()):
+            if hasattr(child, "part"):  # a Sibling
+                setattr(parent, name, child.part)
 
 
 def prompts(tokenizer) -> list[list[int]]:
@@ -182,6 +192,8 @@ def main(argv=None) -> int:
         engines["blocks_peft"] = make_engine(blocks, tokenizer, sampling_copy=False)
         engines["blocks_folded"] = make_engine(blocks, tokenizer)
         fold_into_bf16(engines["blocks_folded"])
+        engines["blocks_unfused"] = make_engine(blocks, tokenizer)
+        unfuse(engines["blocks_unfused"])
     engines = {k: e for k, e in engines.items() if k in variants}
     if args.mismatch:
         result = {}

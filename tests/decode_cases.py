@@ -52,9 +52,10 @@ def adapter_update_case(device, graphs: bool, tokens: int = 40) -> None:
             b = tested.decode(copy.model, prompts, params, u)
             ids = torch.tensor([prompts[0] + a.tokens[0].tolist()], device=device)
             got, want = copy.model(input_ids=ids).logits, model(input_ids=ids).logits
-        # the trained model's logits: to the bit on a CPU; on CUDA the fused add of addmm
-        # may round differently, which the next layer's bf16 input can amplify
-        torch.testing.assert_close(got, want, atol=1e-5 if device.type == "cpu" else 5e-2, rtol=0)
+        # the trained model's logits, up to the order of float32 sums (the siblings'
+        # stacked adapter; on CUDA also addmm's fused add), which the next layer's bf16
+        # input can amplify
+        torch.testing.assert_close(got, want, atol=3e-3 if device.type == "cpu" else 5e-2, rtol=0)
         assert torch.equal(a.lengths, b.lengths)
         for r in range(len(prompts)):
             n = int(a.lengths[r])

@@ -17,6 +17,17 @@ Each adapted linear becomes one of two layers:
   and the trainer's logprob of a token was 1.3-1.9 nats in a median step (0.12-0.15
   with the adapter beside), and held-out accuracy after 30 steps was lower
   (docs/performance.md).
+
+Sibling projections that read the same input (q/k/v, gate/up: `precision.SIBLINGS`) then
+run as one (`Siblings`): one matmul over their weights laid out as consecutive rows of one
+tensor (the trainer's own, rearranged in place: no memory added), and beside it one
+matmul with their A's stacked and one with their B's set block-diagonally, each
+projection taking its columns: 8 small matmuls per layer instead of 14, and 4 weight
+matmuls instead of 7. On the CPU that took back most of the decode rate the adapter
+beside the weights had cost (docs/performance.md). It is the unfused computation up to
+the order of float32 sums (the CPU's kernels sum differently by width), which a bf16
+input downstream can turn into ~1e-3 in a logit; the trainer, running other row counts,
+differs from the sampler by more than that anyway.
 """
 
 from __future__ import annotations
@@ -25,7 +36,23 @@ import copy
 
 import torch
 
-from retrain.kernels.precision import bf16_linears
+from retrain.kernels.precision import (
+    bf16_linears,
+    share_sibling_storage,
+    sibling_sets,
+    stack_in_place,
+    stacked,
+)
+
+
+def add_beside(flat: torch.Tensor, x: torch.Tensor, a, b, scaling: float) -> None:
+    """flat (rows, out) += scaling * (x @ A^T) @ B^T in place, the product in A's dtype
+    (float32) in PEFT's order; `flat` may be a column slice of a wider output."""
+    h = torch.mm(x.reshape(-1, x.shape[-1]).to(a.dtype), a.t())
+    if flat.dtype == h.dtype:  # a float32 residual stream
+        flat.addmm_(h, b.t(), alpha=scaling)
+    else:  # a bf16 residual stream: added in float32, rounded once (PEFT's order)
+        flat.copy_(torch.addmm(flat.to(h.dtype), h, b.t(), alpha=scaling))
 
 
 class LoraBeside(torch.nn.Module):
@@ -47,15 +74,75 @@ class LoraBeside(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x).contiguous()
-        h = torch.mm(x.reshape(-1, x.shape[-1]).to(self.a.dtype), self.a.t())
-        flat = y.view(-1, y.shape[-1])
-        if flat.dtype == h.dtype:  # a float32 residual stream: added in place
-            flat.addmm_(h, self.b.t(), alpha=self.scaling)
-            return y
-        # a bf16 residual stream: added in float32, rounded once (PEFT's order)
-        return (
-            torch.addmm(flat.to(h.dtype), h, self.b.t(), alpha=self.scaling).to(y.dtype).view_as(y)
-        )
+        add_beside(y.view(-1, y.shape[-1]), x, self.a, self.b, self.scaling)
+        return y
+
+
+class Siblings(torch.nn.Module):
+    """Sibling layers (each a merged linear or a `LoraBeside`) that read the same input,
+    run as one: `base` holds their weights stacked (a view of the same storage, so a
+    refresh of a merged weight reaches it) and runs one matmul; beside it, one matmul
+    with their A's stacked and one with their B's set block-diagonally (the members' own
+    A and B are views into these, so a refresh reaches them). Each member's `Sibling`
+    asks for its columns; the first to ask with a new input computes them all."""
+
+    def __init__(self, members: list, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        sides = members if isinstance(members[0], LoraBeside) else []
+        first = members[0].base if sides else members[0]
+        base = type(first)(weight.shape[1], weight.shape[0], bias=False, device="meta")
+        base.weight = torch.nn.Parameter(weight, requires_grad=False)
+        if bias is not None:
+            base.bias = torch.nn.Parameter(bias, requires_grad=False)
+        self.base = base
+        bounds = [0]
+        for m in members:
+            bounds.append(bounds[-1] + (m.base if sides else m).weight.shape[0])
+        self.bounds = bounds
+        self.sides = sides
+        self.a = self.b = None
+        if sides:  # the members' A and B become views of the stacked ones
+            ranks = [0]
+            for side in sides:
+                ranks.append(ranks[-1] + side.a.shape[0])
+            self.a = weight.new_zeros((ranks[-1], weight.shape[1]), dtype=sides[0].a.dtype)
+            self.b = weight.new_zeros((bounds[-1], ranks[-1]), dtype=sides[0].b.dtype)
+            for i, side in enumerate(sides):
+                side.a = self.a[ranks[i] : ranks[i + 1]]
+                side.b = self.b[bounds[i] : bounds[i + 1], ranks[i] : ranks[i + 1]]
+        self._input = None  # the input whose outputs wait in _pending
+        self._pending: dict[int, torch.Tensor] = {}
+
+    def output(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """Member i's output for `x`. Identity, not value, says whether `x` is the input
+        the others were computed from (a model calls the siblings with one tensor, not
+        changed in between); a member called with another input gets them recomputed."""
+        if self._input is not x or i not in self._pending:
+            y = self.base(x)
+            flat = y.reshape(-1, y.shape[-1])
+            if self.sides:  # the members share one scaling (_fuse_siblings checks)
+                add_beside(flat, x, self.a, self.b, self.sides[0].scaling)
+            lead = x.shape[:-1]
+            self._pending = {
+                j: flat[:, lo:hi].view(*lead, hi - lo)
+                for j, (lo, hi) in enumerate(zip(self.bounds, self.bounds[1:]))
+            }
+            self._input = x
+        out = self._pending.pop(i)
+        if not self._pending:
+            self._input = None  # hold nothing between forward passes
+        return out
+
+
+class Sibling(torch.nn.Module):
+    """Stands where one of `Siblings`' members stood; `part` is that member."""
+
+    def __init__(self, group: Siblings, index: int, part: torch.nn.Module):
+        super().__init__()
+        self.group, self.index, self.part = group, index, part
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group.output(x, self.index)
 
 
 class SamplingCopy:
@@ -81,6 +168,7 @@ class SamplingCopy:
         if not layers:
             return None
         base = peft_model.get_base_model()
+        share_sibling_storage(base)  # in place: the trainer's weights, rearranged
         same = dtype is None or dtype == next(base.parameters()).dtype
         # Sharing the frozen weights through deepcopy's memo keeps them out of the copy.
         memo = {id(p): p for p in base.parameters()} if same else {}
@@ -107,6 +195,7 @@ class SamplingCopy:
                 # the tiled bf16 layer: on a CPU its matmuls run in a fixed set of row
                 # counts, so oneDNN's per-shape kernel caches stop growing (precision.py)
                 bf16_linears(copy_)
+            share_sibling_storage(copy_)
         pairs = []
         for layer, parent, attr, merge in slots:
             inner = getattr(parent, attr)
@@ -115,6 +204,7 @@ class SamplingCopy:
                 inner = LoraBeside(inner, a.shape[0], a.dtype)
                 setattr(parent, attr, inner)
             pairs.append((layer, inner))
+        _fuse_siblings(copy_, pairs)
         copy_.requires_grad_(False)
         copy_.eval()
         return cls(copy_, pairs)
@@ -141,6 +231,34 @@ class SamplingCopy:
                 else:
                     torch.addmm(layer.base_layer.weight, b, a, alpha=scaling, out=inner.weight)
         self._seen = seen
+
+
+def _fuse_siblings(model, pairs: list) -> None:
+    """Each set of sibling layers of the copy that are all merged or all beside, with one
+    scaling and weights stacked in one tensor, replaced by a `Siblings` (a merged set gets
+    its weights allocated stacked, to be filled by the first refresh)."""
+    trained = {id(inner): layer for layer, inner in pairs}
+    for parent, names in sibling_sets(model):
+        members = [getattr(parent, n) for n in names]
+        if not all(id(m) in trained for m in members):
+            continue
+        layers = [trained[id(m)] for m in members]
+        if len({layer.scaling[layer.active_adapters[0]] for layer in layers}) != 1:
+            continue
+        beside = {isinstance(m, LoraBeside) for m in members}
+        if len(beside) != 1:
+            continue
+        linears = [m.base for m in members] if beside == {True} else members
+        if beside == {False}:  # merged: the copy's own fresh weights, so stack them
+            stack_in_place(linears)
+        weight = stacked([m.weight for m in linears])
+        biases = [m.bias for m in linears]
+        if weight is None or len({b is None for b in biases}) != 1:
+            continue
+        bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+        group = Siblings(members, weight.detach(), bias)
+        for i, (name, member) in enumerate(zip(names, members)):
+            setattr(parent, name, Sibling(group, i, member))
 
 
 def _lora_a(layer):

@@ -96,3 +96,73 @@ def bf16_linears(model: torch.nn.Module) -> int:
                 module.bias.data = module.bias.data.to(torch.bfloat16)
             count += 1
     return count
+
+
+# Sibling projections that read the same input, by their Llama-family names: the sampler
+# runs each set as one matmul (retrain/engines/sampling_copy.py), for which their weights
+# must be consecutive rows of one tensor.
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def sibling_sets(model: torch.nn.Module) -> list[tuple[torch.nn.Module, tuple[str, ...]]]:
+    """(parent, names) of every set of SIBLINGS present in `model`."""
+    return [
+        (parent, names)
+        for parent in model.modules()
+        for names in SIBLINGS
+        if all(hasattr(parent, n) for n in names)
+    ]
+
+
+def stacked(weights: list[torch.Tensor]) -> torch.Tensor | None:
+    """The (rows, columns) tensor whose consecutive row blocks are `weights`, sharing their
+    storage; None when they are not laid out that way."""
+    first = weights[0]
+    offset = first.storage_offset()
+    for w in weights:
+        if (
+            w.dim() != 2
+            or not w.is_contiguous()
+            or w.shape[1] != first.shape[1]
+            or w.dtype != first.dtype
+            or w.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+            or w.storage_offset() != offset
+        ):
+            return None
+        offset += w.numel()
+    rows = sum(w.shape[0] for w in weights)
+    whole = first.new_empty(0)
+    return whole.set_(first.untyped_storage(), first.storage_offset(), (rows, first.shape[1]))
+
+
+def share_sibling_storage(model: torch.nn.Module) -> int:
+    """Lay each set of sibling linears' weights out as consecutive rows of one tensor, in
+    place (each weight becomes a view of it, same values, no memory kept beyond the set's
+    transient copy), so `stacked` finds them; returns how many sets. Weights moved to
+    another device one by one (`model.to`) lose the layout: call it after the move."""
+    count = 0
+    for parent, names in sibling_sets(model):
+        layers = [getattr(parent, n) for n in names]
+        layers = [getattr(m, "base_layer", m) for m in layers]  # under a PEFT adapter
+        if not all(isinstance(m, torch.nn.Linear) for m in layers):
+            continue
+        weights = [m.weight for m in layers]
+        if stacked(weights) is not None:
+            count += 1
+            continue
+        if len({(w.shape[1], w.dtype, w.device) for w in weights}) != 1:
+            continue
+        stack_in_place(layers)
+        count += 1
+    return count
+
+
+def stack_in_place(layers: list[torch.nn.Module]) -> None:
+    """Make the layers' weights (same columns, dtype and device) consecutive row blocks of
+    one new tensor, keeping their values and their Parameter objects."""
+    whole = torch.cat([m.weight.data for m in layers])
+    start = 0
+    for m in layers:
+        rows = m.weight.shape[0]
+        m.weight.data = whole[start : start + rows]
+        start += rows

@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from retrain.engines.pytorch import PyTorchEngine  # noqa: E402
-from retrain.engines.sampling_copy import LoraBeside, SamplingCopy  # noqa: E402
+from retrain.engines.sampling_copy import LoraBeside, SamplingCopy, Sibling  # noqa: E402
+from retrain.kernels.precision import sibling_sets  # noqa: E402
 from retrain.types import SamplingParams  # noqa: E402
 
 
@@ -137,8 +138,10 @@ def test_bf16_mode_copy_shares_the_bf16_weights_and_computes_the_trainers_logits
     for layer, side in sc.pairs:
         assert type(side) is LoraBeside and type(side.base) is Bf16Linear
         assert side.base.weight is layer.base_layer.weight  # shared: no new weight memory
-    trained = {id(p) for p in model.parameters()}
-    assert all(id(p) in trained for p in sc.model.parameters())
+    # every weight of the copy lies in the trainer's memory (the siblings' stacked
+    # weights are views of the trainer's, rearranged in place)
+    trained = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    assert all(p.untyped_storage().data_ptr() in trained for p in sc.model.parameters())
     ids = torch.randint(0, 64, (3, 13), generator=torch.Generator().manual_seed(6))
     # the same bf16 matmuls on the same rows, and the adapter's float32 product beside them
     torch.testing.assert_close(logits_of(sc.model, ids), logits_of(model, ids), atol=1e-5, rtol=0)
@@ -220,3 +223,83 @@ def test_bf16_logprobs_are_the_bf16_models_own():
         fp32 = torch.log_softmax(logits_of(model, ids)[0, len(prompt) - 1 : -1], -1)
         fp32 = fp32.gather(-1, ids[0, len(prompt) :, None])[:, 0]
         assert abs(s.logprobs - fp32.double().numpy()).max() < 0.2  # bf16 vs fp32, bounded
+
+
+# ---------------------------------------------------------------- sibling projections
+
+
+def _unfused(sc) -> None:
+    """Each sibling projection of the copy back as its own layer."""
+    for parent in sc.model.modules():
+        for name, child in list(parent.named_children()):
+            if isinstance(child, Sibling):
+                setattr(parent, name, child.part)
+
+
+@pytest.mark.parametrize("bf16_blocks", [False, True])
+def test_siblings_run_as_one_and_compute_the_unfused_layers(bf16_blocks):
+    model = tiny_peft(bf16_blocks=bf16_blocks, b_std=0.05)
+    sc = SamplingCopy.build(model, None)
+    sc.refresh()
+    fused = [(p, n) for p, n in sibling_sets(sc.model)]
+    assert len(fused) == 2 * 2  # q/k/v and gate/up of both layers
+    for parent, names in fused:
+        members = [getattr(parent, n) for n in names]
+        assert all(isinstance(m, Sibling) for m in members)
+        assert len({id(m.group) for m in members}) == 1
+    ids = torch.randint(0, 64, (3, 13), generator=torch.Generator().manual_seed(8))
+    got = logits_of(sc.model, ids)
+    want = logits_of(model, ids)
+    # float32 sums in another order (bf16 blocks: then rounded to a bf16 input downstream)
+    torch.testing.assert_close(got, want, atol=2e-3 if bf16_blocks else 1e-5, rtol=0)
+    _unfused(sc)  # each projection alone again: the members kept their (viewed) A and B
+    torch.testing.assert_close(logits_of(sc.model, ids), want, atol=1e-5, rtol=0)
+
+
+def test_an_update_reaches_the_siblings_stacked_adapter():
+    model = tiny_peft(bf16_blocks=True, b_std=0.0)
+    sc = SamplingCopy.build(model, None)
+    sc.refresh()
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(9))
+    before = logits_of(sc.model, ids)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name and ("q_proj" in name or "up_proj" in name):
+                p.normal_(0, 0.3)
+    sc.refresh()
+    after = logits_of(sc.model, ids)
+    assert (after - before).abs().max() > 0.05
+    torch.testing.assert_close(after, logits_of(model, ids), atol=2e-3, rtol=0)
+
+
+def test_a_sibling_called_with_another_input_gets_its_own_output():
+    model = tiny_peft(b_std=0.05)
+    sc = SamplingCopy.build(model, None)
+    sc.refresh()
+    attn = sc.model.model.layers[0].self_attn
+    x, other = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
+    trained = model.base_model.model.model.layers[0].self_attn
+    with torch.no_grad():
+        q = attn.q_proj(x)  # computes q, k and v for x
+        k = attn.k_proj(other)  # not x: recomputed for `other`
+        v = attn.v_proj(x)
+        torch.testing.assert_close(q, trained.q_proj(x), atol=1e-5, rtol=0)
+        torch.testing.assert_close(k, trained.k_proj(other), atol=1e-5, rtol=0)
+        torch.testing.assert_close(v, trained.v_proj(x), atol=1e-5, rtol=0)
+
+
+def test_sibling_storage_is_rearranged_in_place_with_the_same_values():
+    from retrain.kernels.precision import share_sibling_storage, stacked
+
+    model = tiny_peft()
+    attn = model.get_base_model().model.layers[1].self_attn
+    layers = [attn.q_proj.base_layer, attn.k_proj.base_layer, attn.v_proj.base_layer]
+    params = [m.weight for m in layers]
+    values = [w.detach().clone() for w in params]
+    assert stacked(params) is None  # loaded one tensor per weight
+    assert share_sibling_storage(model.get_base_model()) == 2 * 2
+    assert [m.weight for m in layers] == params  # the same Parameters, new layout
+    whole = stacked(params)
+    assert whole is not None and whole.shape == (32 + 16 + 16, 32)
+    assert torch.equal(whole, torch.cat(values))
+    assert all(torch.equal(w, v) for w, v in zip(params, values))
