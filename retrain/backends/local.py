@@ -217,13 +217,8 @@ class LocalBackend:
             self.sampler_model.requires_grad_(False)
         self.engine, self.server = self._attach(engine, tokenizer)
         say(
-            f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'}, micro_batch_tokens={self.options.micro_batch_tokens}, attention={self._attention_label()})."
+            f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'}, micro_batch_tokens={self.options.micro_batch_tokens}, attention={flex.label(self._flex_from)})."
         )
-
-    def _attention_label(self) -> str:
-        if self._flex_from is None:
-            return "dense"
-        return "flex" if self._flex_from == 0 else f"flex from {self._flex_from}-position rows"
 
     def _size_memory(self, model, say: Callable[[str], None]) -> None:
         """Before the model loads (retrain/memory.py): `micro_batch_tokens = "auto"`

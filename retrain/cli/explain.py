@@ -25,7 +25,12 @@ from retrain.campaign.expand import (
 from retrain.cli.args import split_config_args
 from retrain.cli.run import is_standalone_squeeze, refuse_overwrite
 from retrain.config import DEFAULT_CONFIG, Config, load_config, load_dotenv
-from retrain.config.validate import flow_problems, static_token_varying
+from retrain.config.validate import (
+    device_kind,
+    device_part,
+    flow_problems,
+    static_token_varying,
+)
 from retrain.errors import BackendError, ConfigError, PluginError
 from retrain.hardware import device_memory, matmul_dtype
 from retrain.kernels import flex
@@ -542,9 +547,9 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
     }
     if config.backend.backend == "local":
         opts = _local_options(config)
-        out["matmuls"] = matmul_dtype(opts["dtype"], _device_kind(config, last=True))
+        out["matmuls"] = matmul_dtype(opts["dtype"], device_kind(config, last=True))
         out["micro_batch_tokens"] = opts["micro_batch_tokens"]
-        out["attention"] = flex.describe(opts["attention"], _device_kind(config, last=True))
+        out["attention"] = flex.describe(opts["attention"], device_kind(config, last=True))
     if "[inference]" in ignored:
         out["inference"] = {
             "engine": f"the {info.name} backend's own sampler",
@@ -562,13 +567,6 @@ def _local_options(config: Config) -> dict[str, Any]:
     """The local backend's options (its defaults when another backend is configured)."""
     given = config.backend.options if config.backend.backend == "local" else {}
     return backend_options("local", given)
-
-
-def _device_kind(config: Config, last: bool = False) -> str:
-    """ "cpu", "cuda" or "mps" of `[backend] devices`' first (sampling) or last (training)."""
-    parts = config.backend.devices.split(",")
-    kind = parts[-1 if last else 0].strip().split(":")[0]
-    return "cuda" if kind in ("gpu", "cuda") else kind
 
 
 # effective FLOP/s of a step's work by device kind
@@ -607,9 +605,9 @@ def _recent_rates(config: Config) -> dict[str, Any] | None:
 
 def _training_device(config: Config) -> tuple[str, str, int]:
     """(as written, kind, index) of `[backend] devices`' last entry: the device that trains."""
-    part = config.backend.devices.split(",")[-1].strip()
+    part = device_part(config, last=True)
     index = int(part.split(":")[1]) if ":" in part else 0
-    return part, _device_kind(config, last=True), index
+    return part, device_kind(config, last=True), index
 
 
 def _gib(value: float | None) -> float | None:
@@ -797,7 +795,7 @@ def estimates(config: Config, info: BackendInfo, world: World | None = None) -> 
     shape = model_shape(config.model.model)
     params = shape.params if shape is not None else params_in_name(config.model.model)
     out["model_params"] = params
-    device = _device_kind(config)
+    device = device_kind(config)
     if remote:
         out["peak_memory_gib"] = None
         out["memory_note"] = f"the model runs on the {info.name} service"

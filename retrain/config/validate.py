@@ -477,12 +477,23 @@ def _overlap(config: Config) -> Problems:
     ]
 
 
+def device_part(config: Config, last: bool = False) -> str:
+    """`[backend] devices`' first (sampling) or last (training) entry, as written."""
+    return config.backend.devices.split(",")[-1 if last else 0].strip()
+
+
+def device_kind(config: Config, last: bool = False) -> str:
+    """ "cpu", "cuda" or "mps" of `device_part`."""
+    kind = device_part(config, last).split(":")[0]
+    return "cuda" if kind in ("gpu", "cuda") else kind
+
+
 def _decode(config: Config) -> Problems:
     """CUDA graphs on a sampler that is not a GPU (the first of `[backend] devices`)."""
     if config.backend.options.get("decode") != "graphs" or "decode" not in _options_of(config):
         return []
-    sampler = config.backend.devices.split(",")[0].strip()
-    if sampler.startswith(("gpu", "cuda")):
+    sampler = device_part(config)
+    if device_kind(config) == "cuda":
         return []
     return [
         (
@@ -499,8 +510,8 @@ def _attention(config: Config) -> Problems:
     devices` trains): torch has no FlexAttention backward there."""
     if config.backend.options.get("attention") != "flex" or "attention" not in _options_of(config):
         return []
-    trainer = config.backend.devices.split(",")[-1].strip()
-    if trainer.startswith(("gpu", "cuda")):
+    trainer = device_part(config, last=True)
+    if device_kind(config, last=True) == "cuda":
         return []
     return [
         (

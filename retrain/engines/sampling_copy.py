@@ -86,18 +86,18 @@ class Siblings(torch.nn.Module):
     A and B are views into these, so a refresh reaches them). Each member's `Sibling`
     asks for its columns; the first to ask with a new input computes them all."""
 
-    def __init__(self, members: list, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, linears: list, sides: list, weight: torch.Tensor, bias):
+        """`linears`: the members' weight layers, `weight` their weights stacked; `sides`:
+        the members when they are `LoraBeside`s, else []."""
         super().__init__()
-        sides = members if isinstance(members[0], LoraBeside) else []
-        first = members[0].base if sides else members[0]
-        base = type(first)(weight.shape[1], weight.shape[0], bias=False, device="meta")
+        base = type(linears[0])(weight.shape[1], weight.shape[0], bias=False, device="meta")
         base.weight = torch.nn.Parameter(weight, requires_grad=False)
         if bias is not None:
             base.bias = torch.nn.Parameter(bias, requires_grad=False)
         self.base = base
         bounds = [0]
-        for m in members:
-            bounds.append(bounds[-1] + (m.base if sides else m).weight.shape[0])
+        for m in linears:
+            bounds.append(bounds[-1] + m.weight.shape[0])
         self.bounds = bounds
         self.sides = sides
         self.a = self.b = None
@@ -168,8 +168,9 @@ class SamplingCopy:
         if not layers:
             return None
         base = peft_model.get_base_model()
-        share_sibling_storage(base)  # in place: the trainer's weights, rearranged
         same = dtype is None or dtype == next(base.parameters()).dtype
+        if same:  # the copy shares them: the trainer's weights, rearranged in place
+            share_sibling_storage(base)
         # Sharing the frozen weights through deepcopy's memo keeps them out of the copy.
         memo = {id(p): p for p in base.parameters()} if same else {}
         copy_ = copy.deepcopy(base, memo)
@@ -256,7 +257,8 @@ def _fuse_siblings(model, pairs: list) -> None:
         if weight is None or len({b is None for b in biases}) != 1:
             continue
         bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
-        group = Siblings(members, weight.detach(), bias)
+        sides = members if beside == {True} else []
+        group = Siblings(linears, sides, weight.detach(), bias)
         for i, (name, member) in enumerate(zip(names, members)):
             setattr(parent, name, Sibling(group, i, member))
 

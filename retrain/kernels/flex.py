@@ -42,15 +42,20 @@ AUTO_FROM = 2048
 _compiled: list = []  # the compiled FlexAttention, built on the first CUDA call
 
 
+def sees(q, kv, q_segment, kv_segment):
+    """The packed rows' rule (retrain/kernels/packing.py builds its dense mask from it
+    too): a query at row index `q` sees a key at `kv` at or before it in its own segment
+    or in the prompt, which comes first in the row."""
+    return (kv <= q) & ((kv_segment == q_segment) | (kv_segment == PROMPT))
+
+
 def block_mask(segments: torch.Tensor) -> BlockMask:
-    """The packed rows' rule for `segments` (rows, L) on the training device: a query
-    sees a key at or before it in its own segment or in the prompt. (A pad, after every
-    real token of its row, sees the prompt and the pads before it; no real token sees a
-    pad. The dense mask lets a pad see only itself; pads' outputs are never used.)"""
+    """`sees` for `segments` (rows, L) on the training device. (A pad, after every real
+    token of its row, sees the prompt and the pads before it; no real token sees a pad.
+    The dense mask lets a pad see only itself; pads' outputs are never used.)"""
 
     def allowed(b, h, q, kv):
-        key = segments[b, kv]
-        return (kv <= q) & ((key == segments[b, q]) | (key == PROMPT))
+        return sees(q, kv, segments[b, q], segments[b, kv])
 
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -59,13 +64,18 @@ def block_mask(segments: torch.Tensor) -> BlockMask:
 
 
 def describe(option: str, device_kind: str) -> str:
-    """What `attention = option` does when training on `device_kind` (for `explain`;
-    a model that is not on SDPA keeps the dense mask under auto)."""
-    if option == "dense" or (option == "auto" and device_kind != "cuda"):
+    """What `attention = option` does when training an SDPA model on `device_kind` (for
+    `explain`, after the config check refused flex off CUDA)."""
+    return label(flex_from(option, device_kind, "sdpa", "the model"))
+
+
+def label(start: int | None) -> str:
+    """`flex_from`'s answer in words (explain, the backend's ready line)."""
+    if start is None:
         return "dense mask"
-    if option == "flex":
+    if start == 0:
         return "FlexAttention"
-    return f"FlexAttention for rows of {AUTO_FROM}+ positions, dense mask below"
+    return f"FlexAttention for rows of {start}+ positions, dense mask below"
 
 
 def flex_from(option: str, device_type: str, attention: str, model: str) -> int | None:

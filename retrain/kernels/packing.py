@@ -137,10 +137,8 @@ def _row(prompt: Sequence[int], completions: Sequence[np.ndarray], dense: bool) 
     positions = torch.cat([torch.arange(p), *(p + torch.arange(k) for k in sizes)])
     allowed = None
     if dense:
-        causal = positions[None, :] <= positions[:, None]
-        same = segment[:, None] == segment[None, :]
-        sees_prompt = (segment[None, :] == 0) & (segment[:, None] > 0)
-        allowed = (same & causal) | sees_prompt
+        i = torch.arange(len(segment))
+        allowed = flex.sees(i[:, None], i[None, :], segment[:, None], segment[None, :])
     keep, row, start = [p - 1], [], p  # the prompt's last position predicts every first token
     for k in sizes:
         row.append(0)
