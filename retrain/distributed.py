@@ -23,6 +23,7 @@ before. With N ranks:
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -53,6 +54,10 @@ def connect(world: World, device_kind: str) -> None:
 
     if not world.distributed:
         return
+    # A rank that dies inside C++ (gloo, NCCL: SIGABRT, SIGSEGV) would leave only torchrun's
+    # "exitcode -6"; this prints every thread's Python stack to the rank's stderr first.
+    if not faulthandler.is_enabled():
+        faulthandler.enable()
     timeout = timedelta(seconds=world.timeout_s)
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     store = dist.TCPStore(

@@ -89,6 +89,15 @@ def kill_job(job: subprocess.Popen, config: Path) -> None:
             pass  # gone meanwhile
 
 
+def said(done: subprocess.CompletedProcess) -> str:
+    """What a failed torchrun printed: the ranks' own lines come before torchrun's long
+    failure report, so stderr's head matters as much as its tail."""
+    err = done.stderr
+    if len(err) > 8000:
+        err = f"{err[:5000]}\n[...]\n{err[-3000:]}"
+    return f"stdout (tail):\n{done.stdout[-3000:]}\nstderr:\n{err}"
+
+
 def one_process(raw: dict) -> int:
     return train(config_from_dict(raw), console=QuietConsole())
 
@@ -121,9 +130,10 @@ def assert_same_rows(a: list[dict], b: list[dict]) -> None:
                 assert x[key] == y[key], key
 
 
-# The parity reward, plus two ways for a rank to stop mid-run, chosen by environment
+# The parity reward, plus three ways for a rank to stop mid-run, chosen by environment
 # variables the test hands torchrun: return a string on rank 1 from its 9th completion on
-# (step 2), or block once the step-2 checkpoint is written (to be killed there).
+# (step 2), block once the step-2 checkpoint is written (to be killed there), or abort the
+# process as a crash in native code would.
 REWARD = """
 import os, time
 from pathlib import Path
@@ -134,6 +144,8 @@ calls = 0
 def score(response, reference):
     global calls
     calls += 1
+    if os.environ.get("ABORT_RANK", "-") == os.environ.get("RANK"):
+        os.abort()
     if os.environ.get("BREAK_RANK", "-") == os.environ.get("RANK") and calls > 8:
         return "rank one breaks on purpose"
     pause = os.environ.get("PAUSE_AFTER")
@@ -185,7 +197,7 @@ def test_two_ranks_train_the_adapter_one_process_trains(straight, tmp_path, tiny
     """reinforce_pp (batch-normalised advantages) with SEPA (pooled statistics): the
     statistics span the whole batch on both ranks."""
     double, done = straight
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, said(done)
     single = two_rank_raw(base_raw(tmp_path, tiny_model_dir), tmp_path, "single")
     assert one_process(single) == 0
     diff = max_diff(
@@ -219,7 +231,7 @@ def test_a_two_rank_run_killed_after_a_checkpoint_resumes_on_two_ranks(straight,
         kill_job(job, tmp_path / "job.toml")
     assert json.loads(state.read_text())["step"] == 2
     done = torchrun(raw, tmp_path, "--resume", str(tmp_path / "logs"))
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, said(done)
     assert "Resumed from" in done.stdout
     diff = max_diff(
         Path(straight[0]["backend"]["adapter_path"]) / "final", tmp_path / "adapter" / "final"
@@ -247,6 +259,22 @@ def test_a_rank_that_raises_stops_every_rank_with_its_message(straight, tmp_path
     state = json.loads((tmp_path / "logs" / "trainer_state.json").read_text())
     assert state["step"] == 2
     assert (tmp_path / "adapter" / "checkpoint_step_2" / "adapter_model.safetensors").exists()
+
+
+def test_a_rank_that_dies_in_native_code_leaves_its_python_stack(straight, tmp_path):
+    """Rank 1 aborts (SIGABRT, as gloo or a CUDA library would) while scoring step 1:
+    its stderr holds the Python stack it died in, and rank 0 stops naming it."""
+    raw = copy.deepcopy(straight[0])
+    raw["training"].update(batch_size=2, max_steps=1)
+    raw["logging"]["log_dir"] = str(tmp_path / "logs")
+    raw["backend"]["adapter_path"] = str(tmp_path / "adapter")
+    raw["backend"]["options"]["collective_timeout_s"] = 20
+    done = torchrun(raw, tmp_path, env={"ABORT_RANK": "1"})
+    assert done.returncode != 0
+    err = done.stderr
+    assert "Fatal Python error: Aborted" in err, said(done)
+    assert 'parity_reward.py", line' in err and " in score" in err, said(done)
+    assert "exitcode  : -6" in err  # torchrun's report of rank 1
 
 
 def test_a_batch_that_does_not_divide_over_the_ranks_is_a_config_error(straight, tmp_path):
@@ -309,7 +337,7 @@ def test_a_sharded_base_on_two_ranks_trains_the_adapter_the_all_reduce_trains(
         raw = two_rank_raw(base_raw(tmp_path, tiny_model_dir), tmp_path, name)
         raw["backend"]["options"].update(shard=shard, micro_batch_tokens=86)
         runs[name] = done = torchrun(raw, tmp_path)
-        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.returncode == 0, said(done)
     assert "transformer blocks over 2 ranks (FSDP2)" in runs["fsdp"].stdout
     diff = max_diff(tmp_path / "ddp" / "adapter" / "final", tmp_path / "fsdp" / "adapter" / "final")
     print(f"max |adapter diff| FSDP2 shard vs all-reduce (2 ranks): {diff:.3g}")
@@ -370,7 +398,7 @@ def test_two_ranks_on_two_gpus_train_what_one_gpu_trains(tiny_raw, tmp_path, tin
     raw = two_rank_raw(base_raw(tmp_path, tiny_model_dir), tmp_path, "gpu2")
     raw["backend"]["devices"] = "gpu:0"
     done = torchrun(raw, tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, said(done)
     found = rows(Path(raw["logging"]["log_dir"]))
     assert [r["step"] for r in found] == [0, 1, 2]
     assert (Path(raw["backend"]["adapter_path"]) / "final" / "adapter_model.safetensors").exists()
