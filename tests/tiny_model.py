@@ -67,16 +67,23 @@ def make_tiny_model(
     hidden: int = 32,
     layers: int = 2,
     template: str = CHAT_TEMPLATE,
+    sliding_window: int | None = None,
 ) -> Path:
+    """`sliding_window`: a Qwen2 instead, its first layer full, the others sliding."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     directory = Path(directory)
     if (directory / "config.json").exists():
         return directory
     tok = build_tokenizer(template)
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    kind, extra = (LlamaConfig, LlamaForCausalLM), {}
+    if sliding_window is not None:
+        kind = (Qwen2Config, Qwen2ForCausalLM)
+        extra = dict(use_sliding_window=True, sliding_window=sliding_window, max_window_layers=1)
+    config = kind[0](
+        **extra,
         vocab_size=len(tok),
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -89,7 +96,7 @@ def make_tiny_model(
         pad_token_id=tok.pad_token_id,
         tie_word_embeddings=False,
     )
-    model = LlamaForCausalLM(config)
+    model = kind[1](config)
     # Make eos likely enough that completions end on their own sometimes.
     with torch.no_grad():
         model.lm_head.weight[tok.eos_token_id] *= 0

@@ -55,6 +55,7 @@ from retrain.kernels.packing import (
     split,
 )
 from retrain.kernels.precision import bf16_linears, use_bf16
+from retrain.kernels.windows import windows_of
 from retrain.loss import (
     LossFn,
     LossInputs,
@@ -277,13 +278,17 @@ class LocalBackend:
         """The base model (loaded unless given), in bf16-matmul mode when chosen, on the
         training device, with a fresh LoRA adapter."""
         from peft import LoraConfig, get_peft_model
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         name = self.settings.model
         if model is None:
             resolved = resolve_model(name)
+            config = AutoConfig.from_pretrained(resolved.path)
+            windows_of(config, name)  # a model whose layers cannot be packed: before the weights
             say(f"Loading train model: {name} on {self.train_device} ({resolved.origin})...")
-            model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(
+                resolved.path, config=config, dtype=torch.float32
+            )
         if self.bf16:  # bf16 matmuls, float32 residual stream, logits and adapter
             bf16_linears(model)  # before the move: a GPU never holds the float32 blocks
         if not self.world.shard:  # sharded: only this rank's shards reach the device
@@ -306,8 +311,13 @@ class LocalBackend:
                 f"{name} uses the {attention!r} attention; the local backend trains with {sorted(MASK_STYLES)}"
             )
         self._mask_style = MASK_STYLES[attention]
+        self._windows = windows_of(peft_model.config, name)  # sliding layers' masks
         self._flex_from = flex.flex_from(
-            self.options.attention, self.train_device.type, attention, name
+            self.options.attention,
+            self.train_device.type,
+            attention,
+            name,
+            flex.blockers(peft_model.get_base_model()),
         )
         if self._flex_from is not None:
             flex.use_flex(peft_model.get_base_model())
@@ -391,7 +401,7 @@ class LocalBackend:
         forward pass (retrain/kernels/packing.py)."""
         style = mask_style(groups, self._mask_style, self._flex_from)
         return completion_logprobs(
-            self.model, groups, temperature, style, self.train_device, self.head
+            self.model, groups, temperature, style, self.train_device, self.head, self._windows
         )
 
     def _micro_batches(self, datums: list[Datum]) -> list[tuple[int, list[Datum]]]:

@@ -13,6 +13,10 @@ weights, set the pace (59 ms per decode step at 64 rows, where the weights alone
 - prefills every row's prompt (left-padded) in one forward pass with an explicit 4-D
   mask: a real token attends to the real tokens at or before it; a pad attends only to
   itself (so no attention row is empty) and no real token ever attends to a pad;
+- for a model with sliding-window layers (retrain/kernels/windows.py), keeps every
+  layer's cache at full length and hands the sliding layers a second mask that also
+  drops the keys that fell out of the window (a row's real tokens are contiguous, so
+  cache distance is position distance);
 - decodes every row at every step, finished ones included (their tokens are discarded:
   masked, not removed), so the step's shapes never change. The step feeds one token per
   row, takes the logits and draws the next token with the row's pre-drawn uniform
@@ -38,6 +42,7 @@ import torch
 from retrain.engines.draw import draw
 from retrain.errors import BackendError
 from retrain.kernels.cache_arg import cache_kwargs
+from retrain.kernels.windows import NO_WINDOW, Windows, windows_of, within
 from retrain.types import SamplingParams
 
 log = logging.getLogger("retrain.engines.static_decode")
@@ -66,6 +71,7 @@ class _Step:
     token: torch.Tensor  # (R, 1) long: the token fed at this step
     position: torch.Tensor  # (R, 1) long: its position in its row
     key_valid: torch.Tensor  # (R, L) bool: the cache positions a query may attend to
+    key_window: torch.Tensor | None  # (R, L) bool: those of them in the sliding window
     uniform: torch.Tensor  # (R, 1) float64: this step's uniforms
     next_token: torch.Tensor  # (R,) long
     logprob: torch.Tensor  # (R,) float32
@@ -73,12 +79,14 @@ class _Step:
     bad: torch.Tensor  # () bool: some logits were not finite
 
     @classmethod
-    def allocate(cls, rows: int, length: int, device: torch.device) -> _Step:
+    def allocate(cls, rows: int, length: int, device: torch.device, window: bool) -> _Step:
         long = dict(dtype=torch.long, device=device)
+        keys = dict(size=(rows, length), dtype=torch.bool, device=device)
         return cls(
             token=torch.zeros((rows, 1), **long),
             position=torch.zeros((rows, 1), **long),
-            key_valid=torch.zeros((rows, length), dtype=torch.bool, device=device),
+            key_valid=torch.zeros(**keys),
+            key_window=torch.zeros(**keys) if window else None,
             uniform=torch.full((rows, 1), 0.5, dtype=torch.float64, device=device),
             next_token=torch.zeros(rows, **long),
             logprob=torch.zeros(rows, dtype=torch.float32, device=device),
@@ -111,14 +119,29 @@ def row_bucket(rows: int) -> int:
     return max(8, 1 << (rows - 1).bit_length())
 
 
-def prefill_mask(key_valid: torch.Tensor, width: int) -> torch.Tensor:
-    """(R, 1, width, L) bool: query i attends to key j <= i when key j is a real token, and
-    to itself (a pad's only key: no row of the attention is empty)."""
+def prefill_mask(key_valid: torch.Tensor, width: int, window: int | None = None) -> torch.Tensor:
+    """(R, 1, width, L) bool: query i attends to key j <= i when key j is a real token
+    within `window` positions (None: any), and to itself (a pad's only key: no row of the
+    attention is empty)."""
     length = key_valid.shape[1]
     i = torch.arange(width, device=key_valid.device)[:, None]
     j = torch.arange(length, device=key_valid.device)[None, :]
-    allowed = (j <= i)[None] & (key_valid[:, None, :] | (j == i)[None])
+    allowed = (j <= i)[None] & (key_valid[:, None, :] | (j == i)[None]) & within(i, j, window)
     return allowed[:, None]
+
+
+def full_length_cache(model, length: int):
+    """transformers' StaticCache for `model` with every sliding layer replaced by a
+    full-length one: the masks, not the cache, apply the window, so every layer's keys
+    sit at the same cache positions."""
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    for i, layer in enumerate(cache.layers):
+        if layer.is_sliding:
+            cache.layers[i] = StaticLayer(max_cache_len=length)
+    return cache
 
 
 def styled(mask: torch.Tensor, style: str, dtype: torch.dtype) -> torch.Tensor:
@@ -156,6 +179,7 @@ class StaticDecoder:
         self._captured: dict[tuple, Any] = {}  # (R, L, sampling settings) -> CUDAGraph
         self._pool = None
         self.graph_failures = 0
+        self.windows: Windows = NO_WINDOW  # the model's sliding windows, read per decode
 
     # ------------------------------------------------------------ one batch
 
@@ -165,6 +189,7 @@ class StaticDecoder:
         """Decode one completion per prompt (`prompts` has one entry per row) with the
         uniforms `u` (rows, max_tokens)."""
         rows, width = len(prompts), params.max_tokens
+        self.windows = windows_of(model.config)
         bucket = row_bucket(rows) if self.graphs else rows
         prompts = prompts + [[self.pad_id]] * (bucket - rows)  # filler rows, finished at once
         longest = max(len(p) for p in prompts)
@@ -180,14 +205,13 @@ class StaticDecoder:
     def _buffers(self, model, rows: int, length: int) -> tuple[Any, _Step]:
         """The cache and step buffers of this shape: kept for the next call with graphs
         (a captured graph holds their addresses), else made for this call only."""
-        from transformers import StaticCache
-
         key = (rows, length)
         if key in self._shapes:
             self._shapes[key] = self._shapes.pop(key)  # most recently used last
             return self._shapes[key]
-        made = StaticCache(config=model.config, max_cache_len=length)
-        buffers = (made, _Step.allocate(rows, length, self.device))
+        window = self.windows.sliding is not None
+        made = full_length_cache(model, length)
+        buffers = (made, _Step.allocate(rows, length, self.device, window))
         if self.graphs:
             if len(self._shapes) >= KEPT_SHAPES:  # a cache and graphs hold device memory
                 oldest = next(iter(self._shapes))
@@ -210,10 +234,15 @@ class StaticDecoder:
         positions = (real.long().cumsum(-1) - 1).clamp(min=0)
         step.key_valid.zero_()
         step.key_valid[:, :width] = real
+        if step.key_window is not None:  # what the last prompt position's window holds
+            step.key_window.copy_(step.key_valid)
+            step.key_window[:, : max(0, width - self.windows.sliding)] = False
         cache.reset()
         out = model(
             input_ids=ids,
-            attention_mask=self._mask(prefill_mask(step.key_valid, width), model),
+            attention_mask=self.windows.masks(
+                lambda w: self._mask(prefill_mask(step.key_valid, width, w), model)
+            ),
             position_ids=positions,
             **cache_kwargs(model, cache),
             use_cache=True,
@@ -253,6 +282,10 @@ class StaticDecoder:
             step.token.copy_(step.next_token[:, None])
             step.position.add_(1)
             step.key_valid[:, width + t] = True
+            if step.key_window is not None:  # and the key a window back falls out
+                step.key_window[:, width + t] = True
+                if width + t >= self.windows.sliding:
+                    step.key_window[:, width + t - self.windows.sliding] = False
             step.uniform.copy_(u[:, t + 1 : t + 2])
             if replay is not None:
                 replay()
@@ -276,9 +309,14 @@ class StaticDecoder:
 
     def _step(self, model, cache, step: _Step, params: SamplingParams) -> None:
         """Feed `step.token`, draw the next token: fixed shapes, no host synchronisation."""
+
+        def mask(window: int | None) -> torch.Tensor:
+            keys = step.key_valid if window is None else step.key_window
+            return self._mask(keys[:, None, None, :], model)
+
         out = model(
             input_ids=step.token,
-            attention_mask=self._mask(step.key_valid[:, None, None, :], model),
+            attention_mask=self.windows.masks(mask),
             position_ids=step.position,
             **cache_kwargs(model, cache),
             use_cache=True,

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from retrain.errors import BackendError
+from retrain.kernels.windows import within
 
 if TYPE_CHECKING:  # torch is imported where it is used: `explain` reads this module without it
     import torch
@@ -49,18 +50,25 @@ def sees(q, kv, q_segment, kv_segment):
     return (kv <= q) & ((kv_segment == q_segment) | (kv_segment == PROMPT))
 
 
-def block_mask(segments: torch.Tensor) -> BlockMask:
-    """`sees` for `segments` (rows, L) on the training device. (A pad, after every real
-    token of its row, sees the prompt and the pads before it; no real token sees a pad.
-    The dense mask lets a pad see only itself; pads' outputs are never used.)"""
+def block_mask(
+    segments: torch.Tensor, positions: torch.Tensor, window: int | None = None
+) -> BlockMask:
+    """`sees` for `segments` (rows, L) on the training device, within `window` positions
+    (retrain/kernels/windows.py; None: no limit). (A pad, after every real token of its
+    row, sees the prompt and the pads before it; no real token sees a pad. The dense mask
+    lets a pad see only itself; pads' outputs are never used.)"""
 
     def allowed(b, h, q, kv):
         return sees(q, kv, segments[b, q], segments[b, kv])
 
+    def allowed_within(b, h, q, kv):
+        return allowed(b, h, q, kv) & within(positions[b, q], positions[b, kv], window)
+
     from torch.nn.attention.flex_attention import create_block_mask
 
     rows, length = segments.shape
-    return create_block_mask(allowed, rows, None, length, length, device=segments.device)
+    rule = allowed if window is None else allowed_within
+    return create_block_mask(rule, rows, None, length, length, device=segments.device)
 
 
 def describe(option: str, device_kind: str) -> str:
@@ -78,12 +86,29 @@ def label(start: int | None) -> str:
     return f"FlexAttention for rows of {start}+ positions, dense mask below"
 
 
-def flex_from(option: str, device_type: str, attention: str, model: str) -> int | None:
+def blockers(model) -> list[str]:
+    """What of a transformers model's attention FlexAttention here does not apply: logit
+    soft-capping (Gemma 2), attention sinks (GPT-OSS), attention dropout."""
+    config = model.config
+    found = []
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        found.append("attention logit soft-capping")
+    if any(hasattr(m, "sinks") for m in model.modules()):
+        found.append("attention sinks")
+    if getattr(config, "attention_dropout", 0.0):
+        found.append("attention dropout")
+    return found
+
+
+def flex_from(
+    option: str, device_type: str, attention: str, model: str, blocked: list[str] | None = None
+) -> int | None:
     """`[backend.options] attention` = `option` for a model with the `attention`
-    implementation trained on `device_type`: the row length from which a micro-batch runs
-    through FlexAttention (0: always), or None (always the dense mask)."""
+    implementation trained on `device_type` (`blocked`: its `blockers`): the row length
+    from which a micro-batch runs through FlexAttention (0: always), or None (always the
+    dense mask)."""
     cuda = device_type == "cuda"
-    if option == "dense" or (option == "auto" and (not cuda or attention != "sdpa")):
+    if option == "dense" or (option == "auto" and (not cuda or attention != "sdpa" or blocked)):
         return None
     if not cuda:
         raise BackendError(
@@ -94,6 +119,11 @@ def flex_from(option: str, device_type: str, attention: str, model: str) -> int 
         raise BackendError(
             f'[backend.options] attention = "flex" replaces SDPA attention, but {model} uses '
             f'{attention!r}. Fix: attention = "dense"'
+        )
+    if blocked:
+        raise BackendError(
+            f'[backend.options] attention = "flex" cannot apply the {", ".join(blocked)} of '
+            f'{model}. Fix: attention = "dense" (or "auto")'
         )
     return 0 if option == "flex" else AUTO_FROM
 
@@ -122,7 +152,9 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
-    unsupported = [k for k in ("sliding_window", "softcap", "s_aux") if kwargs.get(k) is not None]
+    # A sliding layer's window is in its block mask already (the masks are built per
+    # layer type, retrain/kernels/windows.py); the rest `flex_from` refused beforehand.
+    unsupported = [k for k in ("softcap", "s_aux") if kwargs.get(k) is not None]
     if dropout or unsupported:
         what = ", ".join(unsupported + (["attention dropout"] if dropout else []))
         raise ValueError(

@@ -16,7 +16,9 @@ of the micro-batch's length instead of the sum of its groups' squares.)
 The mask goes to the model in one of three styles: a bool L x L mask per row (SDPA), an
 additive one (eager attention), or, for FlexAttention (retrain/kernels/flex.py), no
 L x L mask at all: each position's segment (the prompt, its completion, or padding), from
-which a block mask is built on the device.
+which a block mask is built on the device. A model with sliding-window layers gets the
+window in its masks too (retrain/kernels/windows.py), measured in positions: a completion
+token's distance to its prompt is what it would be in its own `prompt + completion` row.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 
 from retrain.kernels import flex
 from retrain.kernels.logprobs import LinearHead, chosen_logprobs
+from retrain.kernels.windows import NO_WINDOW, Windows, within
 
 # How each attention implementation takes a custom tensor mask: SDPA a bool mask (True =
 # attend), eager an additive one (0 = attend, -inf = blocked); retrain's FlexAttention
@@ -100,7 +103,7 @@ class Packed:
     ids: torch.Tensor  # (B, L)
     positions: torch.Tensor  # (B, L)
     segments: torch.Tensor  # (B, L) flex.PROMPT, i for the i-th completion, flex.PAD
-    mask: torch.Tensor | None  # (B, 1, L, L) who may attend to whom; None in style "flex"
+    mask: torch.Tensor | None  # (B, 1, L, L) bool: who may attend to whom; None in style "flex"
     keep: torch.Tensor  # (B, L) bool: the positions whose logits are needed (R in all)
     row: torch.Tensor  # (T,) for each completion token, the kept row (row-major) predicting it
     targets: torch.Tensor  # (T,) the completion tokens
@@ -171,20 +174,32 @@ def pack(groups: Sequence[Group], style: str) -> Packed:
         keep[i, r.keep] = True
         row.extend(offset + j for j in r.row)
         offset += len(r.keep)
-    mask = allowed
-    if style == "additive":
-        mask = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
     targets = [np.asarray(c, dtype=np.int64) for _, cs in groups for c in cs]
     return Packed(
         ids=ids,
         positions=positions,
         segments=segments,
-        mask=None if mask is None else mask[:, None],
+        mask=None if allowed is None else allowed[:, None],
         keep=keep,
         row=torch.tensor(row, dtype=torch.long),
         targets=torch.from_numpy(np.concatenate(targets)),
         lengths=tuple(len(t) for t in targets),
     )
+
+
+def dense_mask(
+    allowed: torch.Tensor, positions: torch.Tensor, window: int | None, style: str
+) -> torch.Tensor:
+    """`Packed.mask` (B, 1, L, L) limited to `window` positions back (None: no limit), in
+    the model's `style`: bool, or additive (0 where allowed, -inf elsewhere). A pad still
+    sees itself: its position is 0, like the keys it sees."""
+    if window is not None:
+        allowed = allowed & within(positions[:, None, :, None], positions[:, None, None, :], window)
+    if style == "additive":
+        return torch.zeros(allowed.shape, device=allowed.device).masked_fill(
+            ~allowed, float("-inf")
+        )
+    return allowed
 
 
 def completion_logprobs(
@@ -194,20 +209,25 @@ def completion_logprobs(
     style: str,
     device: torch.device,
     head: LinearHead | None = None,
+    windows: Windows = NO_WINDOW,
 ) -> torch.Tensor:
     """Logprobs (completions, longest) of every completion's tokens given its prompt, at
     `temperature`, in the order of `groups`, right-padded with 0. With `head` (the model
     split at its output layer, retrain/kernels/logprobs.py) the logits are never kept
     whole: their memory no longer grows with the completion tokens of the micro-batch.
-    Style "flex" needs the model on retrain's FlexAttention implementation (flex.use_flex)."""
+    Style "flex" needs the model on retrain's FlexAttention implementation (flex.use_flex).
+    `windows`: the model's sliding windows (retrain/kernels/windows.py `windows_of`)."""
     packed = pack(groups, style)
+    positions = packed.positions.to(device)
     if style == "flex":
-        mask = flex.block_mask(packed.segments.to(device))
+        segments = packed.segments.to(device)
+        mask = windows.masks(lambda w: flex.block_mask(segments, positions, w))
     else:
-        mask = packed.mask.to(device)
+        allowed = packed.mask.to(device)
+        mask = windows.masks(lambda w: dense_mask(allowed, positions, w, style))
     inputs = dict(
         input_ids=packed.ids.to(device),
-        position_ids=packed.positions.to(device),
+        position_ids=positions,
         attention_mask=mask,
         use_cache=False,
     )

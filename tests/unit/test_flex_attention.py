@@ -47,7 +47,7 @@ def test_the_block_rule_is_the_dense_mask_on_every_real_position(shape, seed):
     segments = pack(groups, "flex").segments
     rows, width = segments.shape
     i = torch.arange(width)
-    rule = flex.block_mask(segments).mask_mod(
+    rule = flex.block_mask(segments, pack(groups, "flex").positions).mask_mod(
         torch.arange(rows)[:, None, None], 0, i[None, :, None], i[None, None, :]
     )
     real = segments != flex.PAD  # a pad's own row is never used (see block_mask)
@@ -64,7 +64,7 @@ def test_segments_worked_by_hand():
     assert packed.segments.tolist() == [[0, 0, 1, 1], [0, 1, -1, -1]]
     assert packed.mask is None  # no L x L mask is built for FlexAttention
     # a real token never sees a pad; the second completion (5 is fed nothing) is empty
-    rule = flex.block_mask(packed.segments).mask_mod
+    rule = flex.block_mask(packed.segments, packed.positions).mask_mod
     assert not rule(torch.tensor(1), 0, torch.tensor(1), torch.tensor(2))
 
 

@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 from retrain.kernels.logprobs import linear_head  # noqa: E402
 from retrain.kernels.packing import (  # noqa: E402
     completion_logprobs,
+    dense_mask,
     pack,
     padded_area,
     split,
@@ -58,12 +59,39 @@ def test_completions_do_not_see_each_other():
     assert packed.positions.tolist() == [[0, 1, 2, 1]]
 
 
+def _additive(packed, window=None):
+    return dense_mask(packed.mask, packed.positions, window, "additive")
+
+
 def test_additive_style_blocks_with_minus_infinity():
     packed = pack([([1], [np.array([2, 3]), np.array([4, 5])])], "additive")
     inf = float("-inf")
-    assert packed.mask[0, 0].tolist() == [[0.0, inf, inf], [0.0, 0.0, inf], [0.0, inf, 0.0]]
+    assert _additive(packed)[0, 0].tolist() == [[0.0, inf, inf], [0.0, 0.0, inf], [0.0, inf, 0.0]]
     two = pack([([1, 2, 3], [np.array([4])]), ([5], [np.array([6])])], "additive")
-    assert two.mask[1, 0, 1].tolist() == [inf, 0.0, inf]  # padding: itself only
+    assert _additive(two)[1, 0, 1].tolist() == [inf, 0.0, inf]  # padding: itself only
+
+
+def test_a_window_counts_positions_not_row_indices_worked_by_hand():
+    """Prompt [1, 2] (positions 0, 1), completions fed [3, 4] and [5, 6] (positions 2, 3
+    each). With a window of 2 a token sees itself and one position back: the second
+    completion's first token (row index 4, position 2) sees the prompt's last token."""
+    packed = pack([([1, 2], [np.array([3, 4, 9]), np.array([5, 6, 9])])], "bool")
+    assert packed.positions[0].tolist() == [0, 1, 2, 3, 2, 3]
+    seen = dense_mask(packed.mask, packed.positions, 2, "bool")[0, 0].int().tolist()
+    assert seen == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [0, 1, 1, 0, 0, 0],
+        [0, 0, 1, 1, 0, 0],
+        [0, 1, 0, 0, 1, 0],
+        [0, 0, 0, 0, 1, 1],
+    ]
+    pad = pack([([1, 2, 3], [np.array([4])]), ([5], [np.array([6])])], "bool")
+    assert dense_mask(pad.mask, pad.positions, 1, "bool")[1, 0, 1].tolist() == [
+        False,
+        True,
+        False,
+    ]  # a pad still sees itself
 
 
 def test_rejects_empty_prompts_and_completions():
