@@ -25,7 +25,8 @@ from retrain.backpressure import BackPressureController
 from retrain.config import Config
 from retrain.config.validate import devices_problems, flow_problems, samples_through_engine
 from retrain.errors import ConfigError, TrainingError
-from retrain.models import HubAsk, ModelSource, ask_hub, find_model
+from retrain.kernels.windows import refusal
+from retrain.models import HubAsk, ModelSource, ask_hub, find_model, model_config
 from retrain.sepa import SEPAScheduler
 from retrain.settings import (
     EngineSettings,
@@ -499,8 +500,14 @@ def backend_problems(config: Config) -> Problems:
 
 def model_problems(config: Config, ask: HubAsk | None = ask_hub) -> Problems:
     """Whether `[model] model` can be had (retrain/models.py's `find_model`: on disk, in a
-    cache, or on the hub by one metadata request, `ask`; None skips the request)."""
-    return source_problems(config, find_model(config.model.model, ask))
+    cache, or on the hub by one metadata request, `ask`; None skips the request), and,
+    for the local backend, whether its layers can be trained in packed rows (its
+    config.json, when on disk)."""
+    problems = source_problems(config, find_model(config.model.model, ask))
+    on_disk = model_config(config.model.model) if config.backend.backend == "local" else None
+    if on_disk is not None and (why := refusal(on_disk, config.model.model)):
+        problems.append(("[model] model", why))
+    return problems
 
 
 def source_problems(config: Config, found: ModelSource) -> Problems:

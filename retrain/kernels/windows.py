@@ -20,7 +20,7 @@ attention) cannot be packed or masked this way, so such a model is refused by na
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -64,24 +64,37 @@ def within(q_position, kv_position, window: int | None):
 
 
 def windows_of(config: Any, model: str = "the model") -> Windows:
-    """The attention windows of a transformers config (its text decoder's)."""
+    """The attention windows of a transformers config (its text decoder's); a model with
+    layers `refusal` names raises it."""
+    problem = refusal(config.to_dict(), model)
+    if problem:
+        raise BackendError(problem)
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    window = getattr(text, "sliding_window", None)
+    window = getattr(text, "sliding_window", None)  # None when use_sliding_window is off
     types = getattr(text, "layer_types", None)
     if types is None:  # one kind of layer, sliding when the config sets a window
-        if getattr(text, "attention_chunk_size", None) is not None:
-            raise _refused(model, ["chunked_attention"])
         return Windows(((SLIDING, window),)) if window is not None else NO_WINDOW
     kinds = [t for t in dict.fromkeys(types) if t not in NO_ATTENTION]
-    other = [t for t in kinds if t not in (FULL, SLIDING)]
-    if other:
-        raise _refused(model, other)
     by_type = tuple((t, window if t == SLIDING else None) for t in kinds)
     return Windows(by_type) if by_type else NO_WINDOW
 
 
-def _refused(model: str, kinds: list[str]) -> BackendError:
-    return BackendError(
+def refusal(config: Mapping[str, Any], model: str = "the model") -> str:
+    """Why the local backend cannot train a model with this config.json mapping (or a
+    transformers config's `to_dict()`): layers other than full or sliding-window
+    attention (listed in `layer_types`, or chunked attention). "" when it can."""
+    text = config.get("text_config")
+    merged = {**config, **text} if isinstance(text, Mapping) else config
+    kinds = [
+        t
+        for t in dict.fromkeys(merged.get("layer_types") or ())
+        if t not in (FULL, SLIDING, *NO_ATTENTION)
+    ]
+    if merged.get("attention_chunk_size") is not None and "chunked_attention" not in kinds:
+        kinds.append("chunked_attention")
+    if not kinds:
+        return ""
+    return (
         f"{model} has {', '.join(repr(k) for k in kinds)} layers. The local backend packs "
         "a prompt's completions into one row and masks full and sliding-window attention "
         "only; layers that carry state along the sequence would mix the completions. "

@@ -216,6 +216,29 @@ def test_the_run_stops_before_the_tokenizer_loads(tmp_path, monkeypatch, hub):
     check_startup(config)  # the hub has it now
 
 
+def test_a_model_whose_layers_cannot_be_packed_stops_the_local_run(caches):
+    """A hybrid model (linear-attention layers, as Qwen3-Next's config.json lists them):
+    the local backend refuses it by name before anything loads; a service backend,
+    which does not pack rows here, does not."""
+    model = caches / "hybrid"
+    model.mkdir()
+    kinds = ["linear_attention", "linear_attention", "full_attention"]
+    (model / "config.json").write_text(json.dumps({"model_type": "x", "layer_types": kinds}))
+    local = config_from_dict({"model": {"model": str(model)}, "backend": {"devices": "cpu"}})
+    (problem,) = startup_problems(local, never)
+    assert problem[0] == "[model] model"
+    assert problem[1].startswith(f"{model} has 'linear_attention' layers. The local backend")
+    service = config_from_dict({"model": {"model": str(model)}, "backend": {"backend": "tinker"}})
+    assert startup_problems(service, never) == []
+    (model / "config.json").write_text(
+        json.dumps({"layer_types": kinds[2:] + ["sliding_attention"]})
+    )
+    assert startup_problems(local, never) == []
+    nested = {"text_config": {"attention_chunk_size": 8192}}  # Llama 4's chunked attention
+    (model / "config.json").write_text(json.dumps(nested))
+    assert "'chunked_attention' layers" in startup_problems(local, never)[0][1]
+
+
 # ----------------------------------------------------------------------------- files, at load
 
 
