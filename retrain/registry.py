@@ -589,7 +589,9 @@ BACKENDS = Registry(
                     "the sum of the segments' squares instead of the row's square; CUDA only, "
                     "torch has no FlexAttention backward on a CPU) or auto (flex on CUDA for "
                     "micro-batches whose longest row reaches 2048 positions, where that saving "
-                    "outweighs a compile; dense otherwise)",
+                    "outweighs a compile; dense otherwise, and always for a model whose "
+                    "soft-capped logits, attention sinks or attention dropout FlexAttention "
+                    "does not apply here). Both apply a model's sliding windows",
                     validator=_one_of("auto", "dense", "flex"),
                 ),
                 "collective_timeout_s": OptionSpec(
