@@ -253,8 +253,8 @@ def test_a_rank_that_raises_stops_every_rank_with_its_message(straight, tmp_path
     done = torchrun(raw, tmp_path, env={"BREAK_RANK": "1"})
     assert done.returncode != 0
     err = done.stderr
-    assert "returned str 'rank one breaks on purpose'" in err
-    assert "rank 1 of 2 failed: custom reward" in err  # rank 0's own error
+    assert "returned str 'rank one breaks on purpose'" in err, said(done)
+    assert "rank 1 of 2 failed: custom reward" in err, said(done)  # rank 0's own error
     assert "rank      : 1 (local_rank: 1)" in err and "exitcode  : 1" in err  # torchrun's
     state = json.loads((tmp_path / "logs" / "trainer_state.json").read_text())
     assert state["step"] == 2
