@@ -241,17 +241,24 @@ def test_a_two_rank_run_killed_after_a_checkpoint_resumes_on_two_ranks(straight,
     assert_same_rows(rows(Path(straight[0]["logging"]["log_dir"])), rows(tmp_path / "logs"))
 
 
-def test_a_rank_that_raises_stops_every_rank_with_its_message(straight, tmp_path):
-    """Rank 1's reward returns a string in step 2 (a RewardError there): rank 0, waiting
-    for it in the gather, stops at once with rank 1's message; both exit non-zero and the
-    step-2 checkpoint stays whole."""
-    raw = copy.deepcopy(straight[0])
+def failing_run(raw: dict, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """The straight run at batch 2 in `tmp_path`, a rank set to fail by `env`: it exits
+    non-zero."""
+    raw = copy.deepcopy(raw)
     raw["training"]["batch_size"] = 2
     raw["logging"]["log_dir"] = str(tmp_path / "logs")
     raw["backend"]["adapter_path"] = str(tmp_path / "adapter")
     raw["backend"]["options"]["collective_timeout_s"] = 20
-    done = torchrun(raw, tmp_path, env={"BREAK_RANK": "1"})
-    assert done.returncode != 0
+    done = torchrun(raw, tmp_path, env=env)
+    assert done.returncode != 0, said(done)
+    return done
+
+
+def test_a_rank_that_raises_stops_every_rank_with_its_message(straight, tmp_path):
+    """Rank 1's reward returns a string in step 2 (a RewardError there): rank 0, waiting
+    for it in the gather, stops at once with rank 1's message; both exit non-zero and the
+    step-2 checkpoint stays whole."""
+    done = failing_run(straight[0], tmp_path, BREAK_RANK="1")
     err = done.stderr
     assert "returned str 'rank one breaks on purpose'" in err, said(done)
     assert "rank 1 of 2 failed: custom reward" in err, said(done)  # rank 0's own error
@@ -263,14 +270,8 @@ def test_a_rank_that_raises_stops_every_rank_with_its_message(straight, tmp_path
 
 def test_a_rank_that_dies_in_native_code_leaves_its_python_stack(straight, tmp_path):
     """Rank 1 aborts (SIGABRT, as gloo or a CUDA library would) while scoring step 1:
-    its stderr holds the Python stack it died in, and rank 0 stops naming it."""
-    raw = copy.deepcopy(straight[0])
-    raw["training"].update(batch_size=2, max_steps=1)
-    raw["logging"]["log_dir"] = str(tmp_path / "logs")
-    raw["backend"]["adapter_path"] = str(tmp_path / "adapter")
-    raw["backend"]["options"]["collective_timeout_s"] = 20
-    done = torchrun(raw, tmp_path, env={"ABORT_RANK": "1"})
-    assert done.returncode != 0
+    its stderr holds the Python stack it died in."""
+    done = failing_run(straight[0], tmp_path, ABORT_RANK="1")
     err = done.stderr
     assert "Fatal Python error: Aborted" in err, said(done)
     assert 'parity_reward.py", line' in err and " in score" in err, said(done)
