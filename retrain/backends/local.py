@@ -49,6 +49,7 @@ from retrain.kernels.logprobs import linear_head
 from retrain.kernels.packing import (
     MASK_STYLES,
     Group,
+    check_packing,
     completion_logprobs,
     mask_style,
     padded_area,
@@ -289,6 +290,15 @@ class LocalBackend:
             model = AutoModelForCausalLM.from_pretrained(
                 resolved.path, config=config, dtype=torch.float32
             )
+        attention = model.config._attn_implementation
+        if attention not in MASK_STYLES:
+            raise BackendError(
+                f"{name} uses the {attention!r} attention; the local backend trains with {sorted(MASK_STYLES)}"
+            )
+        self._mask_style = MASK_STYLES[attention]
+        self._windows = windows_of(model.config, name)  # sliding layers' masks
+        # in float32, before any bf16 or move: packing must give its own rows' logprobs
+        check_packing(model, self._mask_style, self._windows, name)
         if self.bf16:  # bf16 matmuls, float32 residual stream, logits and adapter
             bf16_linears(model)  # before the move: a GPU never holds the float32 blocks
         if not self.world.shard:  # sharded: only this rank's shards reach the device
@@ -305,13 +315,6 @@ class LocalBackend:
         if self.options.checkpointing:  # recompute each block in backward (train mode only)
             enable = getattr(peft_model, "activation_checkpointing_enable", None)
             (enable or peft_model.gradient_checkpointing_enable)({"use_reentrant": False})
-        attention = peft_model.config._attn_implementation
-        if attention not in MASK_STYLES:
-            raise BackendError(
-                f"{name} uses the {attention!r} attention; the local backend trains with {sorted(MASK_STYLES)}"
-            )
-        self._mask_style = MASK_STYLES[attention]
-        self._windows = windows_of(peft_model.config, name)  # sliding layers' masks
         self._flex_from = flex.flex_from(
             self.options.attention,
             self.train_device.type,

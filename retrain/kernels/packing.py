@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from retrain.errors import BackendError
 from retrain.kernels import flex
 from retrain.kernels.logprobs import LinearHead, chosen_logprobs
 from retrain.kernels.windows import NO_WINDOW, Windows, within
@@ -245,3 +246,53 @@ def completion_logprobs(
     n, width = len(packed.lengths), max(packed.lengths)
     slots = packed.slot(width).to(device)
     return token_logp.new_zeros(n * width).index_copy(0, slots, token_logp).view(n, width)
+
+
+# How far a packed completion's logprobs may be from its own row's, in float32 (the
+# tests measure ~5e-7); a model that leaks between completions is off by far more.
+PACKING_TOLERANCE = 1e-3
+
+
+def check_packing(model, style: str, windows: Windows = NO_WINDOW, name: str = "the model"):
+    """Raise BackendError unless `model` (in float32, eval mode) gives two completions
+    packed in one row the logprobs each gets in a row of its own. Packing relies on the
+    model honouring `position_ids` and a custom 4-D mask in every layer: one that
+    rebuilds its own mask (ALiBi from the 2-D mask), carries state along the row
+    (state-space layers) or ignores the mask would otherwise train on wrong logprobs,
+    or stop later with an error that does not say why. 20 tokens, on the CPU, once."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (5,), generator=g).tolist()
+    completions = [torch.randint(0, vocab, (k,), generator=g).numpy() for k in (8, 7)]
+    device = next(model.parameters()).device
+    try:
+        with torch.no_grad():
+            packed = completion_logprobs(
+                model, [(prompt, completions)], 1.0, style, device, None, windows
+            )
+            worst = 0.0
+            for i, c in enumerate(completions):
+                ids = torch.tensor([prompt + c.tolist()], device=device)
+                logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+                own = logp[len(prompt) - 1 : -1].gather(-1, torch.from_numpy(c).to(device)[:, None])
+                worst = max(worst, float((packed[i, : len(c)] - own[:, 0]).abs().max()))
+    except Exception as exc:  # any failure here means: it cannot be packed
+        raise BackendError(
+            _unpackable(name, f"a packed row fails in it ({type(exc).__name__}: {exc})")
+        ) from exc
+    if not worst <= PACKING_TOLERANCE:  # also NaN
+        raise BackendError(
+            _unpackable(
+                name,
+                f"a completion packed beside another gets logprobs {worst:.3g} away from its own row's",
+            )
+        )
+
+
+def _unpackable(name: str, what: str) -> str:
+    return (
+        f"{name} cannot be trained by the local backend: it packs a prompt's completions "
+        f"into one row (position ids and a custom attention mask), and {what}. Fix: a "
+        "model whose layers take both (Llama, Qwen, Mistral, Gemma, Phi, GPT-2, ...), or "
+        'backend = "tinker" / "prime_rl"'
+    )

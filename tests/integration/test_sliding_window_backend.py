@@ -14,10 +14,11 @@ import pytest
 import torch
 from run_helpers import QuietConsole
 from test_precision import agreement
-from tiny_model import make_tiny_model
+from tiny_model import build_tokenizer, make_tiny_model
 
 from retrain.build import build_backend
 from retrain.config import config_from_dict
+from retrain.errors import BackendError
 from retrain.logs.jsonl import read_jsonl
 from retrain.trainer import train
 
@@ -64,3 +65,18 @@ def test_a_run_records_no_drift_between_sampler_and_trainer(tiny_raw, sliding_di
     rows, _ = read_jsonl(f"{raw['logging']['log_dir']}/metrics.jsonl")
     assert len(rows) == 2
     assert all(r["log_ratio_max_abs"] < 1e-4 for r in rows), [r["log_ratio_max_abs"] for r in rows]
+
+
+def test_a_model_that_cannot_be_packed_is_refused_before_training(tiny_raw, tmp_path):
+    """A real Bloom checkpoint (ALiBi, built from a 2-D mask): the backend stops at load
+    with the model's name and why, not at the first training step."""
+    from transformers import BloomConfig, BloomForCausalLM
+
+    tok = build_tokenizer()
+    directory = tmp_path / "bloom"
+    config = BloomConfig(hidden_size=32, n_layer=2, n_head=4, vocab_size=len(tok))
+    BloomForCausalLM(config).save_pretrained(directory)
+    tok.save_pretrained(directory)
+    raw = _raw(tiny_raw, directory, "dynamic")
+    with pytest.raises(BackendError, match="cannot be trained by the local backend"):
+        build_backend(config_from_dict(raw), tok, say=lambda s: None)

@@ -3,7 +3,9 @@ rows and the static decoder hand the model 4-D masks, which transformers takes a
 are for every layer, so the window must be in them. Checked against the model's own
 forward on an ordinary row (transformers builds its masks, window included) for a model
 whose layers all slide (Mistral) and one that mixes full and sliding layers (Qwen2),
-with a window of 4 positions and sequences well past it."""
+with a window of 4 positions and sequences well past it. Then the probe the local
+backend runs on every model at load (`check_packing`): models that pack pass, one that
+rebuilds its own mask or lets completions see each other is refused by name."""
 
 from __future__ import annotations
 
@@ -24,7 +26,11 @@ from retrain.engines.pytorch import PyTorchEngine  # noqa: E402
 from retrain.errors import BackendError  # noqa: E402
 from retrain.kernels import flex  # noqa: E402
 from retrain.kernels.logprobs import linear_head  # noqa: E402
-from retrain.kernels.packing import completion_logprobs  # noqa: E402
+from retrain.kernels.packing import (  # noqa: E402
+    MASK_STYLES,
+    check_packing,
+    completion_logprobs,
+)
 from retrain.kernels.windows import (  # noqa: E402
     FULL,
     NO_WINDOW,
@@ -232,3 +238,66 @@ def test_flex_is_refused_for_what_it_cannot_apply():
     with pytest.raises(BackendError, match='soft-capping of g. Fix: attention = "dense"'):
         flex.flex_from("flex", "cuda", "sdpa", "g", blocked)
     assert flex.blockers(sliding_model("qwen2")) == []
+
+
+# ----------------------------------------------------------------- the packing probe
+
+ARCHITECTURES = {
+    "gpt2": lambda: transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=40)
+    ),
+    "opt": lambda: transformers.OPTForCausalLM(
+        transformers.OPTConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            ffn_dim=64,
+            word_embed_proj_dim=32,
+            vocab_size=40,
+        )
+    ),
+    "gemma3": lambda: transformers.Gemma3ForCausalLM(
+        transformers.Gemma3TextConfig(**{**SIZES, "head_dim": 8}, sliding_window=WINDOW)
+    ),
+    "mistral": lambda: sliding_model("mistral"),
+    "qwen2": lambda: sliding_model("qwen2", "eager"),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_the_probe_passes_models_that_pack(arch):
+    torch.manual_seed(0)
+    model = ARCHITECTURES[arch]().eval()
+    style = MASK_STYLES[model.config._attn_implementation]
+    check_packing(model, style, windows_of(model.config), arch)
+
+
+def test_the_probe_refuses_a_model_that_rebuilds_its_mask():
+    """Bloom computes ALiBi from a 2-D mask: a packed row's 4-D mask breaks it."""
+    torch.manual_seed(0)
+    config = transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=4, vocab_size=40)
+    model = transformers.BloomForCausalLM(config).eval()
+    with pytest.raises(BackendError) as err:
+        check_packing(model, "bool", NO_WINDOW, "org/bloom")
+    text = str(err.value)
+    assert text.startswith("org/bloom cannot be trained by the local backend: it packs")
+    assert "a packed row fails in it (ValueError" in text and "Fix:" in text
+
+
+def test_the_probe_refuses_a_model_whose_completions_see_each_other():
+    """An attention that ignores the mask (plain causal over the row): the second
+    completion attends to the first, and its logprobs move."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def causal_only(module, q, k, v, attention_mask, **kwargs):
+        return sdpa_attention_forward(module, q, k, v, None, **kwargs)
+
+    AttentionInterface.register("retrain_test_causal_only", causal_only)
+    model = sliding_model("mistral", "sdpa")
+    try:
+        model.set_attn_implementation("retrain_test_causal_only")
+        with pytest.raises(BackendError, match=r"logprobs [0-9.e-]+ away from its own row's"):
+            check_packing(model, "bool", NO_WINDOW, "leaky")
+    finally:
+        model.set_attn_implementation("sdpa")
