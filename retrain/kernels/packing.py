@@ -259,13 +259,14 @@ def check_packing(model, style: str, windows: Windows = NO_WINDOW, name: str = "
     model honouring `position_ids` and a custom 4-D mask in every layer: one that
     rebuilds its own mask (ALiBi from the 2-D mask), carries state along the row
     (state-space layers) or ignores the mask would otherwise train on wrong logprobs,
-    or stop later with an error that does not say why. 20 tokens, on the CPU, once."""
-    vocab = model.get_output_embeddings().weight.shape[0]
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, vocab, (5,), generator=g).tolist()
-    completions = [torch.randint(0, vocab, (k,), generator=g).numpy() for k in (8, 7)]
-    device = next(model.parameters()).device
+    or stop later with an error that does not say why. 20 tokens, once, where the model
+    is (the local backend: on the CPU, before the bf16 blocks and the move)."""
     try:
+        g = torch.Generator().manual_seed(0)
+        vocab = model.get_input_embeddings().weight.shape[0]
+        prompt = torch.randint(0, vocab, (5,), generator=g).tolist()
+        completions = [torch.randint(0, vocab, (k,), generator=g).numpy() for k in (8, 7)]
+        device = next(model.parameters()).device
         with torch.no_grad():
             packed = completion_logprobs(
                 model, [(prompt, completions)], 1.0, style, device, None, windows
@@ -274,8 +275,9 @@ def check_packing(model, style: str, windows: Windows = NO_WINDOW, name: str = "
             for i, c in enumerate(completions):
                 ids = torch.tensor([prompt + c.tolist()], device=device)
                 logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
-                own = logp[len(prompt) - 1 : -1].gather(-1, torch.from_numpy(c).to(device)[:, None])
-                worst = max(worst, float((packed[i, : len(c)] - own[:, 0]).abs().max()))
+                target = torch.from_numpy(c).to(device)[:, None]
+                own = logp[len(prompt) - 1 : -1].gather(-1, target)[:, 0]
+                worst = max(worst, float((packed[i, : len(c)] - own).abs().max()))
     except Exception as exc:  # any failure here means: it cannot be packed
         raise BackendError(
             _unpackable(name, f"a packed row fails in it ({type(exc).__name__}: {exc})")
