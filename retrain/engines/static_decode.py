@@ -79,14 +79,14 @@ class _Step:
     bad: torch.Tensor  # () bool: some logits were not finite
 
     @classmethod
-    def allocate(cls, rows: int, length: int, device: torch.device, window: bool) -> _Step:
+    def allocate(cls, rows: int, length: int, device: torch.device, sliding: bool) -> _Step:
         long = dict(dtype=torch.long, device=device)
         keys = dict(size=(rows, length), dtype=torch.bool, device=device)
         return cls(
             token=torch.zeros((rows, 1), **long),
             position=torch.zeros((rows, 1), **long),
             key_valid=torch.zeros(**keys),
-            key_window=torch.zeros(**keys) if window else None,
+            key_window=torch.zeros(**keys) if sliding else None,
             uniform=torch.full((rows, 1), 0.5, dtype=torch.float64, device=device),
             next_token=torch.zeros(rows, **long),
             logprob=torch.zeros(rows, dtype=torch.float32, device=device),
@@ -209,9 +209,9 @@ class StaticDecoder:
         if key in self._shapes:
             self._shapes[key] = self._shapes.pop(key)  # most recently used last
             return self._shapes[key]
-        window = self.windows.sliding is not None
+        sliding = self.windows.sliding is not None
         made = full_length_cache(model, length)
-        buffers = (made, _Step.allocate(rows, length, self.device, window))
+        buffers = (made, _Step.allocate(rows, length, self.device, sliding))
         if self.graphs:
             if len(self._shapes) >= KEPT_SHAPES:  # a cache and graphs hold device memory
                 oldest = next(iter(self._shapes))
