@@ -81,12 +81,25 @@ def kill_job(job: subprocess.Popen, config: Path) -> None:
     they are found by the config path on their command line."""
     os.killpg(job.pid, signal.SIGKILL)
     job.wait()
+    killed = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             if str(config).encode() in cmdline.read_bytes():
                 os.kill(int(cmdline.parent.name), signal.SIGKILL)
+                killed.append(cmdline.parent)
         except (OSError, ValueError):
             pass  # gone meanwhile
+    # the next run starts once they are gone (or zombies: dead, not yet reaped)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(p) for p in killed):
+        time.sleep(0.05)
+
+
+def _alive(proc: Path) -> bool:
+    try:
+        return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def said(done: subprocess.CompletedProcess) -> str:
