@@ -285,18 +285,21 @@ class LocalBackend:
         if model is None:
             resolved = resolve_model(name)
             config = AutoConfig.from_pretrained(resolved.path)
-            windows_of(config, name)  # a model whose layers cannot be packed: before the weights
+            # sliding layers' masks; a model whose layers cannot be packed stops here,
+            # before its weights load
+            self._windows = windows_of(config, name)
             say(f"Loading train model: {name} on {self.train_device} ({resolved.origin})...")
             model = AutoModelForCausalLM.from_pretrained(
                 resolved.path, config=config, dtype=torch.float32
             )
+        else:
+            self._windows = windows_of(model.config, name)
         attention = model.config._attn_implementation
         if attention not in MASK_STYLES:
             raise BackendError(
                 f"{name} uses the {attention!r} attention; the local backend trains with {sorted(MASK_STYLES)}"
             )
         self._mask_style = MASK_STYLES[attention]
-        self._windows = windows_of(model.config, name)  # sliding layers' masks
         # in float32, before any bf16 or move: packing must give its own rows' logprobs
         check_packing(model, self._mask_style, self._windows, name)
         if self.bf16:  # bf16 matmuls, float32 residual stream, logits and adapter

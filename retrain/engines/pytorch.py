@@ -186,6 +186,7 @@ class PyTorchEngine:
         if decode != "dynamic":
             from retrain.engines.static_decode import StaticDecoder
             from retrain.kernels.packing import MASK_STYLES
+            from retrain.kernels.windows import windows_of
 
             self.static = StaticDecoder(
                 eos_ids=self.eos_ids,
@@ -193,6 +194,7 @@ class PyTorchEngine:
                 device=device,
                 graphs=decode == "graphs",
                 mask_style=MASK_STYLES.get(model.config._attn_implementation, "bool"),
+                windows=windows_of(model.config),  # the sampling copy's: the same config
                 say=say,
             )
 

@@ -42,7 +42,7 @@ import torch
 from retrain.engines.draw import draw
 from retrain.errors import BackendError
 from retrain.kernels.cache_arg import cache_kwargs
-from retrain.kernels.windows import NO_WINDOW, Windows, windows_of, within
+from retrain.kernels.windows import NO_WINDOW, Windows, within
 from retrain.types import SamplingParams
 
 log = logging.getLogger("retrain.engines.static_decode")
@@ -164,6 +164,7 @@ class StaticDecoder:
         device: torch.device,
         graphs: bool = False,
         mask_style: str = "bool",
+        windows: Windows = NO_WINDOW,
         say: Callable[[str], None] | None = None,
     ):
         if graphs and device.type != "cuda":
@@ -179,7 +180,7 @@ class StaticDecoder:
         self._captured: dict[tuple, Any] = {}  # (R, L, sampling settings) -> CUDAGraph
         self._pool = None
         self.graph_failures = 0
-        self.windows: Windows = NO_WINDOW  # the model's sliding windows, read per decode
+        self.windows = windows  # the model's sliding windows (retrain/kernels/windows.py)
 
     # ------------------------------------------------------------ one batch
 
@@ -189,7 +190,6 @@ class StaticDecoder:
         """Decode one completion per prompt (`prompts` has one entry per row) with the
         uniforms `u` (rows, max_tokens)."""
         rows, width = len(prompts), params.max_tokens
-        self.windows = windows_of(model.config)
         bucket = row_bucket(rows) if self.graphs else rows
         prompts = prompts + [[self.pad_id]] * (bucket - rows)  # filler rows, finished at once
         longest = max(len(p) for p in prompts)
