@@ -576,12 +576,6 @@ def world_of(config: Config) -> World:
     )
 
 
-def device_kind(config: Config) -> str:
-    """ "cuda" when `[backend] devices` names a GPU (NCCL between ranks), else its kind."""
-    first = config.backend.devices.split(",")[0].strip()
-    return "cuda" if first.startswith(("gpu", "cuda")) else first
-
-
 def world_problems(config: Config, world: World) -> Problems:
     """What a run on `world.size` ranks (torchrun) refuses before any model loads."""
     if not world.distributed:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from retrain import distributed
-from retrain.build import Components, build, check_world, device_kind, world_of
+from retrain.build import Components, build, check_world, world_of
 from retrain.checkpoint import (
     TrainerState,
     capture_rng,
@@ -26,6 +26,7 @@ from retrain.checkpoint import (
     save_state,
 )
 from retrain.config import Config
+from retrain.config.validate import device_kind
 from retrain.errors import CheckpointError, RetrainError
 from retrain.logs.console import Console, eval_line, group_line, step_line
 from retrain.logs.metrics import RunContext, RunCounters, eval_fields, metrics_row
