@@ -20,6 +20,16 @@ def cpu_has_native_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & flags)
 
 
+# Device kinds whose bf16 mode holds the whole model in bf16 (retrain/kernels/precision.py
+# `bf16_weights`). On a GPU a float32 residual stream doubled the activations' memory and
+# sent attention to float32 kernels (the headline shape on an H100: 113 bytes per
+# position, hidden unit and layer, and a 4k-position micro-batch through FlexAttention in
+# ~4 s, against ~92 bytes and ~0.55 s wholly in bf16), while its gain, a sampler closer to
+# the trainer, is what the importance ratio corrects anyway. A CPU keeps bf16 matmuls
+# only (`bf16_linears`): there the float32 rest costs little and halves the mismatch.
+WHOLE_BF16 = frozenset({"cuda"})
+
+
 def matmul_dtype(option: str, device_type: str) -> str:
     """`[backend.options] dtype` resolved for a device kind ("cpu", "cuda", "mps"): "auto"
     is bf16 on a GPU and on a CPU with native bf16 dot products, else fp32."""

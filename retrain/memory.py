@@ -104,8 +104,9 @@ class ModelShape:
         return self.kv_heads * self.head_dim
 
     def kv_bytes_per_token(self, value_bytes: int = 4) -> int:
-        """KV cache of one token: 2 (K and V) x layers x kv_width x value_bytes (float32:
-        the K and V projections' outputs join the float32 residual stream's dtype)."""
+        """KV cache of one token: 2 (K and V) x layers x kv_width x value_bytes (the
+        residual stream's: float32 by default, as a CPU's bf16 mode keeps it; 2 for a
+        GPU's wholly bf16 model, as the sampler asks)."""
         return 2 * self.layers * self.kv_width * value_bytes
 
     def logit_bytes_per_row(self) -> int:
@@ -182,19 +183,28 @@ _CPU = DeviceMemoryModel(
     calibrated="SmolLM2-135M on a 2-core CPU (docs/performance.md)",
 )
 _GPU_GUESS = DeviceMemoryModel(
-    # NOT YET CALIBRATED ON A GPU. The CPU's figure: bf16 mode keeps float32 activations
-    # outside the matmuls on every device. Consistent with the one GPU data point (Qwen3-4B
-    # shapes, LoRA r32, H100 80GB: 4096 positions ran, 16384 ran out of memory), which
-    # bounds it, but does not measure it.
+    # NOT CALIBRATED: float32 on CUDA, and MPS. The CPU's float32 figure; bf16 matmuls
+    # with a float32 residual stream measured 113 on an H100, so float32 throughout
+    # keeps at least that.
     activation_bytes=32 * 4,
     runtime_bytes=1.0 * GIB,  # a CUDA context and cuBLAS workspaces: a guess
     slack=1.15,  # the caching allocator's fragmentation: a guess
     calibrated="",
 )
+_CUDA_BF16 = DeviceMemoryModel(
+    # The whole model in bf16 (retrain/kernels/precision.py WHOLE_BF16), LoRA r32 on all
+    # seven projections: 92-100 bytes per position, hidden unit and layer (FlexAttention
+    # and dense mask) at Qwen3-4B's shapes on an H100 (docs/performance.md). ~40% of it
+    # is PEFT's float32 copies of each adapted layer's input, kept for the backward.
+    activation_bytes=100,
+    runtime_bytes=0.5 * GIB,  # cuBLAS workspaces, compiled kernels' buffers
+    slack=1.05,  # the caching allocator reserved 1.035x its peak
+    calibrated="Qwen3-4B shapes, LoRA r32, H100 80GB, torch 2.11 (docs/performance.md)",
+)
 MEMORY_MODELS: dict[tuple[str, str], DeviceMemoryModel] = {
     ("cpu", "fp32"): _CPU,
     ("cpu", "bf16"): _CPU,
-    ("cuda", "bf16"): _GPU_GUESS,
+    ("cuda", "bf16"): _CUDA_BF16,
     ("cuda", "fp32"): _GPU_GUESS,
     ("mps", "bf16"): _GPU_GUESS,
     ("mps", "fp32"): _GPU_GUESS,

@@ -44,6 +44,7 @@ from retrain.errors import (
     RetrainError,
     TrainingError,
 )
+from retrain.hardware import WHOLE_BF16
 from retrain.kernels import flex
 from retrain.kernels.logprobs import linear_head
 from retrain.kernels.packing import (
@@ -55,7 +56,7 @@ from retrain.kernels.packing import (
     padded_area,
     split,
 )
-from retrain.kernels.precision import bf16_linears, use_bf16
+from retrain.kernels.precision import bf16_linears, bf16_weights, use_bf16
 from retrain.kernels.windows import windows_of
 from retrain.loss import (
     LossFn,
@@ -302,8 +303,11 @@ class LocalBackend:
         self._mask_style = MASK_STYLES[attention]
         # in float32, before any bf16 or move: packing must give its own rows' logprobs
         check_packing(model, self._mask_style, self._windows, name)
-        if self.bf16:  # bf16 matmuls, float32 residual stream, logits and adapter
-            bf16_linears(model)  # before the move: a GPU never holds the float32 blocks
+        if self.bf16:  # before the move: a GPU never holds the float32 blocks
+            # a GPU: the whole model in bf16; a CPU: bf16 matmuls, float32 residual
+            # stream (either way the adapter and the logits are float32; precision.py)
+            whole = self.train_device.type in WHOLE_BF16
+            (bf16_weights if whole else bf16_linears)(model)
         if not self.world.shard:  # sharded: only this rank's shards reach the device
             model.to(self.train_device)
         lora = self.settings.lora
@@ -325,7 +329,10 @@ class LocalBackend:
             name,
             flex.blockers(peft_model.get_base_model()),
         )
-        if self._flex_from is not None:
+        # on CUDA an SDPA model takes retrain's attention for its decode steps too
+        if self._flex_from is not None or (
+            attention == "sdpa" and self.infer_device.type == "cuda"
+        ):
             flex.use_flex(peft_model.get_base_model())
         return peft_model
 

@@ -32,7 +32,7 @@ from retrain.config.validate import (
     static_token_varying,
 )
 from retrain.errors import BackendError, ConfigError, PluginError
-from retrain.hardware import device_memory, matmul_dtype
+from retrain.hardware import WHOLE_BF16, device_memory, matmul_dtype
 from retrain.kernels import flex
 from retrain.logs import ownership
 from retrain.memory import (
@@ -547,7 +547,9 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
     }
     if config.backend.backend == "local":
         opts = _local_options(config)
-        out["matmuls"] = matmul_dtype(opts["dtype"], device_kind(config, last=True))
+        kind = device_kind(config, last=True)
+        out["matmuls"] = matmul_dtype(opts["dtype"], kind)
+        out["whole_model_bf16"] = out["matmuls"] == "bf16" and kind in WHOLE_BF16
         out["micro_batch_tokens"] = opts["micro_batch_tokens"]
         out["attention"] = flex.describe(opts["attention"], device_kind(config, last=True))
     if "[inference]" in ignored:
@@ -872,7 +874,8 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
         lines.append(f"Sampling:    {inf['engine']}{where}{dev}")
         if s.get("matmuls"):
             lines.append(
-                f"Compute:     {s['matmuls']} matmuls (float32 adapter and logits), micro-batches "
+                f"Compute:     {'bf16 model' if s.get('whole_model_bf16') else s['matmuls'] + ' matmuls'}"
+                " (float32 adapter and logits), micro-batches "
                 f"of {_micro_batch_text(s, est)}, attention: {s['attention']}"
             )
     if est:

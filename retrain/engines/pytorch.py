@@ -231,7 +231,7 @@ class PyTorchEngine:
         self.model.eval()
         model = self._sampling_model()
         try:
-            max_rows = self._row_budget(prompts_B, params)
+            max_rows = self._row_budget(model, prompts_B, params)
             for first, prompts, rows in decoding_batches(
                 len(prompts_B), n, self.prompt_batch, max_rows
             ):
@@ -243,7 +243,7 @@ class PyTorchEngine:
             self.model.train(was_training)
         return out
 
-    def _row_budget(self, prompts_B: list[list[int]], params: SamplingParams) -> int | None:
+    def _row_budget(self, model, prompts_B: list[list[int]], params: SamplingParams) -> int | None:
         """Completions decoded at once: on CUDA as many as the free memory holds (the KV
         cache of the longest prompt plus max_tokens, and the logits, per row: so a step's
         completions are decoded together when they fit); elsewhere None (SAMPLE_ROWS, the
@@ -257,10 +257,16 @@ class PyTorchEngine:
         if self._shape is None:  # sizes retrain/memory.py cannot read: the CPU's bound
             return None
         free, _ = torch.cuda.mem_get_info(self.device)
+        # what torch's caching allocator holds unused (the last training step's
+        # activations) is free to the decoder too, though the driver counts it as taken
+        free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
         return decode_row_budget(
             device_kind="cuda",
             free_bytes=free,
-            kv_bytes_per_token=self._shape.kv_bytes_per_token(),
+            # the cache holds the residual stream's dtype: the embeddings'
+            kv_bytes_per_token=self._shape.kv_bytes_per_token(
+                model.get_input_embeddings().weight.element_size()
+            ),
             logit_bytes_per_row=self._shape.logit_bytes_per_row(),
             max_len=max(len(p) for p in prompts_B) + params.max_tokens,
         )

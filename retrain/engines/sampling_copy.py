@@ -145,6 +145,23 @@ class Sibling(torch.nn.Module):
         return self.group.output(x, self.index)
 
 
+class Float32Head(torch.nn.Module):
+    """A narrower-than-float32 output layer computing float32 logits from the hidden
+    states, with a float32 copy of its (frozen) weight made once: the trainer computes
+    its logits in float32 from the same bf16 hidden states and weights
+    (retrain/kernels/logprobs.py), so the sampler's logprobs are not rounded to bf16
+    logits (~0.05 at logits of ~10)."""
+
+    def __init__(self, head: torch.nn.Linear):
+        super().__init__()
+        self.register_buffer("weight", head.weight.detach().float())
+        bias = None if head.bias is None else head.bias.detach().float()
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x.float(), self.weight, self.bias)
+
+
 class SamplingCopy:
     """The copy (`model`) and, per adapted linear, the trained PEFT layer and the copy's
     layer standing in for it (`pairs`).
@@ -197,6 +214,9 @@ class SamplingCopy:
                 # counts, so oneDNN's per-shape kernel caches stop growing (precision.py)
                 bf16_linears(copy_)
             share_sibling_storage(copy_)
+        head = copy_.get_output_embeddings()
+        if type(head) is torch.nn.Linear and head.weight.dtype != torch.float32:
+            copy_.set_output_embeddings(Float32Head(head))
         pairs = []
         for layer, parent, attr, merge in slots:
             inner = getattr(parent, attr)

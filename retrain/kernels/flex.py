@@ -10,8 +10,10 @@ from it, and skips the 128 x 128 blocks that are wholly masked, so attention cos
 the sum of the segments' squares instead of the row's square, and no mask is stored.
 
 The model keeps one attention implementation, `NAME`, registered with transformers: a
-BlockMask goes to FlexAttention, any other mask to transformers' own SDPA function, so the
-sampler (which passes tensor masks) computes exactly what it did. On CUDA FlexAttention
+BlockMask goes to FlexAttention, a decode step of one query position to `grouped_decode`
+(SDPA over the grouped heads, no copies of the cache), any other mask to transformers'
+own SDPA function. The local backend puts an SDPA model on it on CUDA whether or not its
+training uses FlexAttention, for the decode steps. On CUDA FlexAttention
 runs compiled (torch.compile, recompiling once for a new shape and then with dynamic
 shapes); on a CPU it runs torch's eager reference, forward only: torch 2.13 has no
 FlexAttention backward on a CPU, which is why training uses it on CUDA only (the config
@@ -147,6 +149,8 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     from torch.nn.attention.flex_attention import BlockMask
 
     if not isinstance(attention_mask, BlockMask):
+        if one_query(query, key, attention_mask, dropout, kwargs):
+            return grouped_decode(query, key, value, attention_mask, scaling), None
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(
@@ -163,6 +167,40 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         )
     out = _flex(query, key, value, attention_mask, scaling)
     return out.transpose(1, 2).contiguous(), None
+
+
+def one_query(query, key, mask, dropout, kwargs) -> bool:
+    """Whether a call is a decode step `grouped_decode` computes exactly: one query
+    position, a tensor mask, grouped-query heads, and nothing SDPA would add (soft-capping,
+    sinks, dropout)."""
+    return (
+        query.shape[2] == 1
+        and mask is not None
+        and mask.dim() == 4
+        and mask.shape[1] == mask.shape[2] == 1
+        and query.shape[1] != key.shape[1]
+        and not dropout
+        and all(kwargs.get(k) is None for k in ("softcap", "s_aux"))
+    )
+
+
+def grouped_decode(query, key, value, mask, scaling) -> torch.Tensor:
+    """Attention of one query position per row with grouped-query heads, without copying
+    the keys and values per query head. transformers' SDPA path repeats the cache's keys
+    and values for every query head whenever a mask is given (every decode step of a
+    left-padded batch): at the headline shape that copy was most of a decode step's GPU
+    time. Here the query heads of one key/value head become that head's queries (a
+    query head h reads key/value head h // group, as the repeat lays them out), so SDPA
+    reads each cached key once. (batch, heads, 1, head_dim) in, (batch, 1, heads,
+    head_dim) out, like transformers' attention functions."""
+    import torch
+
+    rows, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    q = query.reshape(rows, kv_heads, heads // kv_heads, dim)
+    mask = mask[:, :, :, : key.shape[2]]  # (rows, 1, 1, keys): one row for every head
+    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, mask, scale=scaling)
+    return out.reshape(rows, heads, 1, dim).transpose(1, 2)
 
 
 def register() -> None:

@@ -237,8 +237,10 @@ def completion_logprobs(
         hidden = head.decoder(**inputs).last_hidden_state[keep]  # (R, hidden), row-major
         token_logp = chosen_logprobs(hidden, head, row, target, temperature)
     else:
-        # (R, vocabulary): the kept positions, row-major
-        logits = model(**inputs, logits_to_keep=keep).logits
+        # (R, vocabulary): the kept positions, row-major. The model keeps the columns any
+        # row keeps (a 1-D index: transformers before 5.2x takes no 2-D mask there).
+        cols = keep.any(0).nonzero().squeeze(1)
+        logits = model(**inputs, logits_to_keep=cols).logits[keep[:, cols]]
         # The log softmax at the chosen token only (logsumexp per row, then a gather), so
         # no (tokens x vocabulary) log-probability tensor is kept for the backward pass.
         scaled = logits.float() / temperature

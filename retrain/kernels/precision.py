@@ -1,4 +1,7 @@
-"""The local backend's bf16 mode (`[backend.options] dtype`): bf16 matmuls, float32 rest.
+"""The local backend's bf16 mode (`[backend.options] dtype`). On a GPU the whole model is
+bf16 (`bf16_weights`; the adapter and the logits stay float32; retrain/hardware.py
+`WHOLE_BF16` says why); on a
+CPU, which this docstring is about, only the matmuls: bf16 matmuls, float32 rest.
 
 On a GPU, and on a CPU with native bf16 dot products (AVX512-BF16 or AMX), a bf16 matmul
 runs 2-3x faster than a float32 one (2.2-2.7x on this project's 2-core AVX512-BF16 box).
@@ -81,6 +84,20 @@ class Bf16Linear(torch.nn.Linear):
             pieces.append(torch.nn.functional.linear(part, w, self.bias)[:rows].to(x.dtype))
         out = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         return out.reshape(*x.shape[:-1], w.shape[0])
+
+
+def bf16_weights(model: torch.nn.Module) -> int:
+    """Every floating-point parameter of `model` in bf16 (in place, before the LoRA
+    adapter is added), buffers left as they are (rotary frequencies stay float32);
+    returns how many. Norms then compute in float32 inside and round their output, as
+    transformers' bf16 models do; the logits are computed in float32 from the bf16
+    hidden states (retrain/kernels/logprobs.py, the sampling copy's `Float32Head`)."""
+    count = 0
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != torch.bfloat16:
+            p.data = p.data.to(torch.bfloat16)
+            count += 1
+    return count
 
 
 def bf16_linears(model: torch.nn.Module) -> int:

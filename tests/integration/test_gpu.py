@@ -19,6 +19,7 @@ Timings are printed, never asserted (benchmarks/gpu.py measures them).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -138,7 +139,10 @@ def test_the_headline_shape_runs(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gpu import PARITY, QWEN3_4B, random_model
 
-    model = random_model(tmp_path / "rand4b", QWEN3_4B, "cuda")
+    # RETRAIN_RAND4B: a folder that holds (or will hold) the model, kept between runs
+    model = random_model(
+        Path(os.environ.get("RETRAIN_RAND4B", tmp_path / "rand4b")), QWEN3_4B, "cuda"
+    )
     (tmp_path / "parity_reward.py").write_text(PARITY)
     flags = ["--model", str(model), "--lora-rank", "32", "--batch-size", "8"]
     flags += ["--group-size", "16", "--max-tokens", "256", "--max-steps", "3", "--eval-every", "0"]

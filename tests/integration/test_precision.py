@@ -12,11 +12,13 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+import pytest
 import torch
 
 from retrain.backends.local import LocalBackend
 from retrain.build import build_backend
 from retrain.config import config_from_dict
+from retrain.engines.sampling_copy import Float32Head
 from retrain.kernels.precision import Bf16Linear, use_bf16
 from retrain.types import Datum, SamplingParams, TrainHyper
 
@@ -156,3 +158,80 @@ def test_a_group_larger_than_a_decoding_batch_is_sampled_in_exact_parts(
     assert rows == [4, 2, 4, 2]  # each prompt in two parts, never over 4 rows
     assert [len(g) for g in groups] == [6, 6]
     assert np.abs(diff).max() < 1e-4  # every part's logprobs are the trainer's
+
+
+# ---------------------------------------------------------------- the GPU's layout
+
+
+@pytest.fixture
+def whole_bf16(monkeypatch):
+    """bf16 mode as a GPU runs it (the whole model in bf16), on this CPU."""
+    import retrain.backends.local as local
+
+    monkeypatch.setattr(local, "WHOLE_BF16", frozenset({"cpu", "cuda"}))
+
+
+def test_on_a_gpu_bf16_mode_holds_the_whole_model_in_bf16(whole_bf16, tiny_raw, tiny_model_dir):
+    b = make_backend(tiny_raw, tiny_model_dir, "bf16")
+    base = b.model.get_base_model()
+    frozen = [p for p in base.parameters() if not p.requires_grad]
+    assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)  # norms, embeddings too
+    assert all(p.dtype == torch.float32 for p in b.params)  # the adapter
+    rotary = [buf for name, buf in base.named_buffers() if "inv_freq" in name]
+    assert rotary and all(buf.dtype == torch.float32 for buf in rotary)
+    assert not any(isinstance(m, Bf16Linear) for m in base.modules())
+    # the sampler's copy computes float32 logits from its bf16 hidden states and the
+    # shared bf16 output weight, as the trainer's split head does
+    copy_ = b.engine.copy.model
+    head = copy_.get_output_embeddings()
+    assert isinstance(head, Float32Head)
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        hidden = copy_.get_decoder()(input_ids=ids).last_hidden_state
+        assert hidden.dtype == torch.bfloat16
+        logits = copy_(input_ids=ids).logits
+        want = torch.nn.functional.linear(
+            hidden.float(), base.get_output_embeddings().weight.float()
+        )
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits, want, atol=0, rtol=0)
+    with torch.no_grad():
+        logp = b.completion_logprobs(PROMPTS[0], [np.array([3, 4, 5])], 1.0)
+    assert logp.dtype == torch.float32
+
+
+def test_whole_bf16_sampler_and_trainer_agree_to_bf16_rounding(
+    whole_bf16, tiny_raw, tiny_model_dir
+):
+    diff, _ = agreement(make_backend(tiny_raw, tiny_model_dir, "bf16"), 4, 10, 0.7)
+    # the residual stream is rounded to bf16 at every layer, one token at a time in the
+    # sampler and in a packed row in the trainer; the logits are float32 in both (on
+    # this tiny model: mean 3e-4, largest 2e-3)
+    assert np.abs(diff).mean() < 5e-3 and np.abs(diff).max() < 0.05
+    assert np.abs(diff).max() > 0
+
+
+def test_whole_bf16_update_moves_the_policy_the_right_way(whole_bf16, tiny_raw, tiny_model_dir):
+    b = make_backend(tiny_raw, tiny_model_dir, "bf16")
+    prompt, signs = PROMPTS[0], [1.0, -1.0] * 4
+    group = b.sample([prompt], len(signs), SamplingParams(max_tokens=6, temperature=1.0, seed=21))
+    datums = [
+        Datum(prompt, s.token_ids, s.logprobs, np.full(len(s.token_ids), sign))
+        for s, sign in zip(group[0], signs, strict=True)
+    ]
+
+    def seq_logp():
+        with torch.no_grad():
+            logp = b.completion_logprobs(prompt, [d.completion_ids for d in datums], 1.0)
+        return np.array(
+            [float(logp[i, : len(d.completion_ids)].sum()) for i, d in enumerate(datums)]
+        )
+
+    before = seq_logp()
+    b.train_step(datums, TrainHyper(lr=2e-2, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8))
+    delta = seq_logp() - before
+    assert np.mean(delta[0::2]) > 1e-3 and np.mean(delta[1::2]) < -1e-3
+    # the sampler follows: its copy now draws from the updated policy (float32 logits of
+    # the same bf16 network; only the order of bf16 sums differs from the trainer's)
+    diff, _ = agreement(b, 4, 10, 1.0)
+    assert np.abs(diff).mean() < 0.05

@@ -163,11 +163,12 @@ def test_adapter_is_float32_with_gradient_and_two_moments():
     assert adapter_bytes(QWEN3_4B, 32, ("q_proj",)) == 32 * 36 * (2560 + 4096) * 16
 
 
-def test_memory_models_one_table_gpu_entries_marked_uncalibrated():
+def test_memory_models_one_table_the_measured_ones_marked_calibrated():
     assert memory_model("cpu", "bf16").calibrated and memory_model("cpu", "fp32").calibrated
-    for (kind, _), model in MEMORY_MODELS.items():
-        if kind != "cpu":
-            assert model.calibrated == ""  # not yet calibrated on a GPU
+    assert "H100" in memory_model("cuda", "bf16").calibrated
+    for key, model in MEMORY_MODELS.items():
+        if key[0] == "mps" or key == ("cuda", "fp32"):
+            assert model.calibrated == ""  # not measured there yet
     with pytest.raises(ValueError, match="xla"):
         memory_model("xla", "bf16")
 
@@ -300,9 +301,11 @@ def test_auto_is_monotone_in_free_memory(a, b):
 
 
 def test_auto_refuses_when_not_even_the_smallest_micro_batch_fits():
-    assert largest_micro_batch(QWEN3_4B, free_bytes=16 * GIB, **SIZING) == 0  # weights ~16 GiB
+    # bf16 blocks, float32 embeddings and the adapter with its optimizer: ~10 GiB
+    assert largest_micro_batch(QWEN3_4B, free_bytes=10 * GIB, **SIZING) == 0
+    assert largest_micro_batch(QWEN3_4B, free_bytes=16 * GIB, **SIZING) > 0
     with pytest.raises(BackendError, match=r"\[backend.options\] micro_batch_tokens.*256"):
-        auto_micro_batch_tokens(QWEN3_4B, free_bytes=16 * GIB, **SIZING)
+        auto_micro_batch_tokens(QWEN3_4B, free_bytes=10 * GIB, **SIZING)
     with pytest.raises(BackendError, match="config.json"):
         auto_micro_batch_tokens(None, free_bytes=80 * GIB, **SIZING)
 
