@@ -193,8 +193,10 @@ def child_trl(setup: dict, steps: int, seed: int) -> dict:
     completions = setup["batch"] * setup["group"]
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="gpu-bench-trl-"),
-        per_device_train_batch_size=completions,
-        gradient_accumulation_steps=1,
+        # the headline's 128 completions in micro-batches of 16 (all at once runs out of
+        # memory on an 80 GB card), one optimizer step and one generation per step
+        per_device_train_batch_size=min(completions, 16),
+        gradient_accumulation_steps=max(1, completions // 16),
         steps_per_generation=1,  # one generation per optimizer step, as retrain
         num_generations=setup["group"],
         max_completion_length=setup["max_tokens"],
@@ -357,9 +359,10 @@ def run_child(kind: str, setup: dict, args) -> dict:
         cmd += ["--", *args.retrain_flags]
     started = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    if proc.returncode != 0:
+    if proc.returncode != 0:  # said and recorded; the other runs go on
         tail = proc.stderr.decode(errors="replace")[-4000:]
-        raise SystemExit(f"{kind} ({setup['kind']}) failed (exit {proc.returncode}):\n{tail}")
+        print(f"{kind} ({setup['kind']}) failed (exit {proc.returncode}):\n{tail}", flush=True)
+        return {"kind": kind, "setup": setup["kind"], "failed": tail[-600:]}
     result = json.loads(out.read_text())
     result.update(kind=kind, setup=setup["kind"], wall_s=time.time() - started)
     return result
@@ -413,6 +416,9 @@ def table(summary: dict) -> str:
     ]
     for key, s in summary.items():
         setup, kind = key.split("/", 1)
+        if "failed" in s:
+            lines.append(f"| {setup} | {kind} | failed (see the JSON) | - | - | - | - |")
+            continue
         if "generate_tokens_per_s" in s:
             for name, rate in s["generate_tokens_per_s"].items():
                 lines.append(f"| {setup} | HF generate, {name} | - | - | {rate:.0f} | - | - |")
@@ -497,7 +503,10 @@ def main(argv: list[str] | None = None) -> int:
                 key = f"{setup['kind']}/{kind}"
                 print(f"running {key} ...", flush=True)
                 runs.setdefault(key, []).append(run_child(kind, setup, args))
-    summary = {key: summarise(rs) for key, rs in runs.items()}
+    summary = {}
+    for key, rs in runs.items():
+        done = [r for r in rs if "failed" not in r]
+        summary[key] = summarise(done) if done else {"failed": rs[-1]["failed"]}
     print()
     print(table(summary))
     result = {
@@ -511,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
-    return 0
+    return 1 if any("failed" in s for s in summary.values()) else 0
 
 
 def _machine() -> dict:

@@ -561,7 +561,9 @@ BACKENDS = Registry(
                     "str",
                     "auto",
                     "Base weights' dtype: auto (bf16 on a GPU or a CPU with AVX512-BF16/AMX, "
-                    "else fp32), fp32 or bf16. The adapter and the logits stay float32",
+                    "else fp32), fp32 or bf16. bf16 on a GPU: the whole model (weights and "
+                    "activations); on a CPU: the blocks' matmuls, float32 residual stream. "
+                    "The adapter and the logits stay float32",
                     validator=_one_of(*MATMUL_DTYPES),
                 ),
                 "decode": OptionSpec(

@@ -39,7 +39,8 @@ PROMPT, PAD = 0, -1
 
 # attention = "auto" on CUDA: the longest row (positions) from which a micro-batch runs
 # through FlexAttention. Below it the L x L mask is small and the dense path costs little,
-# while FlexAttention's first call compiles. A first guess, not measured on a GPU yet.
+# while FlexAttention's first call compiles (13.5 s on an H100). Not tuned: at 4.2k
+# positions (the headline's rows) FlexAttention trained in 0.53 s, the dense mask 0.60 s.
 AUTO_FROM = 2048
 
 _compiled: list = []  # the compiled FlexAttention, built on the first CUDA call

@@ -171,6 +171,7 @@ def test_explain_sizes_auto_to_an_80_gib_gpu(tmp_path, capsys, monkeypatch, no_c
     assert est["device"] == "gpu:0" and est["device_free_gib"] == 79.1
     assert est["peak_memory_gib"] <= 0.9 * 79.1 and est["memory_problem"] is None
     assert f"micro-batches of {n} tokens (auto)" in text
+    assert "Compute:     bf16 model (float32 adapter and logits)" in text  # whole, on a GPU
     line = memory_line(text)
     assert line.startswith("Memory:      gpu:0: 79.1 of 80 GiB free; 4,022M params; peak ~")
     assert "not calibrated" not in line  # the cuda bf16 memory model is measured
@@ -278,3 +279,15 @@ def test_doctor_warns_about_a_run_near_or_over_the_device(tmp_path, monkeypatch,
     assert first.fix.startswith("[backend.options] micro_batch_tokens = 16384")
     run = doctor.check_run(config, "r.toml")
     assert run[0].status == "FAIL" and "micro_batch_tokens = 16384" in run[0].detail
+
+
+def test_explain_names_the_bf16_layout_of_each_device(tmp_path, capsys, monkeypatch, no_caches):
+    """bf16 mode is the whole model on a GPU and the blocks' matmuls on a CPU."""
+    simulate(monkeypatch, cuda0=(79.1, 79.6), cpu=(20.0, 24.0))
+    path = qwen_config(tmp_path, 'dtype = "bf16"')
+    gpu = explain(path, capsys)[1]
+    cpu = explain(path, capsys, "--devices", "cpu")[1]
+    assert "Compute:     bf16 model (float32" in gpu
+    assert "Compute:     bf16 matmuls (float32" in cpu
+    fp32 = explain(qwen_config(tmp_path, 'dtype = "fp32"'), capsys)[1]
+    assert "Compute:     fp32 matmuls (float32" in fp32
