@@ -84,7 +84,9 @@ def test_bf16_sampler_and_trainer_agree_to_bf16_rounding(tiny_raw, tiny_model_di
     assert np.abs(diff).max() > 0  # really a bf16 computation
 
 
-def test_bf16_update_moves_the_policy_the_right_way(tiny_raw, tiny_model_dir):
+def signed_update(tiny_raw, tiny_model_dir) -> tuple[LocalBackend, list[Datum]]:
+    """A bf16 backend after one step that rewards the even completions of a group and
+    penalises the odd ones; asserts their logprobs moved that way."""
     b = make_backend(tiny_raw, tiny_model_dir, "bf16")
     prompt, signs = PROMPTS[0], [1.0, -1.0] * 4
     group = b.sample([prompt], len(signs), SamplingParams(max_tokens=6, temperature=1.0, seed=21))
@@ -104,6 +106,12 @@ def test_bf16_update_moves_the_policy_the_right_way(tiny_raw, tiny_model_dir):
     b.train_step(datums, TrainHyper(lr=2e-2, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8))
     delta = seq_logp() - before
     assert np.mean(delta[0::2]) > 1e-3 and np.mean(delta[1::2]) < -1e-3
+    return b, datums
+
+
+def test_bf16_update_moves_the_policy_the_right_way(tiny_raw, tiny_model_dir):
+    b, datums = signed_update(tiny_raw, tiny_model_dir)
+    prompt = datums[0].prompt_ids
     # the sampler follows the update: after the backend's own optimizer step its copy
     # computes the trained model's logits (the same bf16 matmuls, the adapter beside)
     ids = torch.tensor([prompt + datums[0].completion_ids.tolist()])
@@ -212,25 +220,7 @@ def test_whole_bf16_sampler_and_trainer_agree_to_bf16_rounding(
 
 
 def test_whole_bf16_update_moves_the_policy_the_right_way(whole_bf16, tiny_raw, tiny_model_dir):
-    b = make_backend(tiny_raw, tiny_model_dir, "bf16")
-    prompt, signs = PROMPTS[0], [1.0, -1.0] * 4
-    group = b.sample([prompt], len(signs), SamplingParams(max_tokens=6, temperature=1.0, seed=21))
-    datums = [
-        Datum(prompt, s.token_ids, s.logprobs, np.full(len(s.token_ids), sign))
-        for s, sign in zip(group[0], signs, strict=True)
-    ]
-
-    def seq_logp():
-        with torch.no_grad():
-            logp = b.completion_logprobs(prompt, [d.completion_ids for d in datums], 1.0)
-        return np.array(
-            [float(logp[i, : len(d.completion_ids)].sum()) for i, d in enumerate(datums)]
-        )
-
-    before = seq_logp()
-    b.train_step(datums, TrainHyper(lr=2e-2, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8))
-    delta = seq_logp() - before
-    assert np.mean(delta[0::2]) > 1e-3 and np.mean(delta[1::2]) < -1e-3
+    b, _ = signed_update(tiny_raw, tiny_model_dir)
     # the sampler follows: its copy now draws from the updated policy (float32 logits of
     # the same bf16 network; only the order of bf16 sums differs from the trainer's)
     diff, _ = agreement(b, 4, 10, 1.0)
