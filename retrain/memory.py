@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from retrain.errors import BackendError
+from retrain.hardware import WHOLE_BF16
 
 # Completions decoded at once with `prompt_batch = 0` (retrain/engines/pytorch.py) on a
 # CPU; a GPU's decoder may take more (`decode_row_budget`).
@@ -219,6 +220,13 @@ def memory_model(device_kind: str, dtype: str) -> DeviceMemoryModel:
         raise ValueError(f"no memory model for device {device_kind!r} with {dtype!r}") from None
 
 
+def rest_bytes(dtype: str, device_kind: str = "cpu") -> int:
+    """Bytes of a value outside the blocks' linears (embeddings, output layer, norms,
+    biases, and so the residual stream and the KV cache): 2 where bf16 mode holds the
+    whole model (a GPU, retrain/hardware.py WHOLE_BF16), else 4."""
+    return 2 if dtype == "bf16" and device_kind in WHOLE_BF16 else 4
+
+
 def block_bytes(dtype: str) -> int:
     """Bytes of a transformer block's linear weight: 2 in bf16-matmul mode, else 4."""
     return 2 if dtype == "bf16" else 4
@@ -286,14 +294,21 @@ class PeakMemory:
         return asdict(self)
 
 
-def weight_bytes(shape: ModelShape, dtype: str, target_modules: Sequence[str] = ()) -> int:
-    """The blocks' linears at `block_bytes(dtype)` (bf16-matmul mode: 2), everything else
-    (embeddings, output layer, norms, biases) float32, as retrain/kernels/precision.py
-    holds them. The sampler's copy (retrain/engines/sampling_copy.py) shares them all,
-    except in float32, where it holds W + scaling * B @ A for each adapted linear:
+def weight_bytes(
+    shape: ModelShape, dtype: str, target_modules: Sequence[str] = (), device_kind: str = "cpu"
+) -> int:
+    """The blocks' linears at `block_bytes(dtype)` (bf16 mode: 2), everything else
+    (embeddings, output layer, norms, biases) at `rest_bytes` (float32 on a CPU, bf16 on
+    a GPU), as retrain/kernels/precision.py holds them. The sampler's copy
+    (retrain/engines/sampling_copy.py) shares them all (a GPU's adds a float32 output
+    layer), except in float32, where it holds W + scaling * B @ A for each adapted linear:
 
-        (params - block_params) x 4 + block_params x block_bytes  [+ adapted x 4 in fp32]"""
-    own = (shape.params - shape.block_params) * 4 + shape.block_params * block_bytes(dtype)
+        (params - block_params) x rest_bytes + block_params x block_bytes
+            [+ vocab x hidden x 4 on a GPU] [+ adapted x 4 in fp32]"""
+    rest = rest_bytes(dtype, device_kind)
+    own = (shape.params - shape.block_params) * rest + shape.block_params * block_bytes(dtype)
+    if rest == 2:  # the sampling copy's float32 output layer (sampling_copy.Float32Head)
+        own += shape.vocab * shape.hidden * 4
     if block_bytes(dtype) == 2:  # bf16: the adapter runs beside the shared bf16 weights
         return own
     return own + shape.layers * sum(i * o for i, o in shape.adapted(target_modules).values()) * 4
@@ -307,16 +322,20 @@ def adapter_bytes(shape: ModelShape, lora_rank: int, target_modules: Sequence[st
 
 
 def training_bytes(
-    shape: ModelShape, positions: int, model: DeviceMemoryModel, checkpointing: bool = False
+    shape: ModelShape,
+    positions: int,
+    model: DeviceMemoryModel,
+    checkpointing: bool = False,
+    residual_bytes: int = 4,
 ) -> int:
     """One micro-batch: positions x hidden x layers x activation_bytes, and the float32
     logits of LOGIT_ROWS positions with their gradient (x 2). With activation
-    checkpointing each block keeps only its float32 input (4 bytes per hidden unit) and
-    one block at a time recomputes its activations:
+    checkpointing each block keeps only its input (`residual_bytes` per hidden unit:
+    float32 on a CPU, bf16 on a GPU) and one block at a time recomputes its activations:
 
-        positions x hidden x (layers x 4 + activation_bytes)"""
+        positions x hidden x (layers x residual_bytes + activation_bytes)"""
     per_position = shape.hidden * (
-        shape.layers * 4 + model.activation_bytes
+        shape.layers * residual_bytes + model.activation_bytes
         if checkpointing
         else shape.layers * model.activation_bytes
     )
@@ -338,9 +357,10 @@ def training_memory(
 
         total = (weights + adapter + training) x slack + runtime"""
     model = memory_model(device_kind, dtype)
-    weights = weight_bytes(shape, dtype, target_modules)
+    weights = weight_bytes(shape, dtype, target_modules, device_kind)
     adapter = adapter_bytes(shape, lora_rank, target_modules)
-    training = training_bytes(shape, micro_batch_tokens, model, checkpointing)
+    residual = rest_bytes(dtype, device_kind)
+    training = training_bytes(shape, micro_batch_tokens, model, checkpointing, residual)
     return PeakMemory(
         weights=weights,
         adapter=adapter,
@@ -378,15 +398,21 @@ def peak_memory(
     )
     rows = sampling_rows(step.batch_size, step.group_size, step.prompt_batch, step.max_rows)
     tokens = step.prompt_tokens + step.max_tokens
-    sampling = rows * (shape.kv_bytes_per_token() * tokens + shape.logit_bytes_per_row())
+    kv = shape.kv_bytes_per_token(rest_bytes(dtype, device_kind))
+    sampling = rows * (kv * tokens + shape.logit_bytes_per_row())
     if step.shards > 1:
-        return _sharded_peak(shape, step, train, sampling, dtype)
+        return _sharded_peak(shape, step, train, sampling, dtype, device_kind)
     live = train.weights + train.adapter + max(sampling, train.training)
     return replace(train, sampling=sampling, total=live * train.slack + train.runtime)
 
 
 def _sharded_peak(
-    shape: ModelShape, step: StepSizes, train: PeakMemory, sampling: int, dtype: str
+    shape: ModelShape,
+    step: StepSizes,
+    train: PeakMemory,
+    sampling: int,
+    dtype: str,
+    device_kind: str,
 ) -> PeakMemory:
     """`[backend.options] shard = true` on `step.shards` ranks: training holds 1/shards of
     the blocks plus the one block it has gathered; sampling gathers every block whole
@@ -394,7 +420,8 @@ def _sharded_peak(
 
         total = max(whole + adapter + sampling, sharded + adapter + training) x slack + runtime"""
     blocks = shape.block_params * block_bytes(dtype)
-    whole = (shape.params - shape.block_params) * 4 + blocks  # weight_bytes, no sampling copy
+    rest = (shape.params - shape.block_params) * rest_bytes(dtype, device_kind)
+    whole = rest + blocks  # weight_bytes, no sampling copy
     sharded = whole - blocks + blocks / step.shards + blocks / max(shape.layers, 1)
     live = max(whole + sampling, sharded + train.training) + train.adapter
     return replace(
@@ -476,7 +503,7 @@ def auto_micro_batch_tokens(
     )
     if n == 0:
         fixed = (
-            weight_bytes(shape, dtype, target_modules)
+            weight_bytes(shape, dtype, target_modules, device_kind)
             + adapter_bytes(shape, lora_rank, target_modules)
         ) / GIB
         raise BackendError(

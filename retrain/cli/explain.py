@@ -49,6 +49,7 @@ from retrain.memory import (
     memory_model,
     params_in_name,
     peak_memory,
+    rest_bytes,
     training_memory,
     weight_bytes,
 )
@@ -643,12 +644,12 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
     the training device's free memory (`fit_problem`)."""
     opts, step, kind, dtype = plan["opts"], plan["step"], plan["kind"], plan["dtype"]
     if kind == "cuda" and plan["free"] is not None:  # the decoder's rows, as it sizes them
-        loaded = weight_bytes(shape, dtype, step.target_modules)
+        loaded = weight_bytes(shape, dtype, step.target_modules, kind)
         loaded += adapter_bytes(shape, step.lora_rank, step.target_modules)
         rows = decode_row_budget(
             device_kind=kind,
             free_bytes=max(plan["free"] - loaded, 0),
-            kv_bytes_per_token=shape.kv_bytes_per_token(),
+            kv_bytes_per_token=shape.kv_bytes_per_token(rest_bytes(dtype, kind)),
             logit_bytes_per_row=shape.logit_bytes_per_row(),
             max_len=step.prompt_tokens + step.max_tokens,
         )

@@ -144,9 +144,19 @@ def test_params_in_name():
 
 def test_weights_at_the_dtype_the_device_holds():
     s = QWEN3_4B
-    other = s.params - s.block_params  # embeddings, norms: float32 in every mode
-    # bf16 mode: blocks at 2 bytes, shared by the sampler (its adapter runs beside them)
+    other = s.params - s.block_params  # embeddings, norms: float32 on a CPU
+    # bf16 mode on a CPU: blocks at 2 bytes, shared by the sampler (its adapter beside them)
     assert weight_bytes(s, "bf16") == other * 4 + s.block_params * 2
+    # on a GPU the whole model is bf16, and the sampler adds a float32 output layer
+    assert weight_bytes(s, "bf16", (), "cuda") == s.params * 2 + s.vocab * s.hidden * 4
+    assert weight_bytes(s, "fp32", (), "cuda") == weight_bytes(s, "fp32")
+    # its KV cache is bf16 too: half the sampling part of the same step
+    step = StepSizes(8, 16, 256, 256, 0, 32)
+    gpu = peak_memory(s, step, micro_batch_tokens=512, device_kind="cuda", dtype="bf16")
+    cpu = peak_memory(s, step, micro_batch_tokens=512, device_kind="cpu", dtype="bf16")
+    rows = sampling_rows(8, 16, 0)
+    assert gpu.sampling == rows * (s.kv_bytes_per_token(2) * 512 + s.logit_bytes_per_row())
+    assert cpu.sampling == rows * (s.kv_bytes_per_token(4) * 512 + s.logit_bytes_per_row())
     # float32: the sampler's copy holds W + BA for each adapted (here every) linear
     assert weight_bytes(s, "fp32") == other * 4 + (s.block_params * 2) * 4
     # ~7.5 GB of bf16 blocks + 1.56 GB of float32 embeddings (Qwen3-4B's 8 GB in bf16)
@@ -369,17 +379,21 @@ def test_fit_problem_blames_sampling_or_the_device_when_they_make_the_peak():
     assert tiny.message.startswith("[backend] devices:") and "[model] model" in tiny.message
 
 
-def test_checkpointing_keeps_one_float32_input_per_block():
-    """With activation checkpointing a position keeps 4 bytes per hidden unit and layer
-    (the block inputs) plus one block's activations being recomputed; the micro-batch
-    that fits grows accordingly."""
+def test_checkpointing_keeps_one_input_per_block():
+    """With activation checkpointing a position keeps its block inputs (2 bytes per hidden
+    unit and layer on a GPU's bf16 model, 4 on a CPU's float32 residual stream) plus one
+    block's activations being recomputed; the micro-batch that fits grows accordingly."""
     model = memory_model("cuda", "bf16")
     plain = training_memory(QWEN3_4B, micro_batch_tokens=1024, **SIZING)
     ckpt = training_memory(QWEN3_4B, micro_batch_tokens=1024, checkpointing=True, **SIZING)
     logits = LOGIT_ROWS * QWEN3_4B.vocab * 4 * 2
     h, layers = QWEN3_4B.hidden, QWEN3_4B.layers
     assert plain.training == 1024 * h * layers * model.activation_bytes + logits
-    assert ckpt.training == 1024 * h * (layers * 4 + model.activation_bytes) + logits
+    assert ckpt.training == 1024 * h * (layers * 2 + model.activation_bytes) + logits
+    cpu = dict(SIZING, device_kind="cpu")
+    on_cpu = training_memory(QWEN3_4B, micro_batch_tokens=1024, checkpointing=True, **cpu)
+    cpu_model = memory_model("cpu", "bf16")
+    assert on_cpu.training == 1024 * h * (layers * 4 + cpu_model.activation_bytes) + logits
     free = 79 * GIB
     assert largest_micro_batch(QWEN3_4B, free_bytes=free, checkpointing=True, **SIZING) > (
         largest_micro_batch(QWEN3_4B, free_bytes=free, **SIZING)
