@@ -191,13 +191,18 @@ def child_trl(setup: dict, steps: int, seed: int) -> dict:
     dtype = torch.bfloat16 if cuda else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
     completions = setup["batch"] * setup["group"]
+    # the headline's 128 completions train in micro-batches of 16 (all at once ran out of
+    # memory on an 80 GB H100); TRL counts completions per micro-batch, generates
+    # micro-batch x steps_per_generation at once and steps the optimizer every
+    # gradient_accumulation_steps micro-batches: all of a step's completions generated
+    # together, one optimizer step per generation, as retrain
+    micro = min(completions, 16)
+    accumulate = max(1, completions // micro)
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="gpu-bench-trl-"),
-        # the headline's 128 completions in micro-batches of 16 (all at once runs out of
-        # memory on an 80 GB card), one optimizer step and one generation per step
-        per_device_train_batch_size=min(completions, 16),
-        gradient_accumulation_steps=max(1, completions // 16),
-        steps_per_generation=1,  # one generation per optimizer step, as retrain
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=accumulate,
+        steps_per_generation=accumulate,
         num_generations=setup["group"],
         max_completion_length=setup["max_tokens"],
         temperature=1.0,
@@ -219,6 +224,7 @@ def child_trl(setup: dict, steps: int, seed: int) -> dict:
     rank = setup["lora_rank"]
     peft = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear")
     timing = _TrlTiming(cuda)
+    assert args.generation_batch_size == completions, args.generation_batch_size
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward,

@@ -24,7 +24,7 @@ def cpu_has_native_bf16() -> bool:
 # `bf16_weights`). On a GPU a float32 residual stream doubled the activations' memory and
 # sent attention to float32 kernels (the headline shape on an H100: 113 bytes per
 # position, hidden unit and layer, and a 4k-position micro-batch through FlexAttention in
-# ~4 s, against ~92 bytes and ~0.55 s wholly in bf16), while its gain, a sampler closer to
+# ~4 s, against ~94 bytes and ~0.55 s wholly in bf16), while its gain, a sampler closer to
 # the trainer, is what the importance ratio corrects anyway. A CPU keeps bf16 matmuls
 # only (`bf16_linears`): there the float32 rest costs little and halves the mismatch.
 WHOLE_BF16 = frozenset({"cuda"})

@@ -1,7 +1,7 @@
 """The local backend's bf16 mode (`[backend.options] dtype`). On a GPU the whole model is
 bf16 (`bf16_weights`; the adapter and the logits stay float32; retrain/hardware.py
-`WHOLE_BF16` says why); on a
-CPU, which this docstring is about, only the matmuls: bf16 matmuls, float32 rest.
+`WHOLE_BF16` says why); on a CPU, which the rest of this docstring is about, only the
+matmuls: bf16 matmuls, float32 rest.
 
 On a GPU, and on a CPU with native bf16 dot products (AVX512-BF16 or AMX), a bf16 matmul
 runs 2-3x faster than a float32 one (2.2-2.7x on this project's 2-core AVX512-BF16 box).
