@@ -30,6 +30,12 @@ def cpu_has_native_bf16() -> bool:
 WHOLE_BF16 = frozenset({"cuda"})
 
 
+def whole_model_bf16(dtype: str, device_type: str) -> bool:
+    """Whether the model is wholly bf16 with matmul dtype `dtype` (`matmul_dtype`'s
+    answer) on a device kind: bf16 mode on a kind in WHOLE_BF16."""
+    return dtype == "bf16" and device_type in WHOLE_BF16
+
+
 def matmul_dtype(option: str, device_type: str) -> str:
     """`[backend.options] dtype` resolved for a device kind ("cpu", "cuda", "mps"): "auto"
     is bf16 on a GPU and on a CPU with native bf16 dot products, else fp32."""

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from retrain.errors import BackendError
-from retrain.hardware import WHOLE_BF16
+from retrain.hardware import whole_model_bf16
 
 # Completions decoded at once with `prompt_batch = 0` (retrain/engines/pytorch.py) on a
 # CPU; a GPU's decoder may take more (`decode_row_budget`).
@@ -193,7 +193,7 @@ _GPU_GUESS = DeviceMemoryModel(
     calibrated="",
 )
 _CUDA_BF16 = DeviceMemoryModel(
-    # The whole model in bf16 (retrain/kernels/precision.py WHOLE_BF16), LoRA r32 on all
+    # The whole model in bf16 (retrain/hardware.py WHOLE_BF16), LoRA r32 on all
     # seven projections: 92-100 bytes per position, hidden unit and layer (FlexAttention
     # and dense mask) at Qwen3-4B's shapes on an H100 (docs/performance.md). ~40% of it
     # is PEFT's float32 copies of each adapted layer's input, kept for the backward.
@@ -223,8 +223,8 @@ def memory_model(device_kind: str, dtype: str) -> DeviceMemoryModel:
 def rest_bytes(dtype: str, device_kind: str = "cpu") -> int:
     """Bytes of a value outside the blocks' linears (embeddings, output layer, norms,
     biases, and so the residual stream and the KV cache): 2 where bf16 mode holds the
-    whole model (a GPU, retrain/hardware.py WHOLE_BF16), else 4."""
-    return 2 if dtype == "bf16" and device_kind in WHOLE_BF16 else 4
+    whole model (a GPU, retrain/hardware.py `whole_model_bf16`), else 4."""
+    return 2 if whole_model_bf16(dtype, device_kind) else 4
 
 
 def block_bytes(dtype: str) -> int:

@@ -44,7 +44,7 @@ from retrain.errors import (
     RetrainError,
     TrainingError,
 )
-from retrain.hardware import WHOLE_BF16
+from retrain.hardware import whole_model_bf16
 from retrain.kernels import flex
 from retrain.kernels.logprobs import linear_head
 from retrain.kernels.packing import (
@@ -306,7 +306,7 @@ class LocalBackend:
         if self.bf16:  # before the move: a GPU never holds the float32 blocks
             # a GPU: the whole model in bf16; a CPU: bf16 matmuls, float32 residual
             # stream (either way the adapter and the logits are float32; precision.py)
-            whole = self.train_device.type in WHOLE_BF16
+            whole = whole_model_bf16("bf16", self.train_device.type)
             (bf16_weights if whole else bf16_linears)(model)
         if not self.world.shard:  # sharded: only this rank's shards reach the device
             model.to(self.train_device)

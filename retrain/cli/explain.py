@@ -32,7 +32,7 @@ from retrain.config.validate import (
     static_token_varying,
 )
 from retrain.errors import BackendError, ConfigError, PluginError
-from retrain.hardware import WHOLE_BF16, device_memory, matmul_dtype
+from retrain.hardware import device_memory, matmul_dtype, whole_model_bf16
 from retrain.kernels import flex
 from retrain.logs import ownership
 from retrain.memory import (
@@ -550,9 +550,9 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
         opts = _local_options(config)
         kind = device_kind(config, last=True)
         out["matmuls"] = matmul_dtype(opts["dtype"], kind)
-        out["whole_model_bf16"] = out["matmuls"] == "bf16" and kind in WHOLE_BF16
+        out["whole_model_bf16"] = whole_model_bf16(out["matmuls"], kind)
         out["micro_batch_tokens"] = opts["micro_batch_tokens"]
-        out["attention"] = flex.describe(opts["attention"], device_kind(config, last=True))
+        out["attention"] = flex.describe(opts["attention"], kind)
     if "[inference]" in ignored:
         out["inference"] = {
             "engine": f"the {info.name} backend's own sampler",

@@ -174,9 +174,9 @@ def test_a_group_larger_than_a_decoding_batch_is_sampled_in_exact_parts(
 @pytest.fixture
 def whole_bf16(monkeypatch):
     """bf16 mode as a GPU runs it (the whole model in bf16), on this CPU."""
-    import retrain.backends.local as local
+    import retrain.hardware as hardware
 
-    monkeypatch.setattr(local, "WHOLE_BF16", frozenset({"cpu", "cuda"}))
+    monkeypatch.setattr(hardware, "WHOLE_BF16", frozenset({"cpu", "cuda"}))
 
 
 def test_on_a_gpu_bf16_mode_holds_the_whole_model_in_bf16(whole_bf16, tiny_raw, tiny_model_dir):
