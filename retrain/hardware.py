@@ -4,6 +4,7 @@ total memory (nvidia-smi for CUDA, /proc/meminfo for the CPU)."""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -34,6 +35,24 @@ def whole_model_bf16(dtype: str, device_type: str) -> bool:
     """Whether the model is wholly bf16 with matmul dtype `dtype` (`matmul_dtype`'s
     answer) on a device kind: bf16 mode on a kind in WHOLE_BF16."""
     return dtype == "bf16" and device_type in WHOLE_BF16
+
+
+@functools.cache
+def f32_out_matmul(device_type: str) -> bool:
+    """Whether torch multiplies two bf16 matrices into a float32 result on `device_type`
+    (`torch.mm(..., out_dtype=torch.float32)`: CUDA only, torch >= 2.8), read from the
+    installed version without importing torch. Such a product is exact up to the order
+    of sums (a product of two bf16 numbers fits a float32), so float32 logits need no
+    float32 copy of the output layer (retrain/kernels/precision.py `linear_f32`)."""
+    if device_type != "cuda":
+        return False
+    try:
+        from importlib.metadata import version
+
+        major, minor = (int(part) for part in version("torch").split(".")[:2])
+    except (ImportError, ValueError):  # no torch, or a version we cannot read
+        return False
+    return (major, minor) >= (2, 8)
 
 
 def matmul_dtype(option: str, device_type: str) -> str:

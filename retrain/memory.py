@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from retrain.errors import BackendError
-from retrain.hardware import whole_model_bf16
+from retrain.hardware import f32_out_matmul, whole_model_bf16
 
 # Completions decoded at once with `prompt_batch = 0` (retrain/engines/pytorch.py) on a
 # CPU; a GPU's decoder may take more (`decode_row_budget`).
@@ -195,12 +195,16 @@ _GPU_GUESS = DeviceMemoryModel(
 _CUDA_BF16 = DeviceMemoryModel(
     # The whole model in bf16 (retrain/hardware.py WHOLE_BF16), LoRA r32 on all
     # seven projections: 92-100 bytes per position, hidden unit and layer (FlexAttention
-    # and dense mask) at Qwen3-4B's shapes on an H100 (docs/performance.md). ~40% of it
-    # is PEFT's float32 copies of each adapted layer's input, kept for the backward.
-    activation_bytes=100,
+    # and dense mask) at Qwen3-4B's shapes on an H100 (docs/performance.md), when PEFT
+    # kept a float32 copy of each adapted layer's input for the backward. The adapter now
+    # computes in bf16 from the inputs themselves (retrain/kernels/lora_layers.py), which
+    # saves 25 of those bytes (89 -> 64 counted on a CPU at the same shapes): 100 - 25,
+    # rounded up. NOT YET MEASURED on a GPU: benchmarks/memory_fit.py re-calibrates.
+    activation_bytes=76,
     runtime_bytes=0.5 * GIB,  # cuBLAS workspaces, compiled kernels' buffers
     slack=1.05,  # the caching allocator reserved 1.035x its peak
-    calibrated="Qwen3-4B shapes, LoRA r32, H100 80GB, torch 2.11 (docs/performance.md)",
+    calibrated="Qwen3-4B shapes, LoRA r32, H100 80GB, torch 2.11 (docs/performance.md);"
+    " the bf16 adapter's saving counted on a CPU",
 )
 MEMORY_MODELS: dict[tuple[str, str], DeviceMemoryModel] = {
     ("cpu", "fp32"): _CPU,
@@ -300,14 +304,17 @@ def weight_bytes(
     """The blocks' linears at `block_bytes(dtype)` (bf16 mode: 2), everything else
     (embeddings, output layer, norms, biases) at `rest_bytes` (float32 on a CPU, bf16 on
     a GPU), as retrain/kernels/precision.py holds them. The sampler's copy
-    (retrain/engines/sampling_copy.py) shares them all (a GPU's adds a float32 output
-    layer), except in float32, where it holds W + scaling * B @ A for each adapted linear:
+    (retrain/engines/sampling_copy.py) shares them all (on a GPU with torch < 2.8 it adds
+    a float32 output layer), except in float32, where it holds W + scaling * B @ A for
+    each adapted linear:
 
         (params - block_params) x rest_bytes + block_params x block_bytes
-            [+ vocab x hidden x 4 on a GPU] [+ adapted x 4 in fp32]"""
+            [+ vocab x hidden x 4 on a GPU, torch < 2.8] [+ adapted x 4 in fp32]"""
     rest = rest_bytes(dtype, device_kind)
     own = (shape.params - shape.block_params) * rest + shape.block_params * block_bytes(dtype)
-    if rest == 2:  # the sampling copy's float32 output layer (sampling_copy.Float32Head)
+    if rest == 2 and not f32_out_matmul(device_kind):
+        # the sampling copy's float32 output layer (sampling_copy.Float32Head): torch
+        # before 2.8 cannot multiply the shared bf16 one into float32 logits
         own += shape.vocab * shape.hidden * 4
     if block_bytes(dtype) == 2:  # bf16: the adapter runs beside the shared bf16 weights
         return own

@@ -47,6 +47,7 @@ from retrain.errors import (
 from retrain.hardware import whole_model_bf16
 from retrain.kernels import flex
 from retrain.kernels.logprobs import linear_head
+from retrain.kernels.lora_layers import adapter_in_input_dtype
 from retrain.kernels.packing import (
     MASK_STYLES,
     Group,
@@ -303,10 +304,10 @@ class LocalBackend:
         self._mask_style = MASK_STYLES[attention]
         # in float32, before any bf16 or move: packing must give its own rows' logprobs
         check_packing(model, self._mask_style, self._windows, name)
+        whole = self.bf16 and whole_model_bf16("bf16", self.train_device.type)
         if self.bf16:  # before the move: a GPU never holds the float32 blocks
             # a GPU: the whole model in bf16; a CPU: bf16 matmuls, float32 residual
             # stream (either way the adapter and the logits are float32; precision.py)
-            whole = whole_model_bf16("bf16", self.train_device.type)
             (bf16_weights if whole else bf16_linears)(model)
         if not self.world.shard:  # sharded: only this rank's shards reach the device
             model.to(self.train_device)
@@ -319,6 +320,8 @@ class LocalBackend:
             task_type="CAUSAL_LM",
         )
         peft_model = get_peft_model(model, peft_config)  # PEFT keeps the adapter in float32
+        if whole:  # computed in bf16 from the bf16 stream, not from float32 copies of it
+            adapter_in_input_dtype(peft_model)
         if self.options.checkpointing:  # recompute each block in backward (train mode only)
             enable = getattr(peft_model, "activation_checkpointing_enable", None)
             (enable or peft_model.gradient_checkpointing_enable)({"use_reentrant": False})

@@ -874,9 +874,13 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
         dev = f" on {s['devices']}" if s.get("devices") else ""
         lines.append(f"Sampling:    {inf['engine']}{where}{dev}")
         if s.get("matmuls"):
+            what = (
+                "bf16 model (float32 adapter weights, computed in bf16; float32 logits)"
+                if s.get("whole_model_bf16")
+                else f"{s['matmuls']} matmuls (float32 adapter and logits)"
+            )
             lines.append(
-                f"Compute:     {'bf16 model' if s.get('whole_model_bf16') else s['matmuls'] + ' matmuls'}"
-                " (float32 adapter and logits), micro-batches "
+                f"Compute:     {what}, micro-batches "
                 f"of {_micro_batch_text(s, est)}, attention: {s['attention']}"
             )
     if est:

@@ -9,8 +9,10 @@ Each adapted linear becomes one of two layers:
   rounding (~1e-6);
 - **beside**, when the weight is in a narrower dtype than the adapter (bf16 blocks under
   the local backend's bf16 mode, or a wholly bf16 copy): the bf16 W as it is, plus
-  scaling * B @ A applied beside it in the adapter's float32, as PEFT does it in the
-  trained model. Folding the adapter into bf16 weights would not do: W is already a
+  scaling * B @ A applied beside it in the dtype the trained layer computes it in: the
+  adapter's float32, as PEFT does it, or on a wholly bf16 model (a GPU's bf16 mode) bf16,
+  as the trainer then does (retrain/kernels/lora_layers.py), in two operators with no
+  casts. Folding the adapter into bf16 weights would not do: W is already a
   bf16 number, so W + delta rounds back to W wherever delta is under half a bf16 step
   (0.4% of W), which is most of a young adapter's update. Such a sampler lags the
   trainer by the update it rounded away: on the quickstart the largest gap between its
@@ -36,8 +38,11 @@ import copy
 
 import torch
 
+from retrain.hardware import f32_out_matmul
+from retrain.kernels.lora_layers import adapter_dtype, lora_a, lora_b, plain_lora_layers
 from retrain.kernels.precision import (
     bf16_linears,
+    linear_f32,
     share_sibling_storage,
     sibling_sets,
     stack_in_place,
@@ -47,7 +52,8 @@ from retrain.kernels.precision import (
 
 def add_beside(flat: torch.Tensor, x: torch.Tensor, a, b, scaling: float) -> None:
     """flat (rows, out) += scaling * (x @ A^T) @ B^T in place, the product in A's dtype
-    (float32) in PEFT's order; `flat` may be a column slice of a wider output."""
+    (float32, or bf16 on a wholly bf16 model) in PEFT's order; `flat` may be a column
+    slice of a wider output."""
     h = torch.mm(x.reshape(-1, x.shape[-1]).to(a.dtype), a.t())
     if flat.dtype == h.dtype:  # a float32 residual stream
         flat.addmm_(h, b.t(), alpha=scaling)
@@ -56,8 +62,8 @@ def add_beside(flat: torch.Tensor, x: torch.Tensor, a, b, scaling: float) -> Non
 
 
 class LoraBeside(torch.nn.Module):
-    """base(x) + scaling * (x @ A^T) @ B^T, the adapter's part computed in its own dtype
-    (float32) beside a base layer that may run in bf16: PEFT's LoRA linear in two
+    """base(x) + scaling * (x @ A^T) @ B^T, the adapter's part computed in the trained
+    layer's adapter dtype beside a base layer that may run in bf16: PEFT's LoRA linear in two
     operators (no dropout, no per-call dtype checks), with PEFT's operand layout, so on
     the same rows its output is PEFT's (to the bit when scaling is a power of two; a
     pre-transposed A and B ran the small matmuls ~25% faster alone, but rounded
@@ -147,19 +153,22 @@ class Sibling(torch.nn.Module):
 
 class Float32Head(torch.nn.Module):
     """A narrower-than-float32 output layer computing float32 logits from the hidden
-    states, with a float32 copy of its (frozen) weight made once: the trainer computes
-    its logits in float32 from the same bf16 hidden states and weights
-    (retrain/kernels/logprobs.py), so the sampler's logprobs are not rounded to bf16
-    logits (~0.05 at logits of ~10)."""
+    states, as the trainer computes its logits from the same bf16 hidden states and
+    weights (retrain/kernels/logprobs.py), so the sampler's logprobs are not rounded to
+    bf16 logits (~0.05 at logits of ~10). On CUDA it reads the shared bf16 weight with a
+    float32 result (`precision.linear_f32`); elsewhere it holds a float32 copy of the
+    (frozen) weight, made once, rather than one per decoded token."""
 
     def __init__(self, head: torch.nn.Linear):
         super().__init__()
-        self.register_buffer("weight", head.weight.detach().float())
-        bias = None if head.bias is None else head.bias.detach().float()
-        self.register_buffer("bias", bias)
+        w = head.weight.detach()
+        shared = f32_out_matmul(w.device.type)
+        self.register_buffer("weight", w if shared else w.float())
+        bias = None if head.bias is None else head.bias.detach()
+        self.register_buffer("bias", bias if bias is None or shared else bias.float())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(x.float(), self.weight, self.bias)
+        return linear_f32(x, self.weight, self.bias)
 
 
 class SamplingCopy:
@@ -181,7 +190,7 @@ class SamplingCopy:
         """The copy in `dtype` (None: the model's own). None when `peft_model` is not a
         PEFT model with plain LoRA linears only (DoRA, several active adapters,
         embeddings, ...): the engine then samples from it as it is."""
-        layers = _plain_lora_layers(peft_model)
+        layers = plain_lora_layers(peft_model)
         if not layers:
             return None
         base = peft_model.get_base_model()
@@ -198,7 +207,7 @@ class SamplingCopy:
             inner = getattr(parent, attr).base_layer  # the copy's own (or shared) base layer
             weight_dtype = inner.weight.dtype if same else dtype
             # merged only where that is exact to rounding: a float32 weight and adapter
-            merge = weight_dtype == _lora_a(layer).weight.dtype == torch.float32
+            merge = weight_dtype == lora_a(layer).weight.dtype == torch.float32
             if merge:  # a fresh weight for W + scaling * B @ A; the same class keeps its matmul
                 w = inner.weight
                 plain = type(inner)(w.shape[1], w.shape[0], bias=False, device=w.device)
@@ -218,11 +227,12 @@ class SamplingCopy:
         if type(head) is torch.nn.Linear and head.weight.dtype != torch.float32:
             copy_.set_output_embeddings(Float32Head(head))
         pairs = []
+        stream = copy_.get_input_embeddings().weight.dtype  # what each layer is given
         for layer, parent, attr, merge in slots:
             inner = getattr(parent, attr)
-            if not merge:  # built after the cast: A and B stay in the adapter's dtype
-                a = _lora_a(layer).weight
-                inner = LoraBeside(inner, a.shape[0], a.dtype)
+            if not merge:  # A and B in the dtype the trained layer computes them in
+                rank = lora_a(layer).weight.shape[0]
+                inner = LoraBeside(inner, rank, adapter_dtype(layer, stream))
                 setattr(parent, attr, inner)
             pairs.append((layer, inner))
         _fuse_siblings(copy_, pairs)
@@ -236,7 +246,7 @@ class SamplingCopy:
         seen = tuple(
             (id(t), t._version)
             for layer, _ in self.pairs
-            for t in (_lora_a(layer).weight, _lora_b(layer).weight)
+            for t in (lora_a(layer).weight, lora_b(layer).weight)
         )
         if seen == self._seen:
             return
@@ -281,42 +291,3 @@ def _fuse_siblings(model, pairs: list) -> None:
         group = Siblings(linears, sides, weight.detach(), bias)
         for i, (name, member) in enumerate(zip(names, members)):
             setattr(parent, name, Sibling(group, i, member))
-
-
-def _lora_a(layer):
-    return layer.lora_A[layer.active_adapters[0]]
-
-
-def _lora_b(layer):
-    return layer.lora_B[layer.active_adapters[0]]
-
-
-def _plain_lora_layers(model) -> list:
-    """(name, layer) of every LoRA layer when all are plain, unmerged, single-adapter LoRA
-    linears (weights stored out x in); else []."""
-    try:
-        from peft import PeftModel
-        from peft.tuners.lora.layer import Linear as LoraLinear
-        from peft.tuners.tuners_utils import BaseTunerLayer
-    except ImportError:
-        return []
-    if not isinstance(model, PeftModel):
-        return []
-    layers = []
-    for name, module in model.named_modules():
-        if not isinstance(module, BaseTunerLayer):
-            continue
-        plain = type(module) is LoraLinear and len(module.active_adapters) == 1
-        adapter = module.active_adapters[0] if plain else None
-        if (
-            not plain
-            or module.merged
-            or module.fan_in_fan_out
-            or module.use_dora.get(adapter, False)
-            or getattr(module, "lora_bias", {}).get(adapter, False)
-            or adapter not in module.lora_A
-            or not isinstance(module.base_layer, torch.nn.Linear)
-        ):
-            return []
-        layers.append((name, module))
-    return layers

@@ -13,7 +13,11 @@ per position, only the log normaliser and, when a gradient is needed, the expect
 output-layer row under the softmax, E_r = sum_v p_rv W_v. That is all the backward pass
 needs: d logp_t / d h_r = (W[y_t] - E_r) / T. The memory is LOGIT_ROWS x vocabulary,
 whatever the micro-batch, and the work is the same two matmuls as the plain forward and
-backward (the logits, then the softmax times W).
+backward (the logits, then the softmax times W). Both are float32 products: of float32 operands on a
+CPU; on a GPU's bf16 model, of the bf16 hidden states and output layer on the tensor
+cores with a float32 result (`precision.mm_f32`, the softmax rounded to bf16 for the
+second), where a float32 copy of the output layer cost 1.6 GB at Qwen3-4B's shapes and
+float32 matmuls ran at an eighth of the bf16 rate.
 
 It is used only when the model's logits are exactly `output_layer(last hidden state)`
 (`linear_head` checks that on a probe input): soft-capped or scaled logits, or an
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from retrain.kernels.precision import linear_f32, mm_f32
 from retrain.memory import LOGIT_ROWS
 
 
@@ -81,24 +86,26 @@ def chosen_logprobs(
 class _ChosenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, row, target, temperature):
-        hidden32 = hidden.float()
-        w = weight.float()
-        b = None if bias is None else bias.float()
         rows = hidden.shape[0]
-        lse = hidden32.new_empty(rows)
-        expected = hidden32.new_empty(hidden32.shape) if ctx.needs_input_grad[0] else None
+        lse = hidden.new_empty(rows, dtype=torch.float32)
+        expected = None
+        if ctx.needs_input_grad[0]:
+            expected = hidden.new_empty(hidden.shape, dtype=torch.float32)
         for start in range(0, rows, LOGIT_ROWS):
             end = min(start + LOGIT_ROWS, rows)
-            z = torch.nn.functional.linear(hidden32[start:end], w, b)
+            z = linear_f32(hidden[start:end], weight, bias)
             if temperature != 1.0:
                 z.div_(temperature)
             lse[start:end] = torch.logsumexp(z, dim=-1)
             if expected is not None:  # the softmax, in place, times W
-                expected[start:end] = z.sub_(lse[start:end, None]).exp_() @ w
-        chosen = (hidden32[row] * w[target]).sum(-1)
-        if b is not None:
-            chosen = chosen + b[target]
-        ctx.save_for_backward(w, row, target, expected)
+                p = z.sub_(lse[start:end, None]).exp_()
+                # in W's dtype: a bf16 W takes p rounded to bf16 (a relative 2^-9, less
+                # than the bf16 gradient this becomes) to multiply on the tensor cores
+                expected[start:end] = mm_f32(p.to(weight.dtype), weight)
+        chosen = (hidden[row].float() * weight[target].float()).sum(-1)
+        if bias is not None:
+            chosen = chosen + bias[target].float()
+        ctx.save_for_backward(weight, row, target, expected)
         ctx.temperature = temperature
         ctx.rows = rows
         ctx.dtype = hidden.dtype
@@ -106,7 +113,7 @@ class _ChosenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        w, row, target, expected = ctx.saved_tensors
-        per_token = grad[:, None] * (w[target] - expected[row]) / ctx.temperature
-        grad_hidden = per_token.new_zeros((ctx.rows, w.shape[1])).index_add_(0, row, per_token)
+        weight, row, target, expected = ctx.saved_tensors
+        per_token = grad[:, None] * (weight[target].float() - expected[row]) / ctx.temperature
+        grad_hidden = per_token.new_zeros((ctx.rows, weight.shape[1])).index_add_(0, row, per_token)
         return grad_hidden.to(ctx.dtype), None, None, None, None, None

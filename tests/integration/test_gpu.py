@@ -8,6 +8,8 @@
 - packed rows through FlexAttention (compiled) give the dense mask's logprobs and
   gradients (a CPU checks the forward pass only: torch has no FlexAttention backward
   there);
+- bf16 matmuls into float32 on the tensor cores (the trainer's and the sampler's logits)
+  are the float32 products of the same values;
 - the quickstart trains on `gpu:0`: held-out correct rate up by >= 0.3 in 15 steps;
 - the original's headline shape (a random-weight model with Qwen3-4B's shapes, 8 x 16
   completions of 256 tokens, LoRA r32) runs 3 steps: every completion at 256 tokens, a
@@ -108,6 +110,26 @@ def test_flex_attention_gives_the_dense_masks_gradients():
     torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
     for x, y in zip(ga, gb):
         torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-3)
+
+
+def test_bf16_matmuls_into_float32_are_the_float32_products():
+    from retrain.engines.sampling_copy import Float32Head
+    from retrain.kernels.precision import linear_f32, mm_f32
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(300, 2560, generator=gen).bfloat16()
+    b = torch.randn(2560, 1000, generator=gen).bfloat16()
+    got = mm_f32(a.cuda(), b.cuda())
+    assert got.dtype == torch.float32
+    want = a.double() @ b.double()  # bf16 products are exact; only float32 sums differ
+    torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=2e-3)
+    # the sampler's head reads the shared bf16 weight (no float32 copy) with the same result
+    layer = torch.nn.Linear(2560, 1000, bias=False, dtype=torch.bfloat16, device="cuda")
+    head = Float32Head(layer)
+    assert head.weight.data_ptr() == layer.weight.data_ptr()
+    x = a.cuda()
+    want = linear_f32(x.cpu(), layer.weight.cpu())
+    torch.testing.assert_close(head(x).cpu(), want, rtol=1e-5, atol=2e-3)
 
 
 def _run(tmp_path: Path, flags: list[str]) -> tuple[list[dict], list[dict]]:

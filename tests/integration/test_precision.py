@@ -18,7 +18,8 @@ import torch
 from retrain.backends.local import LocalBackend
 from retrain.build import build_backend
 from retrain.config import config_from_dict
-from retrain.engines.sampling_copy import Float32Head
+from retrain.engines.sampling_copy import Float32Head, LoraBeside
+from retrain.kernels.lora_layers import InputDtypeLinear
 from retrain.kernels.precision import Bf16Linear, use_bf16
 from retrain.types import Datum, SamplingParams, TrainHyper
 
@@ -188,6 +189,12 @@ def test_on_a_gpu_bf16_mode_holds_the_whole_model_in_bf16(whole_bf16, tiny_raw, 
     rotary = [buf for name, buf in base.named_buffers() if "inv_freq" in name]
     assert rotary and all(buf.dtype == torch.float32 for buf in rotary)
     assert not any(isinstance(m, Bf16Linear) for m in base.modules())
+    # the adapter computes in bf16 from the bf16 stream (float32 A and B cast per call),
+    # and the sampler's copy beside the shared weights holds bf16 copies of A and B
+    factors = [m for m in base.modules() if isinstance(m, InputDtypeLinear)]
+    assert factors and all(f.weight.dtype == torch.float32 for f in factors)
+    sides = [m for m in b.engine.copy.model.modules() if isinstance(m, LoraBeside)]
+    assert sides and all(m.a.dtype == m.b.dtype == torch.bfloat16 for m in sides)
     # the sampler's copy computes float32 logits from its bf16 hidden states and the
     # shared bf16 output weight, as the trainer's split head does
     copy_ = b.engine.copy.model
@@ -213,8 +220,9 @@ def test_whole_bf16_sampler_and_trainer_agree_to_bf16_rounding(
 ):
     diff, _ = agreement(make_backend(tiny_raw, tiny_model_dir, "bf16"), 4, 10, 0.7)
     # the residual stream is rounded to bf16 at every layer, one token at a time in the
-    # sampler and in a packed row in the trainer; the logits are float32 in both (on
-    # this tiny model: mean 3e-4, largest 2e-3)
+    # sampler and in a packed row in the trainer, and so is the adapter's output (here
+    # B ~ N(0, 0.2), an update as large as the weights: mean 8e-4, largest 5e-3; 3e-4
+    # and 2e-3 with PEFT's float32 adapter); the logits are float32 in both
     assert np.abs(diff).mean() < 5e-3 and np.abs(diff).max() < 0.05
     assert np.abs(diff).max() > 0
 

@@ -71,6 +71,33 @@ def _compare(rows, tokens, vocab, with_bias, temperature, seed):
     torch.testing.assert_close(h1.grad.double(), h2.grad, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_a_bf16_head_gives_the_float32_logprobs_of_its_values(with_bias):
+    # a GPU's bf16 model: bf16 hidden states and output layer, float32 logprobs (there
+    # on the tensor cores, here by upcasting: the same float32 products); only the
+    # softmax in the gradient is rounded to bf16
+    gen = torch.Generator().manual_seed(3)
+    hidden = (torch.randn(40, 32, generator=gen) * 2).bfloat16()
+    weight = torch.randn(300, 32, generator=gen).bfloat16()
+    bias = torch.randn(300, generator=gen).bfloat16() if with_bias else None
+    row = torch.randint(0, 40, (60,), generator=gen)
+    target = torch.randint(0, 300, (60,), generator=gen)
+    grad_out = torch.randn(60, generator=gen)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lp, "LOGIT_ROWS", 16)
+        h1 = hidden.clone().requires_grad_(True)
+        got = chosen_logprobs(h1, LinearHead(None, weight, bias), row, target, 0.7)
+        got.backward(grad_out)
+    h2 = hidden.double().requires_grad_(True)
+    b64 = None if bias is None else bias.double()
+    want = plain(h2, weight.double(), b64, row, target, 0.7)
+    want.backward(grad_out.double())
+    assert got.dtype == torch.float32 and h1.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    err = (h1.grad.double() - h2.grad).norm() / h2.grad.norm()
+    assert err < 5e-3  # bf16's 2^-8 in the softmax and in the gradient itself
+
+
 def test_no_gradient_state_without_grad():
     hidden = torch.randn(3, 4)
     head = LinearHead(None, torch.randn(5, 4), None)

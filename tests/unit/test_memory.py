@@ -142,12 +142,18 @@ def test_params_in_name():
 # ----------------------------------------------------------------------------- dtypes
 
 
-def test_weights_at_the_dtype_the_device_holds():
+def test_weights_at_the_dtype_the_device_holds(monkeypatch):
+    import retrain.memory as memory
+
     s = QWEN3_4B
     other = s.params - s.block_params  # embeddings, norms: float32 on a CPU
     # bf16 mode on a CPU: blocks at 2 bytes, shared by the sampler (its adapter beside them)
     assert weight_bytes(s, "bf16") == other * 4 + s.block_params * 2
-    # on a GPU the whole model is bf16, and the sampler adds a float32 output layer
+    # on a GPU the whole model is bf16, the sampler's float32 logits read the shared
+    # output layer (torch >= 2.8); before, it added a float32 copy of it
+    monkeypatch.setattr(memory, "f32_out_matmul", lambda kind: kind == "cuda")
+    assert weight_bytes(s, "bf16", (), "cuda") == s.params * 2
+    monkeypatch.setattr(memory, "f32_out_matmul", lambda kind: False)
     assert weight_bytes(s, "bf16", (), "cuda") == s.params * 2 + s.vocab * s.hidden * 4
     assert weight_bytes(s, "fp32", (), "cuda") == weight_bytes(s, "fp32")
     # its KV cache is bf16 too: half the sampling part of the same step

@@ -1,0 +1,89 @@
+"""PEFT's plain LoRA linears, and the adapter computed in the model's dtype on a wholly
+bf16 model.
+
+PEFT computes each LoRA linear's adapter in the adapter's dtype (float32): it casts the
+layer's input to float32 first, and that float32 copy is what the backward keeps for the
+gradient of A. On a wholly bf16 model (a GPU's bf16 mode) that is one float32 copy per
+adapted layer, so three of the same hidden state for q/k/v and two for gate/up: at
+Qwen3-4B's block shapes ~42 of the 89 bytes a trained position kept for the backward per
+hidden unit and layer (counted on a CPU; tests/unit/test_lora_layers.py counts them on a
+small model). `adapter_in_input_dtype` has every
+plain LoRA linear compute its adapter in its input's dtype instead (bf16 matmuls reading
+float32 A and B cast per call, as autocast does for a bf16 trainer): the backward keeps
+the bf16 input the layer was given, one tensor for all the siblings that read it (89 ->
+64 bytes at Qwen3-4B's shapes). A and
+B, their gradients and the optimizer's state stay float32; only the product is rounded to
+bf16, as the base layer's output is. A float32 model is unchanged (its input is float32).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def plain_lora_layers(model) -> list:
+    """(name, layer) of every LoRA layer when all are plain, unmerged, single-adapter LoRA
+    linears (weights stored out x in); else []."""
+    try:
+        from peft import PeftModel
+        from peft.tuners.lora.layer import Linear as LoraLinear
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:
+        return []
+    if not isinstance(model, PeftModel):
+        return []
+    layers = []
+    for name, module in model.named_modules():
+        if not isinstance(module, BaseTunerLayer):
+            continue
+        plain = type(module) is LoraLinear and len(module.active_adapters) == 1
+        adapter = module.active_adapters[0] if plain else None
+        if (
+            not plain
+            or module.merged
+            or module.fan_in_fan_out
+            or module.use_dora.get(adapter, False)
+            or getattr(module, "lora_bias", {}).get(adapter, False)
+            or adapter not in module.lora_A
+            or not isinstance(module.base_layer, torch.nn.Linear)
+        ):
+            return []
+        layers.append((name, module))
+    return layers
+
+
+def lora_a(layer) -> torch.nn.Linear:
+    return layer.lora_A[layer.active_adapters[0]]
+
+
+def lora_b(layer) -> torch.nn.Linear:
+    return layer.lora_B[layer.active_adapters[0]]
+
+
+class InputDtypeLinear(torch.nn.Linear):
+    """A LoRA factor (PEFT's lora_A or lora_B) whose weight is read in its input's dtype:
+    the cast is part of the graph, so the gradient reaches the float32 weight."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return torch.nn.functional.linear(x, self.weight.to(x.dtype), bias)
+
+
+def adapter_in_input_dtype(model) -> int:
+    """Every plain LoRA linear of `model` computes its adapter in its input's dtype
+    (module docstring), in place; returns how many. 0, and PEFT's float32 adapter left
+    as it is, when the LoRA layers are not all plain (DoRA, biases, several adapters)."""
+    layers = plain_lora_layers(model)
+    for _, layer in layers:
+        layer.cast_input_dtype_enabled = False  # PEFT's switch (peft >= 0.15)
+        for factor in (lora_a(layer), lora_b(layer)):
+            factor.__class__ = InputDtypeLinear
+    return len(layers)
+
+
+def adapter_dtype(layer, input_dtype: torch.dtype) -> torch.dtype:
+    """The dtype `layer` (a plain LoRA linear) computes its adapter in for an input of
+    `input_dtype`: that dtype after `adapter_in_input_dtype`, else PEFT's, the adapter's."""
+    if isinstance(lora_a(layer), InputDtypeLinear):
+        return input_dtype
+    return lora_a(layer).weight.dtype
