@@ -40,6 +40,7 @@ import torch
 
 from retrain.hardware import f32_out_matmul
 from retrain.kernels.lora_layers import adapter_dtype, lora_a, lora_b, plain_lora_layers
+from retrain.kernels.norms import FUSED_NORM_DEVICES, fuse_rms_norms
 from retrain.kernels.precision import (
     bf16_linears,
     linear_f32,
@@ -226,8 +227,11 @@ class SamplingCopy:
         head = copy_.get_output_embeddings()
         if type(head) is torch.nn.Linear and head.weight.dtype != torch.float32:
             copy_.set_output_embeddings(Float32Head(head))
+        embeddings = copy_.get_input_embeddings().weight
+        if embeddings.device.type in FUSED_NORM_DEVICES:  # one kernel per norm, not eight
+            fuse_rms_norms(copy_)
         pairs = []
-        stream = copy_.get_input_embeddings().weight.dtype  # what each layer is given
+        stream = embeddings.dtype  # what each layer is given
         for layer, parent, attr, merge in slots:
             inner = getattr(parent, attr)
             if not merge:  # A and B in the dtype the trained layer computes them in

@@ -8,6 +8,7 @@
 - packed rows through FlexAttention (compiled) give the dense mask's logprobs and
   gradients (a CPU checks the forward pass only: torch has no FlexAttention backward
   there);
+- torch's fused RMS norm passes the sampler's probe (retrain/kernels/norms.py);
 - bf16 matmuls into float32 on the tensor cores (the trainer's and the sampler's logits)
   are the float32 products of the same values;
 - the quickstart trains on `gpu:0`: held-out correct rate up by >= 0.3 in 15 steps;
@@ -130,6 +131,28 @@ def test_bf16_matmuls_into_float32_are_the_float32_products():
     x = a.cuda()
     want = linear_f32(x.cpu(), layer.weight.cpu())
     torch.testing.assert_close(head(x).cpu(), want, rtol=1e-5, atol=2e-3)
+
+
+def test_torchs_fused_rms_norm_passes_the_probe_on_cuda():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from retrain.kernels.norms import fuse_rms_norms
+    from retrain.kernels.precision import bf16_weights
+
+    cfg = AutoConfig.for_model(
+        "qwen3", vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    bf16_weights(model)
+    model.cuda().eval()
+    ids = torch.arange(1, 40, device="cuda")[None]
+    with torch.no_grad():
+        before = model(input_ids=ids).logits.float()
+        assert fuse_rms_norms(model) == 9  # two per block, q and k per block, the final one
+        after = model(input_ids=ids).logits.float()
+    torch.testing.assert_close(after, before, rtol=0, atol=0.1)  # bf16 logits, summed otherwise
 
 
 def _run(tmp_path: Path, flags: list[str]) -> tuple[list[dict], list[dict]]:

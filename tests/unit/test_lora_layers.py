@@ -83,7 +83,13 @@ def test_the_backward_keeps_one_bf16_input_per_set_of_siblings():
     after = _per_position(_model(bf16=True, switch=True))
     q = HEADS * HEAD_DIM
     inputs = {  # each adapted linear's input width
-        "q": HIDDEN, "k": HIDDEN, "v": HIDDEN, "o": q, "gate": HIDDEN, "up": HIDDEN, "down": INTER
+        "q": HIDDEN,
+        "k": HIDDEN,
+        "v": HIDDEN,
+        "o": q,
+        "gate": HIDDEN,
+        "up": HIDDEN,
+        "down": INTER,
     }
     # q/k/v read one tensor, gate/up another; o's input is the attention's output, which
     # the attention keeps for its own backward anyway
@@ -122,7 +128,9 @@ def test_the_adapter_stays_float32_under_the_same_names():
     assert list(plain.state_dict()) == list(ours.state_dict())
     layers = plain_lora_layers(ours)
     assert layers and all(adapter_dtype(m, torch.bfloat16) == torch.bfloat16 for _, m in layers)
-    assert all(adapter_dtype(m, torch.bfloat16) == torch.float32 for _, m in plain_lora_layers(plain))
+    assert all(
+        adapter_dtype(m, torch.bfloat16) == torch.float32 for _, m in plain_lora_layers(plain)
+    )
     factors = [m for m in ours.modules() if isinstance(m, InputDtypeLinear)]
     assert len(factors) == 2 * 7 * LAYERS
     assert all(f.weight.dtype == torch.float32 for f in factors)

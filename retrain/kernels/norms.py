@@ -1,0 +1,82 @@
+"""The sampler's RMS norms as one kernel each on CUDA.
+
+transformers' Llama-family RMSNorm (Llama, Qwen2/3, Mistral, ...) runs about eight
+operators: cast to float32, square, mean, add epsilon, reciprocal square root, multiply,
+cast back, multiply by the weight. A decode step of one token per row is hundreds of such
+small kernels (a Qwen3 block has four norms: before attention, before the MLP, and on
+each head's queries and keys), and on a GPU their count, not their work, sets the step's
+time: even replayed from a CUDA graph each kernel costs a few microseconds. torch's
+`rms_norm` is one fused kernel on CUDA (float32 inside, the result rounded once to the
+input's dtype), so `RmsNorm` computes the same thing in two: the normalisation, then the
+weight, in the order transformers rounds them. On a CPU torch's `rms_norm` is the same
+eight operators, so nothing is replaced there (FUSED_NORM_DEVICES).
+
+Only norms whose output equals `RmsNorm`'s on a probe (to the rounding of their dtype)
+are replaced: Gemma's (1 + weight), a norm with a bias or another formula keeps its own.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Device kinds where torch's rms_norm is one fused kernel (CUDA, torch >= 2.9).
+FUSED_NORM_DEVICES = frozenset({"cuda"})
+
+
+class RmsNorm(torch.nn.Module):
+    """weight * rms_norm(x), normalised in float32 and rounded to x's dtype before the
+    weight multiplies it, as transformers' Llama-family RMSNorm does."""
+
+    def __init__(self, weight: torch.nn.Parameter, eps: float):
+        super().__init__()
+        self.weight = weight
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * torch.nn.functional.rms_norm(x, (x.shape[-1],), eps=self.eps)
+
+
+def _candidate(module: torch.nn.Module) -> RmsNorm | None:
+    """An `RmsNorm` sharing `module`'s weight when it looks like an RMS norm (one 1-D
+    weight, an epsilon, no children) and computes the same on a probe; else None."""
+    params = dict(module.named_parameters(recurse=False))
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    weight = params.get("weight")
+    if (
+        type(module) is RmsNorm
+        or list(params) != ["weight"]
+        or weight.dim() != 1
+        or not isinstance(eps, float)
+        or any(True for _ in module.children())
+    ):
+        return None
+    ours = RmsNorm(weight, eps)
+    gen = torch.Generator(device=weight.device).manual_seed(0)
+    x = torch.randn(4, weight.shape[0], generator=gen, device=weight.device) * 3
+    x = x.to(weight.dtype)
+    with torch.no_grad():
+        try:
+            want = module(x)
+        except Exception:  # not a module of one tensor
+            return None
+        got = ours(x)
+    if want.shape != got.shape or want.dtype != got.dtype:
+        return None
+    # one rounding step of the dtype: the fused kernel sums in its own order
+    tol = 2 * torch.finfo(x.dtype).eps
+    if not torch.allclose(got.float(), want.float(), rtol=tol, atol=tol):
+        return None
+    return ours
+
+
+def fuse_rms_norms(model: torch.nn.Module) -> int:
+    """Replace every RMS norm of `model` that `RmsNorm` computes the same as (module
+    docstring) by one sharing its weight, in place; returns how many."""
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            ours = _candidate(child)
+            if ours is not None:
+                setattr(parent, name, ours)
+                count += 1
+    return count
