@@ -307,7 +307,7 @@ class LocalBackend:
         whole = self.bf16 and whole_model_bf16("bf16", self.train_device.type)
         if self.bf16:  # before the move: a GPU never holds the float32 blocks
             # a GPU: the whole model in bf16; a CPU: bf16 matmuls, float32 residual
-            # stream (either way the adapter and the logits are float32; precision.py)
+            # stream (either way the adapter's weights and the logits are float32; precision.py)
             (bf16_weights if whole else bf16_linears)(model)
         if not self.world.shard:  # sharded: only this rank's shards reach the device
             model.to(self.train_device)

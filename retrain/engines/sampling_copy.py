@@ -56,19 +56,19 @@ def add_beside(flat: torch.Tensor, x: torch.Tensor, a, b, scaling: float) -> Non
     (float32, or bf16 on a wholly bf16 model) in PEFT's order; `flat` may be a column
     slice of a wider output."""
     h = torch.mm(x.reshape(-1, x.shape[-1]).to(a.dtype), a.t())
-    if flat.dtype == h.dtype:  # a float32 residual stream
+    if flat.dtype == h.dtype:  # the adapter in the stream's dtype (float32, or all bf16)
         flat.addmm_(h, b.t(), alpha=scaling)
     else:  # a bf16 residual stream: added in float32, rounded once (PEFT's order)
         flat.copy_(torch.addmm(flat.to(h.dtype), h, b.t(), alpha=scaling))
 
 
 class LoraBeside(torch.nn.Module):
-    """base(x) + scaling * (x @ A^T) @ B^T, the adapter's part computed in the trained
-    layer's adapter dtype beside a base layer that may run in bf16: PEFT's LoRA linear in two
-    operators (no dropout, no per-call dtype checks), with PEFT's operand layout, so on
-    the same rows its output is PEFT's (to the bit when scaling is a power of two; a
-    pre-transposed A and B ran the small matmuls ~25% faster alone, but rounded
-    differently and sampled no faster). A and B are this layer's copies, refreshed in
+    """base(x) + scaling * (x @ A^T) @ B^T, the adapter's part computed in the dtype
+    the trained layer computes it in, beside a base layer that may run in bf16: PEFT's
+    LoRA linear in two operators (no dropout, no per-call dtype checks), with PEFT's
+    operand layout, so on the same rows its output is PEFT's (to the bit when scaling is a
+    power of two; a pre-transposed A and B ran the small matmuls ~25% faster alone, but
+    rounded differently and sampled no faster). A and B are this layer's copies, refreshed in
     place (`SamplingCopy.refresh`), so a captured CUDA graph reads the new values."""
 
     def __init__(self, base: torch.nn.Module, rank: int, dtype: torch.dtype):

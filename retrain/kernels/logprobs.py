@@ -13,11 +13,11 @@ per position, only the log normaliser and, when a gradient is needed, the expect
 output-layer row under the softmax, E_r = sum_v p_rv W_v. That is all the backward pass
 needs: d logp_t / d h_r = (W[y_t] - E_r) / T. The memory is LOGIT_ROWS x vocabulary,
 whatever the micro-batch, and the work is the same two matmuls as the plain forward and
-backward (the logits, then the softmax times W). Both are float32 products: of float32 operands on a
-CPU; on a GPU's bf16 model, of the bf16 hidden states and output layer on the tensor
-cores with a float32 result (`precision.mm_f32`, the softmax rounded to bf16 for the
-second), where a float32 copy of the output layer cost 1.6 GB at Qwen3-4B's shapes and
-float32 matmuls ran at an eighth of the bf16 rate.
+backward (the logits, then the softmax times W). Both are float32 products: of float32
+operands on a CPU; on a GPU's bf16 model, of the bf16 hidden states and output layer on
+the tensor cores with a float32 result (`precision.mm_f32`, the softmax rounded to bf16
+for the second), where a float32 copy of the output layer cost 1.6 GB at Qwen3-4B's
+shapes and float32 matmuls ran an order of magnitude below the bf16 rate.
 
 It is used only when the model's logits are exactly `output_layer(last hidden state)`
 (`linear_head` checks that on a probe input): soft-capped or scaled logits, or an

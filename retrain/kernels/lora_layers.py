@@ -7,13 +7,13 @@ gradient of A. On a wholly bf16 model (a GPU's bf16 mode) that is one float32 co
 adapted layer, so three of the same hidden state for q/k/v and two for gate/up: at
 Qwen3-4B's block shapes ~42 of the 89 bytes a trained position kept for the backward per
 hidden unit and layer (counted on a CPU; tests/unit/test_lora_layers.py counts them on a
-small model). `adapter_in_input_dtype` has every
-plain LoRA linear compute its adapter in its input's dtype instead (bf16 matmuls reading
-float32 A and B cast per call, as autocast does for a bf16 trainer): the backward keeps
-the bf16 input the layer was given, one tensor for all the siblings that read it (89 ->
-64 bytes at Qwen3-4B's shapes). A and
-B, their gradients and the optimizer's state stay float32; only the product is rounded to
-bf16, as the base layer's output is. A float32 model is unchanged (its input is float32).
+small model). `adapter_in_input_dtype` has every plain LoRA linear compute its adapter in
+its input's dtype instead (bf16 matmuls reading float32 A and B cast per call, as
+autocast does for a bf16 trainer): the backward keeps the bf16 input the layer was given,
+one tensor for all the siblings that read it (89 -> 64 bytes at Qwen3-4B's shapes). A
+and B, their gradients and the optimizer's state stay float32; only the product is
+rounded to bf16, as the base layer's output is. A float32 model is unchanged (its input
+is float32).
 """
 
 from __future__ import annotations
