@@ -39,7 +39,13 @@ import copy
 import torch
 
 from retrain.hardware import f32_out_matmul
-from retrain.kernels.lora_layers import adapter_dtype, lora_a, lora_b, plain_lora_layers
+from retrain.kernels.lora_layers import (
+    adapter_dtype,
+    lora_a,
+    lora_b,
+    lora_scaling,
+    plain_lora_layers,
+)
 from retrain.kernels.norms import FUSED_NORM_DEVICES, fuse_rms_norms
 from retrain.kernels.precision import (
     bf16_linears,
@@ -256,9 +262,7 @@ class SamplingCopy:
             return
         with torch.no_grad():
             for layer, inner in self.pairs:
-                adapter = layer.active_adapters[0]
-                a, b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight
-                scaling = layer.scaling[adapter]
+                a, b, scaling = lora_a(layer).weight, lora_b(layer).weight, lora_scaling(layer)
                 if isinstance(inner, LoraBeside):
                     inner.a.copy_(a)
                     inner.b.copy_(b)
@@ -278,7 +282,7 @@ def _fuse_siblings(model, pairs: list) -> None:
         if not all(id(m) in trained for m in members):
             continue
         layers = [trained[id(m)] for m in members]
-        if len({layer.scaling[layer.active_adapters[0]] for layer in layers}) != 1:
+        if len({lora_scaling(layer) for layer in layers}) != 1:
             continue
         beside = {isinstance(m, LoraBeside) for m in members}
         if len(beside) != 1:

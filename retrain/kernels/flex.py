@@ -190,9 +190,9 @@ def grouped_decode(query, key, value, mask, scaling) -> torch.Tensor:
     the keys and values per query head. transformers' SDPA path repeats the cache's keys
     and values for every query head whenever a mask is given (every decode step of a
     left-padded batch), a copy that grows with rows x cache length (~30% of a decode
-    step's GPU time at 16 rows of 128 positions on an H100). Here the query heads of one key/value head become that head's queries (a
-    query head h reads key/value head h // group, as the repeat lays them out), so SDPA
-    reads each cached key once. (batch, heads, 1, head_dim) in, (batch, 1, heads,
+    step's GPU time at 16 rows of 128 positions on an H100). Here the query heads of one
+    key/value head become that head's queries (a query head h reads key/value head
+    h // group, as the repeat lays them out), so SDPA reads each cached key once. (batch, heads, 1, head_dim) in, (batch, 1, heads,
     head_dim) out, like transformers' attention functions."""
     import torch
 

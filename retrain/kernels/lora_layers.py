@@ -60,6 +60,10 @@ def lora_b(layer) -> torch.nn.Linear:
     return layer.lora_B[layer.active_adapters[0]]
 
 
+def lora_scaling(layer) -> float:
+    return layer.scaling[layer.active_adapters[0]]
+
+
 class InputDtypeLinear(torch.nn.Linear):
     """A LoRA factor (PEFT's lora_A or lora_B) whose weight is read in its input's dtype:
     the cast is part of the graph, so the gradient reaches the float32 weight."""

@@ -90,7 +90,8 @@ def mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b (2-D) in float32. Two bf16 (or fp16) operands on CUDA go to the tensor cores
     with a float32 result (`hardware.f32_out_matmul`): each product of two bf16 numbers
     is exact in float32 and cuBLAS sums in float32, so this is the float32 product of the
-    same values up to the order of sums, ~8x the float32 rate on an H100 and with no
+    same values up to the order of sums, on hardware with an order of magnitude more bf16
+    than float32 throughput (an H100's peak figures; not measured here) and with no
     float32 copy of either operand. Elsewhere both are taken to float32 (the same
     values)."""
     narrow = a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
