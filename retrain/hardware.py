@@ -157,3 +157,13 @@ def device_memory(
             return None
         return parse_meminfo(text)
     return None
+
+
+def cuda_free_bytes(device) -> int:
+    """Bytes a new tensor can take on a CUDA device: the driver's free memory plus what
+    torch's caching allocator holds unused (freed activations, kept for reuse), which the
+    driver counts as taken."""
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)

@@ -196,15 +196,17 @@ _CUDA_BF16 = DeviceMemoryModel(
     # The whole model in bf16 (retrain/hardware.py WHOLE_BF16), LoRA r32 on all
     # seven projections: 92-100 bytes per position, hidden unit and layer (FlexAttention
     # and dense mask) at Qwen3-4B's shapes on an H100 (docs/performance.md), when PEFT
-    # kept a float32 copy of each adapted layer's input for the backward. The adapter now
-    # computes in bf16 from the inputs themselves (retrain/kernels/lora_layers.py), which
-    # saves 25 of those bytes (89 -> 64 counted on a CPU at the same shapes): 100 - 25,
-    # rounded up. NOT YET MEASURED on a GPU: benchmarks/memory_fit.py re-calibrates.
-    activation_bytes=76,
+    # kept a float32 copy of each adapted layer's input for the backward and the norms
+    # and gated MLPs kept their float32 and intermediate copies. Since then the adapter
+    # computes in bf16 from the inputs themselves (retrain/kernels/lora_layers.py: 89 ->
+    # 64 counted on a CPU at the same shapes) and the norms and gated products keep
+    # their inputs only (retrain/kernels/recompute.py: 64 -> 48): 100 - 25 - 16, rounded
+    # up. NOT YET MEASURED on a GPU: benchmarks/memory_fit.py re-calibrates.
+    activation_bytes=60,
     runtime_bytes=0.5 * GIB,  # cuBLAS workspaces, compiled kernels' buffers
     slack=1.05,  # the caching allocator reserved 1.035x its peak
     calibrated="Qwen3-4B shapes, LoRA r32, H100 80GB, torch 2.11 (docs/performance.md);"
-    " the bf16 adapter's saving counted on a CPU",
+    " the bf16 adapter's and the recomputed parts' savings counted on a CPU",
 )
 MEMORY_MODELS: dict[tuple[str, str], DeviceMemoryModel] = {
     ("cpu", "fp32"): _CPU,

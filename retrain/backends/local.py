@@ -44,7 +44,7 @@ from retrain.errors import (
     RetrainError,
     TrainingError,
 )
-from retrain.hardware import whole_model_bf16
+from retrain.hardware import cuda_free_bytes, whole_model_bf16
 from retrain.kernels import flex
 from retrain.kernels.logprobs import linear_head
 from retrain.kernels.lora_layers import adapter_in_input_dtype
@@ -58,6 +58,7 @@ from retrain.kernels.packing import (
     split,
 )
 from retrain.kernels.precision import bf16_linears, bf16_weights, use_bf16
+from retrain.kernels.recompute import recompute_elementwise
 from retrain.kernels.windows import windows_of
 from retrain.loss import (
     LossFn,
@@ -70,6 +71,7 @@ from retrain.loss import (
     step_weights,
 )
 from retrain.memory import (
+    HEADROOM,
     ModelShape,
     auto_micro_batch_tokens,
     fit_problem,
@@ -235,13 +237,14 @@ class LocalBackend:
         lora = self.settings.lora
         sizing = dict(device_kind=device.type, dtype=dtype, lora_rank=lora.rank)
         sizing.update(target_modules=lora.target_modules, checkpointing=opts.checkpointing)
+        self._sizing, self._shape = sizing, None  # for _room_for_training
         if device.type != "cuda":  # CPU and MPS: auto is the CPU-measured 512, no check
             if opts.micro_batch_tokens == "auto":
                 n = auto_micro_batch_tokens(None, free_bytes=None, **sizing)
                 self.options = replace(opts, micro_batch_tokens=n)
             return
         free, total = torch.cuda.mem_get_info(device)
-        shape = self._model_shape(model)
+        shape = self._shape = self._model_shape(model)
         if opts.micro_batch_tokens == "auto":
             n = auto_micro_batch_tokens(shape, free_bytes=free, **sizing)
             say(
@@ -322,6 +325,8 @@ class LocalBackend:
         peft_model = get_peft_model(model, peft_config)  # PEFT keeps the adapter in float32
         if whole:  # computed in bf16 from the bf16 stream, not from float32 copies of it
             adapter_in_input_dtype(peft_model)
+            # norms and gated products keep their bf16 inputs only (retrain/kernels/recompute.py)
+            recompute_elementwise(peft_model)
         if self.options.checkpointing:  # recompute each block in backward (train mode only)
             enable = getattr(peft_model, "activation_checkpointing_enable", None)
             (enable or peft_model.gradient_checkpointing_enable)({"use_reentrant": False})
@@ -527,6 +532,7 @@ class LocalBackend:
         start, stop = self.world.bounds(len(datums))
         mine, weights = datums[start:stop], weights[start:stop]
         filler = min(datums, key=_area) if self.world.shard else None
+        released = self._room_for_training()
         while isinstance(
             sums := self._accumulate_on_rank(
                 mine, hyper, loss_fn, denominator, weights, weighted, filler
@@ -534,8 +540,13 @@ class LocalBackend:
             int,
         ):
             retries += 1
+            # the sampler's kept caches go first, and the same budget runs again (not
+            # with a sharded base: the other ranks are already in the next pass)
+            if not self.world.shard and self._decoder_beside_training() and self.engine.release():
+                released = True
+                continue
             self._back_off(sums, mine)
-        if retries:
+        if self.options.micro_batch_tokens != before:
             self._say(
                 f"out of memory on {self.train_device} in a training micro-batch: "
                 f"[backend.options] micro_batch_tokens lowered {before} -> "
@@ -555,6 +566,8 @@ class LocalBackend:
         self.optimizer.zero_grad(set_to_none=True)
         extra = stats.metrics()
         extra.update(micro_batch_tokens=self.options.micro_batch_tokens, oom_retries=retries)
+        if self._decoder_beside_training():
+            extra["sampler_cache_released"] = float(released)
         if self.world.shard:
             extra["shard_padding_passes"] = self._padding
         return TrainResult(
@@ -650,6 +663,30 @@ class LocalBackend:
             ratio_sum += chunk_ratio_sum
             ratio_max = max(ratio_max, chunk_ratio_max)
         return loss_sum, ratio_sum, ratio_max, stats
+
+    def _decoder_beside_training(self) -> bool:
+        """Whether an in-process sampler shares the CUDA device training runs on."""
+        return (
+            self.train_device.type == "cuda"
+            and self.engine.traits.in_process
+            and self.infer_device == self.train_device
+        )
+
+    def _room_for_training(self) -> bool:
+        """Before a step's micro-batches on CUDA: the in-process sampler keeps its static
+        caches and CUDA graphs between steps (retrain/engines/static_decode.py; 128 rows of
+        2,304 positions of Qwen3-4B are ~40 GiB), and gives them back here when one
+        micro-batch's estimated activations would not fit beside them, or the model's
+        shape is unknown; the next sampling phase captures its graphs again. Whether it
+        released them."""
+        if not self._decoder_beside_training() or not self.engine.kept_bytes():
+            return False
+        if self._shape is not None:
+            budget = self.options.micro_batch_tokens
+            peak = training_memory(self._shape, micro_batch_tokens=budget, **self._sizing)
+            if peak.training * peak.slack <= HEADROOM * cuda_free_bytes(self.train_device):
+                return False
+        return self.engine.release() > 0
 
     def _back_off(self, failed: int, datums: list[Datum]) -> None:
         """After a micro-batch of `failed` completions ran out of memory: give the cached

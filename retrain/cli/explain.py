@@ -875,7 +875,8 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
         lines.append(f"Sampling:    {inf['engine']}{where}{dev}")
         if s.get("matmuls"):
             what = (
-                "bf16 model (float32 adapter weights, computed in bf16; float32 logits)"
+                "bf16 model (float32 adapter weights, computed in bf16; float32 logits; "
+                "norms and gated MLPs recomputed in the backward)"
                 if s.get("whole_model_bf16")
                 else f"{s['matmuls']} matmuls (float32 adapter and logits)"
             )

@@ -44,6 +44,17 @@ class ServerEngine(Engine, Protocol):
         """Make the server sample from the adapter saved at `path`."""
 
 
+class InProcessEngine(Engine, Protocol):
+    """An engine sampling from the trained model in this process, on its device."""
+
+    def kept_bytes(self) -> int:
+        """Device bytes it keeps between calls beyond the model (caches for captured
+        graphs)."""
+
+    def release(self) -> int:
+        """Give those back (the next call rebuilds them); returns the bytes released."""
+
+
 class UnboundEngine(Protocol):
     """What an in-process engine's factory returns: bound to the model by the backend."""
 
@@ -60,7 +71,7 @@ class UnboundEngine(Protocol):
         bf16: bool,
         threads: Any,
         sampling_copy: bool = True,
-    ) -> Engine:
+    ) -> InProcessEngine:
         """The engine sampling from `model` on `device`; `bf16` says the trainer runs bf16
         matmuls (its sampling copy then does too), `threads` is the backend's
         retrain.threads.ThreadPolicy; `sampling_copy = False` samples from `model`

@@ -48,6 +48,7 @@ import torch
 from retrain.engines.draw import draw, uniforms
 from retrain.engines.sampling_copy import SamplingCopy
 from retrain.errors import BackendError
+from retrain.hardware import cuda_free_bytes
 from retrain.kernels.cache_arg import cache_kwargs
 from retrain.memory import decoding_batches
 from retrain.registry import ENGINES
@@ -207,6 +208,15 @@ class PyTorchEngine:
     def close(self) -> None:
         pass  # nothing of its own: the model is the backend's
 
+    def kept_bytes(self) -> int:
+        """Device bytes the static decoder keeps between calls for its CUDA graphs."""
+        return 0 if self.static is None else self.static.kept_bytes()
+
+    def release(self) -> int:
+        """Give the static decoder's kept caches and graphs back (static_decode.py
+        `release`); returns the bytes released."""
+        return 0 if self.static is None else self.static.release()
+
     def _sampling_model(self):
         if self.copy is None:
             return self.model
@@ -256,13 +266,11 @@ class PyTorchEngine:
             self._shape = shape_from_config(self.model.config.to_dict())
         if self._shape is None:  # sizes retrain/memory.py cannot read: the CPU's bound
             return None
-        free, _ = torch.cuda.mem_get_info(self.device)
-        # what torch's caching allocator holds unused (the last training step's
-        # activations) is free to the decoder too, though the driver counts it as taken
-        free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
         return decode_row_budget(
             device_kind="cuda",
-            free_bytes=free,
+            # the last training step's activations, which the caching allocator holds
+            # unused, included
+            free_bytes=cuda_free_bytes(self.device),
             # the cache holds the residual stream's dtype: the embeddings'
             kv_bytes_per_token=self._shape.kv_bytes_per_token(
                 model.get_input_embeddings().weight.element_size()

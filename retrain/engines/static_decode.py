@@ -9,7 +9,9 @@ weights, set the pace (59 ms per decode step at 64 rows, where the weights alone
 
 - allocates the cache once for `rows` x `length` positions (transformers' StaticCache,
   which tracks its fill level on the device), and keeps it for later calls of the same
-  shape, so a captured graph's addresses stay valid;
+  shape, so a captured graph's addresses stay valid; `release` gives the kept caches and
+  their graphs back (the local backend does before training when a micro-batch would
+  not fit beside them), and the next call allocates and captures again;
 - prefills every row's prompt (left-padded) in one forward pass with an explicit 4-D
   mask: a real token attends to the real tokens at or before it; a pad attends only to
   itself (so no attention row is empty) and no real token ever attends to a pad;
@@ -179,6 +181,7 @@ class StaticDecoder:
         self._shapes: dict[tuple[int, int], tuple[Any, _Step]] = {}  # (R, L) -> cache, step
         self._captured: dict[tuple, Any] = {}  # (R, L, sampling settings) -> CUDAGraph
         self._pool = None
+        self.keep = graphs  # caches kept between calls: a captured graph holds their addresses
         self.graph_failures = 0
         self.windows = windows  # the model's sliding windows (retrain/kernels/windows.py)
 
@@ -212,7 +215,7 @@ class StaticDecoder:
         sliding = self.windows.sliding is not None
         made = full_length_cache(model, length)
         buffers = (made, _Step.allocate(rows, length, self.device, sliding))
-        if self.graphs:
+        if self.keep:
             if len(self._shapes) >= KEPT_SHAPES:  # a cache and graphs hold device memory
                 oldest = next(iter(self._shapes))
                 del self._shapes[oldest]
@@ -220,6 +223,26 @@ class StaticDecoder:
                     del self._captured[graph_key]
             self._shapes[key] = buffers
         return buffers
+
+    def kept_bytes(self) -> int:
+        """Bytes of the keys and values the kept caches hold (allocated at their first
+        prefill)."""
+        return sum(
+            t.nbytes
+            for cache, _ in self._shapes.values()
+            for layer in cache.layers
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+            if isinstance(t, torch.Tensor)
+        )
+
+    def release(self) -> int:
+        """Give back the kept caches and the graphs captured on them; returns the cache
+        bytes released. The next call of each shape allocates and captures again."""
+        released = self.kept_bytes()
+        self._shapes.clear()
+        self._captured.clear()
+        self._pool = None  # the graphs' private memory goes with the last of them
+        return released
 
     def _prefill(self, model, cache, step: _Step, prompts: list[list[int]], width: int):
         """Every row's prompt, left-padded to `width`, into the reset cache; returns the

@@ -36,21 +36,22 @@ class RmsNorm(torch.nn.Module):
         return self.weight * torch.nn.functional.rms_norm(x, (x.shape[-1],), eps=self.eps)
 
 
-def _candidate(module: torch.nn.Module) -> RmsNorm | None:
-    """An `RmsNorm` sharing `module`'s weight when it looks like an RMS norm (one 1-D
-    weight, an epsilon, no children) and computes the same on a probe; else None."""
+def rms_norm_candidate(module: torch.nn.Module, make: type[RmsNorm] = RmsNorm) -> RmsNorm | None:
+    """A `make` (RmsNorm or a subclass) sharing `module`'s weight when `module` is not
+    one already, looks like an RMS norm (one 1-D weight, an epsilon, no children) and
+    computes the same on a probe; else None."""
     params = dict(module.named_parameters(recurse=False))
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     weight = params.get("weight")
     if (
-        type(module) is RmsNorm
+        type(module) is make
         or list(params) != ["weight"]
         or weight.dim() != 1
         or not isinstance(eps, float)
         or any(True for _ in module.children())
     ):
         return None
-    ours = RmsNorm(weight, eps)
+    ours = make(weight, eps)
     gen = torch.Generator(device=weight.device).manual_seed(0)
     x = torch.randn(4, weight.shape[0], generator=gen, device=weight.device) * 3
     x = x.to(weight.dtype)
@@ -75,7 +76,7 @@ def fuse_rms_norms(model: torch.nn.Module) -> int:
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            ours = _candidate(child)
+            ours = rms_norm_candidate(child)
             if ours is not None:
                 setattr(parent, name, ours)
                 count += 1

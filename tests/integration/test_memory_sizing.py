@@ -155,6 +155,73 @@ def test_one_completion_that_cannot_fit_stops_with_the_keys_to_lower(backend, mo
 
 
 # ----------------------------------------------------------------------------- the
+# sampler's kept caches on a shared CUDA device (stand-ins: the device's free memory,
+# and caches kept on the CPU as the graphs keep them on CUDA)
+
+
+def kept_sampler(tiny_raw, tiny_model_dir, monkeypatch, free: float) -> LocalBackend:
+    import retrain.backends.local as local
+
+    raw = copy.deepcopy(tiny_raw)
+    raw["backend"]["options"]["decode"] = "static"
+    b = make_backend(raw, tiny_model_dir)
+    b.engine.static.keep = True  # as decode = "graphs" keeps them on CUDA
+    monkeypatch.setattr(b, "_decoder_beside_training", lambda: True)
+    monkeypatch.setattr(local, "cuda_free_bytes", lambda device: free)
+    b._shape = shape_from_config(b.model.config.to_dict())
+    return b
+
+
+def test_kept_caches_stay_when_a_micro_batch_fits_beside_them(
+    tiny_raw, tiny_model_dir, monkeypatch
+):
+    b = kept_sampler(tiny_raw, tiny_model_dir, monkeypatch, free=1000 * GIB)
+    datums = datums_of(b)
+    kept = b.engine.kept_bytes()
+    assert kept > 0
+    result = b.train_step(datums, HYPER)
+    assert result.extra["sampler_cache_released"] == 0 and result.extra["oom_retries"] == 0
+    assert b.engine.kept_bytes() == kept
+
+
+def test_kept_caches_give_way_to_a_micro_batch_that_would_not_fit(
+    tiny_raw, tiny_model_dir, monkeypatch
+):
+    b = kept_sampler(tiny_raw, tiny_model_dir, monkeypatch, free=0)
+    datums = datums_of(b)
+    result = b.train_step(datums, HYPER)
+    assert result.extra["sampler_cache_released"] == 1 and result.extra["oom_retries"] == 0
+    assert b.engine.kept_bytes() == 0
+    datums_of(b)  # the next sampling phase keeps its cache again
+    assert b.engine.kept_bytes() > 0
+
+
+def test_out_of_memory_releases_kept_caches_before_halving(tiny_raw, tiny_model_dir, monkeypatch):
+    b = kept_sampler(tiny_raw, tiny_model_dir, monkeypatch, free=1000 * GIB)
+    datums = datums_of(b)
+    with torch.no_grad():  # a non-trivial adapter, so the gradient reaches LoRA A too
+        for name, p in b.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)
+    clean, grad_clean = step_gradients(b, datums, HYPER, 10_000)
+    inner, failures = b._logprobs, []
+
+    def once(groups, temperature):  # the estimate was wrong once: a real OOM
+        if not failures:
+            failures.append(1)
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return inner(groups, temperature)
+
+    monkeypatch.setattr(b, "_logprobs", once)
+    result, grads = step_gradients(b, datums, HYPER, 10_000)
+    assert result.extra["oom_retries"] == 1 and result.extra["sampler_cache_released"] == 1
+    assert result.extra["micro_batch_tokens"] == 10_000  # the same budget, not halved
+    assert b.engine.kept_bytes() == 0
+    for a, g in zip(grad_clean, grads, strict=True):
+        assert torch.allclose(a, g, rtol=1e-4, atol=1e-7)
+
+
+# ----------------------------------------------------------------------------- the
 # run-start check on CUDA, with a stand-in device and model shape
 
 

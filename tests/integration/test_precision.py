@@ -21,6 +21,7 @@ from retrain.config import config_from_dict
 from retrain.engines.sampling_copy import Float32Head, LoraBeside
 from retrain.kernels.lora_layers import InputDtypeLinear
 from retrain.kernels.precision import Bf16Linear, use_bf16
+from retrain.kernels.recompute import GatedMlp, RecomputedRmsNorm
 from retrain.types import Datum, SamplingParams, TrainHyper
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]
@@ -195,6 +196,10 @@ def test_on_a_gpu_bf16_mode_holds_the_whole_model_in_bf16(whole_bf16, tiny_raw, 
     assert factors and all(f.weight.dtype == torch.float32 for f in factors)
     sides = [m for m in b.engine.copy.model.modules() if isinstance(m, LoraBeside)]
     assert sides and all(m.a.dtype == m.b.dtype == torch.bfloat16 for m in sides)
+    # the trainer's norms and gated MLPs keep only their inputs for the backward
+    layers = base.config.num_hidden_layers
+    assert sum(isinstance(m, GatedMlp) for m in base.modules()) == layers
+    assert sum(isinstance(m, RecomputedRmsNorm) for m in base.modules()) == 2 * layers + 1
     # the sampler's copy computes float32 logits from its bf16 hidden states and the
     # shared bf16 output weight, as the trainer's split head does
     copy_ = b.engine.copy.model

@@ -12,70 +12,22 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
+from tiny_qwen3 import HEAD_DIM, HEADS, HIDDEN, INTER, LAYERS, RANK, per_position, qwen3_lora  # noqa: E402
+
 from retrain.kernels.lora_layers import (  # noqa: E402
     InputDtypeLinear,
     adapter_dtype,
     adapter_in_input_dtype,
     plain_lora_layers,
 )
-from retrain.kernels.precision import bf16_weights  # noqa: E402
-
-HIDDEN, INTER, HEADS, KV, HEAD_DIM, LAYERS, RANK = 64, 160, 4, 2, 16, 2, 8
 
 
 def _model(bf16: bool, switch: bool, **lora):
-    from peft import LoraConfig, get_peft_model
-
-    cfg = transformers.Qwen3Config(
-        hidden_size=HIDDEN,
-        intermediate_size=INTER,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV,
-        head_dim=HEAD_DIM,
-        num_hidden_layers=LAYERS,
-        vocab_size=97,
-        tie_word_embeddings=True,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    if bf16:
-        bf16_weights(model)
-    else:  # the bf16 model's values, held in float32: the reference
-        bf16_weights(model)
-        model.float()
-    config = LoraConfig(r=RANK, lora_alpha=2 * RANK, target_modules="all-linear", **lora)
-    peft_model = get_peft_model(model, config)
-    with torch.no_grad():  # a trained adapter: B is not zero
-        for name, p in peft_model.named_parameters():
-            if "lora_" in name:
-                p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
-    if switch:
-        adapter_in_input_dtype(peft_model)
-    return peft_model
-
-
-def _saved_bytes(model, positions: int) -> int:
-    """Bytes of the activations the backward keeps (parameters and buffers left out)."""
-    own = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in own:
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    ids = torch.arange(positions)[None] % 97
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model.get_base_model().model(input_ids=ids)
-    return sum(seen.values())
+    return qwen3_lora(bf16, switch, **lora)
 
 
 def _per_position(model) -> int:
-    """Saved bytes per position and layer: the difference of two lengths cancels what
-    does not grow with them (the bf16 casts of A and B)."""
-    return (_saved_bytes(model, 48) - _saved_bytes(model, 16)) // 32 // LAYERS
+    return per_position(model) // LAYERS
 
 
 def test_the_backward_keeps_one_bf16_input_per_set_of_siblings():

@@ -175,8 +175,8 @@ def test_explain_sizes_auto_to_an_80_gib_gpu(tmp_path, capsys, monkeypatch, no_c
     assert est["peak_memory_gib"] <= 0.9 * 79.1 and est["memory_problem"] is None
     assert f"micro-batches of {n} tokens (auto)" in text
     assert (
-        "Compute:     bf16 model (float32 adapter weights, computed in bf16; float32 logits)"
-        in text
+        "Compute:     bf16 model (float32 adapter weights, computed in bf16; float32 logits; "
+        "norms and gated MLPs recomputed in the backward)" in text
     )
     line = memory_line(text)
     assert line.startswith("Memory:      gpu:0: 79.1 of 80 GiB free; 4,022M params; peak ~")

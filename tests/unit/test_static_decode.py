@@ -114,6 +114,34 @@ def test_rows_padded_to_a_bucket_decode_the_same():
         assert torch.allclose(a.logprobs[r, :n], b.logprobs[r, :n], atol=1e-5)
 
 
+def test_kept_caches_are_reused_counted_and_released():
+    """With graphs the decoder keeps each shape's cache between calls (a captured graph
+    holds its addresses); `release` gives them back and the next call starts afresh with
+    the same draws."""
+    model = tiny_model(seed=5)
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=9)
+    u = uniforms(len(PROMPTS), params.max_tokens, torch.Generator().manual_seed(9))
+    decoder = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
+    assert not decoder.keep  # without graphs nothing is kept
+    decoder.decode(model, PROMPTS, params, u)
+    assert decoder.kept_bytes() == 0
+    decoder.keep = True
+    first = decoder.decode(model, PROMPTS, params, u)
+    ((cache, _),) = decoder._shapes.values()
+    length = max(map(len, PROMPTS)) + params.max_tokens
+    cfg = model.config
+    per_layer = 2 * len(PROMPTS) * cfg.num_key_value_heads * length * cfg.head_dim * 4
+    assert decoder.kept_bytes() == cfg.num_hidden_layers * per_layer  # keys and values, float32
+    decoder.decode(model, PROMPTS, params, u)
+    assert next(iter(decoder._shapes.values()))[0] is cache  # the same shape reuses it
+    assert decoder.release() == cfg.num_hidden_layers * per_layer
+    assert decoder.kept_bytes() == 0 and not decoder._captured
+    again = decoder.decode(model, PROMPTS, params, u)
+    assert next(iter(decoder._shapes.values()))[0] is not cache
+    assert torch.equal(again.tokens, first.tokens)
+    assert torch.equal(again.logprobs, first.logprobs)
+
+
 def test_the_prefill_mask_never_lets_a_real_token_see_a_pad():
     key_valid = torch.tensor([[False, False, True, True, False], [True, True, True, True, False]])
     mask = prefill_mask(key_valid, 4)[:, 0]  # (R, 4 queries, 5 keys)
