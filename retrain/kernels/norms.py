@@ -36,6 +36,26 @@ class RmsNorm(torch.nn.Module):
         return self.weight * torch.nn.functional.rms_norm(x, (x.shape[-1],), eps=self.eps)
 
 
+def probe(
+    module: torch.nn.Module,
+    ours: torch.nn.Module,
+    width: int,
+    like: torch.Tensor,
+    scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(module's output, ours') for one seeded random input of 4 rows of `width`
+    features (times `scale`) in `like`'s dtype and device; None when `module` does not
+    take one such tensor."""
+    gen = torch.Generator(device=like.device).manual_seed(0)
+    x = (torch.randn(4, width, generator=gen, device=like.device) * scale).to(like.dtype)
+    with torch.no_grad():
+        try:
+            want = module(x)
+        except Exception:  # not a module of one tensor
+            return None
+        return want, ours(x)
+
+
 def rms_norm_candidate(module: torch.nn.Module, make: type[RmsNorm] = RmsNorm) -> RmsNorm | None:
     """A `make` (RmsNorm or a subclass) sharing `module`'s weight when `module` is not
     one already, looks like an RMS norm (one 1-D weight, an epsilon, no children) and
@@ -52,19 +72,14 @@ def rms_norm_candidate(module: torch.nn.Module, make: type[RmsNorm] = RmsNorm) -
     ):
         return None
     ours = make(weight, eps)
-    gen = torch.Generator(device=weight.device).manual_seed(0)
-    x = torch.randn(4, weight.shape[0], generator=gen, device=weight.device) * 3
-    x = x.to(weight.dtype)
-    with torch.no_grad():
-        try:
-            want = module(x)
-        except Exception:  # not a module of one tensor
-            return None
-        got = ours(x)
+    outputs = probe(module, ours, weight.shape[0], weight, scale=3.0)
+    if outputs is None:
+        return None
+    want, got = outputs
     if want.shape != got.shape or want.dtype != got.dtype:
         return None
     # one rounding step of the dtype: the fused kernel sums in its own order
-    tol = 2 * torch.finfo(x.dtype).eps
+    tol = 2 * torch.finfo(weight.dtype).eps
     if not torch.allclose(got.float(), want.float(), rtol=tol, atol=tol):
         return None
     return ours

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from retrain.kernels.norms import RmsNorm, rms_norm_candidate
+from retrain.kernels.norms import RmsNorm, probe, rms_norm_candidate
 
 
 class _Recompute(torch.autograd.Function):
@@ -98,16 +98,8 @@ def _mlp_candidate(module: torch.nn.Module) -> GatedMlp | None:
     if not isinstance(module.act_fn, torch.nn.Module) or not isinstance(width, int):
         return None
     ours = GatedMlp(module)
-    weight = next(module.gate_proj.parameters())
-    gen = torch.Generator(device=weight.device).manual_seed(0)
-    x = torch.randn(3, width, generator=gen, device=weight.device).to(weight.dtype)
-    with torch.no_grad():
-        try:
-            want = module(x)
-        except Exception:  # not a module of one tensor
-            return None
-        got = ours(x)
-    return ours if torch.equal(got, want) else None
+    outputs = probe(module, ours, width, next(module.gate_proj.parameters()))
+    return ours if outputs is not None and torch.equal(*outputs) else None
 
 
 def recompute_elementwise(model: torch.nn.Module) -> tuple[int, int]:
