@@ -155,6 +155,38 @@ def test_torchs_fused_rms_norm_passes_the_probe_on_cuda():
     torch.testing.assert_close(after, before, rtol=0, atol=0.1)  # bf16 logits, summed otherwise
 
 
+def test_recomputed_norms_and_gated_products_give_the_models_gradients_on_cuda():
+    """On CUDA the recomputed norm runs torch's fused rms_norm forward and backward, so
+    the gradients match the model's own to bf16 rounding, not to the bit as on a CPU."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from retrain.kernels.precision import bf16_weights
+    from retrain.kernels.recompute import recompute_elementwise
+
+    cfg = AutoConfig.for_model(
+        "qwen3", vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+    )  # fmt: skip
+    ids = torch.arange(1, 60, device="cuda")[None]
+    grads = []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg)
+        bf16_weights(model)
+        model.cuda()
+        for name, p in model.named_parameters():  # the MLPs and norms trained, for the test
+            p.requires_grad_("mlp" in name or "norm" in name)
+        if recompute:
+            assert recompute_elementwise(model) == (9, 2)
+        out = model.model(input_ids=ids).last_hidden_state.float()
+        (out * torch.linspace(-1, 1, out.shape[-1], device="cuda")).sum().backward()
+        grads.append(
+            torch.cat([p.grad.float().flatten() for p in model.parameters() if p.requires_grad])
+        )
+    rel = (grads[1] - grads[0]).norm() / grads[0].norm()
+    assert grads[0].norm() > 0 and rel < 0.02, rel
+
+
 def _run(tmp_path: Path, flags: list[str]) -> tuple[list[dict], list[dict]]:
     from retrain.cli.init import templates
     from retrain.config import load_config
