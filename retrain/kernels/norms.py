@@ -11,8 +11,10 @@ input's dtype), so `RmsNorm` computes the same thing in two: the normalisation, 
 weight, in the order transformers rounds them. On a CPU torch's `rms_norm` is the same
 eight operators, so nothing is replaced there (FUSED_NORM_DEVICES).
 
-Only norms whose output equals `RmsNorm`'s on a probe (to the rounding of their dtype)
-are replaced: Gemma's (1 + weight), a norm with a bias or another formula keeps its own.
+The trainer's norms take the same form on a GPU, recomputed in the backward
+(retrain/kernels/recompute.py). Only norms whose output equals `RmsNorm`'s on a probe
+(to the rounding of their dtype) are replaced: Gemma's (1 + weight), a norm with a bias
+or another formula keeps its own.
 """
 
 from __future__ import annotations
