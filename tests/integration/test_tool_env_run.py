@@ -74,8 +74,10 @@ def taught_model(directory: Path, env_args: dict) -> Path:
     model = AutoModelForCausalLM.from_pretrained(directory)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     torch.manual_seed(0)
-    for _ in range(300):
+    for _ in range(300):  # until it writes CALL (loss < 0.01), a few dozen steps
         loss = model(input_ids=ids, labels=labels).loss
+        if loss.item() < 0.01:
+            break
         opt.zero_grad()
         loss.backward()
         opt.step()
