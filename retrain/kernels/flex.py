@@ -192,8 +192,9 @@ def grouped_decode(query, key, value, mask, scaling) -> torch.Tensor:
     left-padded batch), a copy that grows with rows x cache length (~30% of a decode
     step's GPU time at 16 rows of 128 positions on an H100). Here the query heads of one
     key/value head become that head's queries (a query head h reads key/value head
-    h // group, as the repeat lays them out), so SDPA reads each cached key once. (batch, heads, 1, head_dim) in, (batch, 1, heads,
-    head_dim) out, like transformers' attention functions."""
+    h // group, as the repeat lays them out), so SDPA reads each cached key once.
+    (batch, heads, 1, head_dim) in, (batch, 1, heads, head_dim) out, like transformers'
+    attention functions."""
     import torch
 
     rows, heads, _, dim = query.shape

@@ -35,7 +35,10 @@ class RmsNorm(torch.nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * torch.nn.functional.rms_norm(x, (x.shape[-1],), eps=self.eps)
+        return self._normed(x, self.weight)
+
+    def _normed(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return weight * torch.nn.functional.rms_norm(x, (x.shape[-1],), eps=self.eps)
 
 
 def probe(

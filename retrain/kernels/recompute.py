@@ -68,9 +68,6 @@ class RecomputedRmsNorm(RmsNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return recomputed(self._normed, x, self.weight)
 
-    def _normed(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return weight * torch.nn.functional.rms_norm(x, (x.shape[-1],), eps=self.eps)
-
 
 class GatedMlp(torch.nn.Module):
     """down(act(gate(x)) * up(x)) with the gated product recomputed in the backward:

@@ -22,17 +22,13 @@ from retrain.kernels.lora_layers import (  # noqa: E402
 )
 
 
-def _model(bf16: bool, switch: bool, **lora):
-    return qwen3_lora(bf16, switch, **lora)
-
-
 def _per_position(model) -> int:
     return per_position(model) // LAYERS
 
 
 def test_the_backward_keeps_one_bf16_input_per_set_of_siblings():
-    before = _per_position(_model(bf16=True, switch=False))
-    after = _per_position(_model(bf16=True, switch=True))
+    before = _per_position(qwen3_lora(bf16=True, switch=False))
+    after = _per_position(qwen3_lora(bf16=True, switch=True))
     q = HEADS * HEAD_DIM
     inputs = {  # each adapted linear's input width
         "q": HIDDEN,
@@ -58,7 +54,7 @@ def test_gradients_equal_a_float32_reference_to_bf16_rounding():
     probe = torch.randn(1, 24, HIDDEN, generator=torch.Generator().manual_seed(1))
     grads = {}
     for name, bf16, switch in (("ref", False, False), ("peft", True, False), ("ours", True, True)):
-        model = _model(bf16=bf16, switch=switch)
+        model = qwen3_lora(bf16=bf16, switch=switch)
         out = model.get_base_model().model(input_ids=ids).last_hidden_state
         (out.float() * probe).sum().backward()
         grads[name] = torch.cat(
@@ -75,8 +71,8 @@ def test_gradients_equal_a_float32_reference_to_bf16_rounding():
 
 
 def test_the_adapter_stays_float32_under_the_same_names():
-    plain = _model(bf16=True, switch=False)
-    ours = _model(bf16=True, switch=True)
+    plain = qwen3_lora(bf16=True, switch=False)
+    ours = qwen3_lora(bf16=True, switch=True)
     assert list(plain.state_dict()) == list(ours.state_dict())
     layers = plain_lora_layers(ours)
     assert layers and all(adapter_dtype(m, torch.bfloat16) == torch.bfloat16 for _, m in layers)
@@ -92,7 +88,7 @@ def test_a_float32_model_computes_exactly_as_before():
     ids = torch.arange(20)[None] % 97
     outs = []
     for switch in (False, True):
-        model = _model(bf16=False, switch=switch)
+        model = qwen3_lora(bf16=False, switch=switch)
         out = model.get_base_model().model(input_ids=ids).last_hidden_state
         out.sum().backward()
         grads = [p.grad for p in model.parameters() if p.requires_grad]
@@ -103,6 +99,6 @@ def test_a_float32_model_computes_exactly_as_before():
 
 
 def test_a_dora_adapter_is_left_to_peft():
-    model = _model(bf16=True, switch=False, use_dora=True)
+    model = qwen3_lora(bf16=True, switch=False, use_dora=True)
     assert adapter_in_input_dtype(model) == 0
     assert not any(isinstance(m, InputDtypeLinear) for m in model.modules())
