@@ -22,6 +22,7 @@ affects both. A table goes to stdout, everything to `--json`.
     python benchmarks/gpu.py --what headline,quickstart --rounds 2
     python benchmarks/gpu.py --smoke              # the plumbing, on the CPU, in a minute
     python benchmarks/gpu.py --what headline --only retrain,retrain-dense   # flex vs dense
+    python benchmarks/gpu.py --what headline --only retrain,retrain-compiled   # decode compiled
 
 On an offline CUDA machine see ../shared/gpu/README.md (the bundle) and docs/performance.md.
 """
@@ -160,6 +161,8 @@ def child_retrain(setup: dict, steps: int, seed: int, extra: list[str]) -> dict:
                 "peak_gpu_gb": r.get("gpu_peak_memory_gb"),
                 "log_ratio_mean": r.get("log_ratio_mean"),
                 "log_ratio_max_abs": r.get("log_ratio_max_abs"),
+                "cuda_graphs": r.get("engine_cuda_graphs"),  # 1: the decode step captured
+                "compiled": r.get("engine_compiled"),  # 1: compiled (retrain-compiled)
             }
             for r in rows
         ],
@@ -334,13 +337,21 @@ def child_generate(setup: dict, steps: int, seed: int) -> dict:
 def child_retrain_dense(setup: dict, steps: int, seed: int, extra: list[str]) -> dict:
     """retrain with packed rows through the dense L x L mask instead of FlexAttention (what
     `[backend.options] attention = "auto"` picks on CUDA for rows of 2048+ positions)."""
-    dense = ["--backend-options", json.dumps({"attention": "dense"})]
+    dense = ["--backend-opt", "attention=dense"]  # added to the table, not replacing it
     return child_retrain(setup, steps, seed, [*extra, *dense])
+
+
+def child_retrain_compiled(setup: dict, steps: int, seed: int, extra: list[str]) -> dict:
+    """retrain with the decode step compiled by inductor and captured as a CUDA graph
+    (`[backend.options] decode = "compiled"`) instead of captured uncompiled (auto)."""
+    compiled = ["--backend-opt", "decode=compiled"]
+    return child_retrain(setup, steps, seed, [*extra, *compiled])
 
 
 CHILDREN = {
     "retrain": child_retrain,
     "retrain-dense": child_retrain_dense,
+    "retrain-compiled": child_retrain_compiled,
     "trl": child_trl,
     "generate": child_generate,
 }
@@ -471,7 +482,7 @@ def parse(argv):
         "--only",
         default="retrain,trl,generate",
         help="which kinds to run: retrain, retrain-dense (packed rows through the dense "
-        "mask, not FlexAttention), trl, generate",
+        "mask, not FlexAttention), retrain-compiled (the decode step compiled), trl, generate",
     )
     p.add_argument("--model-dir", default=str(Path(tempfile.gettempdir()) / "rand4b"))
     p.add_argument("--smoke", action="store_true", help="a tiny model on the CPU (plumbing)")

@@ -17,7 +17,10 @@ blocks (the engine: the adapter beside the bf16 weights, in float32, sibling
 projections as one matmul), blocks_unfused (each projection its own matmul), blocks_peft
 (the engine on the PEFT model as is), blocks_folded (the adapter folded into the bf16
 weights, rounded: the faster copy retrain does not use, because it rounds a small update
-away). `--mismatch` prints each variant's trainer-minus-sampler logprobs instead.
+away), blocks_static (the engine through the static decoder: a preallocated cache, one
+fixed-shape step), blocks_compiled (that step compiled by torch.compile: `decode =
+"compiled"`; its compile falls in the warm-up round, timed apart). `--mismatch` prints each
+variant's trainer-minus-sampler logprobs instead.
 """
 
 from __future__ import annotations
@@ -194,6 +197,8 @@ def main(argv=None) -> int:
         fold_into_bf16(engines["blocks_folded"])
         engines["blocks_unfused"] = make_engine(blocks, tokenizer)
         unfuse(engines["blocks_unfused"])
+        engines["blocks_static"] = make_engine(blocks, tokenizer, decode="static")
+        engines["blocks_compiled"] = make_engine(blocks, tokenizer, decode="compiled")
     engines = {k: e for k, e in engines.items() if k in variants}
     if args.mismatch:
         result = {}
@@ -207,6 +212,7 @@ def main(argv=None) -> int:
         runners[name] = lambda s, e=engine: run_engine(e, prompts_B, s)
     variants = [(v, int(t)) for v in variants for t in args.threads.split(",")]
     runs: dict[str, list[dict]] = {f"{v}/t{t}": [] for v, t in variants}
+    warmup: dict[str, float] = {}  # round 0's seconds: a compile, when there is one
     for r in range(args.rounds + 1):  # round 0 warms up
         for v, t in variants:
             torch.set_num_threads(t)
@@ -215,14 +221,21 @@ def main(argv=None) -> int:
             seconds = time.perf_counter() - start
             load1 = os.getloadavg()[0]
             print(f"round {r} {v}/t{t}: {tokens / seconds:.1f} tok/s, load {load1:.1f}", flush=True)
-            if r:
+            if not r:
+                warmup[f"{v}/t{t}"] = seconds
+            else:
                 runs[f"{v}/t{t}"].append({"tok_s": tokens / seconds, "s": seconds, "load1": load1})
-    print(f"{'variant':<16} {'tok/s':>8} {'s':>7} {'load':>6}   (median of {args.rounds})")
+    print(
+        f"{'variant':<20} {'tok/s':>8} {'s':>7} {'load':>6} {'warm-up s':>10}   (median of {args.rounds})"
+    )
     summary = {}
     for key, rs in runs.items():
         summary[key] = {k: statistics.median(x[k] for x in rs) for k in ("tok_s", "s", "load1")}
+        summary[key]["warmup_s"] = warmup[key]
         s = summary[key]
-        print(f"{key:<16} {s['tok_s']:>8.1f} {s['s']:>7.2f} {s['load1']:>6.1f}")
+        print(
+            f"{key:<20} {s['tok_s']:>8.1f} {s['s']:>7.2f} {s['load1']:>6.1f} {s['warmup_s']:>10.2f}"
+        )
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"summary": summary, "runs": runs}, indent=2))

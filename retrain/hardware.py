@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -63,6 +64,18 @@ def matmul_dtype(option: str, device_type: str) -> str:
     if device_type == "cuda" or (device_type == "cpu" and cpu_has_native_bf16()):
         return "bf16"
     return "fp32"
+
+
+def compiler_missing(device_type: str) -> str | None:
+    """What torch.compile's inductor needs to compile for a device kind and this machine
+    lacks (None: nothing): triton for CUDA, a C++ compiler (`$CXX`, else g++, as
+    inductor looks for it) elsewhere."""
+    if device_type == "cuda":
+        from importlib.util import find_spec
+
+        return None if find_spec("triton") else "triton is not installed"
+    cxx = os.environ.get("CXX", "g++")
+    return None if shutil.which(cxx) else f"no C++ compiler ({cxx}) on PATH"
 
 
 # nvidia-smi answers in well under a second; a hung driver must not hang `explain`.

@@ -571,9 +571,12 @@ BACKENDS = Registry(
                     "auto",
                     "How the pytorch engine decodes: auto (graphs on CUDA, dynamic elsewhere), "
                     "dynamic (the cache grows, finished rows leave the batch), static (a "
-                    "preallocated cache and one fixed-shape step) or graphs (static, the step "
-                    "captured as a CUDA graph; CUDA only)",
-                    validator=_one_of("auto", "dynamic", "static", "graphs"),
+                    "preallocated cache and one fixed-shape step), graphs (static, the step "
+                    "captured as a CUDA graph; CUDA only) or compiled (static, the step "
+                    "compiled by torch.compile into fewer fused kernels, and on CUDA captured "
+                    "as a graph; compiles at the first step and once more at a new shape; "
+                    "needs triton on CUDA, a C++ compiler on a CPU)",
+                    validator=_one_of("auto", "dynamic", "static", "graphs", "compiled"),
                 ),
                 "checkpointing": OptionSpec(
                     "bool",

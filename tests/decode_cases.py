@@ -7,14 +7,16 @@ from __future__ import annotations
 import torch
 
 
-def adapter_update_case(device, graphs: bool, tokens: int = 40) -> None:
-    """bf16 mode's sampling copy decoded by the static decoder (`graphs`: captured): the
-    copy computes the trained PEFT model's logits, the decoder draws what the eager one
-    draws, and after an in-place adapter update and the copy's refresh, the same captured
-    step draws what the eager decoder draws from the updated copy.
-    tests/unit/test_static_decode.py runs it on a CPU (graphs=False),
-    tests/integration/test_gpu.py on CUDA with graphs."""
+def adapter_update_case(device, graphs: bool, tokens: int = 40, compiled: bool = False) -> None:
+    """bf16 mode's sampling copy decoded by the static decoder (`graphs`: captured;
+    `compiled`: the step compiled): the copy computes the trained PEFT model's logits,
+    the decoder draws what the eager one draws, and after an in-place adapter update and
+    the copy's refresh, the same captured (compiled) step draws what the eager decoder
+    draws from the updated copy: it reads the adapter, not a snapshot of it.
+    tests/unit/test_static_decode.py runs it on a CPU (graphs=False, eager and compiled),
+    tests/integration/test_gpu.py on CUDA with graphs (eager and compiled)."""
     from peft import LoraConfig, get_peft_model
+    from torch._dynamo.utils import counters
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from retrain.engines.draw import uniforms
@@ -38,8 +40,8 @@ def adapter_update_case(device, graphs: bool, tokens: int = 40) -> None:
     params = SamplingParams(max_tokens=tokens, temperature=1.0, top_p=1.0, seed=3)
     u = uniforms(len(prompts), tokens, torch.Generator(device=device).manual_seed(3))
     eager = StaticDecoder(eos_ids=[2], pad_id=0, device=device)
-    tested = StaticDecoder(eos_ids=[2], pad_id=0, device=device, graphs=graphs)
-    drawn = []
+    tested = StaticDecoder(eos_ids=[2], pad_id=0, device=device, graphs=graphs, compiled=compiled)
+    drawn, compiles = [], []
     for update in range(2):
         if update:  # an optimizer step: the adapter's tensors change in place
             with torch.no_grad():
@@ -62,6 +64,10 @@ def adapter_update_case(device, graphs: bool, tokens: int = 40) -> None:
             assert torch.equal(a.tokens[r, :n], b.tokens[r, :n])
             assert torch.allclose(a.logprobs[r, :n], b.logprobs[r, :n], atol=2e-2)
         drawn.append(a)
+        compiles.append(counters["stats"]["unique_graphs"])
     if graphs:  # one capture, replayed after the update
         assert tested.graph_failures == 0 and len(tested._captured) == 1
+    if compiled:  # compiled for the first decode, not again for the update
+        assert tested.compile_failures == 0 and tested._compiled_step is not None
+        assert compiles[0] == compiles[1]
     assert not torch.equal(drawn[0].logprobs, drawn[1].logprobs)  # the update was sampled

@@ -31,6 +31,8 @@ from retrain.config.validate import (
     flow_problems,
     static_token_varying,
 )
+from retrain.engines.decoders import decoder_for
+from retrain.engines.decoders import describe as describe_decoder
 from retrain.errors import BackendError, ConfigError, PluginError
 from retrain.hardware import device_memory, matmul_dtype, whole_model_bf16
 from retrain.kernels import flex
@@ -563,6 +565,12 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
             "engine": config.inference.engine,
             "url": config.inference.url or None,
         }
+        engine = registry.ENGINES.entry(config.inference.engine)
+        traits = engine.engine_traits if engine is not None else None
+        if config.backend.backend == "local" and traits is not None and traits.in_process:
+            sampler = device_kind(config)  # checked by the config's validation
+            option = _local_options(config)["decode"]
+            out["inference"]["decode"] = describe_decoder(decoder_for(option, sampler), sampler)
     return out
 
 
@@ -872,7 +880,8 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
             lines.append("Loss:        " + ", ".join(f"{k} {v}" for k, v in s["loss"].items()))
         where = f" at {inf['url']}" if inf.get("url") else ""
         dev = f" on {s['devices']}" if s.get("devices") else ""
-        lines.append(f"Sampling:    {inf['engine']}{where}{dev}")
+        decode = f", decode: {inf['decode']}" if inf.get("decode") else ""
+        lines.append(f"Sampling:    {inf['engine']}{where}{dev}{decode}")
         if s.get("matmuls"):
             what = (
                 "bf16 model (float32 adapter weights, computed in bf16; float32 logits; "

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from retrain import registry
 from retrain.config.schema import Config
+from retrain.hardware import compiler_missing
 from retrain.types import USER_OBJECTIVE, BackendCapabilities, EngineTraits, check_option
 
 Problems = list[tuple[str, str]]
@@ -489,11 +490,25 @@ def device_kind(config: Config, last: bool = False) -> str:
 
 
 def _decode(config: Config) -> Problems:
-    """CUDA graphs on a sampler that is not a GPU (the first of `[backend] devices`)."""
-    if config.backend.options.get("decode") != "graphs" or "decode" not in _options_of(config):
+    """CUDA graphs on a sampler that is not a GPU (the first of `[backend] devices`); a
+    compiled decode step where torch.compile has no compiler for the sampler's device."""
+    decode = config.backend.options.get("decode")
+    if decode not in ("graphs", "compiled") or "decode" not in _options_of(config):
         return []
-    sampler = device_part(config)
-    if device_kind(config) == "cuda":
+    sampler, kind = device_part(config), device_kind(config)
+    if decode == "compiled":
+        missing = compiler_missing(kind)
+        if missing is None:
+            return []
+        return [
+            (
+                "[backend.options] decode",
+                f'= "compiled" compiles the decode step with torch.compile for the sampler '
+                f"({sampler!r}), but {missing}. Fix: install it, or decode = "
+                '"auto"',
+            )
+        ]
+    if kind == "cuda":
         return []
     return [
         (

@@ -8,7 +8,7 @@ a row's completion depends on its own uniforms only. The recorded logprobs are e
 those of the distribution each token was drawn from. Temperature 0 (held-out evaluation)
 decodes greedily: the argmax token, with logprob 0 (it was chosen with probability 1).
 
-Two decoders run a batch (`[backend.options] decode`):
+The decoders (`[backend.options] decode`, named in retrain/engines/decoders.py):
 
 - dynamic (the CPU's default): each prompt is prefilled once (left-padded across
   prompts, with position ids counted from the first real token) and its cache repeated
@@ -16,7 +16,9 @@ Two decoders run a batch (`[backend.options] decode`):
   cache rows are dropped), so the work follows the real token count;
 - static, and graphs (CUDA's default): a preallocated cache and one fixed-shape step,
   captured as a CUDA graph on a GPU (retrain/engines/static_decode.py). Finished rows
-  are masked, not removed. With the same uniforms both draw the same tokens.
+  are masked, not removed. With the same uniforms both draw the same tokens;
+- compiled (opt-in): static, with the step compiled by inductor (fewer, fused kernels;
+  a compile at the first step and at a new shape), and on CUDA captured as a graph.
 
 With `prompt_batch = 0` a step is decoded in batches of at most `SAMPLE_ROWS`
 completions (`decoding_batches` in retrain/memory.py, which explain's memory estimate
@@ -45,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from retrain.engines.decoders import decoder_for
 from retrain.engines.draw import draw, uniforms
 from retrain.engines.sampling_copy import SamplingCopy
 from retrain.errors import BackendError
@@ -56,10 +59,6 @@ from retrain.settings import EngineSettings
 from retrain.types import EngineTraits, Sample, SamplingParams
 
 TRAITS: EngineTraits = ENGINES.entry("pytorch").engine_traits
-# How a decoding batch is run: "dynamic" (the cache grows, finished rows leave: the CPU's
-# default), "static" (a preallocated cache, one fixed-shape step: retrain/engines/
-# static_decode.py), "graphs" (static, the step captured as a CUDA graph: CUDA's default).
-DECODERS = ("dynamic", "static", "graphs")
 
 
 @dataclass
@@ -114,23 +113,9 @@ class UnboundPyTorchEngine:
             dtype="auto" if bf16 else s.dtype,
             sampling_copy=sampling_copy,
             threads=threads,
-            decode=decoder_for(s.decode, device),
+            decode=decoder_for(s.decode, device.type),
             say=self.say,
         )
-
-
-def decoder_for(option: str, device) -> str:
-    """`[backend.options] decode` on `device`: auto is graphs on CUDA (launch overhead,
-    not the weights, sets the pace of a GPU decode step) and dynamic elsewhere (a CPU
-    saves the work of finished rows); graphs off CUDA is refused."""
-    if option == "auto":
-        return "graphs" if device.type == "cuda" else "dynamic"
-    if option == "graphs" and device.type != "cuda":
-        raise BackendError(
-            f'[backend.options] decode = "graphs" needs a CUDA device; the sampler runs on '
-            f'{device}. Fix: decode = "auto" (or "static")'
-        )
-    return option
 
 
 def build(
@@ -179,9 +164,7 @@ class PyTorchEngine:
             raise BackendError(
                 '[inference] dtype = "bf16" needs a plain LoRA adapter on the pytorch engine (set dtype = "auto")'
             )
-        if decode not in DECODERS:
-            raise BackendError(f"decode = {decode!r}: one of {', '.join(DECODERS)}")
-        self.decode = decode
+        decode = self.decode = decoder_for(decode, device.type)  # "auto" resolved
         self._shape = None  # the model's sizes, for the CUDA row budget (retrain/memory.py)
         self.static = None
         if decode != "dynamic":
@@ -193,17 +176,22 @@ class PyTorchEngine:
                 eos_ids=self.eos_ids,
                 pad_id=pad_id,
                 device=device,
-                graphs=decode == "graphs",
+                graphs=decode == "graphs" or (decode == "compiled" and device.type == "cuda"),
+                compiled=decode == "compiled",
                 mask_style=MASK_STYLES.get(model.config._attn_implementation, "bool"),
                 windows=windows_of(model.config),  # the sampling copy's: the same config
                 say=say,
             )
 
     def metrics(self) -> dict[str, float]:
-        """With CUDA graphs, whether the decode step runs captured (1) or eagerly (0)."""
-        if self.static is None or not self.static.graphs:
-            return {}  # the threads it sampled with are the backend's (ThreadPolicy)
-        return {"engine_cuda_graphs": float(self.static.graph_failures == 0)}
+        """With CUDA graphs, whether the decode step runs captured (1) or eagerly (0);
+        compiled, whether it runs compiled (1) or compiling failed (0)."""
+        out = {}  # the threads it sampled with are the backend's (ThreadPolicy)
+        if self.static is not None and self.static.graphs:
+            out["engine_cuda_graphs"] = float(self.static.graph_failures == 0)
+        if self.static is not None and self.static.compiled:
+            out["engine_compiled"] = float(self.static.compile_failures == 0)
+        return out
 
     def close(self) -> None:
         pass  # nothing of its own: the model is the backend's

@@ -26,7 +26,14 @@ weights, set the pace (59 ms per decode step at 64 rows, where the weights alone
 - on CUDA (`graphs=True`) captures that step per (rows, length, sampling settings) in a
   CUDA graph after a short warm-up, and replays it. Rows are padded up to a bucket
   (a power of two) and the length up to a multiple of 128, so few graphs are captured.
-  If capturing fails, it says so once and runs the same step eagerly.
+  If capturing fails, it says so once and runs the same step eagerly;
+- with `compiled=True` (`decode = "compiled"`) runs the step through torch.compile's
+  inductor (`compiled_step`): the step's element-wise work (norms, rotary, casts,
+  residual adds, the draw) fuses into fewer kernels, which on CUDA the graph then
+  replays. On a CPU it is no faster (the matmuls set the pace there; docs/
+  performance.md); it is built for a GPU's decode step, where each of a layer's ~40
+  small kernels costs launch and tail time. If compiling fails, it says so once and
+  runs the uncompiled step.
 
 With the same uniforms it draws the same tokens as the dynamic decoder, and their fp32
 logprobs agree to rounding (tests/unit/test_static_decode.py).
@@ -51,6 +58,7 @@ log = logging.getLogger("retrain.engines.static_decode")
 
 LENGTH_STEP = 128  # cache lengths are rounded up to this with graphs (few captured shapes)
 KEPT_SHAPES = 4  # caches (and their graphs) kept with graphs; the least recently used goes
+RECOMPILES = 32  # dynamo's compiles per function before it runs new guards eagerly (8)
 CHECK_EVERY = 8  # steps between checks for "every row finished" with graphs (a host sync)
 
 
@@ -112,6 +120,18 @@ def _check_static_cache() -> None:
         )
 
 
+def compiled_step(step: Callable) -> Callable:
+    """`step` compiled by inductor (`decode = "compiled"`): one graph, so rotary, norms,
+    casts, residual adds and the draw's element-wise work fuse into fewer kernels, with
+    bf16 intermediates rounded where eager rounds them (`emulate_precision_casts`), so
+    it draws what the uncompiled step draws to rounding. Shapes start static; dynamo
+    recompiles once with the dims that changed made dynamic, and once per sampling
+    setting, so a run's few shapes and settings stay well inside the raised limit."""
+    dynamo = torch._dynamo.config
+    dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILES)
+    return torch.compile(step, fullgraph=True, options={"emulate_precision_casts": True})
+
+
 def _round_up(x: int, step: int) -> int:
     return -(-x // step) * step
 
@@ -165,6 +185,7 @@ class StaticDecoder:
         pad_id: int,
         device: torch.device,
         graphs: bool = False,
+        compiled: bool = False,
         mask_style: str = "bool",
         windows: Windows = NO_WINDOW,
         say: Callable[[str], None] | None = None,
@@ -183,6 +204,9 @@ class StaticDecoder:
         self._pool = None
         self.keep = graphs  # caches kept between calls: a captured graph holds their addresses
         self.graph_failures = 0
+        self.compiled = compiled
+        self._compiled_step = compiled_step(self._step) if compiled else None
+        self.compile_failures = 0
         self.windows = windows  # the model's sliding windows (retrain/kernels/windows.py)
 
     # ------------------------------------------------------------ one batch
@@ -313,7 +337,7 @@ class StaticDecoder:
             if replay is not None:
                 replay()
             else:
-                self._step(model, cache, step, params)
+                self._run_step(model, cache, step, params)
         if bool(step.bad):
             raise BackendError(
                 "the model produced non-finite logits while sampling (have the weights "
@@ -352,6 +376,25 @@ class StaticDecoder:
         if params.return_entropy:
             step.entropy.copy_(-(full.exp() * full).sum(-1))
 
+    def _run_step(self, model, cache, step: _Step, params: SamplingParams) -> None:
+        """The step, compiled while compiling has not failed. Compiled as one graph
+        (`fullgraph`), a step either compiles whole before any of it runs or fails before
+        touching the cache, so the same step can then run eagerly."""
+        if self._compiled_step is not None:
+            try:
+                self._compiled_step(model, cache, step, params)
+                return
+            except torch._dynamo.exc.TorchDynamoException as exc:
+                self._compiled_step = None
+                self.compile_failures += 1
+                self.say(
+                    f"warning: could not compile the decode step ({type(exc).__name__}: "
+                    f"{str(exc).strip()[:200]}); decoding with the uncompiled step "
+                    f'(slower). Set [backend.options] decode = "graphs" (or "static" off '
+                    "CUDA) to skip the attempt"
+                )
+        self._step(model, cache, step, params)
+
     def _graph(self, model, cache, step: _Step, params: SamplingParams, length: int):
         """A replay of the step captured for this shape and these sampling settings, or
         None (eager) once capturing has failed."""
@@ -373,12 +416,12 @@ class StaticDecoder:
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 cache.reset()
-                for _ in range(3):
-                    self._step(model, cache, step, params)
+                for _ in range(3):  # the first compiles the step when it is compiled
+                    self._run_step(model, cache, step, params)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                self._step(model, cache, step, params)
+                self._run_step(model, cache, step, params)
             return graph
         except Exception as exc:  # an op that cannot be captured: decode eagerly
             self.graph_failures += 1

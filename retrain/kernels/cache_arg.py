@@ -5,9 +5,12 @@ version, so a model class that has not moved yet keeps working."""
 
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Any
+
+# model class -> keyword; a plain dict, which torch.compile traces through (the decode
+# step calls cache_kwargs inside the compiled region), where it warns on a functools cache
+_KEYWORDS: dict[type, str] = {}
 
 
 def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
@@ -16,7 +19,8 @@ def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
     return {_keyword(type(base)): cache}
 
 
-@functools.cache
 def _keyword(cls: type) -> str:
-    params = inspect.signature(cls.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    if cls not in _KEYWORDS:
+        params = inspect.signature(cls.forward).parameters
+        _KEYWORDS[cls] = "cache" if "cache" in params else "past_key_values"
+    return _KEYWORDS[cls]

@@ -4,7 +4,8 @@
   the same uniforms; bf16 logprobs within rounding) and replays its captured step;
 - with bf16 mode's sampler (the trainer's bf16 blocks, the LoRA adapter beside them in
   the sampling copy's buffers), a replayed step reads the adapter refreshed after an
-  update (an optimizer step);
+  update (an optimizer step); so does the compiled step (`decode = "compiled"`: triton
+  kernels captured in the graph);
 - packed rows through FlexAttention (compiled) give the dense mask's logprobs and
   gradients (a CPU checks the forward pass only: torch has no FlexAttention backward
   there);
@@ -78,6 +79,12 @@ def test_a_captured_step_reads_the_adapter_refreshed_after_an_update():
     from decode_cases import adapter_update_case
 
     adapter_update_case(torch.device("cuda"), graphs=True)
+
+
+def test_a_compiled_captured_step_reads_the_adapter_refreshed_after_an_update():
+    from decode_cases import adapter_update_case
+
+    adapter_update_case(torch.device("cuda"), graphs=True, compiled=True)
 
 
 def test_flex_attention_gives_the_dense_masks_gradients():

@@ -234,7 +234,12 @@ def test_explain_shows_resolved_settings_and_cli_overrides(tmp_path, capsys):
     assert s["optimizer"]["name"] == "AdamW" and s["optimizer"]["beta2"] == 0.99
     assert s["lora"]["rank"] == 8 and s["lora"]["alpha"] == 16
     assert s["loss"]["policy_loss"] == "is" and s["loss"]["loss_agg"] == "token_mean"
-    assert s["inference"] == {"engine": "pytorch", "url": None} and s["devices"] == "cpu"
+    assert s["inference"] == {
+        "engine": "pytorch",
+        "url": None,
+        "decode": "dynamic (the cache grows, finished rows leave the batch)",
+    }
+    assert s["devices"] == "cpu"
     code, text, _ = run(["explain", str(quick), "--lr", "3e-4", "--top-p", "0.9"], capsys)
     assert "Training:    lr 0.0003 (constant)" in text and "top_p 0.9" in text
     assert "Optimizer:   AdamW betas (0.9, 0.99)" in text and "LoRA:        rank 16" in text

@@ -2,7 +2,9 @@
 replaces on CUDA: the same tokens from the same uniforms and float32 logprobs within 1e-5,
 for every row (different prompt lengths: left padding; rows that stop early: masked, not
 removed), with top-p, at temperature 0, with entropies, with the eager attention's
-additive mask, and with the rows padded up to a bucket as the graphs decode them."""
+additive mask, and with the rows padded up to a bucket as the graphs decode them. The
+compiled step (`decode = "compiled"`) against the eager one, and its fallback when
+compiling fails."""
 
 from __future__ import annotations
 
@@ -18,8 +20,13 @@ from retrain.engines.static_decode import (  # noqa: E402
     prefill_mask,
     row_bucket,
 )
+from retrain.hardware import compiler_missing  # noqa: E402
 from retrain.types import SamplingParams  # noqa: E402
 
+# decode = "compiled" on a CPU: inductor writes C++ (the config's check refuses it without)
+needs_compiler = pytest.mark.skipif(
+    compiler_missing("cpu") is not None, reason=str(compiler_missing("cpu"))
+)
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [20, 21, 22, 23]]
 EOS = 3
 
@@ -197,3 +204,54 @@ def test_static_decoder_samples_the_bf16_copy_and_follows_an_adapter_update():
     from decode_cases import adapter_update_case
 
     adapter_update_case(torch.device("cpu"), graphs=False, tokens=12)
+
+
+@needs_compiler
+def test_the_compiled_step_follows_an_adapter_update():
+    """The compiled step reads the copy's adapter tensors, refreshed in place, as inputs,
+    not as values frozen into the compiled code."""
+    pytest.importorskip("peft")
+    from decode_cases import adapter_update_case
+
+    adapter_update_case(torch.device("cpu"), graphs=False, tokens=12, compiled=True)
+
+
+@needs_compiler
+def test_the_compiled_step_draws_what_the_eager_step_draws():
+    """decode = "compiled" (the step through inductor, here its C++ backend) against the
+    eager static step: the same tokens, float32 logprobs and entropies within 1e-5, with
+    top-p (a sort inside the compiled step) and rows that stop early."""
+    model = tiny_model(seed=4)
+    params = SamplingParams(max_tokens=10, temperature=0.9, top_p=0.8, seed=5, return_entropy=True)
+    engine = engines(model, "compiled")
+    compiled = engine.sample(PROMPTS, 4, params)
+    static = engines(model, "static").sample(PROMPTS, 4, params)
+    lengths = assert_same(static, compiled, entropies=True)
+    assert min(lengths) < 10 and max(lengths) == 10
+    assert engine.static.compiled and not engine.static.graphs  # no CUDA graphs on a CPU
+    assert engine.metrics() == {"engine_compiled": 1.0}
+
+
+def test_a_step_that_cannot_compile_runs_uncompiled_and_says_so():
+    """Compiling fails (here: the compiler backend raises, as inductor does without a
+    C++ compiler) before any of the step runs, so the same step runs uncompiled and draws
+    what the static decoder draws."""
+    said = []
+    model = tiny_model(seed=6)
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=2)
+    u = uniforms(len(PROMPTS), 6, torch.Generator().manual_seed(2))
+    decoder = StaticDecoder(
+        eos_ids=[EOS], pad_id=0, device=torch.device("cpu"), compiled=True, say=said.append
+    )
+
+    def no_compiler(graph, inputs):
+        raise RuntimeError("no C++ compiler")
+
+    decoder._compiled_step = torch.compile(decoder._step, fullgraph=True, backend=no_compiler)
+    plain = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
+    with torch.inference_mode():
+        got = decoder.decode(model, PROMPTS, params, u)
+        want = plain.decode(model, PROMPTS, params, u)
+    assert decoder.compile_failures == 1 and decoder._compiled_step is None
+    assert len(said) == 1 and "could not compile the decode step" in said[0]
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.logprobs, want.logprobs)
