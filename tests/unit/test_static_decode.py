@@ -207,29 +207,40 @@ def test_static_decoder_samples_the_bf16_copy_and_follows_an_adapter_update():
 
 
 @needs_compiler
-def test_the_compiled_step_follows_an_adapter_update():
-    """The compiled step reads the copy's adapter tensors, refreshed in place, as inputs,
-    not as values frozen into the compiled code."""
-    pytest.importorskip("peft")
-    from decode_cases import adapter_update_case
-
-    adapter_update_case(torch.device("cpu"), graphs=False, tokens=12, compiled=True)
-
-
-@needs_compiler
 def test_the_compiled_step_draws_what_the_eager_step_draws():
     """decode = "compiled" (the step through inductor, here its C++ backend) against the
-    eager static step: the same tokens, float32 logprobs and entropies within 1e-5, with
-    top-p (a sort inside the compiled step) and rows that stop early."""
-    model = tiny_model(seed=4)
+    eager static step, both sampling a LoRA model's sampling copy: the same tokens,
+    float32 logprobs and entropies within 1e-5, with top-p (a sort inside the compiled
+    step) and rows that stop early; after an in-place adapter update (an optimizer step)
+    the compiled step reads the refreshed weights, not values frozen into its code; and
+    at a second shape, which dynamo compiles again with the changed sizes dynamic."""
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
+    model = get_peft_model(tiny_model(seed=4), lora)
+    device = torch.device("cpu")
+    compiled, static = (
+        PyTorchEngine(model, {EOS}, 0, device, decode=d) for d in ("compiled", "static")
+    )
     params = SamplingParams(max_tokens=10, temperature=0.9, top_p=0.8, seed=5, return_entropy=True)
-    engine = engines(model, "compiled")
-    compiled = engine.sample(PROMPTS, 4, params)
-    static = engines(model, "static").sample(PROMPTS, 4, params)
-    lengths = assert_same(static, compiled, entropies=True)
-    assert min(lengths) < 10 and max(lengths) == 10
-    assert engine.static.compiled and not engine.static.graphs  # no CUDA graphs on a CPU
-    assert engine.metrics() == {"engine_compiled": 1.0}
+    drawn = []
+    for update in range(2):
+        if update:
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if "lora_B" in name:
+                        p.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
+        want = static.sample(PROMPTS, 4, params)
+        lengths = assert_same(want, compiled.sample(PROMPTS, 4, params), entropies=True)
+        assert min(lengths) < 10 and max(lengths) == 10
+        drawn.append([s.token_ids.tolist() for group in want for s in group])
+    assert drawn[0] != drawn[1]  # the update changed what was drawn
+    params = SamplingParams(max_tokens=7, temperature=1.0, seed=6, return_entropy=True)
+    assert_same(
+        static.sample(PROMPTS, 2, params), compiled.sample(PROMPTS, 2, params), entropies=True
+    )
+    assert compiled.static.compiled and not compiled.static.graphs  # no CUDA graphs on a CPU
+    assert compiled.metrics() == {"engine_compiled": 1.0}
 
 
 def test_a_step_that_cannot_compile_runs_uncompiled_and_says_so():
