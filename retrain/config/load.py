@@ -349,10 +349,16 @@ def parse_overrides(
             problem = _add_param(overlay, name, value)
             if problem:
                 problems.append(problem)
-            origins[param_flags[name]] = name
+            table, field = param_flags[name]
+            origins[(table, field)] = name
+            # a problem with one entry names it as "[backend.options] decode"
+            origins[(f"{table}.{field}", value.partition("=")[0].strip())] = name
             continue
-        overlay.setdefault(spec.table, {})[spec.key] = _parse_cli_value(spec, value)
+        parsed = _parse_cli_value(spec, value)
+        overlay.setdefault(spec.table, {})[spec.key] = parsed
         origins[(spec.table, spec.key)] = name
+        for entry in parsed if isinstance(parsed, dict) else ():  # --backend-options '{...}'
+            origins[(f"{spec.table}.{spec.key}", entry)] = name
     return overlay, origins, problems
 
 

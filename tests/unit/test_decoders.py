@@ -72,3 +72,19 @@ def test_explain_says_the_decoder(tmp_path, capsys):
     assert "Sampling:    pytorch on gpu:0, decode: graphs (a preallocated cache" in out
     assert main(["explain", str(_config(tmp_path, "cpu", "graphs"))]) == 2
     assert "[backend.options] decode (" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--backend-opt", "decode=graphs"], "--backend-opt"),
+        (["--backend-options", '{"decode": "graphs"}'], "--backend-options"),
+    ],
+)
+def test_a_refused_option_given_by_a_flag_names_the_flag(tmp_path, capsys, flags, named):
+    from retrain.cli.main import main
+
+    path = tmp_path / "retrain.toml"
+    path.write_text('[backend]\ndevices = "cpu"\n')
+    assert main(["explain", str(path), *flags]) == 2
+    assert f"[backend.options] decode (from {named}): " in capsys.readouterr().err
