@@ -207,6 +207,7 @@ class StaticDecoder:
         self.compiled = compiled
         self._compiled_step = compiled_step(self._step) if compiled else None
         self.compile_failures = 0
+        self._compile_said = False
         self.windows = windows  # the model's sliding windows (retrain/kernels/windows.py)
 
     # ------------------------------------------------------------ one batch
@@ -381,6 +382,12 @@ class StaticDecoder:
         (`fullgraph`), a step either compiles whole before any of it runs or fails before
         touching the cache, so the same step can then run eagerly."""
         if self._compiled_step is not None:
+            if not self._compile_said:  # a silent minute would look like a hang
+                self._compile_said = True
+                self.say(
+                    "compiling the decode step (torch.compile): the first sampling takes "
+                    "longer, and so does the first at a new shape"
+                )
             try:
                 self._compiled_step(model, cache, step, params)
                 return
