@@ -574,7 +574,8 @@ BACKENDS = Registry(
                     "preallocated cache and one fixed-shape step), graphs (static, the step "
                     "captured as a CUDA graph; CUDA only) or compiled (static, the step "
                     "compiled by torch.compile into fewer fused kernels, and on CUDA captured "
-                    "as a graph; compiles at the first step and once more at a new shape; "
+                    "as a graph; compiles at the first sampling, once more at a new shape, and "
+                    "once per sampling setting (training's and greedy eval's); "
                     "needs triton on CUDA, a C++ compiler on a CPU)",
                     validator=_one_of("auto", "dynamic", "static", "graphs", "compiled"),
                 ),

@@ -386,7 +386,7 @@ class StaticDecoder:
                 self._compile_said = True
                 self.say(
                     "compiling the decode step (torch.compile): the first sampling takes "
-                    "longer, and so does the first at a new shape"
+                    "longer, and so does the first at a new shape or sampling setting"
                 )
             try:
                 self._compiled_step(model, cache, step, params)
