@@ -18,7 +18,8 @@ The decoders (`[backend.options] decode`, named in retrain/engines/decoders.py):
   captured as a CUDA graph on a GPU (retrain/engines/static_decode.py). Finished rows
   are masked, not removed. With the same uniforms both draw the same tokens;
 - compiled (opt-in): static, with the step compiled by inductor (fewer, fused kernels;
-  a compile at the first step and at a new shape), and on CUDA captured as a graph.
+  a compile at the first sampling, at a new shape and per sampling setting), and on
+  CUDA captured as a graph.
 
 With `prompt_batch = 0` a step is decoded in batches of at most `SAMPLE_ROWS`
 completions (`decoding_batches` in retrain/memory.py, which explain's memory estimate
@@ -113,7 +114,7 @@ class UnboundPyTorchEngine:
             dtype="auto" if bf16 else s.dtype,
             sampling_copy=sampling_copy,
             threads=threads,
-            decode=decoder_for(s.decode, device.type),
+            decode=s.decode,  # resolved for the device by PyTorchEngine
             say=self.say,
         )
 

@@ -31,8 +31,8 @@ weights, set the pace (59 ms per decode step at 64 rows, where the weights alone
   inductor (`compiled_step`): the step's element-wise work (norms, rotary, casts,
   residual adds, the draw) fuses into fewer kernels, which on CUDA the graph then
   replays. On a CPU it is no faster (the matmuls set the pace there; docs/
-  performance.md); it is built for a GPU's decode step, where each of a layer's ~40
-  small kernels costs launch and tail time. If compiling fails, it says so once and
+  performance.md); it is built for a GPU's decode step, where each of a layer's ~30
+  small element-wise kernels costs launch and tail time. If compiling fails, it says so once and
   runs the uncompiled step.
 
 With the same uniforms it draws the same tokens as the dynamic decoder, and their fp32
