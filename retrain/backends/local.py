@@ -59,6 +59,7 @@ from retrain.kernels.packing import (
 )
 from retrain.kernels.precision import bf16_linears, bf16_weights, use_bf16
 from retrain.kernels.recompute import recompute_elementwise
+from retrain.kernels.transfer import to_device
 from retrain.kernels.windows import windows_of
 from retrain.loss import (
     LossFn,
@@ -645,7 +646,9 @@ class LocalBackend:
         max |log ratio| over the trained tokens, loss stats); or, when one runs out of
         memory, its number of completions, with the gradients zeroed again."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, ratio_sum, ratio_max, stats = 0.0, 0.0, 0.0, LossStats()
+        losses: list[tuple[torch.Tensor, int]] = []  # each micro-batch's, with its size
+        ratio_sum = ratio_max = torch.zeros((), device=self.train_device)
+        stats = LossStats()
         for start, chunk in self._micro_batches(datums):
             seq_w = weights[start : start + len(chunk)] if weighted else None
             failed = 0
@@ -659,10 +662,32 @@ class LocalBackend:
                 self.optimizer.zero_grad(set_to_none=True)
                 return failed
             stats.add(chunk_stats)
-            loss_sum += value
-            ratio_sum += chunk_ratio_sum
-            ratio_max = max(ratio_max, chunk_ratio_max)
-        return loss_sum, ratio_sum, ratio_max, stats
+            losses.append((value, len(chunk)))
+            ratio_sum = ratio_sum + chunk_ratio_sum
+            ratio_max = torch.maximum(ratio_max, chunk_ratio_max)
+        return self._settle(losses, ratio_sum, ratio_max, stats)
+
+    def _settle(
+        self,
+        losses: list[tuple[torch.Tensor, int]],
+        ratio_sum: torch.Tensor,
+        ratio_max: torch.Tensor,
+        stats: LossStats,
+    ) -> tuple[float, float, float, LossStats]:
+        """The step's sums as numbers, read from the device once, after its last backward
+        (a micro-batch queues its work and never waits for the device: retrain/kernels/
+        transfer.py). A non-finite micro-batch loss stops the step before the optimizer
+        does: its gradients are zeroed and the weights keep their values."""
+        read = torch.stack([*(v for v, _ in losses), ratio_sum, ratio_max]).double().tolist()
+        values, (total, largest) = read[: len(losses)], read[len(losses) :]
+        for value, (_, size) in zip(values, losses, strict=True):
+            if not math.isfinite(value):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise TrainingError(
+                    f"loss is {value} (non-finite) in a micro-batch of {size} completions; "
+                    "the weights were not updated"
+                )
+        return sum(values), total, largest, stats.settled()
 
     def _decoder_beside_training(self) -> bool:
         """Whether an in-process sampler shares the CUDA device training runs on."""
@@ -732,9 +757,10 @@ class LocalBackend:
         denominator: float,
         seq_weights: np.ndarray | None,
         scale: float = 1.0,
-    ) -> tuple[float, float, float, LossStats]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, LossStats]:
         """Forward and backward of one micro-batch, gradients added to the parameters';
-        returns (loss, sum and max |log ratio| over its trained tokens, loss stats). Its
+        returns (loss, sum and max |log ratio| over its trained tokens, loss stats), as
+        0-d tensors on the device, queued, not read (`_settle` reads the step's). Its
         tensors die on return, before the next micro-batch allocates (no small survivors
         pinned in the middle of the freed memory). `scale = 0`: a padding pass (the same
         collectives, zero gradients)."""
@@ -742,33 +768,29 @@ class LocalBackend:
         temperature = hyper.temperature
         logp = self._logprobs(groups, temperature)
         mask, adv, old = _padded(chunk, logp.shape[1], logp.device)
-        selected = None
+        selected = weights = None
         if getattr(self, "_selected", None):  # the step's pre-pass picks (_step_selection)
             picks = np.zeros(mask.shape, dtype=bool)
             for i, d in enumerate(chunk):
                 picks[i, : d.completion_ids.size] = self._selected[id(d)]
-            selected = torch.from_numpy(picks).to(logp.device)
+            selected = to_device(torch.from_numpy(picks), logp.device)
+        if seq_weights is not None:
+            weights = to_device(torch.from_numpy(seq_weights), logp.device).to(logp.dtype)
         inputs = LossInputs(
             logp,
             old,
             adv,
             mask,
             denominator,
-            seq_weights=None if seq_weights is None else torch.from_numpy(seq_weights).to(logp),
+            seq_weights=weights,
             ref_logp=self._reference_logprobs(groups, temperature, hyper),
             selected=selected,
         )
         out = loss_fn(inputs, hyper)
-        value = float(out.loss.detach())
-        if not math.isfinite(value):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise TrainingError(
-                f"loss is {value} (non-finite) in a micro-batch of {len(chunk)} completions; the weights were not updated"
-            )
         (out.loss if scale == 1.0 else out.loss * scale).backward()
-        log_ratio = (logp.detach() - old)[mask]
-        largest = float(log_ratio.abs().max()) if log_ratio.numel() else 0.0
-        return value, float(log_ratio.sum()), largest, out.stats
+        # 0-d tensors, read once per step (_settle): nothing here waits for the device
+        gap = torch.where(mask, logp.detach() - old, 0.0)
+        return out.loss.detach(), gap.sum(), gap.abs().amax(), out.stats
 
     def _step_selection(self, datums: list[Datum], hyper: TrainHyper) -> dict[int, np.ndarray]:
         """The pre-pass of an objective that picks tokens over the whole step (clip_cov,
@@ -933,7 +955,7 @@ def _padded(
         mask[i, :k] = d.trained_mask  # environment tokens stay out of the loss
         adv[i, :k] = d.advantages
         old[i, :k] = d.sampler_logprobs
-    return tuple(torch.from_numpy(x).to(device) for x in (mask, adv, old))
+    return tuple(to_device(torch.from_numpy(x), device) for x in (mask, adv, old))
 
 
 def _fsync_dir(path: Path) -> None:

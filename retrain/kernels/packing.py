@@ -32,6 +32,7 @@ import torch
 from retrain.errors import BackendError
 from retrain.kernels import flex
 from retrain.kernels.logprobs import LinearHead, chosen_logprobs
+from retrain.kernels.transfer import to_device
 from retrain.kernels.windows import NO_WINDOW, Windows, within
 
 # How each attention implementation takes a custom tensor mask: SDPA a bool mask (True =
@@ -219,35 +220,48 @@ def completion_logprobs(
     Style "flex" needs the model on retrain's FlexAttention implementation (flex.use_flex).
     `windows`: the model's sliding windows (retrain/kernels/windows.py `windows_of`)."""
     packed = pack(groups, style)
-    positions = packed.positions.to(device)
+    # Every host tensor goes up queued (retrain/kernels/transfer.py), and the kept rows are
+    # picked by index, not by a bool mask (which needs its count on the host): the whole
+    # forward and backward are queued without waiting for the device.
+    positions = to_device(packed.positions, device)
     if style == "flex":
-        segments = packed.segments.to(device)
+        segments = to_device(packed.segments, device)
         mask = windows.masks(lambda w: flex.block_mask(segments, positions, w))
     else:
-        allowed = packed.mask.to(device)
+        allowed = to_device(packed.mask, device)
         mask = windows.masks(lambda w: dense_mask(allowed, positions, w, style))
     inputs = dict(
-        input_ids=packed.ids.to(device),
+        input_ids=to_device(packed.ids, device),
         position_ids=positions,
         attention_mask=mask,
         use_cache=False,
     )
-    keep, row, target = (t.to(device) for t in (packed.keep, packed.row, packed.targets))
+    row, target = to_device(packed.row, device), to_device(packed.targets, device)
     if head is not None:
-        hidden = head.decoder(**inputs).last_hidden_state[keep]  # (R, hidden), row-major
+        kept = to_device(_flat_index(packed.keep), device)
+        hidden = head.decoder(**inputs).last_hidden_state.flatten(0, 1).index_select(0, kept)
         token_logp = chosen_logprobs(hidden, head, row, target, temperature)
     else:
         # (R, vocabulary): the kept positions, row-major. The model keeps the columns any
         # row keeps (a 1-D index: transformers before 5.2x takes no 2-D mask there).
-        cols = keep.any(0).nonzero().squeeze(1)
-        logits = model(**inputs, logits_to_keep=cols).logits[keep[:, cols]]
+        cols = torch.from_numpy(np.flatnonzero(packed.keep.numpy().any(0)))
+        kept = to_device(_flat_index(packed.keep[:, cols]), device)
+        logits = model(**inputs, logits_to_keep=to_device(cols, device)).logits
+        logits = logits.flatten(0, 1).index_select(0, kept)
         # The log softmax at the chosen token only (logsumexp per row, then a gather), so
         # no (tokens x vocabulary) log-probability tensor is kept for the backward pass.
         scaled = logits.float() / temperature
         token_logp = scaled[row, target] - torch.logsumexp(scaled, dim=-1)[row]
     n, width = len(packed.lengths), max(packed.lengths)
-    slots = packed.slot(width).to(device)
+    slots = to_device(packed.slot(width), device)
     return token_logp.new_zeros(n * width).index_copy(0, slots, token_logp).view(n, width)
+
+
+def _flat_index(keep: torch.Tensor) -> torch.Tensor:
+    """(R,) the True positions of the host mask `keep` (B, L) in its row-major (B * L)
+    layout: the order a bool index of `keep` takes them in. Counted on the host (numpy),
+    where `keep` was built."""
+    return torch.from_numpy(np.flatnonzero(keep.numpy()))
 
 
 # How far a packed completion's logprobs may be from its own row's, in float32 (the

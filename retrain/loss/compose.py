@@ -86,9 +86,11 @@ def compose(objective: Objective, inputs: LossInputs, hyper: TrainHyper) -> Loss
     correction = Correction.from_hyper(hyper)
     terms = _checked(objective(inputs, hyper), inputs, objective)
     mask = inputs.mask
-    stats = LossStats(tokens=int(mask.sum()), token_truncation=correction.token_truncation)
+    # The statistics stay tensors on the loss's device (LossStats): the backend reads them
+    # once per step, so a micro-batch never waits for the device to count them.
+    stats = LossStats(tokens=mask.sum(), token_truncation=correction.token_truncation)
     if terms.clipped is not None:
-        stats.clipped = float((terms.clipped & mask).sum())
+        stats.clipped = (terms.clipped & mask).sum()
     stats.mismatch_kl_sum = mismatch_kl_sum(inputs)
     per_token, stats.truncated, stats.masked = apply_correction(terms.per_token, inputs, correction)
     if hyper.kl_coef > 0:
@@ -100,15 +102,16 @@ def compose(objective: Objective, inputs: LossInputs, hyper: TrainHyper) -> Loss
 
 def kl_penalty(
     per_token: Tensor, inputs: LossInputs, coef: float, estimator: str
-) -> tuple[Tensor, float]:
-    """(l_t + coef * k(d_t), sum of k over the trained tokens), d = logp - logp_ref."""
+) -> tuple[Tensor, Tensor]:
+    """(l_t + coef * k(d_t), sum of k over the trained tokens: a 0-d tensor), d = logp -
+    logp_ref."""
     import torch
 
     if inputs.ref_logp is None:
         raise ValueError("kl_coef > 0 needs the reference logprobs (LossInputs.ref_logp)")
     logp, mask = inputs.logp, inputs.mask
     kl = kl_estimate(torch.where(mask, logp - inputs.ref_logp, torch.zeros_like(logp)), estimator)
-    return per_token + coef * kl, float(kl.detach()[mask].sum())
+    return per_token + coef * kl, torch.where(mask, kl.detach(), 0.0).sum()
 
 
 def kl_estimate(log_ratio_ref: Tensor, estimator: str) -> Tensor:

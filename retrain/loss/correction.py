@@ -98,10 +98,10 @@ def level_log_weight(log_rho: Tensor, mask: Tensor, level: str) -> Tensor:
 
 def apply_correction(
     per_token: Tensor, inputs: LossInputs, correction: Correction
-) -> tuple[Tensor, float, float]:
+) -> tuple[Tensor, float | Tensor, float | Tensor]:
     """(per_token * c, tokens truncated, tokens masked) of the correction (module
     docstring); c is detached. Counts are over the trained tokens (a truncated or masked
-    completion counts all of them)."""
+    completion counts all of them), 0-d tensors where the correction is on."""
     import torch
 
     if correction.kind == "none":
@@ -114,19 +114,19 @@ def apply_correction(
     outside = ((log_w < log_low) | (log_w > log_high)).expand_as(mask) & mask
     if correction.kind == "truncate":
         factor = (log_w.clamp(log_low, log_high) - log_rho).exp()
-        return per_token * factor, float(outside.sum()), 0.0
+        return per_token * factor, outside.sum(), 0.0
     if correction.kind == "mask":
         return (
             torch.where(outside, torch.zeros_like(per_token), per_token),
             0.0,
-            float(outside.sum()),
+            outside.sum(),
         )
     raise ValueError(f"unknown is_correction {correction.kind!r}")
 
 
-def mismatch_kl_sum(inputs: LossInputs) -> float:
+def mismatch_kl_sum(inputs: LossInputs) -> Tensor:
     """sum over the trained tokens of k3 = rho - 1 - log rho: the sampler-to-trainer KL
-    estimate (module docstring) times the tokens."""
+    estimate (module docstring) times the tokens, a 0-d float64 tensor (off the mask
+    log rho is 0, so k3 is 0)."""
     log_rho = inputs.log_ratio().detach().double()
-    k3 = log_rho.exp() - 1.0 - log_rho
-    return float(k3[inputs.mask].sum())
+    return (log_rho.exp() - 1.0 - log_rho).sum()

@@ -94,48 +94,68 @@ Objective = Callable[[LossInputs, "TrainHyper"], TokenLoss]
 
 @dataclass
 class LossStats:
-    """Sums over the trained tokens of one call (add them up across micro-batches)."""
+    """Sums over the trained tokens of one call (add them up across micro-batches).
 
-    tokens: int = 0
-    clipped: float = 0.0  # tokens the objective clipped (TokenLoss.clipped)
-    kl_sum: float | None = None  # sum of the KL estimator; None when kl_coef = 0
+    The loss leaves its sums as 0-d tensors on its device, so that a micro-batch never
+    waits for the device to count them; `settled` turns them into numbers, once per step
+    (`metrics` settles first)."""
+
+    tokens: int | Tensor = 0
+    clipped: float | Tensor = 0.0  # tokens the objective clipped (TokenLoss.clipped)
+    kl_sum: float | Tensor | None = None  # sum of the KL estimator; None when kl_coef = 0
     # The off-policy correction (retrain.loss.correction), on every call, off included:
-    mismatch_kl_sum: float = 0.0  # sum of k3(rho) = rho - 1 - log rho, rho = trainer/sampler
-    truncated: float = 0.0  # tokens whose importance weight was truncated
-    masked: float = 0.0  # tokens whose importance weight was masked out (their sequence's)
+    # sum of k3(rho) = rho - 1 - log rho, rho = trainer/sampler
+    mismatch_kl_sum: float | Tensor = 0.0
+    truncated: float | Tensor = 0.0  # tokens whose importance weight was truncated
+    masked: float | Tensor = 0.0  # tokens whose importance weight was masked out (their sequence's)
     # Token-level truncation (`tis_cap`, or is_correction = "truncate" at the token level)
     # is also reported under its older name; False = not on.
     token_truncation: bool = False
 
     def add(self, other: LossStats) -> None:
-        self.tokens += other.tokens
-        self.clipped += other.clipped
+        self.tokens = self.tokens + other.tokens
+        self.clipped = self.clipped + other.clipped
         if other.kl_sum is not None:
-            self.kl_sum = (self.kl_sum or 0.0) + other.kl_sum
-        self.mismatch_kl_sum += other.mismatch_kl_sum
-        self.truncated += other.truncated
-        self.masked += other.masked
+            self.kl_sum = (0.0 if self.kl_sum is None else self.kl_sum) + other.kl_sum
+        self.mismatch_kl_sum = self.mismatch_kl_sum + other.mismatch_kl_sum
+        self.truncated = self.truncated + other.truncated
+        self.masked = self.masked + other.masked
         self.token_truncation = self.token_truncation or other.token_truncation
+
+    def settled(self) -> LossStats:
+        """These sums as Python numbers: the tensors among them read in one transfer."""
+        names = ("tokens", "clipped", "kl_sum", "mismatch_kl_sum", "truncated", "masked")
+        values = [getattr(self, n) for n in names]
+        tensors = [v for v in values if hasattr(v, "detach")]
+        if tensors:
+            import torch
+
+            read = iter(torch.stack([t.detach().double() for t in tensors]).tolist())
+            values = [next(read) if hasattr(v, "detach") else v for v in values]
+        fields = {n: (None if v is None else float(v)) for n, v in zip(names, values, strict=True)}
+        fields["tokens"] = int(fields["tokens"])
+        return LossStats(**fields, token_truncation=self.token_truncation)
 
     def metrics(self) -> dict[str, float]:
         """clip_fraction, mismatch_kl (k3 estimate of KL(sampler || trainer) per trained
         token), is_truncated_fraction and is_masked_fraction always; kl_mean with the KL
         penalty; tis_truncated_fraction with token-level truncation."""
-        n = self.tokens
+        sums = self.settled()
+        n = sums.tokens
 
         def share(x: float) -> float:
             return x / n if n else 0.0
 
         out = {
-            "clip_fraction": share(self.clipped),
-            "mismatch_kl": share(self.mismatch_kl_sum),
-            "is_truncated_fraction": share(self.truncated),
-            "is_masked_fraction": share(self.masked),
+            "clip_fraction": share(sums.clipped),
+            "mismatch_kl": share(sums.mismatch_kl_sum),
+            "is_truncated_fraction": share(sums.truncated),
+            "is_masked_fraction": share(sums.masked),
         }
-        if self.kl_sum is not None:
-            out["kl_mean"] = share(self.kl_sum)
-        if self.token_truncation:
-            out["tis_truncated_fraction"] = share(self.truncated)
+        if sums.kl_sum is not None:
+            out["kl_mean"] = share(sums.kl_sum)
+        if sums.token_truncation:
+            out["tis_truncated_fraction"] = share(sums.truncated)
         return out
 
 

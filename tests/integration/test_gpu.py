@@ -10,6 +10,8 @@
   gradients (a CPU checks the forward pass only: torch has no FlexAttention backward
   there);
 - torch's fused RMS norm passes the sampler's probe (retrain/kernels/norms.py);
+- a training micro-batch is queued without one synchronising CUDA call (torch's sync
+  debug mode);
 - bf16 matmuls into float32 on the tensor cores (the trainer's and the sampler's logits)
   are the float32 products of the same values;
 - the quickstart trains on `gpu:0`: held-out correct rate up by >= 0.3 in 15 steps;
@@ -192,6 +194,38 @@ def test_recomputed_norms_and_gated_products_give_the_models_gradients_on_cuda()
         )
     rel = (grads[1] - grads[0]).norm() / grads[0].norm()
     assert grads[0].norm() > 0 and rel < 0.02, rel
+
+
+def test_a_training_micro_batch_never_waits_for_the_gpu(tiny_raw, tiny_model_dir):
+    """What tests/integration/test_queued_training.py checks on a CPU, under torch's sync
+    debug mode (which also sees copies from pageable host memory): every micro-batch's
+    uploads, forward (FlexAttention's block mask included), loss with its statistics and
+    the KL term, and backward are queued without one synchronising CUDA call."""
+    import copy
+    from dataclasses import replace
+
+    from test_memory_sizing import HYPER, datums_of, make_backend
+
+    raw = copy.deepcopy(tiny_raw)
+    raw["backend"]["devices"] = "gpu:0"
+    raw["backend"]["options"] = {"attention": "flex", "micro_batch_tokens": 24}
+    backend = make_backend(raw, tiny_model_dir)
+    datums = datums_of(backend)
+    hyper = replace(HYPER, policy_loss="ppo_clip", tis_cap=1.5, kl_coef=0.1)
+    backend.train_step(datums, hyper)  # FlexAttention compiles; pinned buffers are made
+    inner, passes = backend._backward, []
+
+    def strict(*args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+            passes.append(1)
+
+    backend._backward = strict
+    result = backend.train_step(datums, hyper)
+    assert len(passes) >= 3 and result.loss == result.loss
 
 
 def _run(tmp_path: Path, flags: list[str]) -> tuple[list[dict], list[dict]]:
