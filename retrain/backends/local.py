@@ -47,7 +47,7 @@ from retrain.errors import (
 from retrain.hardware import cuda_free_bytes, whole_model_bf16
 from retrain.kernels import flex
 from retrain.kernels.logprobs import linear_head
-from retrain.kernels.lora_layers import adapter_in_input_dtype
+from retrain.kernels.lora_layers import adapter_in_input_dtype, lean_lora_forward
 from retrain.kernels.packing import (
     MASK_STYLES,
     Group,
@@ -324,6 +324,7 @@ class LocalBackend:
             task_type="CAUSAL_LM",
         )
         peft_model = get_peft_model(model, peft_config)  # PEFT keeps the adapter in float32
+        lean_lora_forward(peft_model)  # the scaling on B, the sum inside the matmul
         if whole:  # computed in bf16 from the bf16 stream, not from float32 copies of it
             adapter_in_input_dtype(peft_model)
             # norms and gated products keep their bf16 inputs only (retrain/kernels/recompute.py)

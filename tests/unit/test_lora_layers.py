@@ -2,7 +2,9 @@
 (retrain/kernels/lora_layers.py `adapter_in_input_dtype`): what the backward keeps (one
 bf16 input per set of siblings instead of a float32 copy per adapted layer, counted
 exactly), gradients against a float32 reference, the adapter's tensors and saved names
-unchanged, a float32 model unchanged, and non-plain adapters left to PEFT."""
+unchanged, a float32 model unchanged, and non-plain adapters left to PEFT. The lean
+forward (`lean_lora_forward`): PEFT's values and gradients, the adapter switched off as
+PEFT switches it off, and the same modules and names."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from retrain.kernels.lora_layers import (  # noqa: E402
     InputDtypeLinear,
     adapter_dtype,
     adapter_in_input_dtype,
+    lean_lora_forward,
     plain_lora_layers,
 )
 
@@ -102,3 +105,69 @@ def test_a_dora_adapter_is_left_to_peft():
     model = qwen3_lora(bf16=True, switch=False, use_dora=True)
     assert adapter_in_input_dtype(model) == 0
     assert not any(isinstance(m, InputDtypeLinear) for m in model.modules())
+
+
+def _forward_backward(model, ids, probe):
+    out = model.get_base_model().model(input_ids=ids).last_hidden_state
+    (out.float() * probe).sum().backward()
+    grads = [p.grad.float() for p in model.parameters() if p.requires_grad]
+    return out.detach().float(), torch.cat([g.flatten() for g in grads])
+
+
+@pytest.mark.parametrize("alpha", [2 * RANK, 12])  # scaling 2 (exact) and 1.5
+def test_the_lean_forward_gives_peft_lora_in_float32(alpha):
+    ids = torch.arange(30)[None] % 97
+    probe = torch.randn(1, 30, HIDDEN, generator=torch.Generator().manual_seed(2))
+    peft = _forward_backward(qwen3_lora(bf16=False, lora_alpha=alpha), ids, probe)
+    lean = _forward_backward(qwen3_lora(bf16=False, lean=True, lora_alpha=alpha), ids, probe)
+    for a, b in zip(peft, lean, strict=True):  # float32 sums in another order
+        assert a.norm() > 0 and (b - a).norm() < 1e-5 * a.norm()
+
+
+def test_the_lean_forward_rounds_bf16_no_worse_than_peft():
+    """One rounding (the matmul's sum) where PEFT rounds the product, the scaled product
+    and the sum: against the float32 reference, at least as close as PEFT."""
+    ids = torch.arange(40)[None] % 97
+    probe = torch.randn(1, 40, HIDDEN, generator=torch.Generator().manual_seed(1))
+    ref_out, ref_grad = _forward_backward(qwen3_lora(bf16=False), ids, probe)
+    errors = {}
+    for lean in (False, True):
+        out, grad = _forward_backward(qwen3_lora(bf16=True, switch=True, lean=lean), ids, probe)
+        errors[lean] = (
+            (out - ref_out).norm() / ref_out.norm(),
+            (grad - ref_grad).norm() / ref_grad.norm(),
+        )
+    assert errors[True][0] <= errors[False][0] and errors[True][1] <= errors[False][1], errors
+    assert errors[True][1] < 0.03
+
+
+def test_the_lean_forward_keeps_the_modules_and_switches_off_like_peft():
+    peft, lean = qwen3_lora(bf16=False), qwen3_lora(bf16=False, lean=True)
+    assert list(peft.state_dict()) == list(lean.state_dict())
+    assert len(plain_lora_layers(lean)) == 7 * LAYERS  # still plain: the sampler copies them
+    assert lean_lora_forward(lean) == 7 * LAYERS  # again: nothing changes
+    ids = torch.arange(12)[None] % 97
+    with torch.no_grad(), peft.disable_adapter(), lean.disable_adapter():
+        off = peft(input_ids=ids).logits
+        torch.testing.assert_close(lean(input_ids=ids).logits, off, rtol=0, atol=0)
+    with torch.no_grad():
+        assert not torch.allclose(lean(input_ids=ids).logits, off)  # on again: B is not zero
+
+
+def test_a_dora_adapter_keeps_peft_forward():
+    model = qwen3_lora(bf16=False, use_dora=True)
+    assert lean_lora_forward(model) == 0
+    assert all(type(m).__name__ != "LeanLoraLinear" for m in model.modules())
+
+
+def test_the_lean_forward_drops_what_peft_drops():
+    """With LoRA dropout in training mode, the same draws in the same order: PEFT's output."""
+    ids = torch.arange(16)[None] % 97
+    outs = []
+    for lean in (False, True):
+        model = qwen3_lora(bf16=False, lean=lean, lora_dropout=0.3).train()
+        torch.manual_seed(5)
+        outs.append(model(input_ids=ids).logits.detach())
+    off = qwen3_lora(bf16=False).eval()(input_ids=ids).logits.detach()
+    assert not torch.allclose(outs[0], off, atol=1e-3)  # dropout changed something
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)

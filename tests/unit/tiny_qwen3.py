@@ -7,18 +7,21 @@ from __future__ import annotations
 import torch
 import transformers
 
-from retrain.kernels.lora_layers import adapter_in_input_dtype
+from retrain.kernels.lora_layers import adapter_in_input_dtype, lean_lora_forward
 from retrain.kernels.precision import bf16_weights
 from retrain.kernels.recompute import recompute_elementwise
 
 HIDDEN, INTER, HEADS, KV, HEAD_DIM, LAYERS, RANK, VOCAB = 64, 160, 4, 2, 16, 2, 8, 97
 
 
-def qwen3_lora(bf16: bool, switch: bool = False, recompute: bool = False, **lora):
+def qwen3_lora(
+    bf16: bool, switch: bool = False, recompute: bool = False, lean: bool = False, **lora
+):
     """The model wrapped in a LoRA adapter on every linear with B drawn (not zero): its
     weights bf16 (`bf16`) or the same values in float32; `switch`: the adapter computed
     in the input's dtype; `recompute`: norms and gated MLPs recomputed in the backward;
-    with norm weights away from one, so a norm's weight matters."""
+    `lean`: the LoRA linears' lean forward; with norm weights away from one, so a norm's
+    weight matters. `lora`: more LoraConfig fields (lora_alpha: 2 x the rank)."""
     from peft import LoraConfig, get_peft_model
 
     cfg = transformers.Qwen3Config(
@@ -41,12 +44,16 @@ def qwen3_lora(bf16: bool, switch: bool = False, recompute: bool = False, **lora
     bf16_weights(model)
     if not bf16:  # the bf16 model's values, held in float32: the reference
         model.float()
-    config = LoraConfig(r=RANK, lora_alpha=2 * RANK, target_modules="all-linear", **lora)
+    config = LoraConfig(
+        **{"r": RANK, "lora_alpha": 2 * RANK, "target_modules": "all-linear", **lora}
+    )
     peft_model = get_peft_model(model, config)
     with torch.no_grad():  # a trained adapter: B is not zero
         for name, p in peft_model.named_parameters():
             if "lora_" in name:
                 p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
+    if lean:
+        lean_lora_forward(peft_model)
     if switch:
         adapter_in_input_dtype(peft_model)
     if recompute:
