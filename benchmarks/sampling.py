@@ -42,6 +42,7 @@ def load(blocks_bf16: bool = False, lora_b_std: float = 0.01):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
+    from retrain.kernels.lora_layers import lean_lora_forward
     from retrain.kernels.precision import bf16_linears
     from retrain.models import load_tokenizer, resolve_model
 
@@ -52,6 +53,7 @@ def load(blocks_bf16: bool = False, lora_b_std: float = 0.01):
         bf16_linears(model)  # as the local backend does, before the adapter
     lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
     model = get_peft_model(model, lora)
+    lean_lora_forward(model)  # as the local backend does: the trainer's LoRA sum in addmm
     # A trained adapter is not zero: give B small values so the LoRA path computes.
     with torch.no_grad():
         for n, p in model.named_parameters():

@@ -19,9 +19,10 @@ is float32).
 PEFT's runs base(x), then (x A^T) B^T, times the scaling, plus the base output, so two
 element-wise passes over each layer's whole output (the multiply and the add, and the
 multiply again in the backward) beside Python bookkeeping per call. The lean one puts
-the scaling on B (out x r: nothing) and the sum in the matmul's epilogue:
-addmm(base(x), x A^T, (scaling B)^T), the same value up to the order of float sums, with
-one rounding where PEFT has three in bf16.
+the scaling and the sum in the matmul's epilogue, addmm(base(x), x A^T, B^T, alpha =
+scaling): the same value up to the order of float sums, with one rounding where PEFT
+has three in bf16, and the very operation the sampling copy runs for the same layer
+(retrain/engines/sampling_copy.py `add_beside`), so sampler and trainer round alike.
 """
 
 from __future__ import annotations
@@ -103,8 +104,8 @@ def adapter_dtype(layer, input_dtype: torch.dtype) -> torch.dtype:
 
 
 def _lean_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    """base(x) + scaling * (x A^T) B^T as addmm(base(x), x A^T, (scaling B)^T) (module
-    docstring), in the dtype PEFT computes the adapter in; PEFT's own forward for anything
+    """base(x) + scaling * (x A^T) B^T as addmm(base(x), x A^T, B^T, alpha=scaling)
+    (module docstring), in the dtype PEFT computes the adapter in; PEFT's own forward for anything
     else (extra arguments, the adapter off or merged, a base output of another dtype)."""
     adapter = self.active_adapters[0]
     a, b = self.lora_A[adapter], self.lora_B[adapter]
@@ -114,11 +115,9 @@ def _lean_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     result = self.base_layer(x)
     if result.dtype != dtype:
         return super(type(self), self).forward(x)
-    scaling = self.scaling[adapter]
     mid = torch.nn.functional.linear(self.lora_dropout[adapter](x.to(dtype)), a.weight.to(dtype))
-    up = (b.weight if scaling == 1 else b.weight * scaling).to(dtype)
-    width = result.shape[-1]
-    out = torch.addmm(result.reshape(-1, width), mid.reshape(-1, mid.shape[-1]), up.t())
+    flat, up = result.reshape(-1, result.shape[-1]), b.weight.to(dtype).t()
+    out = torch.addmm(flat, mid.reshape(-1, mid.shape[-1]), up, alpha=self.scaling[adapter])
     return out.view(result.shape)
 
 

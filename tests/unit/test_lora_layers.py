@@ -171,3 +171,23 @@ def test_the_lean_forward_drops_what_peft_drops():
     off = qwen3_lora(bf16=False).eval()(input_ids=ids).logits.detach()
     assert not torch.allclose(outs[0], off, atol=1e-3)  # dropout changed something
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+
+
+def test_the_lean_forward_rounds_as_the_sampling_copy_does():
+    """The trainer's lean LoRA linear and the sampler's copy of it (`LoraBeside`, A and B
+    in the dtype the trainer computes them in) run the same addmm on the same operands:
+    the same output to the bit, so rounding adds nothing to the sampler/trainer gap.
+    Scaling 1.5, so a scaling applied anywhere else would round differently. (In float32
+    the copy merges the adapter into the weight instead.)"""
+    from retrain.engines.sampling_copy import LoraBeside, SamplingCopy
+
+    model = qwen3_lora(bf16=True, switch=True, lean=True, lora_alpha=12)
+    copy = SamplingCopy.build(model, None)
+    copy.refresh()
+    alone = [(layer, inner) for layer, inner in copy.pairs if isinstance(inner, LoraBeside)]
+    assert {type(layer).__name__ for layer, _ in alone} == {"LeanLoraLinear"} and alone
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for layer, inner in alone:  # o_proj and down_proj: no siblings to stack with
+            x = torch.randn(2, 7, layer.in_features, generator=gen).bfloat16()
+            assert torch.equal(layer(x), inner(x))
