@@ -196,7 +196,7 @@ def test_recomputed_norms_and_gated_products_give_the_models_gradients_on_cuda()
     assert grads[0].norm() > 0 and rel < 0.02, rel
 
 
-def test_a_training_micro_batch_never_waits_for_the_gpu(tiny_raw, tiny_model_dir):
+def test_a_training_micro_batch_never_waits_for_the_gpu(tiny_raw, tmp_path):
     """What tests/integration/test_queued_training.py checks on a CPU, under torch's sync
     debug mode (which also sees copies from pageable host memory): every micro-batch's
     uploads, forward (FlexAttention's block mask included), loss with its statistics and
@@ -205,11 +205,14 @@ def test_a_training_micro_batch_never_waits_for_the_gpu(tiny_raw, tiny_model_dir
     from dataclasses import replace
 
     from test_memory_sizing import HYPER, datums_of, make_backend
+    from tiny_model import make_tiny_model
 
+    model = make_tiny_model(tmp_path / "model", hidden=64)  # 16-wide heads for FlexAttention
     raw = copy.deepcopy(tiny_raw)
+    raw["model"]["model"] = str(model)
     raw["backend"]["devices"] = "gpu:0"
     raw["backend"]["options"] = {"attention": "flex", "micro_batch_tokens": 24}
-    backend = make_backend(raw, tiny_model_dir)
+    backend = make_backend(raw, model)
     datums = datums_of(backend)
     hyper = replace(HYPER, policy_loss="ppo_clip", tis_cap=1.5, kl_coef=0.1)
     backend.train_step(datums, hyper)  # FlexAttention compiles; pinned buffers are made
