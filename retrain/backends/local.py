@@ -324,7 +324,7 @@ class LocalBackend:
             task_type="CAUSAL_LM",
         )
         peft_model = get_peft_model(model, peft_config)  # PEFT keeps the adapter in float32
-        lean_lora_forward(peft_model)  # the scaling on B, the sum inside the matmul
+        lean_lora_forward(peft_model)  # each LoRA linear adds its adapter inside one addmm
         if whole:  # computed in bf16 from the bf16 stream, not from float32 copies of it
             adapter_in_input_dtype(peft_model)
             # norms and gated products keep their bf16 inputs only (retrain/kernels/recompute.py)
