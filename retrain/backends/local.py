@@ -71,6 +71,7 @@ from retrain.loss import (
     resolve_objective,
     step_weights,
 )
+from retrain.loss.records import read_numbers
 from retrain.memory import (
     HEADROOM,
     ModelShape,
@@ -534,7 +535,7 @@ class LocalBackend:
         start, stop = self.world.bounds(len(datums))
         mine, weights = datums[start:stop], weights[start:stop]
         filler = min(datums, key=_area) if self.world.shard else None
-        released = self._room_for_training()
+        released = self._room_for_training(mine)
         while isinstance(
             sums := self._accumulate_on_rank(
                 mine, hyper, loss_fn, denominator, weights, weighted, filler
@@ -647,48 +648,48 @@ class LocalBackend:
         max |log ratio| over the trained tokens, loss stats); or, when one runs out of
         memory, its number of completions, with the gradients zeroed again."""
         self.optimizer.zero_grad(set_to_none=True)
-        losses: list[tuple[torch.Tensor, int]] = []  # each micro-batch's, with its size
-        ratio_sum = ratio_max = torch.zeros((), device=self.train_device)
+        parts: list[tuple] = []  # each micro-batch's loss, log-ratio sum and max, and size
         stats = LossStats()
         for start, chunk in self._micro_batches(datums):
             seq_w = weights[start : start + len(chunk)] if weighted else None
             failed = 0
             try:
-                value, chunk_ratio_sum, chunk_ratio_max, chunk_stats = self._backward(
-                    chunk, hyper, loss_fn, denominator, seq_w
-                )
+                *sums, chunk_stats = self._backward(chunk, hyper, loss_fn, denominator, seq_w)
             except torch.OutOfMemoryError:
                 failed = len(chunk)
             if failed:  # out of the except block: the error's frames and tensors are freed
                 self.optimizer.zero_grad(set_to_none=True)
                 return failed
+            if self._reads_each_micro_batch():
+                sums, chunk_stats = read_numbers(sums), chunk_stats.settled()
             stats.add(chunk_stats)
-            losses.append((value, len(chunk)))
-            ratio_sum = ratio_sum + chunk_ratio_sum
-            ratio_max = torch.maximum(ratio_max, chunk_ratio_max)
-        return self._settle(losses, ratio_sum, ratio_max, stats)
+            parts.append((*sums, len(chunk)))
+        return self._settle(parts, stats)
+
+    def _reads_each_micro_batch(self) -> bool:
+        """Off CUDA a micro-batch's sums are read as it ends: there is nothing to wait for,
+        and read then no small tensor outlives its micro-batch in the middle of the heap
+        it freed (docs/performance.md, Memory). On CUDA they are read once a step."""
+        return self.train_device.type != "cuda"
 
     def _settle(
-        self,
-        losses: list[tuple[torch.Tensor, int]],
-        ratio_sum: torch.Tensor,
-        ratio_max: torch.Tensor,
-        stats: LossStats,
+        self, parts: list[tuple], stats: LossStats
     ) -> tuple[float, float, float, LossStats]:
         """The step's sums as numbers, read from the device once, after its last backward
-        (a micro-batch queues its work and never waits for the device: retrain/kernels/
-        transfer.py). A non-finite micro-batch loss stops the step before the optimizer
-        does: its gradients are zeroed and the weights keep their values."""
-        read = torch.stack([*(v for v, _ in losses), ratio_sum, ratio_max]).double().tolist()
-        values, (total, largest) = read[: len(losses)], read[len(losses) :]
-        for value, (_, size) in zip(values, losses, strict=True):
+        (on CUDA a micro-batch queues its work and never waits for the device: retrain/
+        kernels/transfer.py). A non-finite micro-batch loss stops the step before the
+        optimizer does: its gradients are zeroed and the weights keep their values."""
+        read = iter(read_numbers([x for part in parts for x in part[:3]]))
+        rows = [(next(read), next(read), next(read), part[3]) for part in parts]
+        for value, _, _, size in rows:
             if not math.isfinite(value):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise TrainingError(
                     f"loss is {value} (non-finite) in a micro-batch of {size} completions; "
                     "the weights were not updated"
                 )
-        return sum(values), total, largest, stats.settled()
+        total = sum(r[0] for r in rows), sum(r[1] for r in rows)
+        return *total, max((r[2] for r in rows), default=0.0), stats.settled()
 
     def _decoder_beside_training(self) -> bool:
         """Whether an in-process sampler shares the CUDA device training runs on."""
@@ -698,18 +699,23 @@ class LocalBackend:
             and self.infer_device == self.train_device
         )
 
-    def _room_for_training(self) -> bool:
+    def _room_for_training(self, datums: list[Datum]) -> bool:
         """Before a step's micro-batches on CUDA: the in-process sampler keeps its static
         caches and CUDA graphs between steps (retrain/engines/static_decode.py; 128 rows of
-        2,304 positions of Qwen3-4B are ~40 GiB), and gives them back here when one
-        micro-batch's estimated activations would not fit beside them, or the model's
-        shape is unknown; the next sampling phase captures its graphs again. Whether it
-        released them."""
+        2,304 positions of Qwen3-4B are ~40 GiB), and gives them back here when the step's
+        largest micro-batch's estimated activations would not fit beside them, or the
+        model's shape is unknown; the next sampling phase captures its graphs again. The
+        estimate is of the micro-batch this step packs, not of the budget: `auto` sizes the
+        budget to the free memory at the start, before the weights and the caches took
+        theirs, so the budget seldom fits beside the caches, and a run of short
+        completions (the quickstart) would give them back, and capture its graphs again,
+        every step. Whether it released them."""
         if not self._decoder_beside_training() or not self.engine.kept_bytes():
             return False
         if self._shape is not None:
-            budget = self.options.micro_batch_tokens
-            peak = training_memory(self._shape, micro_batch_tokens=budget, **self._sizing)
+            batches = self._micro_batches(datums)
+            largest = max((_packed_area(chunk) for _, chunk in batches), default=0)
+            peak = training_memory(self._shape, micro_batch_tokens=largest, **self._sizing)
             if peak.training * peak.slack <= HEADROOM * cuda_free_bytes(self.train_device):
                 return False
         return self.engine.release() > 0
@@ -732,7 +738,7 @@ class LocalBackend:
         if failed > 1:
             self.options = replace(self.options, micro_batch_tokens=max(1, budget // 2))
             return
-        longest = max(padded_area([(d.prompt_ids, len(d.completion_ids))]) for d in datums)
+        longest = max(_area(d) for d in datums)
         raise TrainingError(
             f"out of memory on {self.train_device} training a micro-batch of one completion "
             f"(up to {longest} positions, prompt included; [backend.options] "
@@ -940,7 +946,12 @@ def _prompt_groups(chunk: Sequence[Datum]) -> list[Group]:
 
 
 def _area(d: Datum) -> int:
-    return padded_area([(d.prompt_ids, len(d.completion_ids))])
+    return _packed_area([d])
+
+
+def _packed_area(chunk: Sequence[Datum]) -> int:
+    """Positions of `chunk` packed (rows x longest row, retrain/kernels/packing.py)."""
+    return padded_area([(d.prompt_ids, len(d.completion_ids)) for d in chunk])
 
 
 def _padded(

@@ -92,6 +92,18 @@ class TokenLoss:
 Objective = Callable[[LossInputs, "TrainHyper"], TokenLoss]
 
 
+def read_numbers(values: list) -> list:
+    """`values` with its 0-d tensors read as Python floats, in one transfer from their
+    device (one wait, where each `float(t)` would wait again); numbers and None as given."""
+    tensors = [v for v in values if hasattr(v, "detach")]
+    if not tensors:
+        return list(values)
+    import torch
+
+    read = iter(torch.stack([t.detach().double() for t in tensors]).tolist())
+    return [next(read) if hasattr(v, "detach") else v for v in values]
+
+
 @dataclass
 class LossStats:
     """Sums over the trained tokens of one call (add them up across micro-batches).
@@ -125,13 +137,7 @@ class LossStats:
     def settled(self) -> LossStats:
         """These sums as Python numbers: the tensors among them read in one transfer."""
         names = ("tokens", "clipped", "kl_sum", "mismatch_kl_sum", "truncated", "masked")
-        values = [getattr(self, n) for n in names]
-        tensors = [v for v in values if hasattr(v, "detach")]
-        if tensors:
-            import torch
-
-            read = iter(torch.stack([t.detach().double() for t in tensors]).tolist())
-            values = [next(read) if hasattr(v, "detach") else v for v in values]
+        values = read_numbers([getattr(self, n) for n in names])
         fields = {n: (None if v is None else float(v)) for n, v in zip(names, values, strict=True)}
         fields["tokens"] = int(fields["tokens"])
         return LossStats(**fields, token_truncation=self.token_truncation)

@@ -196,6 +196,34 @@ def test_kept_caches_give_way_to_a_micro_batch_that_would_not_fit(
     assert b.engine.kept_bytes() > 0
 
 
+def test_kept_caches_stay_when_the_steps_micro_batch_fits_though_the_budget_would_not(
+    tiny_raw, tiny_model_dir, monkeypatch
+):
+    """`auto` sizes the budget to the whole free memory at the start, so the budget never
+    fits beside the caches; what has to fit is the step's largest packed micro-batch (a
+    few short completions here), and then the caches and their graphs stay."""
+    import retrain.backends.local as local
+    from retrain.memory import HEADROOM, training_memory
+
+    b = kept_sampler(tiny_raw, tiny_model_dir, monkeypatch, free=0)
+    datums = datums_of(b)
+    monkeypatch.setattr(b, "options", dataclasses.replace(b.options, micro_batch_tokens=60_000))
+    largest = max(local._packed_area(chunk) for _, chunk in b._micro_batches(datums))
+
+    def need(positions: int) -> float:
+        peak = training_memory(b._shape, micro_batch_tokens=positions, **b._sizing)
+        return peak.training * peak.slack / HEADROOM
+
+    assert need(60_000) > 2 * need(largest)
+    monkeypatch.setattr(local, "cuda_free_bytes", lambda device: 1.5 * need(largest))
+    kept = b.engine.kept_bytes()
+    result = b.train_step(datums, HYPER)
+    assert result.extra["sampler_cache_released"] == 0 and b.engine.kept_bytes() == kept
+    monkeypatch.setattr(local, "cuda_free_bytes", lambda device: 0.5 * need(largest))
+    result = b.train_step(datums, HYPER)  # and when it does not fit, they give way
+    assert result.extra["sampler_cache_released"] == 1 and b.engine.kept_bytes() == 0
+
+
 def test_out_of_memory_releases_kept_caches_before_halving(tiny_raw, tiny_model_dir, monkeypatch):
     b = kept_sampler(tiny_raw, tiny_model_dir, monkeypatch, free=1000 * GIB)
     datums = datums_of(b)

@@ -1,8 +1,9 @@
 """A training micro-batch is queued whole: its forward, loss, statistics and backward never
 make the host wait for the device (tests/device_waits.py records, on this CPU, every
-operator that would on CUDA), and the step reads its numbers once, after its last
-backward. A non-finite micro-batch loss still stops the step before the optimizer does,
-naming that micro-batch, with the weights untouched."""
+operator that would on CUDA), and on CUDA the step reads its numbers once, after its last
+backward (off CUDA as each micro-batch ends: the same numbers). A non-finite micro-batch
+loss still stops the step before the optimizer does, naming that micro-batch, with the
+weights untouched."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from device_waits import DeviceWaits
 from test_memory_sizing import HYPER, datums_of, make_backend
 
 from retrain.errors import TrainingError
+from retrain.types import Datum
 
 SETTINGS = {
     "is": {},
@@ -64,6 +66,58 @@ def test_a_micro_batch_never_waits_for_the_device(backend, monkeypatch, name, sp
     assert result.loss == result.loss and result.extra["micro_batch_tokens"] == 24
     if name == "ppo_clip_tis_kl_weighted":
         assert result.extra["kl_mean"] > 0  # the KL term ran (the adapter moved the policy)
+
+
+def test_reading_once_a_step_gives_what_reading_each_micro_batch_gives(backend, monkeypatch):
+    """The CUDA way (the step's sums read once, after the last backward; nothing in the
+    whole loop waits) against this CPU's (each micro-batch's read as it ends): the same
+    loss, metrics and update; and the largest and mean log ratio of one micro-batch for all.
+    The sampler's logprobs are moved off the trainer's, so the ratios are not rounding."""
+    hyper = replace(HYPER, **SETTINGS["ppo_clip_tis_kl_weighted"])
+    monkeypatch.setattr(backend, "options", replace(backend.options, micro_batch_tokens=24))
+    sampled = datums_of(backend)
+    smallest = {id(d) for d in backend._micro_batches(sampled)[-1][1]}  # it runs last
+    datums = [  # the sampler 0.1 below the trainer, 0.3 in the micro-batch that runs last
+        Datum(
+            d.prompt_ids,
+            d.completion_ids,
+            d.sampler_logprobs - (0.3 if id(d) in smallest else 0.1),
+            d.advantages,
+        )
+        for d in sampled
+    ]
+    model0 = copy.deepcopy(backend.model.state_dict())
+    optimizer0 = copy.deepcopy(backend.optimizer.state_dict())
+    inner, results = backend._accumulate, {}
+    for queued in (False, True):
+        backend.model.load_state_dict(model0)
+        backend.optimizer.load_state_dict(optimizer0)
+        monkeypatch.setattr(backend, "_reads_each_micro_batch", lambda q=queued: not q)
+        waits = DeviceWaits()
+
+        def recorded(*args, waits=waits, **kwargs):
+            with waits:
+                return inner(*args, **kwargs)
+
+        monkeypatch.setattr(backend, "_accumulate", recorded)
+        result = backend.train_step(datums, hyper)
+        trained = [p.detach().clone() for p in backend.model.parameters() if p.requires_grad]
+        results[queued] = (result, trained, dict(waits.seen))
+    (each, trained_each, _), (once, trained_once, waited) = results[False], results[True]
+    assert waited == {}, waited
+    assert once.loss == pytest.approx(each.loss, rel=1e-6)
+    assert once.extra == pytest.approx(each.extra, rel=1e-6)
+    assert once.log_ratio_max_abs == pytest.approx(each.log_ratio_max_abs, rel=1e-6)
+    assert once.log_ratio_mean == pytest.approx(each.log_ratio_mean, rel=1e-6, abs=1e-12)
+    for a, b in zip(trained_each, trained_once, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    backend.model.load_state_dict(model0)
+    backend.optimizer.load_state_dict(optimizer0)
+    monkeypatch.setattr(backend, "options", replace(backend.options, micro_batch_tokens=10_000))
+    whole = backend.train_step(datums, hyper)
+    assert once.log_ratio_max_abs == pytest.approx(whole.log_ratio_max_abs, rel=1e-5)
+    assert once.log_ratio_mean == pytest.approx(whole.log_ratio_mean, rel=1e-5)
+    assert 0.1 < whole.log_ratio_mean < whole.log_ratio_max_abs < 0.31
 
 
 def test_the_recorder_sees_a_read_back_and_a_bool_index():
