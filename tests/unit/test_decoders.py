@@ -7,6 +7,7 @@ from __future__ import annotations
 from importlib.util import find_spec
 
 import pytest
+from option_config import option_config
 
 from retrain.config import load_config
 from retrain.engines.decoders import DECODERS, decoder_for, describe
@@ -34,15 +35,11 @@ def test_describe_says_where_the_compiled_step_is_captured():
     assert describe("dynamic", "cpu") == f"dynamic ({DECODERS['dynamic']})"
 
 
-def _config(tmp_path, devices: str, decode: str):
-    path = tmp_path / "retrain.toml"
-    path.write_text(f'[backend]\ndevices = "{devices}"\n[backend.options]\ndecode = "{decode}"\n')
-    return path
-
-
 def test_graphs_on_a_cpu_sampler_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError) as err:
-        load_config(_config(tmp_path, "cpu,gpu:0", "graphs"))  # samples on the first: the CPU
+        load_config(
+            option_config(tmp_path, "cpu,gpu:0", decode="graphs")
+        )  # samples on the first: the CPU
     text = str(err.value)
     assert "[backend.options] decode" in text and "retrain.toml:4" in text and "Fix:" in text
 
@@ -50,13 +47,16 @@ def test_graphs_on_a_cpu_sampler_is_a_config_error(tmp_path):
 def test_compiled_needs_a_cpp_compiler_on_a_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
     with pytest.raises(ConfigError, match=r"no C\+\+ compiler .*no-such-g\+\+.* on PATH"):
-        load_config(_config(tmp_path, "cpu", "compiled"))
+        load_config(option_config(tmp_path, "cpu", decode="compiled"))
     monkeypatch.setenv("CXX", "sh")  # any program on PATH passes the check
-    assert load_config(_config(tmp_path, "cpu", "compiled")).backend.options["decode"] == "compiled"
+    assert (
+        load_config(option_config(tmp_path, "cpu", decode="compiled")).backend.options["decode"]
+        == "compiled"
+    )
 
 
 def test_compiled_on_a_gpu_needs_triton(tmp_path):
-    path = _config(tmp_path, "gpu:0", "compiled")
+    path = option_config(tmp_path, "gpu:0", decode="compiled")
     if find_spec("triton") is None:  # this machine: torch's CPU build has no triton
         with pytest.raises(ConfigError, match="triton is not installed"):
             load_config(path)
@@ -67,10 +67,12 @@ def test_compiled_on_a_gpu_needs_triton(tmp_path):
 def test_explain_says_the_decoder(tmp_path, capsys):
     from retrain.cli.main import main
 
-    main(["explain", str(_config(tmp_path, "gpu:0", "auto"))])  # 2 here: no gpu:0 on this machine
+    main(
+        ["explain", str(option_config(tmp_path, "gpu:0", decode="auto"))]
+    )  # 2 here: no gpu:0 on this machine
     out = capsys.readouterr().out
     assert "Sampling:    pytorch on gpu:0, decode: graphs (a preallocated cache" in out
-    assert main(["explain", str(_config(tmp_path, "cpu", "graphs"))]) == 2
+    assert main(["explain", str(option_config(tmp_path, "cpu", decode="graphs"))]) == 2
     assert "[backend.options] decode (" in capsys.readouterr().err
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from option_config import option_config  # noqa: E402
 from test_packing import _tiny_llama  # noqa: E402
 
 from retrain.config import load_config  # noqa: E402
@@ -150,17 +151,11 @@ def test_the_options_text_names_the_auto_threshold():
     assert spec.default == "auto" and str(flex.AUTO_FROM) in spec.help
 
 
-def _config(tmp_path, devices: str, attention: str):
-    path = tmp_path / "retrain.toml"
-    path.write_text(
-        f'[backend]\ndevices = "{devices}"\n[backend.options]\nattention = "{attention}"\n'
-    )
-    return path
-
-
 def test_flex_training_on_a_cpu_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError) as err:
-        load_config(_config(tmp_path, "gpu:0,cpu", "flex"))  # trains on the last: the CPU
+        load_config(
+            option_config(tmp_path, "gpu:0,cpu", attention="flex")
+        )  # trains on the last: the CPU
     text = str(err.value)
     assert "[backend.options] attention" in text and "'cpu'" in text and "Fix:" in text
 
@@ -176,13 +171,13 @@ def test_flex_training_on_a_cpu_is_a_config_error(tmp_path):
     ],
 )
 def test_accepted_attention_settings(tmp_path, devices, attention):
-    config = load_config(_config(tmp_path, devices, attention))
+    config = load_config(option_config(tmp_path, devices, attention=attention))
     assert config.backend.options["attention"] == attention
 
 
 def test_an_unknown_attention_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="attention"):
-        load_config(_config(tmp_path, "cpu", "sparse"))
+        load_config(option_config(tmp_path, "cpu", attention="sparse"))
 
 
 @pytest.mark.parametrize(
@@ -205,10 +200,10 @@ def test_describe(option, kind, text):
 def test_explain_shows_the_attention_and_refuses_flex_on_a_cpu(tmp_path, capsys):
     from retrain.cli.main import main
 
-    main(["explain", str(_config(tmp_path, "gpu:0", "auto"))])
+    main(["explain", str(option_config(tmp_path, "gpu:0", attention="auto"))])
     out = capsys.readouterr().out
     assert "attention: FlexAttention for rows of" in out
-    assert main(["explain", str(_config(tmp_path, "cpu", "flex"))]) == 2
+    assert main(["explain", str(option_config(tmp_path, "cpu", attention="flex"))]) == 2
     err = capsys.readouterr().err
     assert "[backend.options] attention (" in err and "retrain.toml:4)" in err
     assert "Traceback" not in err
