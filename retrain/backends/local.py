@@ -713,8 +713,8 @@ class LocalBackend:
         if not self._decoder_beside_training() or not self.engine.kept_bytes():
             return False
         if self._shape is not None:
-            batches = self._micro_batches(datums)
-            largest = max((_packed_area(chunk) for _, chunk in batches), default=0)
+            batches = self._micro_batches(datums)  # the largest first
+            largest = _packed_area(batches[0][1]) if batches else 0
             peak = training_memory(self._shape, micro_batch_tokens=largest, **self._sizing)
             if peak.training * peak.slack <= HEADROOM * cuda_free_bytes(self.train_device):
                 return False
@@ -767,10 +767,9 @@ class LocalBackend:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, LossStats]:
         """Forward and backward of one micro-batch, gradients added to the parameters';
         returns (loss, sum and max |log ratio| over its trained tokens, loss stats), as
-        0-d tensors on the device, queued, not read (`_settle` reads the step's). Its
-        tensors die on return, before the next micro-batch allocates (no small survivors
-        pinned in the middle of the freed memory). `scale = 0`: a padding pass (the same
-        collectives, zero gradients)."""
+        0-d tensors on the device, queued, not read (`_accumulate` and `_settle` read
+        them). Its other tensors die on return, before the next micro-batch allocates.
+        `scale = 0`: a padding pass (the same collectives, zero gradients)."""
         groups = _prompt_groups(chunk)
         temperature = hyper.temperature
         logp = self._logprobs(groups, temperature)
@@ -795,7 +794,7 @@ class LocalBackend:
         )
         out = loss_fn(inputs, hyper)
         (out.loss if scale == 1.0 else out.loss * scale).backward()
-        # 0-d tensors, read once per step (_settle): nothing here waits for the device
+        # 0-d tensors, not read here: nothing in a micro-batch waits for the device
         gap = torch.where(mask, logp.detach() - old, 0.0)
         return out.loss.detach(), gap.sum(), gap.abs().amax(), out.stats
 
