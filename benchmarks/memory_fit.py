@@ -6,7 +6,9 @@ largest) on groups of a 70-token prompt and `--completions` completions of `--to
 allocated before it (weights, adapter, optimizer state after the first step). The slope
 of (peak - live) over the packed positions, divided by hidden x layers, is the
 `activation_bytes` a calibration writes into MEMORY_MODELS, and the intercept what a step
-holds whatever its size.
+holds whatever its size. Each size runs `--repeat` steps and the last is timed (the first
+pays for the allocator's growth and new shapes), so `tokens_per_s` over the sizes shows
+what a larger micro-batch buys in speed, beside what it costs in memory.
 
     python benchmarks/memory_fit.py --model /tmp/rand4b --devices gpu:0 --groups 1,2,3,4
     python benchmarks/memory_fit.py --smoke            # the plumbing, on the CPU
@@ -52,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--groups", default="1,2,3,4", help="groups per measured step")
     p.add_argument("--completions", type=int, default=4)
     p.add_argument("--tokens", type=int, default=256)
+    p.add_argument(
+        "--repeat", type=int, default=2, help="steps per size; the last one is timed"
+    )
     p.add_argument("--smoke", action="store_true", help="a tiny model on the CPU (plumbing)")
     p.add_argument("--json", default="benchmarks/results/memory_fit.json")
     p.add_argument("flags", nargs="*", help="extra config flags (after --)")
@@ -101,18 +106,23 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize(device)
             torch.cuda.empty_cache()
             live = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-        start = time.perf_counter()
-        result = backend.train_step(batch, hyper)
-        if cuda:
-            torch.cuda.synchronize(device)
-        seconds = time.perf_counter() - start
+        times = []
+        for _ in range(args.repeat):  # the first pays the allocator's growth and new shapes
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            start = time.perf_counter()
+            result = backend.train_step(batch, hyper)
+            if cuda:
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+        seconds = times[-1]
         positions = k * per_group
         row = {
             "groups": k,
             "positions": positions,
             "trained_tokens": k * args.completions * args.tokens,
             "seconds": seconds,
+            "seconds_each": times,
             "tokens_per_s": k * args.completions * args.tokens / seconds,
             "oom_retries": result.extra.get("oom_retries"),
             "estimate_gib": training_memory(

@@ -904,7 +904,11 @@ class LocalBackend:
             self.optimizer.load_state_dict(state["optimizer"])
             torch.set_rng_state(state["torch_rng"].cpu())
             if state.get("cuda_rng") is not None and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(state["cuda_rng"])
+                # loaded onto the training device like the rest, but torch takes RNG
+                # states as CPU byte tensors only; a machine with fewer GPUs than the one
+                # that saved them restores those it has
+                saved = state["cuda_rng"][: torch.cuda.device_count()]
+                torch.cuda.set_rng_state_all([s.cpu() for s in saved])
         else:
             log.warning(
                 "checkpoint %s has no %s: the optimizer restarts from zero moments",

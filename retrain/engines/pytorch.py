@@ -249,24 +249,30 @@ class PyTorchEngine:
         CPU's bound)."""
         if self.device.type != "cuda":
             return None
+        from retrain.engines.static_decode import rows_within
         from retrain.memory import decode_row_budget, shape_from_config
 
         if self._shape is None:
             self._shape = shape_from_config(self.model.config.to_dict())
         if self._shape is None:  # sizes retrain/memory.py cannot read: the CPU's bound
             return None
-        return decode_row_budget(
+        need = max(len(p) for p in prompts_B) + params.max_tokens
+        static = self.static
+        rows = decode_row_budget(
             device_kind="cuda",
             # the last training step's activations, which the caching allocator holds
-            # unused, included
-            free_bytes=cuda_free_bytes(self.device),
+            # unused, included; and the static decoder's kept caches, which it gives back
+            # when a new shape's cache does not fit beside them
+            free_bytes=cuda_free_bytes(self.device) + self.kept_bytes(),
             # the cache holds the residual stream's dtype: the embeddings'
             kv_bytes_per_token=self._shape.kv_bytes_per_token(
                 model.get_input_embeddings().weight.element_size()
             ),
             logit_bytes_per_row=self._shape.logit_bytes_per_row(),
-            max_len=max(len(p) for p in prompts_B) + params.max_tokens,
+            # with graphs the length is rounded up and the rows padded to a bucket
+            max_len=need if static is None else static.cache_length(need),
         )
+        return rows_within(rows) if static is not None and static.graphs else rows
 
     def _decode(self, model, prompts, n: int, params: SamplingParams, u) -> list[list[Sample]]:
         """`n` completions of each prompt, row i * n + j drawn with the uniforms u[i*n + j]:

@@ -41,6 +41,7 @@ logprobs agree to rounding (tests/unit/test_static_decode.py).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -141,6 +142,13 @@ def row_bucket(rows: int) -> int:
     return max(8, 1 << (rows - 1).bit_length())
 
 
+def rows_within(budget: int) -> int:
+    """The most rows a batch may have when its cache holds at most `budget` rows once
+    padded to its bucket: the largest power of two not above it (below 8, the budget:
+    no bucket is smaller than 8)."""
+    return budget if budget < 8 else 1 << (budget.bit_length() - 1)
+
+
 def prefill_mask(key_valid: torch.Tensor, width: int, window: int | None = None) -> torch.Tensor:
     """(R, 1, width, L) bool: query i attends to key j <= i when key j is a real token
     within `window` positions (None: any), and to itself (a pad's only key: no row of the
@@ -189,7 +197,10 @@ class StaticDecoder:
         mask_style: str = "bool",
         windows: Windows = NO_WINDOW,
         say: Callable[[str], None] | None = None,
+        free_bytes: Callable[[], int] | None = None,
     ):
+        """`free_bytes`: the bytes a new cache can take on the device (default on CUDA:
+        the driver's free memory and the allocator's unused; elsewhere unknown)."""
         if graphs and device.type != "cuda":
             raise BackendError(f"CUDA graphs need a CUDA device; the sampler runs on {device}")
         _check_static_cache()
@@ -209,6 +220,11 @@ class StaticDecoder:
         self.compile_failures = 0
         self._compile_said = False
         self.windows = windows  # the model's sliding windows (retrain/kernels/windows.py)
+        if free_bytes is None and device.type == "cuda":
+            from retrain.hardware import cuda_free_bytes
+
+            free_bytes = functools.partial(cuda_free_bytes, device)
+        self.free_bytes = free_bytes
 
     # ------------------------------------------------------------ one batch
 
@@ -221,8 +237,7 @@ class StaticDecoder:
         bucket = row_bucket(rows) if self.graphs else rows
         prompts = prompts + [[self.pad_id]] * (bucket - rows)  # filler rows, finished at once
         longest = max(len(p) for p in prompts)
-        need = longest + width
-        length = _round_up(need, LENGTH_STEP) if self.graphs else need
+        length = self.cache_length(longest + width)
         cache, step = self._buffers(model, bucket, length)
         replay = self._graph(model, cache, step, params, length) if self.graphs else None
         logits = self._prefill(model, cache, step, prompts, longest)
@@ -230,13 +245,21 @@ class StaticDecoder:
         out = self._decode_steps(model, cache, step, logits, params, u, longest, replay, rows)
         return out
 
+    def cache_length(self, need: int) -> int:
+        """The cache length a call that needs `need` positions per row decodes with."""
+        return _round_up(need, LENGTH_STEP) if self.graphs else need
+
     def _buffers(self, model, rows: int, length: int) -> tuple[Any, _Step]:
         """The cache and step buffers of this shape: kept for the next call with graphs
-        (a captured graph holds their addresses), else made for this call only."""
+        (a captured graph holds their addresses), else made for this call only. A new
+        shape whose cache does not fit the free memory beside the kept ones has them
+        released first (the engine's row budget counts them as free)."""
         key = (rows, length)
         if key in self._shapes:
             self._shapes[key] = self._shapes.pop(key)  # most recently used last
             return self._shapes[key]
+        if self._shapes and not self._fits(model, rows, length):
+            self.release()
         sliding = self.windows.sliding is not None
         made = full_length_cache(model, length)
         buffers = (made, _Step.allocate(rows, length, self.device, sliding))
@@ -260,13 +283,31 @@ class StaticDecoder:
             if isinstance(t, torch.Tensor)
         )
 
+    def _fits(self, model, rows: int, length: int) -> bool:
+        """Whether a cache of rows x length positions fits the free memory now (unknown
+        free memory, or a model whose sizes retrain/memory.py cannot read: it does not,
+        and the kept caches make way)."""
+        from retrain.memory import HEADROOM, shape_from_config
+
+        shape = shape_from_config(model.config.to_dict())
+        if self.free_bytes is None or shape is None:
+            return False
+        size = model.get_input_embeddings().weight.element_size()  # the residual stream's
+        need = rows * length * shape.kv_bytes_per_token(size)
+        return need <= HEADROOM * self.free_bytes()
+
     def release(self) -> int:
         """Give back the kept caches and the graphs captured on them; returns the cache
-        bytes released. The next call of each shape allocates and captures again."""
+        bytes released. The next call of each shape allocates and captures again. On
+        CUDA the memory goes back to the device: a cache first written during a capture's
+        warm-up was allocated on that side stream, whose pool another stream's tensors
+        would not otherwise reuse."""
         released = self.kept_bytes()
         self._shapes.clear()
         self._captured.clear()
         self._pool = None  # the graphs' private memory goes with the last of them
+        if released and self.device.type == "cuda":
+            torch.cuda.empty_cache()
         return released
 
     def _prefill(self, model, cache, step: _Step, prompts: list[list[int]], width: int):
@@ -413,28 +454,43 @@ class StaticDecoder:
         return None if graph is None else graph.replay
 
     def _capture(self, model, cache, step: _Step, params: SamplingParams):
-        """Warm the step up on a side stream, then capture it. The warm-up writes into the
-        cache, which the next prefill resets (in place: the addresses stay)."""
+        """Warm the step up on a side stream of the sampler's device, then capture it on
+        that stream. The warm-up writes into the cache, which the next prefill resets (in
+        place: the addresses stay). The capture forbids unsafe CUDA calls in this thread
+        only (`thread_local`): with `overlap`, a training step on another thread allocates
+        and synchronises meanwhile. A failed capture leaves the thread on the stream it
+        was on, and a compiled step that failed in it is not run again."""
+        current = torch.cuda.current_stream(self.device)
         try:
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            step.key_valid[:, 0] = True
-            side = torch.cuda.Stream(device=self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                cache.reset()
-                for _ in range(3):  # the first compiles the step when it is compiled
+            with torch.cuda.device(self.device):
+                if self._pool is None:
+                    self._pool = torch.cuda.graph_pool_handle()
+                step.key_valid[:, 0] = True
+                side = torch.cuda.Stream(device=self.device)
+                side.wait_stream(current)
+                with torch.cuda.stream(side):
+                    cache.reset()
+                    for _ in range(3):  # the first compiles the step when it is compiled
+                        self._run_step(model, cache, step, params)
+                current.wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(
+                    graph, pool=self._pool, stream=side, capture_error_mode="thread_local"
+                ):
                     self._run_step(model, cache, step, params)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                self._run_step(model, cache, step, params)
             return graph
         except Exception as exc:  # an op that cannot be captured: decode eagerly
+            torch.cuda.set_stream(current)  # torch's graph context may not have restored it
             self.graph_failures += 1
+            also = ""
+            if self._compiled_step is not None:  # it may be what failed, at run time
+                self._compiled_step = None
+                self.compile_failures += 1
+                also = " and uncompiled"
             self.say(
                 f"warning: could not capture the decode step as a CUDA graph "
-                f"({type(exc).__name__}: {str(exc)[:200]}); decoding eagerly with the static "
-                'cache (slower). Set [backend.options] decode = "static" to skip the attempt'
+                f"({type(exc).__name__}: {str(exc)[:200]}); decoding eagerly{also} with the "
+                'static cache (slower). Set [backend.options] decode = "static" to skip the '
+                "attempt"
             )
             return None

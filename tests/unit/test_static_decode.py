@@ -19,6 +19,7 @@ from retrain.engines.static_decode import (  # noqa: E402
     StaticDecoder,
     prefill_mask,
     row_bucket,
+    rows_within,
 )
 from retrain.hardware import compiler_missing  # noqa: E402
 from retrain.types import SamplingParams  # noqa: E402
@@ -194,6 +195,135 @@ def test_on_cuda_the_rows_decoded_at_once_follow_the_free_memory(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 2 * GIB)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: GIB // 1024)
     assert gpu._row_budget(model, PROMPTS, params) == want
+
+
+def test_rows_within_a_budget_stay_within_it_once_padded_to_their_bucket():
+    assert [rows_within(b) for b in (1, 7, 8, 9, 15, 16, 17, 100, 128, 255)] == [
+        1, 7, 8, 8, 8, 16, 16, 64, 128, 128,
+    ]  # fmt: skip
+    for budget in range(8, 600):
+        rows = rows_within(budget)
+        assert row_bucket(rows) <= budget < row_bucket(rows + 1)  # the most that fit
+
+
+def test_with_graphs_the_row_budget_counts_buckets_rounded_lengths_and_kept_caches(monkeypatch):
+    """The graphs decode a power-of-two bucket of rows over a length rounded up to 128:
+    the budget is of those, so a batch's padded cache stays within the free memory; the
+    kept caches count as free (the decoder gives them back for a shape that needs their
+    room)."""
+    from retrain.memory import GIB, decode_row_budget, shape_from_config
+
+    model = tiny_model()
+    params = SamplingParams(max_tokens=30, temperature=1.0)
+    gpu = PyTorchEngine(model, {EOS}, 0, torch.device("cuda"), sampling_copy=False)
+    gpu.static = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
+    gpu.static.graphs = True  # as on CUDA: bucketed rows, rounded lengths
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (GIB // 700, 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 0)
+    shape = shape_from_config(model.config.to_dict())
+
+    def budget(free: int) -> int:
+        return decode_row_budget(
+            device_kind="cuda",
+            free_bytes=free,
+            kv_bytes_per_token=shape.kv_bytes_per_token(),
+            logit_bytes_per_row=shape.logit_bytes_per_row(),
+            max_len=128,  # 7 + 30, rounded up
+        )
+
+    assert budget(GIB // 700) not in (8, 16, 32, 64, 128)  # so the rounding shows
+    assert gpu._row_budget(model, PROMPTS, params) == rows_within(budget(GIB // 700))
+    monkeypatch.setattr(gpu.static, "kept_bytes", lambda: GIB // 700)
+    assert gpu._row_budget(model, PROMPTS, params) == rows_within(budget(2 * (GIB // 700)))
+
+
+def test_a_new_shape_that_does_not_fit_beside_the_kept_caches_has_them_released():
+    """With graphs the decoder keeps each shape's cache; a new shape whose cache fits the
+    free memory is added beside them, one that does not has them given back first."""
+    model = tiny_model(seed=5)
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=9)
+    free = {"bytes": 1 << 40}
+    decoder = StaticDecoder(
+        eos_ids=[EOS], pad_id=0, device=torch.device("cpu"), free_bytes=lambda: free["bytes"]
+    )
+    decoder.keep = True
+
+    def decode(prompts):
+        u = uniforms(len(prompts), params.max_tokens, torch.Generator().manual_seed(9))
+        return decoder.decode(model, prompts, params, u)
+
+    decode(PROMPTS)
+    first = decoder.kept_bytes()
+    decode(PROMPTS[:2])  # another shape: fits beside
+    assert len(decoder._shapes) == 2 and decoder.kept_bytes() > first
+    free["bytes"] = first // 2  # a third shape's cache does not fit beside the kept two
+    third = decode(PROMPTS * 2)
+    assert list(decoder._shapes) == [(6, 7 + 8)]
+    alone = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
+    u = uniforms(6, params.max_tokens, torch.Generator().manual_seed(9))
+    want = alone.decode(model, PROMPTS * 2, params, u)
+    assert torch.equal(third.tokens, want.tokens) and torch.equal(third.logprobs, want.logprobs)
+    unknown = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
+    unknown.keep = True  # the free memory unknown (not CUDA): a new shape takes the room
+    decoder = unknown
+    decode(PROMPTS)
+    decode(PROMPTS[:2])
+    assert list(unknown._shapes) == [(2, 7 + 8)]
+
+
+def test_a_failed_capture_decodes_eagerly_and_uncompiled_on_the_stream_it_was_on(monkeypatch):
+    """No CUDA here: torch.cuda's stream and graph calls stand in (a fake only for what a
+    CPU lacks; the real capture runs in tests/integration/test_gpu.py), the warm-up runs
+    the real step. A capture that fails (here as one does when another thread calls an
+    unsafe CUDA function under the "global" mode) was asked for this thread only, leaves
+    the thread on its own stream, and drops a compiled step (it may be what failed, at
+    run time); the rows decode eagerly, as a plain decoder draws them."""
+    import contextlib
+
+    calls: list = []
+
+    class Side:
+        def __init__(self, device=None):
+            calls.append(("stream on", device))
+
+        def wait_stream(self, other):
+            pass
+
+    mine = object.__new__(Side)  # the thread's stream before the capture
+
+    def graph(g, pool=None, stream=None, capture_error_mode="global"):
+        calls.append(("capture", capture_error_mode, type(stream)))
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    cuda = torch.cuda
+    monkeypatch.setattr(cuda, "current_stream", lambda device=None: mine)
+    monkeypatch.setattr(cuda, "set_stream", lambda stream: calls.append(("back to", stream)))
+    monkeypatch.setattr(cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(cuda, "Stream", Side)
+    monkeypatch.setattr(cuda, "CUDAGraph", object)
+    monkeypatch.setattr(cuda, "graph", graph)
+    model = tiny_model(seed=5)
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=9)
+    u = uniforms(len(PROMPTS), params.max_tokens, torch.Generator().manual_seed(9))
+    said: list[str] = []
+    cpu = torch.device("cpu")
+    decoder = StaticDecoder(eos_ids=[EOS], pad_id=0, device=cpu, say=said.append)
+    decoder.graphs = True  # refused off CUDA at construction
+    decoder._compiled_step = decoder._step  # standing in for a compiled step
+    out = decoder.decode(model, PROMPTS, params, u)
+    assert calls == [("stream on", cpu), ("capture", "thread_local", Side), ("back to", mine)]
+    assert decoder.graph_failures == 1 and decoder.compile_failures == 1
+    assert decoder._compiled_step is None
+    (warning,) = [m for m in said if "could not capture" in m]  # said once
+    assert "decoding eagerly and uncompiled" in warning
+    plain = StaticDecoder(eos_ids=[EOS], pad_id=0, device=cpu)
+    plain.graphs = True  # the same buckets and lengths
+    plain._graph = lambda *a, **k: None
+    want = plain.decode(model, PROMPTS, params, u)
+    assert torch.equal(out.tokens, want.tokens) and torch.equal(out.logprobs, want.logprobs)
 
 
 def test_static_decoder_samples_the_bf16_copy_and_follows_an_adapter_update():
