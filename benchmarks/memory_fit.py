@@ -54,9 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--groups", default="1,2,3,4", help="groups per measured step")
     p.add_argument("--completions", type=int, default=4)
     p.add_argument("--tokens", type=int, default=256)
-    p.add_argument(
-        "--repeat", type=int, default=2, help="steps per size; the last one is timed"
-    )
+    p.add_argument("--repeat", type=int, default=2, help="steps per size; the last one is timed")
     p.add_argument("--smoke", action="store_true", help="a tiny model on the CPU (plumbing)")
     p.add_argument("--json", default="benchmarks/results/memory_fit.json")
     p.add_argument("flags", nargs="*", help="extra config flags (after --)")
