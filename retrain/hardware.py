@@ -56,14 +56,41 @@ def f32_out_matmul(device_type: str) -> bool:
     return (major, minor) >= (2, 8)
 
 
-def matmul_dtype(option: str, device_type: str) -> str:
-    """`[backend.options] dtype` resolved for a device kind ("cpu", "cuda", "mps"): "auto"
-    is bf16 on a GPU and on a CPU with native bf16 dot products, else fp32."""
+def matmul_dtype(option: str, device_type: str, index: int = 0) -> str:
+    """`[backend.options] dtype` resolved for a device kind ("cpu", "cuda", "mps") and a
+    CUDA device's index: "auto" is bf16 on a GPU with native bf16 (compute capability 8.0
+    and later, or unknown: no nvidia-smi) and on a CPU with native bf16 dot products,
+    else fp32. A pre-Ampere GPU (V100, T4) runs bf16 matmuls slowly, and
+    triton, hence FlexAttention and the compiled decode step, has no bf16 there."""
     if option != "auto":
         return option
-    if device_type == "cuda" or (device_type == "cpu" and cpu_has_native_bf16()):
-        return "bf16"
-    return "fp32"
+    if device_type == "cuda":
+        return "bf16" if gpu_has_native_bf16(index) else "fp32"
+    return "bf16" if device_type == "cpu" and cpu_has_native_bf16() else "fp32"
+
+
+def gpu_has_native_bf16(index: int = 0) -> bool:
+    """Whether torch's `cuda:index` has native bf16 (True where unknown)."""
+    cap = compute_capability(index)
+    return cap is None or cap >= (8, 0)
+
+
+def compute_capability(
+    index: int = 0,
+    *,
+    run: Callable[[list[str]], str | None] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[int, int] | None:
+    """(major, minor) of torch's `cuda:index` from nvidia-smi, without torch; None where
+    unknown (no nvidia-smi, a driver too old to report it, the GPU hidden)."""
+    gpu = visible_gpu(index, (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES"))
+    if gpu is None:
+        return None
+    out = (run or _run_nvidia_smi)(["--query-gpu=compute_cap", "--format=csv,noheader", "-i", gpu])
+    major, dot, minor = (out or "").strip().partition(".")
+    if not (dot and major.isdigit() and minor.isdigit()):
+        return None
+    return int(major), int(minor)
 
 
 def compiler_missing(device_type: str) -> str | None:

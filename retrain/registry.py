@@ -560,8 +560,8 @@ BACKENDS = Registry(
                 "dtype": OptionSpec(
                     "str",
                     "auto",
-                    "Base weights' dtype: auto (bf16 on a GPU or a CPU with AVX512-BF16/AMX, "
-                    "else fp32), fp32 or bf16. bf16 on a GPU: the whole model (weights and "
+                    "Base weights' dtype: auto (bf16 on a GPU of compute capability 8.0+ or a "
+                    "CPU with AVX512-BF16/AMX, else fp32), fp32 or bf16. bf16 on a GPU: the whole model (weights and "
                     "activations); on a CPU: the blocks' matmuls, float32 residual stream. "
                     "The adapter's weights and the logits stay float32 (on a GPU the adapter computes in bf16)",
                     validator=_one_of(*MATMUL_DTYPES),

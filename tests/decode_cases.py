@@ -71,3 +71,69 @@ def adapter_update_case(device, graphs: bool, tokens: int = 40, compiled: bool =
         assert tested.compile_failures == 0 and tested._compiled_step is not None
         assert compiles[0] == compiles[1]
     assert not torch.equal(drawn[0].logprobs, drawn[1].logprobs)  # the update was sampled
+
+
+def whole_bf16_capture_case(device, compiled: bool = False, tokens: int = 40) -> None:
+    """A GPU's bf16 mode as the local backend builds it: the whole model in bf16, the
+    adapter computing in bf16, decode attention through retrain's grouped SDPA, and its
+    sampling copy (the adapter beside the shared bf16 weights, one kernel per RMS norm,
+    float32 logits from the shared bf16 head). With the step captured (`compiled`: and
+    compiled), each replay, before and after an in-place adapter update, draws what the
+    same decoder's uncaptured step draws at the same shapes (same buckets and cache
+    length), to the bit: the graph replays the step, nothing else. CUDA only
+    (tests/integration/test_gpu.py)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from retrain.engines.draw import uniforms
+    from retrain.engines.sampling_copy import Float32Head, LoraBeside, SamplingCopy
+    from retrain.engines.static_decode import StaticDecoder
+    from retrain.kernels import flex
+    from retrain.kernels.lora_layers import adapter_in_input_dtype, lean_lora_forward
+    from retrain.kernels.precision import bf16_weights
+    from retrain.kernels.recompute import recompute_elementwise
+    from retrain.types import SamplingParams
+
+    cfg = AutoConfig.for_model(
+        "qwen3", vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, eos_token_id=2,
+        attn_implementation="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(cfg)
+    bf16_weights(base)  # local.py's order: the whole model bf16, moved, then the adapter
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    model = get_peft_model(base.to(device), lora)
+    lean_lora_forward(model)
+    adapter_in_input_dtype(model)
+    recompute_elementwise(model)
+    flex.use_flex(model.get_base_model())
+    model.eval()
+    copy = SamplingCopy.build(model, None)
+    assert all(type(side) is LoraBeside for _, side in copy.pairs)
+    assert isinstance(copy.model.get_output_embeddings(), Float32Head)
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]] * 3
+    params = SamplingParams(max_tokens=tokens, temperature=1.0, top_p=0.9, seed=3)
+    u = uniforms(len(prompts), tokens, torch.Generator(device=device).manual_seed(3))
+    made = dict(eos_ids=[2], pad_id=0, device=device, graphs=True, compiled=compiled)
+    captured, uncaptured = StaticDecoder(**made), StaticDecoder(**made)
+    uncaptured._capture = lambda *a, **k: None  # the same shapes, the step run as it is
+    drawn = []
+    for update in range(2):
+        if update:  # an optimizer step: the adapter's tensors change in place
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if "lora_B" in name:
+                        p.normal_(0, 0.5, generator=torch.Generator(device=device).manual_seed(1))
+        copy.refresh()
+        with torch.inference_mode():
+            a = uncaptured.decode(copy.model, prompts, params, u)
+            b = captured.decode(copy.model, prompts, params, u)
+        assert torch.equal(a.lengths, b.lengths) and torch.equal(a.tokens, b.tokens)
+        assert torch.equal(a.logprobs, b.logprobs)
+        drawn.append(b)
+    assert captured.graph_failures == 0 and len(captured._captured) == 1
+    if compiled:
+        assert captured.compile_failures == uncaptured.compile_failures == 0
+        assert captured._compiled_step is not None
+    assert not torch.equal(drawn[0].logprobs, drawn[1].logprobs)  # the update was sampled

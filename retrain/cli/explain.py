@@ -550,8 +550,8 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
     }
     if config.backend.backend == "local":
         opts = _local_options(config)
-        kind = device_kind(config, last=True)
-        out["matmuls"] = matmul_dtype(opts["dtype"], kind)
+        _, kind, index = _training_device(config)
+        out["matmuls"] = matmul_dtype(opts["dtype"], kind, index)
         out["whole_model_bf16"] = whole_model_bf16(out["matmuls"], kind)
         out["micro_batch_tokens"] = opts["micro_batch_tokens"]
         out["attention"] = flex.describe(opts["attention"], kind)
@@ -753,7 +753,7 @@ def memory_estimate(config: Config, world: World | None = None) -> dict[str, Any
         "opts": opts,
         "where": where,
         "kind": kind,
-        "dtype": matmul_dtype(opts["dtype"], kind),
+        "dtype": matmul_dtype(opts["dtype"], kind, index),
         "free": free,
         "total": total,
         "errors": [],

@@ -34,7 +34,7 @@ from retrain.hardware import f32_out_matmul, matmul_dtype
 
 def use_bf16(option: str, device: torch.device) -> bool:
     """Whether `[backend.options] dtype` means bf16 matmuls on `device`."""
-    return matmul_dtype(option, device.type) == "bf16"
+    return matmul_dtype(option, device.type, device.index or 0) == "bf16"
 
 
 # The largest row count of one CPU bf16 matmul: measured on SmolLM2's four weight shapes,

@@ -9,6 +9,11 @@
 - packed rows through FlexAttention (compiled) give the dense mask's logprobs and
   gradients (a CPU checks the forward pass only: torch has no FlexAttention backward
   there);
+- the GPU's whole-bf16 sampler (bf16 adapter beside the shared weights, grouped decode
+  attention, fused norms, float32 logits from the bf16 head) replays its captured step,
+  and its compiled captured step, to the bit of the same step run uncaptured, before and
+  after an adapter update;
+- a checkpoint saved on the GPU resumes there (adapter, optimizer, RNG states);
 - torch's fused RMS norm passes the sampler's probe (retrain/kernels/norms.py);
 - a training micro-batch is queued without one synchronising CUDA call (torch's sync
   debug mode);
@@ -87,6 +92,40 @@ def test_a_compiled_captured_step_reads_the_adapter_refreshed_after_an_update():
     from decode_cases import adapter_update_case
 
     adapter_update_case(torch.device("cuda"), graphs=True, compiled=True)
+
+
+def test_the_whole_bf16_sampler_replays_its_captured_step_exactly():
+    from decode_cases import whole_bf16_capture_case
+
+    whole_bf16_capture_case(torch.device("cuda"))
+
+
+def test_the_whole_bf16_sampler_replays_its_compiled_captured_step_exactly():
+    from decode_cases import whole_bf16_capture_case
+
+    whole_bf16_capture_case(torch.device("cuda"), compiled=True)
+
+
+def test_a_checkpoint_saved_on_the_gpu_resumes_there(tiny_raw, tmp_path):
+    """Its adapter, optimizer state and RNG states load back on CUDA (torch takes RNG
+    states as CPU tensors only: the checkpoint's are loaded onto the device first)."""
+    import copy
+
+    from test_memory_sizing import HYPER, datums_of, make_backend
+
+    raw = copy.deepcopy(tiny_raw)
+    raw["backend"]["devices"] = "gpu:0"
+    backend = make_backend(raw, raw["model"]["model"])
+    backend.train_step(datums_of(backend), HYPER)
+    info = backend.save_checkpoint(tmp_path / "checkpoint")
+    want = torch.rand(4, device="cuda")
+    saved = {n: p.detach().clone() for n, p in backend.model.named_parameters() if "lora_" in n}
+    backend.train_step(datums_of(backend), HYPER)  # moves the adapter and the RNG on
+    backend.load_checkpoint(info)
+    assert torch.equal(torch.rand(4, device="cuda"), want)
+    for name, p in backend.model.named_parameters():
+        if name in saved:
+            assert torch.equal(p, saved[name]), name
 
 
 def test_flex_attention_gives_the_dense_masks_gradients():
@@ -254,6 +293,7 @@ def test_the_quickstart_learns_on_the_gpu(tmp_path):
     )
     assert [e["step"] for e in evals] == [0, 5, 10, 15]
     assert evals[-1]["eval_correct_rate"] - evals[0]["eval_correct_rate"] >= 0.3, evals
+    assert all(r["engine_cuda_graphs"] == 1 for r in rows)  # no step fell back to eager
 
 
 def test_the_headline_shape_runs(tmp_path):
@@ -280,5 +320,6 @@ def test_the_headline_shape_runs(tmp_path):
         assert r["tokens_generated"] == 8 * 16 * 256  # random weights never stop early
         assert r["loss"] == r["loss"]  # finite (the run stops on a non-finite one)
         assert 0 < r["gpu_peak_memory_gb"] < total
+        assert r["engine_cuda_graphs"] == 1  # sampled through the captured step
         if r["num_datums"]:
             assert abs(r["log_ratio_mean"]) < 0.05  # the sampler samples what the trainer scores

@@ -14,7 +14,14 @@ from test_memory import QWEN3_4B_CONFIG
 from retrain.cli import doctor
 from retrain.cli import explain as explain_cli
 from retrain.cli.main import main
-from retrain.hardware import cuda_device_count, device_memory, parse_meminfo, visible_gpu
+from retrain.hardware import (
+    compute_capability,
+    cuda_device_count,
+    device_memory,
+    matmul_dtype,
+    parse_meminfo,
+    visible_gpu,
+)
 from retrain.registry import BACKENDS
 from retrain.settings import LocalOptions
 from retrain.types import check_option
@@ -90,6 +97,28 @@ def test_cuda_visible_devices_maps_torch_indices_to_nvidia_smi_ids():
     assert cuda_device_count(run=smi, env={"CUDA_VISIBLE_DEVICES": "3"}) == 1
 
 
+def test_a_pre_ampere_gpu_runs_fp32_by_default(monkeypatch):
+    """compute_cap from nvidia-smi, for torch's index of the GPU; "auto" is bf16 from 8.0
+    (Ampere) on and where nvidia-smi cannot say, fp32 below (a V100, a T4)."""
+    calls = []
+
+    def smi(answer):
+        return lambda args: calls.append(args) or answer
+
+    assert compute_capability(0, run=smi("8.0\n"), env={}) == (8, 0)
+    assert calls[-1] == ["--query-gpu=compute_cap", "--format=csv,noheader", "-i", "0"]
+    assert compute_capability(0, run=smi("7.5\n"), env={"CUDA_VISIBLE_DEVICES": "3"}) == (7, 5)
+    assert calls[-1][-1] == "3"
+    for unknown in (None, "[N/A]\n", "Field compute_cap is not a valid field\n", "8\n"):
+        assert compute_capability(0, run=smi(unknown), env={}) is None
+    assert compute_capability(0, run=smi("8.0"), env={"CUDA_VISIBLE_DEVICES": ""}) is None
+    for cap, want in (((7, 0), "fp32"), ((7, 5), "fp32"), ((8, 0), "bf16"), ((9, 0), "bf16"),
+                      (None, "bf16")):  # fmt: skip
+        monkeypatch.setattr("retrain.hardware.compute_capability", lambda index=0, c=cap: c)
+        assert matmul_dtype("auto", "cuda") == want, cap
+        assert matmul_dtype("bf16", "cuda") == "bf16"  # as set
+
+
 def test_the_real_nvidia_smi_runner_says_none_when_it_is_absent(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi on it
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -122,9 +151,12 @@ def no_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("RETRAIN_CACHE", str(tmp_path / "rc"))
 
 
-def simulate(monkeypatch, **devices: tuple[float, float] | None) -> None:
+def simulate(
+    monkeypatch, cap: tuple[int, int] | None = (9, 0), **devices: tuple[float, float] | None
+) -> None:
     """explain and doctor see these devices ({"cuda0": (free GiB, total GiB), "cpu": ...};
-    None: a device nvidia-smi lists but whose memory it cannot read)."""
+    None: a device nvidia-smi lists but whose memory it cannot read), GPUs of compute
+    capability `cap` (an H100's by default)."""
 
     def memory(kind: str, index: int = 0, **kw):
         found = devices.get("cpu" if kind == "cpu" else f"{kind}{index}")
@@ -134,6 +166,7 @@ def simulate(monkeypatch, **devices: tuple[float, float] | None) -> None:
     monkeypatch.setattr("retrain.hardware.device_memory", memory)
     gpus = len([k for k in devices if k.startswith("cuda")])
     monkeypatch.setattr("retrain.hardware.cuda_device_count", lambda **kw: gpus)
+    monkeypatch.setattr("retrain.hardware.compute_capability", lambda index=0, **kw: cap)
 
 
 def qwen_config(tmp_path: Path, *options: str) -> Path:
@@ -298,3 +331,5 @@ def test_explain_names_the_bf16_layout_of_each_device(tmp_path, capsys, monkeypa
     assert "Compute:     bf16 matmuls (float32" in cpu
     fp32 = explain(qwen_config(tmp_path, 'dtype = "fp32"'), capsys)[1]
     assert "Compute:     fp32 matmuls (float32" in fp32
+    simulate(monkeypatch, cap=(7, 0), cuda0=(31.0, 32.0))  # a V100: auto is fp32
+    assert "Compute:     fp32 matmuls (float32" in explain(qwen_config(tmp_path), capsys)[1]
