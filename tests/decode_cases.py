@@ -17,7 +17,7 @@ def adapter_update_case(device, graphs: bool, tokens: int = 40, compiled: bool =
     tests/integration/test_gpu.py on CUDA with graphs (eager and compiled)."""
     from peft import LoraConfig, get_peft_model
     from torch._dynamo.utils import counters
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from retrain.engines.draw import uniforms
     from retrain.engines.sampling_copy import LoraBeside, SamplingCopy
@@ -25,10 +25,7 @@ def adapter_update_case(device, graphs: bool, tokens: int = 40, compiled: bool =
     from retrain.kernels.precision import bf16_linears
     from retrain.types import SamplingParams
 
-    cfg = AutoConfig.for_model(
-        "qwen3", vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, eos_token_id=2,
-    )  # fmt: skip
+    cfg = _qwen3_config()
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_config(cfg)
     bf16_linears(base)  # what the local backend does in bf16 mode, before the adapter
@@ -42,13 +39,7 @@ def adapter_update_case(device, graphs: bool, tokens: int = 40, compiled: bool =
     eager = StaticDecoder(eos_ids=[2], pad_id=0, device=device)
     tested = StaticDecoder(eos_ids=[2], pad_id=0, device=device, graphs=graphs, compiled=compiled)
     drawn, compiles = [], []
-    for update in range(2):
-        if update:  # an optimizer step: the adapter's tensors change in place
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    if "lora_B" in name:
-                        p.normal_(0, 0.5, generator=torch.Generator(device=device).manual_seed(1))
-        copy.refresh()
+    for _ in _before_and_after_an_update(model, copy, device):
         with torch.inference_mode():
             a = eager.decode(copy.model, prompts, params, u)
             b = tested.decode(copy.model, prompts, params, u)
@@ -83,7 +74,7 @@ def whole_bf16_capture_case(device, compiled: bool = False, tokens: int = 40) ->
     length), to the bit: the graph replays the step, nothing else. CUDA only
     (tests/integration/test_gpu.py)."""
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from retrain.engines.draw import uniforms
     from retrain.engines.sampling_copy import Float32Head, LoraBeside, SamplingCopy
@@ -94,11 +85,7 @@ def whole_bf16_capture_case(device, compiled: bool = False, tokens: int = 40) ->
     from retrain.kernels.recompute import recompute_elementwise
     from retrain.types import SamplingParams
 
-    cfg = AutoConfig.for_model(
-        "qwen3", vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, eos_token_id=2,
-        attn_implementation="sdpa",
-    )  # fmt: skip
+    cfg = _qwen3_config(attn_implementation="sdpa")
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_config(cfg)
     bf16_weights(base)  # local.py's order: the whole model bf16, moved, then the adapter
@@ -119,13 +106,7 @@ def whole_bf16_capture_case(device, compiled: bool = False, tokens: int = 40) ->
     captured, uncaptured = StaticDecoder(**made), StaticDecoder(**made)
     uncaptured._capture = lambda *a, **k: None  # the same shapes, the step run as it is
     drawn = []
-    for update in range(2):
-        if update:  # an optimizer step: the adapter's tensors change in place
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    if "lora_B" in name:
-                        p.normal_(0, 0.5, generator=torch.Generator(device=device).manual_seed(1))
-        copy.refresh()
+    for _ in _before_and_after_an_update(model, copy, device):
         with torch.inference_mode():
             a = uncaptured.decode(copy.model, prompts, params, u)
             b = captured.decode(copy.model, prompts, params, u)
@@ -137,3 +118,26 @@ def whole_bf16_capture_case(device, compiled: bool = False, tokens: int = 40) ->
         assert captured.compile_failures == uncaptured.compile_failures == 0
         assert captured._compiled_step is not None
     assert not torch.equal(drawn[0].logprobs, drawn[1].logprobs)  # the update was sampled
+
+
+def _qwen3_config(**more):
+    """A 2-layer Qwen3 with grouped-query heads (4 query, 2 key/value) and eos 2."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(
+        "qwen3", vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, eos_token_id=2, **more,
+    )  # fmt: skip
+
+
+def _before_and_after_an_update(model, copy, device):
+    """Yields twice, the sampling copy refreshed each time: with the adapter as it is,
+    then after what an optimizer step does to it (every B changed in place)."""
+    for update in range(2):
+        if update:
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if "lora_B" in name:
+                        p.normal_(0, 0.5, generator=torch.Generator(device=device).manual_seed(1))
+        copy.refresh()
+        yield
