@@ -65,14 +65,17 @@ def matmul_dtype(option: str, device_type: str, index: int = 0) -> str:
     if option != "auto":
         return option
     if device_type == "cuda":
-        return "bf16" if gpu_has_native_bf16(index) else "fp32"
+        return "fp32" if no_native_bf16(index) else "bf16"
     return "bf16" if device_type == "cpu" and cpu_has_native_bf16() else "fp32"
 
 
-def gpu_has_native_bf16(index: int = 0) -> bool:
-    """Whether torch's `cuda:index` has native bf16 (True where unknown)."""
+def no_native_bf16(index: int = 0) -> str | None:
+    """Why torch's `cuda:index` has no native bf16 (its compute capability, below 8.0);
+    None when it has, or nvidia-smi cannot say."""
     cap = compute_capability(index)
-    return cap is None or cap >= (8, 0)
+    if cap is None or cap >= (8, 0):
+        return None
+    return f"compute capability {cap[0]}.{cap[1]} has no native bf16"
 
 
 def compute_capability(

@@ -34,7 +34,7 @@ from retrain.config.validate import (
 from retrain.engines.decoders import decoder_for
 from retrain.engines.decoders import describe as describe_decoder
 from retrain.errors import BackendError, ConfigError, PluginError
-from retrain.hardware import device_memory, matmul_dtype, whole_model_bf16
+from retrain.hardware import device_memory, matmul_dtype, no_native_bf16, whole_model_bf16
 from retrain.kernels import flex
 from retrain.logs import ownership
 from retrain.memory import (
@@ -552,6 +552,8 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
         opts = _local_options(config)
         _, kind, index = _training_device(config)
         out["matmuls"] = matmul_dtype(opts["dtype"], kind, index)
+        if opts["dtype"] == "auto" and kind == "cuda" and out["matmuls"] == "fp32":
+            out["matmuls_why"] = no_native_bf16(index)
         out["whole_model_bf16"] = whole_model_bf16(out["matmuls"], kind)
         out["micro_batch_tokens"] = opts["micro_batch_tokens"]
         out["attention"] = flex.describe(opts["attention"], kind)
@@ -887,7 +889,8 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
                 "bf16 model (float32 adapter weights, computed in bf16; float32 logits; "
                 "norms and gated MLPs recomputed in the backward)"
                 if s.get("whole_model_bf16")
-                else f"{s['matmuls']} matmuls (float32 adapter and logits)"
+                else f"{s['matmuls']} matmuls (float32 adapter and logits"
+                + (f"; auto: {s['matmuls_why']})" if s.get("matmuls_why") else ")")
             )
             lines.append(
                 f"Compute:     {what}, micro-batches "

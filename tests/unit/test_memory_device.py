@@ -331,5 +331,10 @@ def test_explain_names_the_bf16_layout_of_each_device(tmp_path, capsys, monkeypa
     assert "Compute:     bf16 matmuls (float32" in cpu
     fp32 = explain(qwen_config(tmp_path, 'dtype = "fp32"'), capsys)[1]
     assert "Compute:     fp32 matmuls (float32" in fp32
-    simulate(monkeypatch, cap=(7, 0), cuda0=(31.0, 32.0))  # a V100: auto is fp32
-    assert "Compute:     fp32 matmuls (float32" in explain(qwen_config(tmp_path), capsys)[1]
+    simulate(monkeypatch, cap=(7, 0), cuda0=(31.0, 32.0))  # a V100: auto is fp32, and why
+    v100 = explain(qwen_config(tmp_path), capsys)[1]
+    assert (
+        "Compute:     fp32 matmuls (float32 adapter and logits; auto: compute capability 7.0 "
+        "has no native bf16)" in v100
+    )
+    assert "auto:" not in explain(qwen_config(tmp_path, 'dtype = "fp32"'), capsys)[1]
