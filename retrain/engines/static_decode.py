@@ -175,11 +175,12 @@ def full_length_cache(model, length: int):
 
 
 def styled(mask: torch.Tensor, style: str, dtype: torch.dtype) -> torch.Tensor:
-    """A bool attention mask as the model's attention takes it: bool for SDPA, additive
-    (0 where allowed, the dtype's lowest value elsewhere) for the eager attention."""
-    if style == "bool":
-        return mask
-    low = torch.finfo(dtype).min
+    """A bool attention mask as the model's attention takes it, in `dtype` (the residual
+    stream's): additive for SDPA ("bool" style), 0 where allowed and -inf elsewhere, which
+    is what SDPA would make of the bool mask in every layer (here once a step, not once a
+    layer: three kernels a layer fewer); additive for the eager attention, with the
+    dtype's lowest value for -inf."""
+    low = float("-inf") if style == "bool" else torch.finfo(dtype).min
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, low)
 
 
@@ -392,7 +393,7 @@ class StaticDecoder:
         )
 
     def _mask(self, mask: torch.Tensor, model) -> torch.Tensor:
-        return styled(mask, self.mask_style, model.dtype)
+        return styled(mask, self.mask_style, model.get_input_embeddings().weight.dtype)
 
     # ------------------------------------------------------------ the step
 

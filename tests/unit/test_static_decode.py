@@ -32,7 +32,7 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [20, 21, 22, 23]]
 EOS = 3
 
 
-def tiny_model(attention: str = "sdpa", seed: int = 0):
+def tiny_model(attention: str = "sdpa", seed: int = 0, layers: int = 2):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -40,7 +40,7 @@ def tiny_model(attention: str = "sdpa", seed: int = 0):
         vocab_size=48,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,
@@ -120,6 +120,43 @@ def test_rows_padded_to_a_bucket_decode_the_same():
         n = int(a.lengths[r])
         assert torch.equal(a.tokens[r, :n], b.tokens[r, :n])
         assert torch.allclose(a.logprobs[r, :n], b.logprobs[r, :n], atol=1e-5)
+
+
+def test_the_steps_attention_mask_is_made_once_not_once_a_layer():
+    """SDPA turns a bool mask into an additive one in every layer it is given to (three
+    kernels each: on CUDA a decode step's kernels, each with its launch and tail, set the
+    pace); the decoder hands it the additive mask, made once a step, so a layer more adds
+    no mask kernels."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    params = SamplingParams(max_tokens=4, temperature=1.0)
+    counted = []
+    for layers in (2, 3):
+        model = tiny_model(layers=layers)
+        decoder = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
+        cache, step = decoder._buffers(model, len(PROMPTS), 12)
+        decoder._prefill(model, cache, step, PROMPTS, 7)
+        with torch.no_grad(), Ops() as ops:
+            decoder._step(model, cache, step, params)
+        counted.append(ops.seen)
+    per_layer = counted[1] - counted[0]
+    assert (
+        per_layer["scaled_dot_product_attention"]
+        + per_layer["_scaled_dot_product_flash_attention_for_cpu"]
+        == 1
+    )  # the extra layer's attention, counted
+    assert not {"where", "scalar_tensor", "masked_fill_", "logical_not"} & set(per_layer)
 
 
 def test_kept_caches_are_reused_counted_and_released():
