@@ -70,9 +70,9 @@ def whole_bf16_capture_case(device, compiled: bool = False, tokens: int = 40) ->
     sampling copy (the adapter beside the shared bf16 weights, one kernel per RMS norm,
     float32 logits from the shared bf16 head). With the step captured (`compiled`: and
     compiled), each replay, before and after an in-place adapter update, draws what the
-    same decoder's uncaptured step draws at the same shapes (same buckets and cache
-    length), to the bit: the graph replays the step, nothing else. CUDA only
-    (tests/integration/test_gpu.py)."""
+    decoder's step run uncaptured draws at the same shapes (same buckets, cache length
+    and buffers), to the bit: the graph replays the step, nothing else, and reads the
+    refreshed adapter. CUDA only (tests/integration/test_gpu.py)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -102,21 +102,22 @@ def whole_bf16_capture_case(device, compiled: bool = False, tokens: int = 40) ->
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]] * 3
     params = SamplingParams(max_tokens=tokens, temperature=1.0, top_p=0.9, seed=3)
     u = uniforms(len(prompts), tokens, torch.Generator(device=device).manual_seed(3))
-    made = dict(eos_ids=[2], pad_id=0, device=device, graphs=True, compiled=compiled)
-    captured, uncaptured = StaticDecoder(**made), StaticDecoder(**made)
-    uncaptured._capture = lambda *a, **k: None  # the same shapes, the step run as it is
+    decoder = StaticDecoder(eos_ids=[2], pad_id=0, device=device, graphs=True, compiled=compiled)
     drawn = []
     for _ in _before_and_after_an_update(model, copy, device):
         with torch.inference_mode():
-            a = uncaptured.decode(copy.model, prompts, params, u)
-            b = captured.decode(copy.model, prompts, params, u)
+            # the same decoder (the same compiled code), shapes and buffers, its step run
+            # as it is, then from the graph (captured at the first pass, replayed after)
+            decoder._graph = lambda *a, **k: None
+            a = decoder.decode(copy.model, prompts, params, u)
+            del decoder._graph
+            b = decoder.decode(copy.model, prompts, params, u)
         assert torch.equal(a.lengths, b.lengths) and torch.equal(a.tokens, b.tokens)
         assert torch.equal(a.logprobs, b.logprobs)
         drawn.append(b)
-    assert captured.graph_failures == 0 and len(captured._captured) == 1
+    assert decoder.graph_failures == 0 and len(decoder._captured) == 1
     if compiled:
-        assert captured.compile_failures == uncaptured.compile_failures == 0
-        assert captured._compiled_step is not None
+        assert decoder.compile_failures == 0 and decoder._compiled_step is not None
     assert not torch.equal(drawn[0].logprobs, drawn[1].logprobs)  # the update was sampled
 
 
