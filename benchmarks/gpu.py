@@ -30,6 +30,7 @@ On an offline CUDA machine see ../shared/gpu/README.md (the bundle) and docs/per
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -334,24 +335,20 @@ def child_generate(setup: dict, steps: int, seed: int) -> dict:
     return {"generate": out}
 
 
-def child_retrain_dense(setup: dict, steps: int, seed: int, extra: list[str]) -> dict:
-    """retrain with packed rows through the dense L x L mask instead of FlexAttention (what
-    `[backend.options] attention = "auto"` picks on CUDA for rows of 2048+ positions)."""
-    dense = ["--backend-opt", "attention=dense"]  # added to the table, not replacing it
-    return child_retrain(setup, steps, seed, [*extra, *dense])
+# retrain's variants: one [backend.options] entry added to the run's table (not replacing
+# it). dense: packed rows through the L x L mask, not FlexAttention (what "auto" picks on
+# CUDA for rows of 2048+ positions); compiled: the decode step compiled by inductor, then
+# captured as a CUDA graph, instead of captured uncompiled (auto).
+VARIANTS = {"retrain-dense": "attention=dense", "retrain-compiled": "decode=compiled"}
 
 
-def child_retrain_compiled(setup: dict, steps: int, seed: int, extra: list[str]) -> dict:
-    """retrain with the decode step compiled by inductor and captured as a CUDA graph
-    (`[backend.options] decode = "compiled"`) instead of captured uncompiled (auto)."""
-    compiled = ["--backend-opt", "decode=compiled"]
-    return child_retrain(setup, steps, seed, [*extra, *compiled])
+def child_retrain_variant(kind: str, setup: dict, steps: int, seed: int, extra: list[str]):
+    return child_retrain(setup, steps, seed, [*extra, "--backend-opt", VARIANTS[kind]])
 
 
 CHILDREN = {
     "retrain": child_retrain,
-    "retrain-dense": child_retrain_dense,
-    "retrain-compiled": child_retrain_compiled,
+    **{kind: functools.partial(child_retrain_variant, kind) for kind in VARIANTS},
     "trl": child_trl,
     "generate": child_generate,
 }

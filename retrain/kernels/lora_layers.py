@@ -108,8 +108,7 @@ def _lean_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     (module docstring), in the dtype PEFT computes the adapter in; PEFT's own forward for anything
     else (extra arguments, the adapter off or merged, a base output of another dtype)."""
     adapter = self.active_adapters[0]
-    a, b = self.lora_A[adapter], self.lora_B[adapter]
-    dtype = x.dtype if isinstance(a, InputDtypeLinear) else a.weight.dtype
+    a, b, dtype = lora_a(self), lora_b(self), adapter_dtype(self, x.dtype)
     if args or kwargs or self.disable_adapters or self.merged:
         return super(type(self), self).forward(x, *args, **kwargs)
     result = self.base_layer(x)
