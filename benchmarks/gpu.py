@@ -23,6 +23,7 @@ affects both. A table goes to stdout, everything to `--json`.
     python benchmarks/gpu.py --smoke              # the plumbing, on the CPU, in a minute
     python benchmarks/gpu.py --what headline --only retrain,retrain-dense   # flex vs dense
     python benchmarks/gpu.py --what headline --only retrain,retrain-compiled   # decode compiled
+    python benchmarks/gpu.py --what headline --only retrain,retrain-whole-cache   # key spans
 
 On an offline CUDA machine see ../shared/gpu/README.md (the bundle) and docs/performance.md.
 """
@@ -346,9 +347,19 @@ def child_retrain_variant(kind: str, setup: dict, steps: int, seed: int, extra: 
     return child_retrain(setup, steps, seed, [*extra, "--backend-opt", VARIANTS[kind]])
 
 
+def child_retrain_whole_cache(setup: dict, steps: int, seed: int, extra: list[str]) -> dict:
+    """retrain with every decode step reading the whole KV cache, as before key spans
+    (retrain/engines/static_decode.py): patched in this child only, no option for it."""
+    from retrain.engines import static_decode
+
+    static_decode.reads_prefix = lambda model: False
+    return child_retrain(setup, steps, seed, extra)
+
+
 CHILDREN = {
     "retrain": child_retrain,
     **{kind: functools.partial(child_retrain_variant, kind) for kind in VARIANTS},
+    "retrain-whole-cache": child_retrain_whole_cache,
     "trl": child_trl,
     "generate": child_generate,
 }
@@ -479,7 +490,8 @@ def parse(argv):
         "--only",
         default="retrain,trl,generate",
         help="which kinds to run: retrain, retrain-dense (packed rows through the dense "
-        "mask, not FlexAttention), retrain-compiled (the decode step compiled), trl, generate",
+        "mask, not FlexAttention), retrain-compiled (the decode step compiled), "
+        "retrain-whole-cache (decode steps read the whole KV cache), trl, generate",
     )
     p.add_argument("--model-dir", default=str(Path(tempfile.gettempdir()) / "rand4b"))
     p.add_argument("--smoke", action="store_true", help="a tiny model on the CPU (plumbing)")

@@ -72,7 +72,8 @@ def whole_bf16_capture_case(device, compiled: bool = False, tokens: int = 40) ->
     compiled), each replay, before and after an in-place adapter update, draws what the
     decoder's step run uncaptured draws at the same shapes (same buckets, cache length
     and buffers), to the bit: the graph replays the step, nothing else, and reads the
-    refreshed adapter. CUDA only (tests/integration/test_gpu.py)."""
+    refreshed adapter, and each of the step's key spans (a graph each) reads what the
+    uncaptured step of that span reads. CUDA only (tests/integration/test_gpu.py)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -103,19 +104,20 @@ def whole_bf16_capture_case(device, compiled: bool = False, tokens: int = 40) ->
     params = SamplingParams(max_tokens=tokens, temperature=1.0, top_p=0.9, seed=3)
     u = uniforms(len(prompts), tokens, torch.Generator(device=device).manual_seed(3))
     decoder = StaticDecoder(eos_ids=[2], pad_id=0, device=device, graphs=True, compiled=compiled)
+    decoder.length_step = 16  # a 48-position cache read by spans of 16, 32, 48: three graphs
     drawn = []
     for _ in _before_and_after_an_update(model, copy, device):
         with torch.inference_mode():
             # the same decoder (the same compiled code), shapes and buffers, its step run
             # as it is, then from the graph (captured at the first pass, replayed after)
-            decoder._graph = lambda *a, **k: None
+            decoder._graphs = lambda *a, **k: None
             a = decoder.decode(copy.model, prompts, params, u)
-            del decoder._graph
+            del decoder._graphs
             b = decoder.decode(copy.model, prompts, params, u)
         assert torch.equal(a.lengths, b.lengths) and torch.equal(a.tokens, b.tokens)
         assert torch.equal(a.logprobs, b.logprobs)
         drawn.append(b)
-    assert decoder.graph_failures == 0 and len(decoder._captured) == 1
+    assert decoder.graph_failures == 0 and sorted(k[2] for k in decoder._captured) == [16, 32, 48]
     if compiled:
         assert decoder.compile_failures == 0 and decoder._compiled_step is not None
     assert not torch.equal(drawn[0].logprobs, drawn[1].logprobs)  # the update was sampled

@@ -23,10 +23,20 @@ weights, set the pace (59 ms per decode step at 64 rows, where the weights alone
   masked, not removed), so the step's shapes never change. The step feeds one token per
   row, takes the logits and draws the next token with the row's pre-drawn uniform
   (retrain/engines/draw.py), recording its logprob (and entropy) inside the step;
-- on CUDA (`graphs=True`) captures that step per (rows, length, sampling settings) in a
-  CUDA graph after a short warm-up, and replays it. Rows are padded up to a bucket
-  (a power of two) and the length up to a multiple of 128, so few graphs are captured.
-  If capturing fails, it says so once and runs the same step eagerly;
+- reads at each step only the cache's leading positions that hold keys, rounded up to a
+  multiple of 128 (its "key span"), when the model's attention is retrain's
+  (retrain/kernels/flex.py, which the local backend sets on CUDA): the mask handed to it
+  is that wide and it reads the keys the mask covers. The positions beyond hold no key
+  yet and are masked, so reading them only costs time: at the headline shape (256 new
+  tokens after a prompt of ~55, a 384-position cache) every decode step read 384 keys a
+  row and layer, ~7 GB a step at 128 rows, about as much as the weights; by span it reads
+  ~35% fewer. transformers' own attention functions need a mask as wide as the keys, so any
+  other model reads the whole cache;
+- on CUDA (`graphs=True`) captures that step per (rows, length, key span, sampling
+  settings) in a CUDA graph after a short warm-up, and replays it. Rows are padded up to
+  a bucket (a power of two) and the length up to a multiple of 128, so few graphs are
+  captured; a call's graphs are captured before its prefill (a warm-up writes into the
+  cache). If capturing fails, it says so once and runs the same step eagerly;
 - with `compiled=True` (`decode = "compiled"`) runs the step through torch.compile's
   inductor (`compiled_step`): the step's element-wise work (norms, rotary, casts,
   residual adds, the draw) fuses into fewer kernels, which on CUDA the graph then
@@ -57,7 +67,7 @@ from retrain.types import SamplingParams
 
 log = logging.getLogger("retrain.engines.static_decode")
 
-LENGTH_STEP = 128  # cache lengths are rounded up to this with graphs (few captured shapes)
+LENGTH_STEP = 128  # cache lengths (with graphs) and key spans are rounded up to this
 KEPT_SHAPES = 4  # caches (and their graphs) kept with graphs; the least recently used goes
 RECOMPILES = 32  # dynamo's compiles per function before it runs new guards eagerly (8)
 CHECK_EVERY = 8  # steps between checks for "every row finished" with graphs (a host sync)
@@ -126,8 +136,9 @@ def compiled_step(step: Callable) -> Callable:
     casts, residual adds and the draw's element-wise work fuse into fewer kernels, with
     bf16 intermediates rounded where eager rounds them (`emulate_precision_casts`), so
     it draws what the uncompiled step draws to rounding. Shapes start static; dynamo
-    recompiles once with the dims that changed made dynamic, and once per sampling
-    setting, so a run's few shapes and settings stay well inside the raised limit."""
+    recompiles once with the dims (and the key span) that changed made dynamic, and once
+    per sampling setting, so a run's few shapes and settings stay well inside the raised
+    limit."""
     dynamo = torch._dynamo.config
     dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILES)
     return torch.compile(step, fullgraph=True, options={"emulate_precision_casts": True})
@@ -147,6 +158,20 @@ def rows_within(budget: int) -> int:
     padded to its bucket: the largest power of two not above it (below 8, the budget:
     no bucket is smaller than 8)."""
     return budget if budget < 8 else 1 << (budget.bit_length() - 1)
+
+
+def key_span(filled: int, length: int, step: int = LENGTH_STEP) -> int:
+    """The leading cache positions a step reads when `filled` of them hold keys: `filled`
+    rounded up to `step` (few spans, so few graphs), at most the cache's `length`."""
+    return min(length, _round_up(filled, step))
+
+
+def reads_prefix(model) -> bool:
+    """Whether `model`'s attention reads only the keys its mask covers (retrain's,
+    retrain/kernels/flex.py); transformers' own need the mask as wide as the cache."""
+    from retrain.kernels.flex import NAME
+
+    return getattr(model.config, "_attn_implementation", None) == NAME
 
 
 def prefill_mask(key_valid: torch.Tensor, width: int, window: int | None = None) -> torch.Tensor:
@@ -212,8 +237,9 @@ class StaticDecoder:
         self.mask_style = mask_style  # retrain.kernels.packing.MASK_STYLES of the model
         self.say = say or log.warning
         self._shapes: dict[tuple[int, int], tuple[Any, _Step]] = {}  # (R, L) -> cache, step
-        self._captured: dict[tuple, Any] = {}  # (R, L, sampling settings) -> CUDAGraph
+        self._captured: dict[tuple, Any] = {}  # (R, L, key span, sampling settings) -> graph
         self._pool = None
+        self.length_step = LENGTH_STEP  # cache lengths (with graphs) and key spans round to it
         self.keep = graphs  # caches kept between calls: a captured graph holds their addresses
         self.graph_failures = 0
         self.compiled = compiled
@@ -239,16 +265,28 @@ class StaticDecoder:
         prompts = prompts + [[self.pad_id]] * (bucket - rows)  # filler rows, finished at once
         longest = max(len(p) for p in prompts)
         length = self.cache_length(longest + width)
+        span = self._spans(model, length)
         cache, step = self._buffers(model, bucket, length)
-        replay = self._graph(model, cache, step, params, length) if self.graphs else None
-        logits = self._prefill(model, cache, step, prompts, longest)
+        replays = None
+        if self.graphs:  # the step at t feeds the token at cache position longest + t
+            spans = sorted({span(longest + t + 1) for t in range(width - 1)})
+            replays = self._graphs(model, cache, step, params, length, spans)
+        logits = self._prefill(model, cache, step, prompts, longest, span(longest))
         u = torch.cat([u, u.new_full((bucket - rows, width), 0.5)]) if bucket > rows else u
-        out = self._decode_steps(model, cache, step, logits, params, u, longest, replay, rows)
-        return out
+        return self._decode_steps(
+            model, cache, step, logits, params, u, longest, rows, span, replays
+        )
 
     def cache_length(self, need: int) -> int:
         """The cache length a call that needs `need` positions per row decodes with."""
-        return _round_up(need, LENGTH_STEP) if self.graphs else need
+        return _round_up(need, self.length_step) if self.graphs else need
+
+    def _spans(self, model, length: int) -> Callable[[int], int]:
+        """filled cache positions -> the key span a step or prefill reads (`key_span`;
+        the whole cache for a model whose attention cannot read less)."""
+        if not reads_prefix(model):
+            return lambda filled: length
+        return lambda filled: key_span(filled, length, self.length_step)
 
     def _buffers(self, model, rows: int, length: int) -> tuple[Any, _Step]:
         """The cache and step buffers of this shape: kept for the next call with graphs
@@ -311,9 +349,10 @@ class StaticDecoder:
             torch.cuda.empty_cache()
         return released
 
-    def _prefill(self, model, cache, step: _Step, prompts: list[list[int]], width: int):
-        """Every row's prompt, left-padded to `width`, into the reset cache; returns the
-        next-token logits (R, V) and leaves the step's position and key mask set."""
+    def _prefill(self, model, cache, step: _Step, prompts: list[list[int]], width: int, span: int):
+        """Every row's prompt, left-padded to `width`, into the reset cache, its attention
+        reading the first `span` cache positions; returns the next-token logits (R, V) and
+        leaves the step's position and key mask set."""
         rows = len(prompts)
         ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
         real = torch.zeros((rows, width), dtype=torch.bool)
@@ -331,7 +370,7 @@ class StaticDecoder:
         out = model(
             input_ids=ids,
             attention_mask=self.windows.masks(
-                lambda w: self._mask(prefill_mask(step.key_valid, width, w), model)
+                lambda w: self._mask(prefill_mask(step.key_valid[:, :span], width, w), model)
             ),
             position_ids=positions,
             **cache_kwargs(model, cache),
@@ -342,8 +381,11 @@ class StaticDecoder:
         return out.logits[:, -1, :]
 
     def _decode_steps(
-        self, model, cache, step: _Step, logits, params, u, width: int, replay, rows: int
+        self, model, cache, step: _Step, logits, params, u, width: int, rows: int, span, replays
     ) -> Decoded:
+        """Decode from the prefill's `logits`: the step at t feeds the token at cache
+        position width + t and reads `span(width + t + 1)` positions, replayed from
+        `replays` (key span -> a captured graph's replay) or run (None)."""
         bucket, max_tokens = u.shape
         tokens = torch.zeros((bucket, max_tokens), dtype=torch.long, device=self.device)
         logprobs = torch.zeros((bucket, max_tokens), dtype=torch.float32, device=self.device)
@@ -357,7 +399,7 @@ class StaticDecoder:
         step.logprob.copy_(logp)
         if entropies is not None:
             step.entropy.copy_(-(full.exp() * full).sum(-1))
-        steps, check = max_tokens, 1 if replay is None else CHECK_EVERY
+        steps, check = max_tokens, 1 if replays is None else CHECK_EVERY
         for t in range(max_tokens):
             tokens[:, t], logprobs[:, t] = step.next_token, step.logprob
             if entropies is not None:
@@ -377,10 +419,11 @@ class StaticDecoder:
                 if width + t >= self.windows.sliding:
                     step.key_window[:, width + t - self.windows.sliding] = False
             step.uniform.copy_(u[:, t + 1 : t + 2])
-            if replay is not None:
-                replay()
+            keys = span(width + t + 1)
+            if replays is not None:
+                replays[keys]()
             else:
-                self._run_step(model, cache, step, params)
+                self._run_step(model, cache, step, params, keys)
         if bool(step.bad):
             raise BackendError(
                 "the model produced non-finite logits while sampling (have the weights "
@@ -397,12 +440,13 @@ class StaticDecoder:
 
     # ------------------------------------------------------------ the step
 
-    def _step(self, model, cache, step: _Step, params: SamplingParams) -> None:
-        """Feed `step.token`, draw the next token: fixed shapes, no host synchronisation."""
+    def _step(self, model, cache, step: _Step, params: SamplingParams, span: int) -> None:
+        """Feed `step.token`, draw the next token: fixed shapes, no host synchronisation.
+        The attention reads the first `span` cache positions (the mask's width)."""
 
         def mask(window: int | None) -> torch.Tensor:
             keys = step.key_valid if window is None else step.key_window
-            return self._mask(keys[:, None, None, :], model)
+            return self._mask(keys[:, None, None, :span], model)
 
         out = model(
             input_ids=step.token,
@@ -419,7 +463,7 @@ class StaticDecoder:
         if params.return_entropy:
             step.entropy.copy_(-(full.exp() * full).sum(-1))
 
-    def _run_step(self, model, cache, step: _Step, params: SamplingParams) -> None:
+    def _run_step(self, model, cache, step: _Step, params: SamplingParams, span: int) -> None:
         """The step, compiled while compiling has not failed. Compiled as one graph
         (`fullgraph`), a step either compiles whole before any of it runs or fails before
         touching the cache, so the same step can then run eagerly."""
@@ -431,7 +475,7 @@ class StaticDecoder:
                     "longer, and so does the first at a new shape or sampling setting"
                 )
             try:
-                self._compiled_step(model, cache, step, params)
+                self._compiled_step(model, cache, step, params, span)
                 return
             except torch._dynamo.exc.TorchDynamoException as exc:
                 self._compiled_step = None
@@ -442,19 +486,26 @@ class StaticDecoder:
                     f'(slower). Set [backend.options] decode = "graphs" (or "static" off '
                     "CUDA) to skip the attempt"
                 )
-        self._step(model, cache, step, params)
+        self._step(model, cache, step, params, span)
 
-    def _graph(self, model, cache, step: _Step, params: SamplingParams, length: int):
-        """A replay of the step captured for this shape and these sampling settings, or
-        None (eager) once capturing has failed."""
+    def _graphs(
+        self, model, cache, step: _Step, params: SamplingParams, length: int, spans: list[int]
+    ) -> dict[int, Callable[[], None]] | None:
+        """Key span -> a replay of the step captured for this shape, these sampling
+        settings and that span; None (eager) once capturing has failed."""
         rows = step.token.shape[0]
-        key = (rows, length, params.temperature, params.top_p, params.return_entropy)
-        if key not in self._captured:
-            self._captured[key] = self._capture(model, cache, step, params)
-        graph = self._captured[key]
-        return None if graph is None else graph.replay
+        settings = (params.temperature, params.top_p, params.return_entropy)
+        replays = {}
+        for span in spans:
+            key = (rows, length, span, *settings)
+            if key not in self._captured:
+                self._captured[key] = self._capture(model, cache, step, params, span)
+            if self._captured[key] is None:
+                return None
+            replays[span] = self._captured[key].replay
+        return replays
 
-    def _capture(self, model, cache, step: _Step, params: SamplingParams):
+    def _capture(self, model, cache, step: _Step, params: SamplingParams, span: int):
         """Warm the step up on a side stream of the sampler's device, then capture it on
         that stream. The warm-up writes into the cache, which the next prefill resets (in
         place: the addresses stay). The capture forbids unsafe CUDA calls in this thread
@@ -472,13 +523,13 @@ class StaticDecoder:
                 with torch.cuda.stream(side):
                     cache.reset()
                     for _ in range(3):  # the first compiles the step when it is compiled
-                        self._run_step(model, cache, step, params)
+                        self._run_step(model, cache, step, params, span)
                 current.wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(
                     graph, pool=self._pool, stream=side, capture_error_mode="thread_local"
                 ):
-                    self._run_step(model, cache, step, params)
+                    self._run_step(model, cache, step, params, span)
             return graph
         except Exception as exc:  # an op that cannot be captured: decode eagerly
             torch.cuda.set_stream(current)  # torch's graph context may not have restored it

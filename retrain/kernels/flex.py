@@ -12,7 +12,8 @@ the sum of the segments' squares instead of the row's square, and no mask is sto
 The model keeps one attention implementation, `NAME`, registered with transformers: a
 BlockMask goes to FlexAttention, a decode step of one query position to `grouped_decode`
 (SDPA over the grouped heads, no copies of the cache), any other mask to transformers'
-own SDPA function. The local backend puts an SDPA model on it on CUDA whether or not its
+own SDPA function. A tensor mask narrower than the keys means "read the first that many
+keys": the static decoder's steps read only the cache's filled prefix that way. The local backend puts an SDPA model on it on CUDA whether or not its
 training uses FlexAttention, for the decode steps. On CUDA FlexAttention
 runs compiled (torch.compile, recompiling once for a new shape and then with dynamic
 shapes); on a CPU it runs torch's eager reference, forward only: torch 2.13 has no
@@ -150,6 +151,11 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     from torch.nn.attention.flex_attention import BlockMask
 
     if not isinstance(attention_mask, BlockMask):
+        if attention_mask is not None and attention_mask.shape[-1] < key.shape[2]:
+            # the static decoder's mask covers only the cache's filled prefix (its key
+            # span, retrain/engines/static_decode.py): read only those keys and values
+            span = attention_mask.shape[-1]
+            key, value = key[:, :, :span], value[:, :, :span]
         if one_query(query, key, attention_mask, dropout, kwargs):
             return grouped_decode(query, key, value, attention_mask, scaling), None
         from transformers.integrations.sdpa_attention import sdpa_attention_forward

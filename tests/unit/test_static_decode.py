@@ -111,7 +111,7 @@ def test_rows_padded_to_a_bucket_decode_the_same():
     plain = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
     padded = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
     padded.graphs = True  # bucketed rows and lengths, without capturing (CPU)
-    padded._graph = lambda *a, **k: None
+    padded._graphs = lambda *a, **k: None
     a = plain.decode(model, rows, params, u)
     b = padded.decode(model, rows, params, u)
     assert a.tokens.shape[0] == b.tokens.shape[0] == 9
@@ -146,9 +146,9 @@ def test_the_steps_attention_mask_is_made_once_not_once_a_layer():
         model = tiny_model(layers=layers)
         decoder = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
         cache, step = decoder._buffers(model, len(PROMPTS), 12)
-        decoder._prefill(model, cache, step, PROMPTS, 7)
+        decoder._prefill(model, cache, step, PROMPTS, 7, 12)
         with torch.no_grad(), Ops() as ops:
-            decoder._step(model, cache, step, params)
+            decoder._step(model, cache, step, params, 12)
         counted.append(ops.seen)
     per_layer = counted[1] - counted[0]
     assert (
@@ -157,6 +157,92 @@ def test_the_steps_attention_mask_is_made_once_not_once_a_layer():
         == 1
     )  # the extra layer's attention, counted
     assert not {"where", "scalar_tensor", "masked_fill_", "logical_not"} & set(per_layer)
+
+
+def test_a_step_reads_only_the_cache_positions_that_hold_keys(monkeypatch):
+    """With retrain's attention (flex.NAME, the local backend's on CUDA) a step reads the
+    cache's filled prefix rounded up to the decoder's length step, not the whole cache:
+    the keys that reach SDPA grow with the tokens decoded (here in steps of 4, up to the
+    19-position cache), and what is drawn is what the dynamic decoder and the static one
+    reading the whole cache draw."""
+    from retrain.engines.static_decode import key_span
+    from retrain.kernels import flex
+
+    assert [key_span(f, 19, 4) for f in (1, 4, 5, 8, 9, 17, 19)] == [4, 4, 8, 8, 12, 19, 19]
+    assert key_span(100, 384) == 128 and key_span(129, 384) == 256 and key_span(300, 384) == 384
+    read: list[int] = []
+    grouped = flex.grouped_decode
+
+    def counted(query, key, value, mask, scaling):
+        read.append(key.shape[2])
+        return grouped(query, key, value, mask, scaling)
+
+    monkeypatch.setattr(flex, "grouped_decode", counted)
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=4, return_entropy=True)
+    model = tiny_model(seed=1)
+    whole = engines(model, "static")
+    want = whole.sample(PROMPTS, 4, params)
+    assert read == []  # SDPA attention: transformers' repeat-then-SDPA path, whole cache
+    dynamic = engines(model, "dynamic").sample(PROMPTS, 4, params)
+    flex.use_flex(model)
+    spans = engines(model, "static")
+    spans.static.length_step = 4
+    got = spans.sample(PROMPTS, 4, params)
+    lengths = assert_same(want, got, entropies=True)
+    assert_same(dynamic, got, entropies=True)
+    assert max(lengths) == 12  # every step ran: 12 rows, the longest prompt 7 positions
+    # the step at t reads key_span(7 + t + 1): 8, then 12 x 4, 16 x 4, 19 x 2; two layers
+    assert read[::2] == read[1::2] == [8, 12, 12, 12, 12, 16, 16, 16, 16, 19, 19]
+
+
+def test_with_graphs_a_call_captures_a_graph_per_key_span_before_its_prefill():
+    """The graphs of a call, one per key span its steps read, are captured before the
+    prefill (a capture's warm-up writes into the cache), and each step replays the graph
+    of its span: here a stand-in graph that runs the real step (no CUDA on a CPU; the
+    real capture runs in tests/integration/test_gpu.py), so what is drawn must be what
+    the same decoder draws uncaptured. A second call of the same shape whose prompts are
+    shorter reads fewer spans, all captured already."""
+    from retrain.kernels import flex
+
+    model = tiny_model(seed=2)
+    flex.use_flex(model)
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=8)
+    events: list = []
+    decoder = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
+    decoder.graphs = decoder.keep = True  # refused off CUDA at construction
+    decoder.length_step = 4
+
+    class Graph:
+        def __init__(self, model, cache, step, params, span):
+            events.append(("capture", span))
+            self.replay = lambda: (
+                events.append(("replay", span)),
+                decoder._run_step(model, cache, step, params, span),
+            )
+
+    decoder._capture = Graph
+    prefill = decoder._prefill
+    decoder._prefill = lambda *a: (events.append("prefill"), prefill(*a))[1]
+    plain = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
+    plain.graphs, plain.length_step = True, 4  # the same buckets, lengths and spans
+    plain._graphs = lambda *a, **k: None
+    shorter = [[5, 6, 7, 8, 9], [12, 13], [20, 21, 22]]
+    for prompts in (PROMPTS, shorter):  # longest prompt 7, then 5: a cache of 20 both times
+        rows = [p for p in prompts for _ in range(4)]
+        u = uniforms(len(rows), params.max_tokens, torch.Generator().manual_seed(8))
+        events.clear()
+        got = decoder.decode(model, rows, params, u)
+        want = plain.decode(model, rows, params, u)
+        assert torch.equal(got.tokens, want.tokens) and torch.equal(got.logprobs, want.logprobs)
+        assert torch.equal(got.lengths, want.lengths)
+        replayed = [span for kind, span in events[events.index("prefill") + 1 :]]
+        assert replayed == sorted(replayed) and len(replayed) == got.tokens.shape[1] - 1
+        if prompts is PROMPTS:  # 12 rows -> 16; cache 7 + 12 -> 20: spans 8, 12, 16, 20
+            assert events[:5] == [("capture", s) for s in (8, 12, 16, 20)] + ["prefill"]
+            assert set(replayed) == {8, 12, 16, 20}
+        else:  # positions 6 to 16 filled: spans 8, 12 and 16
+            assert events[0] == "prefill" and set(replayed) == {8, 12, 16}
+    assert sorted(k[:3] for k in decoder._captured) == [(16, 20, s) for s in (8, 12, 16, 20)]
 
 
 def test_kept_caches_are_reused_counted_and_released():
@@ -358,7 +444,7 @@ def test_a_failed_capture_decodes_eagerly_and_uncompiled_on_the_stream_it_was_on
     assert "decoding eagerly and uncompiled" in warning
     plain = StaticDecoder(eos_ids=[EOS], pad_id=0, device=cpu)
     plain.graphs = True  # the same buckets and lengths
-    plain._graph = lambda *a, **k: None
+    plain._graphs = lambda *a, **k: None
     want = plain.decode(model, PROMPTS, params, u)
     assert torch.equal(out.tokens, want.tokens) and torch.equal(out.logprobs, want.logprobs)
 
