@@ -23,6 +23,7 @@ from test_packing import plain_logprobs  # noqa: E402
 from test_static_decode import assert_same  # noqa: E402
 
 from retrain.engines.pytorch import PyTorchEngine  # noqa: E402
+from retrain.engines.static_decode import reads_prefix  # noqa: E402
 from retrain.errors import BackendError  # noqa: E402
 from retrain.kernels import flex  # noqa: E402
 from retrain.kernels.logprobs import linear_head  # noqa: E402
@@ -203,19 +204,26 @@ def test_flex_block_masks_carry_the_window(shape, seed, kind):
 
 
 @pytest.mark.parametrize("kind", ["mistral", "qwen2"])
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "spans"])
 def test_the_static_decoder_draws_what_the_dynamic_one_draws(kind, attention):
     """Prompts of 2-9 tokens and 12 new ones against a window of 4: the static decoder
     (full-length cache, a second mask for the sliding layers) against the dynamic one
-    (transformers' own sliding caches and masks)."""
-    model = sliding_model(kind, attention)
+    (transformers' own sliding caches and masks). "spans": the static decoder on
+    retrain's attention, each step reading its key span (here in steps of 4), both
+    masks as narrow as the span."""
+    model = sliding_model(kind, "sdpa" if attention == "spans" else attention)
     prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [12, 13], [20, 21, 22, 23, 24]]
     params = SamplingParams(max_tokens=12, temperature=0.9, seed=7)
     out = {}
     for decode in ("dynamic", "static"):
+        if decode == "static" and attention == "spans":
+            flex.use_flex(model)
         engine = PyTorchEngine(
             model, {3}, 0, torch.device("cpu"), sampling_copy=False, decode=decode
         )
+        if engine.static is not None:  # spans of 4 where its steps read by span
+            engine.static.length_step = 4
+            assert reads_prefix(model) == (attention == "spans")
         out[decode] = engine.sample(prompts, 3, params)
     lengths = assert_same(out["dynamic"], out["static"])
     assert max(lengths) == 12 and min(lengths) < 12  # rows that stopped early too
