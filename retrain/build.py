@@ -23,7 +23,12 @@ from retrain.advantages import AdvantagePipeline, PlanningDetector, make_detecto
 from retrain.backends.base import Backend, backend_info
 from retrain.backpressure import BackPressureController
 from retrain.config import Config
-from retrain.config.validate import devices_problems, flow_problems, samples_through_engine
+from retrain.config.validate import (
+    devices_problems,
+    flow_problems,
+    samples_through_engine,
+    triton_problems,
+)
 from retrain.errors import ConfigError, TrainingError
 from retrain.kernels.windows import refusal
 from retrain.models import HubAsk, ModelSource, ask_hub, find_model, model_config
@@ -552,12 +557,14 @@ def startup_problems(
     config: Config, ask: HubAsk | None = ask_hub, world: World | None = None
 ) -> Problems:
     """What the run refuses before anything loads: `[backend] devices` this machine does
-    not have (nvidia-smi counts them; torch is not imported), a model that cannot be had
+    not have (nvidia-smi counts them; torch is not imported), triton's work asked of a
+    GPU it cannot do it on (nvidia-smi's compute capability), a model that cannot be had
     (`ask`: the hub request, None to skip it), a `[resume] from` directory it cannot
     resume from, a config that cannot run on `world`'s ranks (default: torchrun's
     environment)."""
     return (
         devices_problems(config, hardware.cuda_device_count)
+        + triton_problems(config, hardware.triton_lacks_bf16)
         + world_problems(config, world or world_of(config))
         + model_problems(config, ask)
         + resume_problems(config)

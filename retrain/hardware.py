@@ -78,6 +78,13 @@ def no_native_bf16(index: int = 0) -> str | None:
     return f"compute capability {cap[0]}.{cap[1]} has no native bf16"
 
 
+def triton_lacks_bf16(dtype: str, device_type: str, index: int = 0) -> str | None:
+    """Why triton, which compiles FlexAttention and the compiled decode step, cannot run
+    the resolved matmul `dtype` on a device: bf16 on a GPU without native bf16 (only an
+    explicit `dtype = "bf16"` gets there: "auto" is fp32 on it); None otherwise."""
+    return no_native_bf16(index) if dtype == "bf16" and device_type == "cuda" else None
+
+
 def compute_capability(
     index: int = 0,
     *,

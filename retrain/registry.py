@@ -563,7 +563,9 @@ BACKENDS = Registry(
                     "Base weights' dtype: auto (bf16 on a GPU of compute capability 8.0+ or a "
                     "CPU with AVX512-BF16/AMX, else fp32), fp32 or bf16. bf16 on a GPU: the whole model (weights and "
                     "activations); on a CPU: the blocks' matmuls, float32 residual stream. "
-                    "The adapter's weights and the logits stay float32 (on a GPU the adapter computes in bf16)",
+                    "The adapter's weights and the logits stay float32 (on a GPU the adapter computes in bf16). "
+                    "bf16 on a GPU below 8.0 (V100, T4) refuses attention = flex and decode = compiled "
+                    "(triton has no bf16 there) and trains through the dense mask",
                     validator=_one_of(*MATMUL_DTYPES),
                 ),
                 "decode": OptionSpec(
@@ -597,7 +599,8 @@ BACKENDS = Registry(
                     "micro-batches whose longest row reaches 2048 positions, where that saving "
                     "outweighs a compile; dense otherwise, and always for a model whose "
                     "soft-capped logits, attention sinks or attention dropout FlexAttention "
-                    "does not apply here). Both apply a model's sliding windows",
+                    "does not apply here, or with bf16 on a GPU without native bf16). Both "
+                    "apply a model's sliding windows",
                     validator=_one_of("auto", "dense", "flex"),
                 ),
                 "collective_timeout_s": OptionSpec(

@@ -333,12 +333,11 @@ class LocalBackend:
         if self.options.checkpointing:  # recompute each block in backward (train mode only)
             enable = getattr(peft_model, "activation_checkpointing_enable", None)
             (enable or peft_model.gradient_checkpointing_enable)({"use_reentrant": False})
+        device, dtype = self.train_device, "bf16" if self.bf16 else "fp32"
+        blocked = flex.blockers(peft_model.get_base_model())
+        blocked += flex.bf16_blocked(dtype, device.type, device.index or 0)
         self._flex_from = flex.flex_from(
-            self.options.attention,
-            self.train_device.type,
-            attention,
-            name,
-            flex.blockers(peft_model.get_base_model()),
+            self.options.attention, self.train_device.type, attention, name, blocked
         )
         # on CUDA an SDPA model takes retrain's attention for its decode steps too
         if self._flex_from is not None or (

@@ -556,7 +556,8 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
             out["matmuls_why"] = no_native_bf16(index)
         out["whole_model_bf16"] = whole_model_bf16(out["matmuls"], kind)
         out["micro_batch_tokens"] = opts["micro_batch_tokens"]
-        out["attention"] = flex.describe(opts["attention"], kind)
+        blocked = flex.bf16_blocked(out["matmuls"], kind, index)
+        out["attention"] = flex.describe(opts["attention"], kind, blocked)
     if "[inference]" in ignored:
         out["inference"] = {
             "engine": f"the {info.name} backend's own sampler",

@@ -636,6 +636,34 @@ def cross_checks(config: Config) -> Problems:
 # checks (retrain/build.py) compare it with the machine.
 
 
+def triton_problems(config: Config, lacks: Callable[[str, str, int], str | None]) -> Problems:
+    """What triton compiles, asked for where it cannot (`lacks(dtype, device kind,
+    index)`: retrain.hardware.triton_lacks_bf16, nvidia-smi's compute capability):
+    `attention = "flex"` on the training GPU or `decode = "compiled"` on the sampling one
+    with `dtype = "bf16"`, on a GPU without native bf16. ("auto" is fp32 there, and
+    `attention = "auto"` keeps the dense mask with bf16.)"""
+    opts = config.backend.options
+    if opts.get("dtype") != "bf16" or "dtype" not in _options_of(config):
+        return []
+    found = []
+    for key, value, last, what, instead in (
+        ("attention", "flex", True, "trains packed rows through FlexAttention", "auto"),
+        ("decode", "compiled", False, "compiles the decode step", "graphs"),
+    ):
+        if opts.get(key) != value or device_kind(config, last) != "cuda":
+            continue
+        part = device_part(config, last)
+        why = lacks("bf16", "cuda", int(part.split(":")[1]) if ":" in part else 0)
+        if why:
+            problem = (
+                f'= "{value}" {what} with triton, which has no bf16 on {part!r} ({why}), '
+                f'and [backend.options] dtype = "bf16". Fix: dtype = "auto" (fp32 there), or '
+                f'{key} = "{instead}"'
+            )
+            found.append((f"[backend.options] {key}", problem))
+    return found
+
+
 def devices_problems(config: Config, count_cuda: Callable[[], int]) -> Problems:
     """`[backend] devices` against the CUDA devices this machine has (`count_cuda()`,
     asked only when a GPU is configured), for a built-in backend that runs the model here."""

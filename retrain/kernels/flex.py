@@ -75,10 +75,13 @@ def block_mask(
     return create_block_mask(rule, rows, None, length, length, device=segments.device)
 
 
-def describe(option: str, device_kind: str) -> str:
-    """What `attention = option` does when training an SDPA model on `device_kind` (for
-    `explain`, after the config check refused flex off CUDA)."""
-    return label(flex_from(option, device_kind, "sdpa", "the model"))
+def describe(option: str, device_kind: str, blocked: list[str] | None = None) -> str:
+    """What `attention = option` does when training an SDPA model on `device_kind` with
+    `blocked` (see `blockers`) in the way (for `explain`, after the config checks refused
+    flex off CUDA and where blocked)."""
+    if option == "flex" and blocked:
+        return "FlexAttention, refused: " + ", ".join(blocked)
+    return label(flex_from(option, device_kind, "sdpa", "the model", blocked))
 
 
 def label(start: int | None) -> str:
@@ -102,6 +105,15 @@ def blockers(model) -> list[str]:
     if getattr(config, "attention_dropout", 0.0):
         found.append("attention dropout")
     return found
+
+
+def bf16_blocked(dtype: str, device_type: str, index: int = 0) -> list[str]:
+    """`blockers` of the device rather than the model: bf16 matmuls (`dtype`, resolved) on
+    a GPU without native bf16, where triton, which compiles FlexAttention, has none."""
+    from retrain.hardware import triton_lacks_bf16
+
+    why = triton_lacks_bf16(dtype, device_type, index)
+    return [f"bf16 matmuls ({why}; triton has none there)"] if why else []
 
 
 def flex_from(

@@ -338,3 +338,32 @@ def test_explain_names_the_bf16_layout_of_each_device(tmp_path, capsys, monkeypa
         "has no native bf16)" in v100
     )
     assert "auto:" not in explain(qwen_config(tmp_path, 'dtype = "fp32"'), capsys)[1]
+
+
+def test_triton_work_in_bf16_is_refused_on_a_gpu_without_native_bf16(
+    tmp_path, capsys, monkeypatch, no_caches
+):
+    """Triton, which compiles FlexAttention and the compiled decode step, has no bf16 on a
+    GPU below compute capability 8.0 (a V100 here): asking for either with dtype = "bf16"
+    is a config error at the start (explain shows it, exit 2), naming the key, the GPU's
+    capability and the fix; with attention = "auto" bf16 keeps the dense mask instead.
+    On an H100, or with dtype = "auto" (fp32 on the V100), nothing is refused."""
+    simulate(monkeypatch, cap=(7, 0), cuda0=(31.0, 32.0))
+    monkeypatch.setattr("retrain.config.validate.compiler_missing", lambda kind: None)  # triton
+    for option, key in (('attention = "flex"', "attention"), ('decode = "compiled"', "decode")):
+        code, text, _ = explain(qwen_config(tmp_path, 'dtype = "bf16"', option), capsys)
+        assert code == 2
+        (line,) = [x for x in text.splitlines() if f"ERROR: [backend.options] {key} (" in x]
+        assert "with triton, which has no bf16 on 'gpu:0' (compute capability 7.0 has no " in line
+        assert 'Fix: dtype = "auto" (fp32 there), or' in line
+        code, text, _ = explain(qwen_config(tmp_path, 'dtype = "auto"', option), capsys)
+        assert "has no bf16 on" not in text
+    code, text, _ = explain(qwen_config(tmp_path, 'dtype = "bf16"'), capsys)
+    assert code == 0
+    assert "attention: dense mask\n" in text  # auto: FlexAttention is out of reach here
+    simulate(monkeypatch, cap=(9, 0), cuda0=(79.1, 79.6))
+    code, text, _ = explain(qwen_config(tmp_path, 'dtype = "bf16"'), capsys)
+    assert code == 0
+    assert "attention: FlexAttention for rows of 2048+ positions, dense mask below\n" in text
+    code, text, _ = explain(qwen_config(tmp_path, 'dtype = "bf16"', 'attention = "flex"'), capsys)
+    assert code == 0
