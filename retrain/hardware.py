@@ -96,7 +96,8 @@ def compute_capability(
     gpu = visible_gpu(index, (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES"))
     if gpu is None:
         return None
-    out = (run or _run_nvidia_smi)(["--query-gpu=compute_cap", "--format=csv,noheader", "-i", gpu])
+    query = ("--query-gpu=compute_cap", "--format=csv,noheader", "-i", gpu)
+    out = run(list(query)) if run is not None else _asked_once(query)
     major, dot, minor = (out or "").strip().partition(".")
     if not (dot and major.isdigit() and minor.isdigit()):
         return None
@@ -117,6 +118,14 @@ def compiler_missing(device_type: str) -> str | None:
 
 # nvidia-smi answers in well under a second; a hung driver must not hang `explain`.
 NVIDIA_SMI_TIMEOUT_S = 5.0
+
+
+@functools.cache
+def _asked_once(args: tuple[str, ...]) -> str | None:
+    """nvidia-smi's answer to a question whose answer a process never sees change (a
+    GPU's compute capability), asked once: explain, the start's checks and the backend
+    each need it, and each call costs tens of milliseconds."""
+    return _run_nvidia_smi(list(args))
 
 
 def _run_nvidia_smi(args: list[str]) -> str | None:
