@@ -24,7 +24,11 @@ The decoders (`[backend.options] decode`, named in retrain/engines/decoders.py):
 With `prompt_batch = 0` a step is decoded in batches of at most `SAMPLE_ROWS`
 completions (`decoding_batches` in retrain/memory.py, which explain's memory estimate
 reads too): whole prompts, or a group larger than that in parts. So sampling memory does
-not grow with the group size.
+not grow with the group size. On CUDA the bound is what the free memory holds instead.
+A call's uniforms are drawn at once and handed to its batches in row order, so how the
+rows are batched does not change what is drawn; a batch that runs out of memory is
+redone with the whole call at half the rows at once, which stays the bound for the run
+(`sampling_oom_retries`).
 
 Speed (docs/performance.md): a PEFT LoRA model runs four extra small operators per
 adapted linear for every decoded token. When the model is a plain LoRA PEFT model, the
@@ -41,6 +45,7 @@ A `retrain.threads.ThreadPolicy` picks torch's thread count before each call.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +59,7 @@ from retrain.engines.sampling_copy import SamplingCopy
 from retrain.errors import BackendError
 from retrain.hardware import cuda_free_bytes
 from retrain.kernels.cache_arg import cache_kwargs
-from retrain.memory import decoding_batches
+from retrain.memory import decoding_batches, sampling_rows
 from retrain.registry import ENGINES
 from retrain.settings import EngineSettings
 from retrain.types import EngineTraits, Sample, SamplingParams
@@ -150,6 +155,9 @@ class PyTorchEngine:
         self.model = model
         self.eos_ids = sorted(eos_ids)
         self.pad_id = pad_id
+        self.say = say or logging.getLogger(__name__).warning
+        self.row_cap: int | None = None  # rows decoded at once, once sampling ran out of memory
+        self.oom_retries = 0
         self.device = device
         self.prefix_caching = prefix_caching
         self.prompt_batch = prompt_batch
@@ -188,6 +196,8 @@ class PyTorchEngine:
         """With CUDA graphs, whether the decode step runs captured (1) or eagerly (0);
         compiled, whether it runs compiled (1) or compiling failed (0)."""
         out = {}  # the threads it sampled with are the backend's (ThreadPolicy)
+        if self.device.type == "cuda" or self.oom_retries:
+            out["sampling_oom_retries"] = float(self.oom_retries)
         if self.static is not None and self.static.graphs:
             out["engine_cuda_graphs"] = float(self.static.graph_failures == 0)
         if self.static is not None and self.static.compiled:
@@ -223,39 +233,80 @@ class PyTorchEngine:
             generator.seed()
         if params.prompt_offset:  # the uniforms of the earlier ranks' rows, skipped
             uniforms(params.prompt_offset * n, params.max_tokens, generator)
+        u = uniforms(len(prompts_B) * n, params.max_tokens, generator)  # row i * n + j: u[i*n+j]
         if self.threads is not None:
             self.threads.apply("sampling")
-        out: list[list[Sample]] = [[] for _ in prompts_B]
         was_training = self.model.training
         self.model.eval()
         model = self._sampling_model()
         try:
             max_rows = self._row_budget(model, prompts_B, params)
-            for first, prompts, rows in decoding_batches(
-                len(prompts_B), n, self.prompt_batch, max_rows
-            ):
-                chunk = prompts_B[first : first + prompts]
-                u = uniforms(len(chunk) * rows, params.max_tokens, generator)
-                for i, group in enumerate(self._decode(model, chunk, rows, params, u)):
-                    out[first + i].extend(group)
+            while True:
+                try:
+                    return self._decode_batches(model, prompts_B, n, params, u, max_rows)
+                except torch.OutOfMemoryError as exc:
+                    max_rows = self._back_off(prompts_B, n, params, max_rows, exc)
         finally:
             self.model.train(was_training)
+
+    def _decode_batches(
+        self, model, prompts_B: list[list[int]], n: int, params: SamplingParams, u, max_rows
+    ) -> list[list[Sample]]:
+        """Every prompt's `n` completions, in `decoding_batches`, each batch taking the next
+        rows of `u`."""
+        out: list[list[Sample]] = [[] for _ in prompts_B]
+        start = 0
+        for first, prompts, rows in decoding_batches(
+            len(prompts_B), n, self.prompt_batch, max_rows
+        ):
+            chunk = prompts_B[first : first + prompts]
+            mine = u[start : start + prompts * rows]
+            start += prompts * rows
+            for i, group in enumerate(self._decode(model, chunk, rows, params, mine)):
+                out[first + i].extend(group)
         return out
+
+    def _back_off(
+        self, prompts_B: list[list[int]], n: int, params: SamplingParams, max_rows, exc
+    ) -> int:
+        """After a decoding batch ran out of memory: the kept caches and the allocator's
+        unused memory given back, and half as many completions decoded at once from now
+        on, in batches of whole prompts or parts of one (`prompt_batch` no longer
+        applies), said and counted. One completion cannot be halved: BackendError."""
+        used = sampling_rows(len(prompts_B), n, self.prompt_batch, max_rows)
+        self.release()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if used <= 1:
+            longest = max(len(p) for p in prompts_B)
+            raise BackendError(
+                f"out of memory on {self.device} sampling one completion at a time (a prompt "
+                f"of up to {longest} tokens and max_tokens = {params.max_tokens}). Fix: lower "
+                "max_tokens ([training], or [eval] for held-out sampling), free memory on the "
+                'device, or sample on a device of its own ([backend] devices = "gpu:0,gpu:1")'
+            ) from exc
+        self.row_cap, self.prompt_batch = used // 2, 0
+        self.oom_retries += 1
+        self.say(
+            f"warning: out of memory on {self.device} decoding {used} completions at once; "
+            f"decoding at most {self.row_cap} at once from now on"
+        )
+        return self.row_cap
 
     def _row_budget(self, model, prompts_B: list[list[int]], params: SamplingParams) -> int | None:
         """Completions decoded at once: on CUDA as many as the free memory holds (the KV
         cache of the longest prompt plus max_tokens, and the logits, per row: so a step's
         completions are decoded together when they fit); elsewhere None (SAMPLE_ROWS, the
-        CPU's bound)."""
+        CPU's bound). Never more than `row_cap`, once sampling ran out of memory."""
         if self.device.type != "cuda":
-            return None
+            return self.row_cap
         from retrain.engines.static_decode import rows_within
         from retrain.memory import decode_row_budget, shape_from_config
 
         if self._shape is None:
             self._shape = shape_from_config(self.model.config.to_dict())
         if self._shape is None:  # sizes retrain/memory.py cannot read: the CPU's bound
-            return None
+            return self.row_cap
         need = max(len(p) for p in prompts_B) + params.max_tokens
         static = self.static
         rows = decode_row_budget(
@@ -272,6 +323,7 @@ class PyTorchEngine:
             # with graphs the length is rounded up and the rows padded to a bucket
             max_len=need if static is None else static.cache_length(need),
         )
+        rows = min(rows, self.row_cap or rows)
         return rows_within(rows) if static is not None and static.graphs else rows
 
     def _decode(self, model, prompts, n: int, params: SamplingParams, u) -> list[list[Sample]]:

@@ -511,7 +511,8 @@ class StaticDecoder:
         place: the addresses stay). The capture forbids unsafe CUDA calls in this thread
         only (`thread_local`): with `overlap`, a training step on another thread allocates
         and synchronises meanwhile. A failed capture leaves the thread on the stream it
-        was on, and a compiled step that failed in it is not run again."""
+        was on, and a compiled step that failed in it is not run again; running out of
+        memory is raised as such."""
         current = torch.cuda.current_stream(self.device)
         try:
             with torch.cuda.device(self.device):
@@ -533,6 +534,10 @@ class StaticDecoder:
             return graph
         except Exception as exc:  # an op that cannot be captured: decode eagerly
             torch.cuda.set_stream(current)  # torch's graph context may not have restored it
+            if isinstance(exc, torch.OutOfMemoryError):  # not the step's fault: the engine
+                raise  # decodes fewer rows at once (pytorch.py `_back_off`)
+            if isinstance(exc.__context__, torch.OutOfMemoryError):  # the capture ended on it
+                raise exc.__context__ from exc
             self.graph_failures += 1
             also = ""
             if self._compiled_step is not None:  # it may be what failed, at run time

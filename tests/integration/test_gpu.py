@@ -321,5 +321,6 @@ def test_the_headline_shape_runs(tmp_path):
         assert r["loss"] == r["loss"]  # finite (the run stops on a non-finite one)
         assert 0 < r["gpu_peak_memory_gb"] < total
         assert r["engine_cuda_graphs"] == 1  # sampled through the captured step
+        assert r["sampling_oom_retries"] == 0  # the row budget's estimate held
         if r["num_datums"]:
             assert abs(r["log_ratio_mean"]) < 0.05  # the sampler samples what the trainer scores

@@ -21,6 +21,7 @@ from retrain.engines.static_decode import (  # noqa: E402
     row_bucket,
     rows_within,
 )
+from retrain.errors import BackendError  # noqa: E402
 from retrain.hardware import compiler_missing  # noqa: E402
 from retrain.types import SamplingParams  # noqa: E402
 
@@ -520,3 +521,127 @@ def test_a_step_that_cannot_compile_runs_uncompiled_and_says_so():
     assert len(said) == 2 and said[0].startswith("compiling the decode step")
     assert "could not compile the decode step" in said[1]
     assert torch.equal(got.tokens, want.tokens) and torch.equal(got.logprobs, want.logprobs)
+
+
+def _rows_over(model, limit: int, seen: list[int]):
+    """The model's forward raises CUDA's out-of-memory error for more than `limit` rows
+    (an injected OOM: no CUDA here; what torch raises there), recording the rows asked."""
+    forward = model.forward
+
+    def limited(*args, **kwargs):
+        rows = kwargs["input_ids"].shape[0]
+        seen.append(rows)
+        if rows > limit:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return forward(*args, **kwargs)
+
+    model.forward = limited
+
+
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
+@pytest.mark.parametrize("prompt_batch", [0, 3])
+def test_sampling_out_of_memory_halves_the_rows_and_draws_the_same(decode, prompt_batch):
+    """A decoding batch that runs out of memory is redone, the whole call at half the rows
+    at once, a bound that stays (prompt_batch no longer applies): said once, counted in
+    `sampling_oom_retries`, and what is drawn is what an engine that never ran out draws
+    (each row keeps its uniforms however the rows are batched)."""
+    params = SamplingParams(max_tokens=10, temperature=1.0, seed=3, return_entropy=True)
+    want = engines(tiny_model(seed=7), decode).sample(PROMPTS, 4, params)
+    model, seen, said = tiny_model(seed=7), [], []
+    engine = engines(model, decode, prompt_batch=prompt_batch, say=said.append)
+    _rows_over(model, 6, seen)
+    got = engine.sample(PROMPTS, 4, params)  # 12 rows: out of memory, then 4 at a time
+    assert_same(want, got, entropies=True)
+    after = seen[seen.index(12) + 1 :]  # 12 rows ran out of memory, then at most 6 at once
+    assert after and max(after) <= 6
+    assert said == [
+        "warning: out of memory on cpu decoding 12 completions at once; decoding at most 6 "
+        "at once from now on"
+    ]
+    assert engine.metrics()["sampling_oom_retries"] == 1.0
+    seen.clear()
+    assert_same(want, engine.sample(PROMPTS, 4, params), entropies=True)
+    assert max(seen) <= 6 and engine.metrics()["sampling_oom_retries"] == 1.0  # no retry
+
+
+def test_a_row_batched_call_draws_what_one_batch_draws():
+    """The call's uniforms are drawn once and handed out in row order: one prompt per
+    batch draws what every prompt in one batch draws."""
+    params = SamplingParams(max_tokens=10, temperature=1.0, seed=5)
+    model = tiny_model(seed=8)
+    together = engines(model, "dynamic").sample(PROMPTS, 4, params)
+    apart = engines(model, "dynamic", prompt_batch=1).sample(PROMPTS, 4, params)
+    assert_same(together, apart)
+    assert together[0][0].token_ids.tolist() != together[1][0].token_ids.tolist()
+
+
+def test_sampling_one_completion_out_of_memory_names_what_to_lower():
+    model = tiny_model(seed=7)
+    engine = engines(model, "dynamic", say=lambda m: None)
+    _rows_over(model, 0, [])
+    params = SamplingParams(max_tokens=10, temperature=1.0, seed=3)
+    with pytest.raises(BackendError) as caught:
+        engine.sample(PROMPTS, 2, params)
+    assert str(caught.value).startswith(
+        "out of memory on cpu sampling one completion at a time (a prompt of up to 7 tokens "
+        "and max_tokens = 10). Fix: lower max_tokens"
+    )
+    assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
+    assert engine.oom_retries == 2  # 6 rows, then one prompt's 2, then 1 (a part of its group)
+
+
+@pytest.mark.parametrize("ended_on_it", [False, True])
+def test_a_capture_that_runs_out_of_memory_raises_it_and_keeps_the_graphs(monkeypatch, ended_on_it):
+    """Running out of memory while capturing is not the step's fault: it is raised (the
+    engine then decodes fewer rows at once), not taken for a step that cannot be captured
+    (which would decode eagerly for the rest of the run); also when the graph context's
+    exit raised on top of it. The thread is back on its stream."""
+    import contextlib
+
+    streams: list = []
+
+    def graph(g, pool=None, stream=None, capture_error_mode="global"):
+        @contextlib.contextmanager
+        def capturing():
+            try:
+                yield
+            except torch.OutOfMemoryError:
+                if ended_on_it:  # as capture_end does (implicit context) on a spoilt capture
+                    raise RuntimeError("operation failed due to a previous error during capture")  # noqa: B904
+                raise
+
+        return capturing()
+
+    class Stream:
+        def __init__(self, device=None):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    cuda = torch.cuda
+    mine = Stream()
+    monkeypatch.setattr(cuda, "current_stream", lambda device=None: mine)
+    monkeypatch.setattr(cuda, "set_stream", streams.append)
+    monkeypatch.setattr(cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(cuda, "Stream", Stream)
+    monkeypatch.setattr(cuda, "CUDAGraph", object)
+    monkeypatch.setattr(cuda, "graph", graph)
+    model = tiny_model(seed=5)
+    decoder = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
+    decoder.graphs = True  # refused off CUDA at construction
+    runs = []
+
+    def step(*args):  # the warm-up runs, then the captured run is out of memory
+        runs.append(args[-1])
+        if len(runs) > 3:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+
+    decoder._run_step = step
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=9)
+    u = uniforms(len(PROMPTS), 8, torch.Generator().manual_seed(9))
+    with pytest.raises(torch.OutOfMemoryError):
+        decoder.decode(model, PROMPTS, params, u)
+    assert streams == [mine] and decoder.graph_failures == 0 and not decoder._captured
