@@ -396,6 +396,23 @@ def test_a_new_shape_that_does_not_fit_beside_the_kept_caches_has_them_released(
     assert list(unknown._shapes) == [(2, 7 + 8)]
 
 
+def _cuda_stand_ins(monkeypatch, current, set_stream, stream_class, graph) -> None:
+    """torch.cuda's stream and graph calls, standing in on a CPU for a capture's path (a
+    fake only for what a CPU lacks): the thread's stream `current`, `set_stream` and
+    `graph` (torch.cuda.graph's signature) as given, devices and streams as no-ops."""
+    import contextlib
+
+    cuda = torch.cuda
+    monkeypatch.setattr(cuda, "current_stream", lambda device=None: current)
+    monkeypatch.setattr(cuda, "set_stream", set_stream)
+    monkeypatch.setattr(cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(cuda, "Stream", stream_class)
+    monkeypatch.setattr(cuda, "CUDAGraph", object)
+    monkeypatch.setattr(cuda, "graph", graph)
+
+
 def test_a_failed_capture_decodes_eagerly_and_uncompiled_on_the_stream_it_was_on(monkeypatch):
     """No CUDA here: torch.cuda's stream and graph calls stand in (a fake only for what a
     CPU lacks; the real capture runs in tests/integration/test_gpu.py), the warm-up runs
@@ -403,7 +420,6 @@ def test_a_failed_capture_decodes_eagerly_and_uncompiled_on_the_stream_it_was_on
     unsafe CUDA function under the "global" mode) was asked for this thread only, leaves
     the thread on its own stream, and drops a compiled step (it may be what failed, at
     run time); the rows decode eagerly, as a plain decoder draws them."""
-    import contextlib
 
     calls: list = []
 
@@ -420,15 +436,10 @@ def test_a_failed_capture_decodes_eagerly_and_uncompiled_on_the_stream_it_was_on
         calls.append(("capture", capture_error_mode, type(stream)))
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    cuda = torch.cuda
-    monkeypatch.setattr(cuda, "current_stream", lambda device=None: mine)
-    monkeypatch.setattr(cuda, "set_stream", lambda stream: calls.append(("back to", stream)))
-    monkeypatch.setattr(cuda, "device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(cuda, "stream", lambda stream: contextlib.nullcontext())
-    monkeypatch.setattr(cuda, "graph_pool_handle", lambda: "pool")
-    monkeypatch.setattr(cuda, "Stream", Side)
-    monkeypatch.setattr(cuda, "CUDAGraph", object)
-    monkeypatch.setattr(cuda, "graph", graph)
+    def back(stream):
+        calls.append(("back to", stream))
+
+    _cuda_stand_ins(monkeypatch, mine, back, Side, graph)
     model = tiny_model(seed=5)
     params = SamplingParams(max_tokens=8, temperature=1.0, seed=9)
     u = uniforms(len(PROMPTS), params.max_tokens, torch.Generator().manual_seed(9))
@@ -619,16 +630,8 @@ def test_a_capture_that_runs_out_of_memory_raises_it_and_keeps_the_graphs(monkey
         def wait_stream(self, other):
             pass
 
-    cuda = torch.cuda
     mine = Stream()
-    monkeypatch.setattr(cuda, "current_stream", lambda device=None: mine)
-    monkeypatch.setattr(cuda, "set_stream", streams.append)
-    monkeypatch.setattr(cuda, "device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(cuda, "stream", lambda stream: contextlib.nullcontext())
-    monkeypatch.setattr(cuda, "graph_pool_handle", lambda: "pool")
-    monkeypatch.setattr(cuda, "Stream", Stream)
-    monkeypatch.setattr(cuda, "CUDAGraph", object)
-    monkeypatch.setattr(cuda, "graph", graph)
+    _cuda_stand_ins(monkeypatch, mine, streams.append, Stream, graph)
     model = tiny_model(seed=5)
     decoder = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
     decoder.graphs = True  # refused off CUDA at construction
