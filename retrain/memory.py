@@ -150,6 +150,16 @@ def shape_from_config(cfg: Mapping[str, Any]) -> ModelShape | None:
     )
 
 
+def cache_bytes_per_token(model, shape: ModelShape | None = None) -> int | None:
+    """KV cache bytes per cached position of a loaded transformers `model` (`shape`: its
+    sizes, where the caller has them), at the dtype of its residual stream, its
+    embeddings' (what its cache holds); None when its config's sizes cannot be read."""
+    shape = shape or shape_from_config(model.config.to_dict())
+    if shape is None:
+        return None
+    return shape.kv_bytes_per_token(model.get_input_embeddings().weight.element_size())
+
+
 def params_in_name(model: str) -> int | None:
     """The parameter count a model's name states (`Qwen3-4B` -> 4e9, `SmolLM2-135M` ->
     1.35e8), or None: what the estimate falls back to without a config.json."""

@@ -337,7 +337,7 @@ class LocalBackend:
         blocked = flex.blockers(peft_model.get_base_model())
         blocked += flex.bf16_blocked(dtype, device.type, device.index or 0)
         self._flex_from = flex.flex_from(
-            self.options.attention, self.train_device.type, attention, name, blocked
+            self.options.attention, device.type, attention, name, blocked
         )
         # on CUDA an SDPA model takes retrain's attention for its decode steps too
         if self._flex_from is not None or (

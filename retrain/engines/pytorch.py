@@ -301,7 +301,7 @@ class PyTorchEngine:
         if self.device.type != "cuda":
             return self.row_cap
         from retrain.engines.static_decode import rows_within
-        from retrain.memory import decode_row_budget, shape_from_config
+        from retrain.memory import cache_bytes_per_token, decode_row_budget, shape_from_config
 
         if self._shape is None:
             self._shape = shape_from_config(self.model.config.to_dict())
@@ -315,10 +315,7 @@ class PyTorchEngine:
             # unused, included; and the static decoder's kept caches, which it gives back
             # when a new shape's cache does not fit beside them
             free_bytes=cuda_free_bytes(self.device) + self.kept_bytes(),
-            # the cache holds the residual stream's dtype: the embeddings'
-            kv_bytes_per_token=self._shape.kv_bytes_per_token(
-                model.get_input_embeddings().weight.element_size()
-            ),
+            kv_bytes_per_token=cache_bytes_per_token(model, self._shape),
             logit_bytes_per_row=self._shape.logit_bytes_per_row(),
             # with graphs the length is rounded up and the rows padded to a bucket
             max_len=need if static is None else static.cache_length(need),

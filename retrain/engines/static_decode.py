@@ -326,14 +326,12 @@ class StaticDecoder:
         """Whether a cache of rows x length positions fits the free memory now (unknown
         free memory, or a model whose sizes retrain/memory.py cannot read: it does not,
         and the kept caches make way)."""
-        from retrain.memory import HEADROOM, shape_from_config
+        from retrain.memory import HEADROOM, cache_bytes_per_token
 
-        shape = shape_from_config(model.config.to_dict())
-        if self.free_bytes is None or shape is None:
+        per_token = cache_bytes_per_token(model)
+        if self.free_bytes is None or per_token is None:
             return False
-        size = model.get_input_embeddings().weight.element_size()  # the residual stream's
-        need = rows * length * shape.kv_bytes_per_token(size)
-        return need <= HEADROOM * self.free_bytes()
+        return rows * length * per_token <= HEADROOM * self.free_bytes()
 
     def release(self) -> int:
         """Give back the kept caches and the graphs captured on them; returns the cache

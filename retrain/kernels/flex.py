@@ -13,8 +13,9 @@ The model keeps one attention implementation, `NAME`, registered with transforme
 BlockMask goes to FlexAttention, a decode step of one query position to `grouped_decode`
 (SDPA over the grouped heads, no copies of the cache), any other mask to transformers'
 own SDPA function. A tensor mask narrower than the keys means "read the first that many
-keys": the static decoder's steps read only the cache's filled prefix that way. The local backend puts an SDPA model on it on CUDA whether or not its
-training uses FlexAttention, for the decode steps. On CUDA FlexAttention
+keys": the static decoder's steps read only the cache's filled prefix that way. The
+local backend puts an SDPA model on it on CUDA whether or not its training uses
+FlexAttention, for the decode steps. On CUDA FlexAttention
 runs compiled (torch.compile, recompiling once for a new shape and then with dynamic
 shapes); on a CPU it runs torch's eager reference, forward only: torch 2.13 has no
 FlexAttention backward on a CPU, which is why training uses it on CUDA only (the config

@@ -107,10 +107,10 @@ def _lean_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """base(x) + scaling * (x A^T) B^T as addmm(base(x), x A^T, B^T, alpha=scaling)
     (module docstring), in the dtype PEFT computes the adapter in; PEFT's own forward for anything
     else (extra arguments, the adapter off or merged, a base output of another dtype)."""
-    adapter = self.active_adapters[0]
-    a, b, dtype = lora_a(self), lora_b(self), adapter_dtype(self, x.dtype)
     if args or kwargs or self.disable_adapters or self.merged:
         return super(type(self), self).forward(x, *args, **kwargs)
+    adapter = self.active_adapters[0]
+    a, b, dtype = lora_a(self), lora_b(self), adapter_dtype(self, x.dtype)
     result = self.base_layer(x)
     if result.dtype != dtype:
         return super(type(self), self).forward(x)
