@@ -583,8 +583,18 @@ def _local_options(config: Config) -> dict[str, Any]:
     return backend_options("local", given)
 
 
-# effective FLOP/s of a step's work by device kind
-_EFFECTIVE_FLOPS = {"cuda": 4e13, "cpu": 5e10, "mps": 2e12}
+# Effective FLOP/s of a step's sampling (2 x params per sampled token) and training (6 x
+# params per trained token) by device kind, every completion taken at max_tokens: what
+# retrain measured, so an estimate reproduces those runs and is rough anywhere else.
+# cuda: one H100 80GB at the headline shape (Qwen3-4B's shapes, 8 x 16 completions of
+# 256 tokens; sampling 5.1 s, training 5.0 s a step: benchmarks/results/gpu.json);
+# cpu: the quickstart on 2 cores (SmolLM2-135M, 4 x 8 of 24 tokens; medians of 90 steps,
+# sampling 2.28 s, training 1.27 s: benchmarks/results/quickstart.json). MPS: none.
+_EFFECTIVE_FLOPS = {"cuda": (5.2e13, 1.6e14), "cpu": (9e10, 4.9e11)}
+_MEASURED_ON = {"cuda": "an H100 at Qwen3-4B's shapes", "cpu": "2 CPU cores at the quickstart"}
+# A step's least time on a GPU, whatever its FLOPs: the quickstart on an H100 took a
+# median 0.61 s, ~100x what its FLOPs at the rates above would take (docs/performance.md).
+_STEP_FLOOR_S = {"cuda": 0.6}
 PROMPT_TOKENS_GUESS = 256  # prompt length assumed by the memory estimate
 
 
@@ -800,7 +810,8 @@ def estimates(config: Config, info: BackendInfo, world: World | None = None) -> 
     """Rough peak memory and wall time per step. Memory: `memory_estimate` (the local
     step on its device, compared with the device's free memory). Time: a recent run's
     measured median when [logging] log_dir has one, else FLOPs (2 x params per sampled
-    token, 6 x params per trained token) over an effective throughput for the device."""
+    token, 6 x params per trained token) over the effective rates retrain measured on the
+    device kind (`_EFFECTIVE_FLOPS`; none for MPS)."""
     t = config.training
     completions = t.batch_size * t.group_size
     tokens = completions * t.max_tokens
@@ -820,18 +831,28 @@ def estimates(config: Config, info: BackendInfo, world: World | None = None) -> 
     if recent is not None:
         out["step_time_s"] = round(recent["median_step_s"], 2)
         out["step_time_source"] = f"median of {recent['steps']} steps logged in {recent['log_dir']}"
-    elif params is not None and not remote:
-        flops = 2 * params * tokens + 6 * params * tokens
-        out["step_time_s"] = round(flops / _EFFECTIVE_FLOPS.get(device, 5e10), 2)
+    elif params is not None and not remote and device in _EFFECTIVE_FLOPS:
+        sampling_rate, training_rate = _EFFECTIVE_FLOPS[device]
+        sampling = 2 * params * tokens / sampling_rate
+        training = 6 * params * tokens / training_rate
+        floor = _STEP_FLOOR_S.get(device, 0.0)
+        out["step_time_s"] = round(max(floor, sampling + training), 2)
+        least = (
+            f"; at least the {floor:g} s the quickstart took on an H100"
+            if floor > sampling + training
+            else ""
+        )
         out["step_time_source"] = (
-            f"rough: {flops:.2g} FLOPs at ~{_EFFECTIVE_FLOPS.get(device, 5e10):.0e} FLOP/s ({device}), "
-            "every completion at max_tokens"
+            f"rough: sampling ~{sampling:.2g} s + training ~{training:.2g} s, scaled by "
+            f"parameters x tokens from what retrain measured on {_MEASURED_ON[device]}{least}; "
+            "every completion at max_tokens. Run a few steps for a measured median"
         )
     else:
+        why = "remote service" if remote else "unknown model size"
+        if not remote and params is not None:
+            why = f"no rate measured on {device}"
         out["step_time_s"] = None
-        out["step_time_source"] = (
-            "no estimate (remote service or unknown model size; run a few steps)"
-        )
+        out["step_time_source"] = f"no estimate ({why}; run a few steps)"
     return out
 
 

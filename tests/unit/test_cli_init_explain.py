@@ -296,9 +296,11 @@ def test_explain_estimates_memory_and_step_time(tmp_path, capsys):
     assert est["model_params"] == 2 * (8192 + 4096 + 24576) + 320 + 12800
     assert est["sampled_tokens_per_step"] == 2 * 4 * 10
     assert 0 < est["peak_memory_gib"] < 1
-    assert est["recent_run"] is None and "FLOPs" in est["step_time_source"]
-    flops = 8 * est["model_params"] * 80
-    assert est["step_time_s"] == pytest.approx(flops / 5e10, abs=0.01)
+    assert est["recent_run"] is None and "parameters x tokens" in est["step_time_source"]
+    # 2 x params per sampled token at the CPU's sampling rate, 6 x params at its training
+    # rate (2 x 4 completions x 10 tokens)
+    want = 2 * est["model_params"] * 80 / 9e10 + 6 * est["model_params"] * 80 / 4.9e11
+    assert est["step_time_s"] == pytest.approx(want, abs=0.01)
 
     # a run already logged in log_dir: its measured median wins
     logs = tmp_path / "logs"
@@ -315,6 +317,38 @@ def test_explain_estimates_memory_and_step_time(tmp_path, capsys):
     text = run(["explain", str(path)], capsys)[1]
     assert f"~4 s/step (median of 3 steps logged in {logs})" in text
     assert "sampling 200 tokens/s" in text and "Memory:      " in text
+
+
+def test_explain_step_time_reproduces_the_measured_gpu_steps(tmp_path, capsys):
+    """Without a logged run, explain's GPU estimate gives back what was measured on an
+    H100: the headline shape's 5.1 s sampling + 5.0 s training, and the quickstart's
+    0.6 s floor for a model whose FLOPs take far less."""
+    shapes = {
+        "model_type": "qwen3", "hidden_size": 2560, "num_hidden_layers": 36,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "intermediate_size": 9728, "vocab_size": 151936, "tie_word_embeddings": True,
+    }  # fmt: skip
+    big = tmp_path / "qwen3-4b-shapes"
+    big.mkdir()
+    (big / "config.json").write_text(json.dumps(shapes))
+    path = _write(
+        tmp_path / "r.toml",
+        f'[model]\nmodel = "{big}"\nlora_rank = 32\n[backend]\ndevices = "gpu:0"\n'
+        f'[eval]\nevery = 0\n[logging]\nlog_dir = "{tmp_path / "logs"}"\n'
+        "[training]\nbatch_size = 8\ngroup_size = 16\nmax_tokens = 256\n",
+    )
+    est = json.loads(run(["explain", str(path), "--json"], capsys)[1])["estimates"]
+    assert est["model_params"] == pytest.approx(4.02e9, rel=0.01)
+    assert est["step_time_s"] == pytest.approx(10.0, abs=0.2)
+    assert "sampling ~5.1 s + training ~4.9 s" in est["step_time_source"]
+    small = _tiny_model(tmp_path)
+    est = json.loads(run(["explain", str(path), "--json", "--model", str(small)], capsys)[1])[
+        "estimates"
+    ]
+    assert est["step_time_s"] == 0.6 and "at least the 0.6 s" in est["step_time_source"]
+    mps = run(["explain", str(path), "--json", "--devices", "mps"], capsys)[1]
+    est = json.loads(mps)["estimates"]
+    assert est["step_time_s"] is None and "no rate measured on mps" in est["step_time_source"]
 
 
 def test_explain_memory_does_not_grow_with_the_group(tmp_path, capsys):
