@@ -16,7 +16,10 @@ Two setups (`--what`):
 Per run: median s/step (step 0 is warm-up and left out), sampling and training tokens/s,
 peak GPU memory. Each run is a child process (its own peak memory, its own CUDA context);
 runs of the kinds alternate (retrain, TRL, retrain, TRL, ...) so a drifting machine
-affects both. A table goes to stdout, everything to `--json`.
+affects both. A table goes to stdout, everything to `--json`, which is rewritten after
+every run ("finished" stays null until the last), so an invocation killed from outside
+leaves the runs it finished; `--child-timeout` records a run that takes too long as
+failed and goes on.
 
     pip install -e '.[bench]'                     # TRL 1.16.0, a benchmark-only extra
     python benchmarks/gpu.py --what headline,quickstart --rounds 2
@@ -383,11 +386,21 @@ def run_child(kind: str, setup: dict, args) -> dict:
     if args.retrain_flags:
         cmd += ["--", *args.retrain_flags]
     started = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    if proc.returncode != 0:  # said and recorded; the other runs go on
-        tail = proc.stderr.decode(errors="replace")[-4000:]
-        print(f"{kind} ({setup['kind']}) failed (exit {proc.returncode}):\n{tail}", flush=True)
-        return {"kind": kind, "setup": setup["kind"], "failed": tail[-600:]}
+    try:
+        proc = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=args.child_timeout or None,
+        )
+        code, err = proc.returncode, proc.stderr
+    except subprocess.TimeoutExpired as exc:  # killed; recorded like a failure
+        code, err = f"timed out after {args.child_timeout} s", exc.stderr or b""
+    if code != 0:  # said and recorded; the other runs go on
+        tail = err.decode(errors="replace")[-4000:]
+        print(f"{kind} ({setup['kind']}) failed ({code}):\n{tail}", flush=True)
+        return {"kind": kind, "setup": setup["kind"], "failed": f"{code}: {tail[-600:]}"}
     result = json.loads(out.read_text())
     result.update(kind=kind, setup=setup["kind"], wall_s=time.time() - started)
     return result
@@ -493,6 +506,12 @@ def parse(argv):
         "mask, not FlexAttention), retrain-compiled (the decode step compiled), "
         "retrain-whole-cache (decode steps read the whole KV cache), trl, generate",
     )
+    p.add_argument(
+        "--child-timeout",
+        type=float,
+        default=0,
+        help="seconds a run may take before it is killed and recorded as failed (0: no limit)",
+    )
     p.add_argument("--model-dir", default=str(Path(tempfile.gettempdir()) / "rand4b"))
     p.add_argument("--smoke", action="store_true", help="a tiny model on the CPU (plumbing)")
     p.add_argument("--json", default="benchmarks/results/gpu.json")
@@ -521,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         args.model_dir = tempfile.mkdtemp(prefix="gpu-bench-smoke-")
     kinds = args.only.split(",")
     runs: dict[str, list[dict]] = {}
+    machine = _machine()
     for _ in range(args.rounds):
         for setup in setups(args):
             for kind in kinds:
@@ -529,24 +549,36 @@ def main(argv: list[str] | None = None) -> int:
                 key = f"{setup['kind']}/{kind}"
                 print(f"running {key} ...", flush=True)
                 runs.setdefault(key, []).append(run_child(kind, setup, args))
+                # after every run, so a killed invocation leaves what it finished
+                summary = write(args, runs, machine, finished=False)
+    summary = write(args, runs, machine, finished=True)
+    print()
+    print(table(summary))
+    print(f"wrote {args.json}")
+    return 1 if any("failed" in s for s in summary.values()) else 0
+
+
+HIDDEN_ARGS = {"child", "child_out", "child_setup"}  # a child's own; not the invocation's
+
+
+def write(args, runs: dict[str, list[dict]], machine: dict, finished: bool) -> dict:
+    """The runs so far, summarised, into `--json` ("finished": null until the last);
+    returns the summary."""
     summary = {}
     for key, rs in runs.items():
         done = [r for r in rs if "failed" not in r]
         summary[key] = summarise(done) if done else {"failed": rs[-1]["failed"]}
-    print()
-    print(table(summary))
     result = {
         "summary": summary,
         "runs": runs,
-        "args": {k: v for k, v in vars(args).items() if not k.startswith("child")},
-        "machine": _machine(),
-        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "args": {k: v for k, v in vars(args).items() if k not in HIDDEN_ARGS},
+        "machine": machine,
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S") if finished else None,
     }
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
-    return 1 if any("failed" in s for s in summary.values()) else 0
+    return summary
 
 
 def _machine() -> dict:
