@@ -176,19 +176,15 @@ def child_retrain(setup: dict, steps: int, seed: int, extra: list[str]) -> dict:
 
 
 def child_trl(setup: dict, steps: int, seed: int) -> dict:
-    import torch
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    """TRL on the setup (benchmarks/trl_run.py): bf16 on CUDA; the headline's 128
+    completions trained in micro-batches of 16 (all at once ran out of memory on an 80 GB
+    H100), the quickstart's 32 in one; all of a step's completions generated together,
+    as retrain does."""
+    from trl_run import train_trl
 
     from retrain.rewards.boxed import extract_boxed
 
-    cuda = setup["device"].startswith("gpu")
-    torch.manual_seed(seed)
     rows = json.loads(Path(setup["prompts"]).read_text())  # made by the parent
-    model_path = setup["model"] if setup["kind"] == "headline" else str(smollm2_dir())
-    tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
 
     def reward(completions, answer, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -196,111 +192,22 @@ def child_trl(setup: dict, steps: int, seed: int) -> dict:
             return [float(len(t) % 2 == 0) for t in texts]
         return [1.0 if extract_boxed(t) == a.strip() else 0.0 for t, a in zip(texts, answer)]
 
-    dtype = torch.bfloat16 if cuda else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
     completions = setup["batch"] * setup["group"]
-    # the headline's 128 completions train in micro-batches of 16 (all at once ran out of
-    # memory on an 80 GB H100); TRL counts completions per micro-batch, generates
-    # micro-batch x steps_per_generation at once and steps the optimizer every
-    # gradient_accumulation_steps micro-batches: all of a step's completions generated
-    # together, one optimizer step per generation, as retrain
-    micro = min(completions, 16)
-    accumulate = max(1, completions // micro)
-    args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="gpu-bench-trl-"),
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=accumulate,
-        steps_per_generation=accumulate,
-        num_generations=setup["group"],
-        max_completion_length=setup["max_tokens"],
-        temperature=1.0,
-        top_p=1.0,
-        learning_rate=setup["lr"],
-        lr_scheduler_type="constant",
-        beta=0.0,
-        gradient_checkpointing=False,
-        use_cpu=not cuda,
-        bf16=cuda,
-        max_steps=steps,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
+    steps_out = train_trl(
+        model_path=setup["model"] if setup["kind"] == "headline" else str(smollm2_dir()),
+        rows=rows,
+        reward=reward,
+        group=setup["group"],
+        completions=completions,
+        micro=min(completions, 16) if setup["kind"] == "headline" else completions,
+        max_tokens=setup["max_tokens"],
+        lr=setup["lr"],
+        lora_rank=setup["lora_rank"],
+        steps=steps,
         seed=seed,
-        disable_tqdm=True,
-        shuffle_dataset=False,
+        cuda=setup["device"].startswith("gpu"),
     )
-    rank = setup["lora_rank"]
-    peft = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear")
-    timing = _TrlTiming(cuda)
-    assert args.generation_batch_size == completions, args.generation_batch_size
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=reward,
-        args=args,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer,
-        peft_config=peft,
-        callbacks=[timing.callback(TrainerCallback)],
-    )
-    timing.wrap_generate(trainer.model)
-    trainer.train()
-    return {"steps": timing.steps, "eval_correct": []}
-
-
-class _TrlTiming:
-    """Step wall time, generation time and peak GPU memory of each TRL optimizer step."""
-
-    def __init__(self, cuda: bool):
-        self.cuda = cuda
-        self.steps: list[dict] = []
-        self._start = 0.0
-        self._generate_s = 0.0
-        self._tokens = 0
-
-    def wrap_generate(self, model) -> None:
-        inner = model.generate
-
-        def generate(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                out = inner(*args, **kwargs)
-                self._tokens += int(out.shape[0] * (out.shape[1] - kwargs["input_ids"].shape[1]))
-                return out
-            finally:
-                self._generate_s += time.perf_counter() - start
-
-        model.generate = generate
-
-    def callback(self, base):
-        timing = self
-
-        class Timing(base):
-            def on_step_begin(self, args, state, control, **kw):
-                import torch
-
-                timing._start = time.perf_counter()
-                timing._generate_s, timing._tokens = 0.0, 0
-                if timing.cuda:
-                    torch.cuda.reset_peak_memory_stats()
-
-            def on_step_end(self, args, state, control, **kw):
-                import torch
-
-                peak = torch.cuda.max_memory_allocated() / 1e9 if timing.cuda else None
-                timing.steps.append(
-                    {
-                        "step_s": time.perf_counter() - timing._start,
-                        "sampling_s": timing._generate_s,
-                        "sampled_tokens": timing._tokens,
-                        "peak_gpu_gb": peak,
-                    }
-                )
-
-            def on_log(self, args, state, control, logs=None, **kw):
-                if logs and "reward" in logs and timing.steps:
-                    timing.steps[-1]["correct"] = logs["reward"]
-
-        return Timing()
+    return {"steps": steps_out, "eval_correct": []}
 
 
 def child_generate(setup: dict, steps: int, seed: int) -> dict:

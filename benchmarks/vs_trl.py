@@ -128,135 +128,31 @@ def same_prompts(steps: int, batch: int) -> list[dict]:
 def child_trl(
     steps: int, group: int, seed: int, rows: list[dict], model_path: str, batch: int = 4
 ) -> dict:
-    # TRL at its best on a CPU (the settings of ../shared/gpu/trl_gpu.py's anchor): torch's
-    # threads set to the cores, no tokenizer thread pool beside them
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    import torch
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    """TRL on the quickstart's setup (benchmarks/trl_run.py): fp32, all of a step's
+    completions in one micro-batch."""
+    from trl_run import train_trl
 
     from retrain.rewards.boxed import extract_boxed
-
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
-    torch.manual_seed(seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
 
     def reward(completions, answer, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [1.0 if extract_boxed(t) == a.strip() else 0.0 for t, a in zip(texts, answer)]
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    work = tempfile.mkdtemp(prefix="vs-trl-trl-")
-    args = GRPOConfig(
-        output_dir=work,
-        per_device_train_batch_size=batch * group,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,  # one generation per optimizer step, as retrain
-        num_generations=group,
-        max_completion_length=24,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        learning_rate=2e-4,
-        adam_beta2=0.99,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        max_steps=steps,
-        loss_type="dapo",
-        beta=0.0,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        bf16=False,
-        shuffle_dataset=False,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
+    steps_out = train_trl(
+        model_path=model_path,
+        rows=rows,
+        reward=reward,
+        group=group,
+        completions=batch * group,
+        micro=batch * group,
+        max_tokens=24,
+        lr=2e-4,
+        lora_rank=16,
+        steps=steps,
         seed=seed,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
+        cuda=False,
     )
-    # The anchor's LoRA exactly: a causal-LM PEFT model (TRL then passes logits_to_keep
-    # and its fused head through), the seven projections, no bias
-    peft = LoraConfig(
-        r=16,
-        lora_alpha=32,
-        lora_dropout=0.0,
-        bias="none",
-        task_type="CAUSAL_LM",
-        target_modules=[
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        ],
-    )
-    timing = _TrlTiming()
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=reward,
-        args=args,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer,
-        peft_config=peft,
-        callbacks=[timing.callback(TrainerCallback)],
-    )
-    timing.wrap_generate(trainer.model)
-    trainer.train()
-    return {"steps": timing.steps}
-
-
-class _TrlTiming:
-    """Step wall time from the trainer's callbacks; generation time and reward from its logs."""
-
-    def __init__(self):
-        self.steps: list[dict] = []
-        self._start = 0.0
-        self._generate_s = 0.0
-
-    def wrap_generate(self, model) -> None:
-        """Time `generate` (TRL's own profiling only reports to wandb/mlflow/trackio)."""
-        inner = model.generate
-
-        def generate(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self._generate_s += time.perf_counter() - start
-
-        model.generate = generate
-
-    def callback(self, base):
-        timing = self
-
-        class Timing(base):
-            def on_step_begin(self, args, state, control, **kw):
-                timing._start = time.perf_counter()
-                timing._generate_s = 0.0
-
-            def on_step_end(self, args, state, control, **kw):
-                timing.steps.append(
-                    {
-                        "step_s": time.perf_counter() - timing._start,
-                        "sampling_s": timing._generate_s,
-                        "load1": os.getloadavg()[0],
-                    }
-                )
-
-            def on_log(self, args, state, control, logs=None, **kw):
-                if not logs or "reward" not in logs or not timing.steps:
-                    return
-                timing.steps[-1].update(
-                    reward=logs["reward"],
-                    correct=logs["reward"],  # the reward is 1 for a correct answer, else 0
-                )
-
-        return Timing()
+    return {"steps": steps_out}
 
 
 # ------------------------------------------------------------------ parent
