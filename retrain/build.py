@@ -649,6 +649,13 @@ def _world_backend_problems(config: Config, n: int) -> Problems:
                 f'{config.inference.engine!r} {runs}: every rank samples with its own in-process engine (a server would get every rank\'s adapter). Fix: engine = "pytorch"',
             )
         )
+    if b.options.get("shard") is True:
+        from retrain.engines.decoders import sharded_problem
+
+        kind = "cuda" if parts[0].startswith("gpu") else "cpu"
+        problem = sharded_problem(str(b.options.get("decode", "auto")), kind)
+        if problem:
+            found.append(("[backend.options] decode", f"{problem} ({runs})"))
     if b.options.get("shard") is True and config.inference.dtype == "bf16":
         found.append(
             (

@@ -371,8 +371,7 @@ class LocalBackend:
                 device=self.infer_device,
                 bf16=self.bf16,
                 threads=self.threads,
-                # a sharded base has no whole weights to copy: sample from the model
-                sampling_copy=not self.world.shard,
+                sharded=self.world.shard,
             )
             return bound, None
         from retrain.engines.sync import LIVE_DIR, LiveAdapterDir

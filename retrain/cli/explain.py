@@ -31,7 +31,7 @@ from retrain.config.validate import (
     flow_problems,
     static_token_varying,
 )
-from retrain.engines.decoders import decoder_for
+from retrain.engines.decoders import decoder_for, sharded_problem
 from retrain.engines.decoders import describe as describe_decoder
 from retrain.errors import BackendError, ConfigError, PluginError
 from retrain.hardware import device_memory, matmul_dtype, no_native_bf16, whole_model_bf16
@@ -572,8 +572,13 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
         traits = engine.engine_traits if engine is not None else None
         if config.backend.backend == "local" and traits is not None and traits.in_process:
             sampler = device_kind(config)  # checked by the config's validation
-            option = _local_options(config)["decode"]
-            out["inference"]["decode"] = describe_decoder(decoder_for(option, sampler), sampler)
+            opts = _local_options(config)
+            option, sharded = opts["decode"], opts.get("shard") is True
+            if sharded and sharded_problem(option, sampler):  # a config error of its own
+                out["inference"]["decode"] = f"{option} (refused with shard = true)"
+            else:
+                decoder = decoder_for(option, sampler, sharded)
+                out["inference"]["decode"] = describe_decoder(decoder, sampler)
     return out
 
 

@@ -15,12 +15,20 @@ DECODERS = {
 }
 
 
-def decoder_for(option: str, device_type: str) -> str:
+def decoder_for(option: str, device_type: str, sharded: bool = False) -> str:
     """`[backend.options] decode` on a device kind: auto is graphs on CUDA (launch
     overhead, not the weights, sets the pace of a GPU decode step) and dynamic elsewhere
-    (a CPU saves the work of finished rows); graphs off CUDA is refused."""
+    (a CPU saves the work of finished rows); graphs off CUDA is refused. With a sharded
+    base (`sharded`: `shard = true`) the sampler reads blocks gathered anew after every
+    training step, at new addresses, which a captured graph would not follow: auto is
+    static there, and graphs or compiled (captured on CUDA) are refused."""
+    problem = sharded_problem(option, device_type) if sharded else None
+    if problem:
+        raise BackendError(f"[backend.options] decode {problem}")
     if option == "auto":
-        return "graphs" if device_type == "cuda" else "dynamic"
+        if device_type == "cuda":
+            return "static" if sharded else "graphs"
+        return "dynamic"
     if option == "graphs" and device_type != "cuda":
         raise BackendError(
             f'[backend.options] decode = "graphs" needs a CUDA device; the sampler runs on '
@@ -29,6 +37,17 @@ def decoder_for(option: str, device_type: str) -> str:
     if option not in DECODERS:
         raise BackendError(f"decode = {option!r}: one of auto, {', '.join(DECODERS)}")
     return option
+
+
+def sharded_problem(option: str, device_type: str) -> str | None:
+    """Why `decode = option` cannot sample from a sharded base on `device_type`, or None."""
+    if device_type == "cuda" and option in ("graphs", "compiled"):
+        return (
+            f'= "{option}" with [backend.options] shard = true: a CUDA graph replays the '
+            "addresses it was captured with, and the sampler's gathered blocks are "
+            'allocated anew after every training step. Fix: decode = "auto" (static there)'
+        )
+    return None
 
 
 def describe(decoder: str, device_type: str) -> str:

@@ -104,8 +104,11 @@ class UnboundPyTorchEngine:
         device,
         bf16: bool,
         threads: Any,
-        sampling_copy: bool = True,
+        sharded: bool = False,
     ) -> PyTorchEngine:
+        """`sharded`: the model's base is sharded over the ranks (`shard = true`), so the
+        engine samples from it as it is, gathered (no sampling copy: no rank holds the
+        whole weights to copy), and without CUDA graphs (`decoder_for`)."""
         s = self.settings
         return PyTorchEngine(
             model,
@@ -117,9 +120,10 @@ class UnboundPyTorchEngine:
             # bf16 trainer: the copy's block layers are the trainer's own bf16 matmuls
             # (`[inference] dtype` "bf16" adds nothing then)
             dtype="auto" if bf16 else s.dtype,
-            sampling_copy=sampling_copy,
+            sampling_copy=not sharded,
             threads=threads,
             decode=s.decode,  # resolved for the device by PyTorchEngine
+            sharded=sharded,
             say=self.say,
         )
 
@@ -151,6 +155,7 @@ class PyTorchEngine:
         threads=None,
         decode: str = "dynamic",
         say=None,
+        sharded: bool = False,
     ):
         self.model = model
         self.eos_ids = sorted(eos_ids)
@@ -173,7 +178,7 @@ class PyTorchEngine:
             raise BackendError(
                 '[inference] dtype = "bf16" needs a plain LoRA adapter on the pytorch engine (set dtype = "auto")'
             )
-        decode = self.decode = decoder_for(decode, device.type)  # "auto" resolved
+        decode = self.decode = decoder_for(decode, device.type, sharded)  # "auto" resolved
         self._shape = None  # the model's sizes, for the CUDA row budget (retrain/memory.py)
         self.static = None
         if decode != "dynamic":

@@ -398,6 +398,13 @@ def test_shard_alone_or_with_a_bf16_sampler_is_a_config_error(tmp_path, tiny_mod
     assert bf16.returncode == 2
     assert "[inference] dtype (bf16.toml:" in bf16.stdout
     assert 'no rank holds. Fix: dtype = "auto" (or shard = false)' in bf16.stdout
+    # CUDA graphs would replay the addresses of blocks gathered anew every step
+    graphs = with_shard({**raw, "backend": {**raw["backend"], "devices": "gpu:0"}})
+    (tmp_path / "graphs.toml").write_text(graphs + 'decode = "graphs"\n')
+    refused = explain("--world-size", "2", "graphs.toml")
+    assert refused.returncode == 2
+    assert "[backend.options] decode (graphs.toml:" in refused.stdout
+    assert 'Fix: decode = "auto" (static there)' in refused.stdout
 
 
 @pytest.mark.gpu

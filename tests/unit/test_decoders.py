@@ -27,6 +27,19 @@ def test_auto_is_graphs_on_cuda_and_dynamic_elsewhere():
         decoder_for("eager", "cpu")
 
 
+def test_a_sharded_base_samples_without_cuda_graphs():
+    """Under `shard = true` the sampler's gathered blocks are allocated anew after every
+    training step, which a captured graph would not follow: auto is static on CUDA, and
+    what captures a graph there is refused; off CUDA nothing changes."""
+    assert decoder_for("auto", "cuda", sharded=True) == "static"
+    assert decoder_for("static", "cuda", sharded=True) == "static"
+    assert decoder_for("auto", "cpu", sharded=True) == "dynamic"
+    assert decoder_for("compiled", "cpu", sharded=True) == "compiled"
+    for name in ("graphs", "compiled"):
+        with pytest.raises(BackendError, match=f'decode = "{name}" with .*shard = true'):
+            decoder_for(name, "cuda", sharded=True)
+
+
 def test_describe_says_where_the_compiled_step_is_captured():
     assert describe("compiled", "cuda").endswith(
         "compiled by torch.compile, captured as a CUDA graph)"
