@@ -571,14 +571,16 @@ BACKENDS = Registry(
                 "decode": OptionSpec(
                     "str",
                     "auto",
-                    "How the pytorch engine decodes: auto (graphs on CUDA, dynamic elsewhere), "
+                    "How the pytorch engine decodes: auto (graphs on CUDA, static there with "
+                    "shard = true, dynamic elsewhere), "
                     "dynamic (the cache grows, finished rows leave the batch), static (a "
                     "preallocated cache and one fixed-shape step), graphs (static, the step "
                     "captured as a CUDA graph; CUDA only) or compiled (static, the step "
                     "compiled by torch.compile into fewer fused kernels, and on CUDA captured "
                     "as a graph; compiles at the first sampling, once more at a new shape, and "
                     "once per sampling setting (training's and greedy eval's); "
-                    "needs triton on CUDA, a C++ compiler on a CPU)",
+                    "needs triton on CUDA, a C++ compiler on a CPU). With shard = true on CUDA, "
+                    "graphs and compiled are refused: the gathered blocks move every step",
                     validator=_one_of("auto", "dynamic", "static", "graphs", "compiled"),
                 ),
                 "checkpointing": OptionSpec(
