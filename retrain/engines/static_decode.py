@@ -239,6 +239,7 @@ class StaticDecoder:
         self._shapes: dict[tuple[int, int], tuple[Any, _Step]] = {}  # (R, L) -> cache, step
         self._captured: dict[tuple, Any] = {}  # (R, L, key span, sampling settings) -> graph
         self._pool = None
+        self._side = None  # the stream every graph is captured on (`_capture`)
         self.length_step = LENGTH_STEP  # cache lengths (with graphs) and key spans round to it
         self.keep = graphs  # caches kept between calls: a captured graph holds their addresses
         self.graph_failures = 0
@@ -505,7 +506,10 @@ class StaticDecoder:
 
     def _capture(self, model, cache, step: _Step, params: SamplingParams, span: int):
         """Warm the step up on a side stream of the sampler's device, then capture it on
-        that stream. The warm-up writes into the cache, which the next prefill resets (in
+        that stream: the same stream for every graph, since the caching allocator hands a
+        freed block of the graphs' shared pool only to the stream that freed it (a stream
+        per capture left each graph its own temporaries: the logits and draw buffers,
+        vocabulary-wide, per key span). The warm-up writes into the cache, which the next prefill resets (in
         place: the addresses stay). The capture forbids unsafe CUDA calls in this thread
         only (`thread_local`): with `overlap`, a training step on another thread allocates
         and synchronises meanwhile. A failed capture leaves the thread on the stream it
@@ -517,7 +521,9 @@ class StaticDecoder:
                 if self._pool is None:
                     self._pool = torch.cuda.graph_pool_handle()
                 step.key_valid[:, 0] = True
-                side = torch.cuda.Stream(device=self.device)
+                if self._side is None:  # one for all: a pool's freed block is reused only
+                    self._side = torch.cuda.Stream(device=self.device)  # on its stream
+                side = self._side
                 side.wait_stream(current)
                 with torch.cuda.stream(side):
                     cache.reset()

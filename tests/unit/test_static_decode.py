@@ -601,6 +601,51 @@ def test_sampling_one_completion_out_of_memory_names_what_to_lower():
     assert engine.oom_retries == 2  # 6 rows, then one prompt's 2, then 1 (a part of its group)
 
 
+def test_every_graph_is_captured_on_one_stream(monkeypatch):
+    """The graphs share one memory pool, whose freed blocks the caching allocator reuses
+    only on the stream that freed them: every span's and every shape's graph is captured
+    on the same side stream, made once (stand-ins for torch.cuda's calls, a fake only for
+    what a CPU lacks; the warm-up runs the real step)."""
+    import contextlib
+
+    made: list = []
+    captured_on: list = []
+
+    class Stream:
+        def __init__(self, device=None):
+            made.append(self)
+
+        def wait_stream(self, other):
+            pass
+
+    def graph(g, pool=None, stream=None, capture_error_mode="global"):
+        captured_on.append((stream, pool))
+        return contextlib.nullcontext()
+
+    import types
+
+    from retrain.kernels import flex
+
+    model = tiny_model(seed=5)
+    flex.use_flex(model)  # reads by key span: several graphs a shape
+    with torch.no_grad():  # transformers' lazy imports, before torch.cuda is stood in for
+        model(input_ids=torch.tensor([PROMPTS[0]]))
+    mine = object.__new__(Stream)
+    _cuda_stand_ins(monkeypatch, mine, lambda s: None, Stream, graph)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: types.SimpleNamespace(replay=lambda: None))
+    decoder = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
+    decoder.graphs = decoder.keep = True  # refused off CUDA at construction
+    decoder.length_step = 4
+    decoder.free_bytes = lambda: 1 << 40  # room for both shapes' caches: both kept
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=9)
+    for rows in (PROMPTS, PROMPTS * 4):  # two shapes: buckets of 8 and 16 rows
+        u = uniforms(len(rows), 8, torch.Generator().manual_seed(9))
+        decoder.decode(model, rows, params, u)
+    assert len({k[:2] for k in decoder._captured}) == 2 and len(captured_on) > 4
+    assert made == [decoder._side] and {s for s, _ in captured_on} == {decoder._side}
+    assert {pool for _, pool in captured_on} == {"pool"}
+
+
 @pytest.mark.parametrize("ended_on_it", [False, True])
 def test_a_capture_that_runs_out_of_memory_raises_it_and_keeps_the_graphs(monkeypatch, ended_on_it):
     """Running out of memory while capturing is not the step's fault: it is raised (the
