@@ -46,6 +46,7 @@ A `retrain.threads.ThreadPolicy` picks torch's thread count before each call.
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -133,6 +134,18 @@ def build(
 ) -> UnboundPyTorchEngine:
     """The registry entry's factory: nothing to start or reach before the model loads."""
     return UnboundPyTorchEngine(settings, say)
+
+
+def _drop_frames(exc: BaseException) -> None:
+    """Clear the locals of the finished frames in `exc`'s tracebacks (and its causes'):
+    a traceback keeps its frames, and so the failed decoding batch's cache, logits and
+    step buffers, alive until the exception is gone, where freeing memory needs them
+    gone now."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
 
 
 class PyTorchEngine:
@@ -279,6 +292,7 @@ class PyTorchEngine:
         on, in batches of whole prompts or parts of one (`prompt_batch` no longer
         applies), said and counted. One completion cannot be halved: BackendError."""
         used = sampling_rows(len(prompts_B), n, self.prompt_batch, max_rows)
+        _drop_frames(exc)  # what the failed batch's frames hold can go back with the rest
         self.release()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -291,6 +305,11 @@ class PyTorchEngine:
                 'device, or sample on a device of its own ([backend] devices = "gpu:0,gpu:1")'
             ) from exc
         self.row_cap, self.prompt_batch = used // 2, 0
+        static = self.static
+        if static is not None and static.graphs:  # the bucket a batch pads to shrinks too
+            power = 1 << (self.row_cap.bit_length() - 1)  # the largest not above the cap
+            static.least_rows = min(static.least_rows, power)
+            self.row_cap = power
         self.oom_retries += 1
         self.say(
             f"warning: out of memory on {self.device} decoding {used} completions at once; "
@@ -326,7 +345,9 @@ class PyTorchEngine:
             max_len=need if static is None else static.cache_length(need),
         )
         rows = min(rows, self.row_cap or rows)
-        return rows_within(rows) if static is not None and static.graphs else rows
+        return (
+            rows_within(rows, static.least_rows) if static is not None and static.graphs else rows
+        )
 
     def _decode(self, model, prompts, n: int, params: SamplingParams, u) -> list[list[Sample]]:
         """`n` completions of each prompt, row i * n + j drawn with the uniforms u[i*n + j]:

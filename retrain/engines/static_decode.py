@@ -148,16 +148,19 @@ def _round_up(x: int, step: int) -> int:
     return -(-x // step) * step
 
 
-def row_bucket(rows: int) -> int:
-    """The captured batch size for `rows` rows: the next power of two (at least 8)."""
-    return max(8, 1 << (rows - 1).bit_length())
+LEAST_ROWS = 8  # the smallest bucket, for few graphs (lowered once sampling ran out of memory)
 
 
-def rows_within(budget: int) -> int:
+def row_bucket(rows: int, least: int = LEAST_ROWS) -> int:
+    """The captured batch size for `rows` rows: the next power of two, at least `least`."""
+    return max(least, 1 << (rows - 1).bit_length())
+
+
+def rows_within(budget: int, least: int = LEAST_ROWS) -> int:
     """The most rows a batch may have when its cache holds at most `budget` rows once
-    padded to its bucket: the largest power of two not above it (below 8, the budget:
-    no bucket is smaller than 8)."""
-    return budget if budget < 8 else 1 << (budget.bit_length() - 1)
+    padded to its bucket: the largest power of two not above it (below `least`, the
+    budget: no bucket is smaller)."""
+    return budget if budget < least else 1 << (budget.bit_length() - 1)
 
 
 def key_span(filled: int, length: int, step: int = LENGTH_STEP) -> int:
@@ -242,6 +245,7 @@ class StaticDecoder:
         self._side = None  # the stream every graph is captured on (`_capture`)
         self.length_step = LENGTH_STEP  # cache lengths (with graphs) and key spans round to it
         self.keep = graphs  # caches kept between calls: a captured graph holds their addresses
+        self.least_rows = LEAST_ROWS  # the smallest bucket (the engine's OOM back-off lowers it)
         self.graph_failures = 0
         self.compiled = compiled
         self._compiled_step = compiled_step(self._step) if compiled else None
@@ -262,7 +266,7 @@ class StaticDecoder:
         """Decode one completion per prompt (`prompts` has one entry per row) with the
         uniforms `u` (rows, max_tokens)."""
         rows, width = len(prompts), params.max_tokens
-        bucket = row_bucket(rows) if self.graphs else rows
+        bucket = row_bucket(rows, self.least_rows) if self.graphs else rows
         prompts = prompts + [[self.pad_id]] * (bucket - rows)  # filler rows, finished at once
         longest = max(len(p) for p in prompts)
         length = self.cache_length(longest + width)

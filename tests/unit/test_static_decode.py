@@ -575,6 +575,57 @@ def test_sampling_out_of_memory_halves_the_rows_and_draws_the_same(decode, promp
     assert max(seen) <= 6 and engine.metrics()["sampling_oom_retries"] == 1.0  # no retry
 
 
+def test_with_graphs_sampling_out_of_memory_shrinks_the_bucket_below_8():
+    """Batches captured as graphs are padded to a bucket of at least 8 rows; once
+    sampling ran out of memory at fewer, the bucket shrinks with the bound (a power of
+    two not above it), so the redo asks for less memory, down to one row. Eager steps
+    stand in for the graphs (no CUDA here); what is drawn is what a decoder that never
+    ran out draws."""
+    params = SamplingParams(max_tokens=10, temperature=1.0, seed=3)
+    want = engines(tiny_model(seed=7), "static").sample(PROMPTS, 4, params)
+    model, seen, said = tiny_model(seed=7), [], []
+    engine = engines(model, "static", say=said.append)
+    engine.static.graphs = True  # refused off CUDA at construction: buckets, no capture
+    engine.static._graphs = lambda *a, **k: None
+    _rows_over(model, 2, seen)
+    got = engine.sample(PROMPTS, 4, params)
+    assert_same(want, got)
+    # 12 rows in a bucket of 16, out of memory; the bound 6 -> 4 (bucket 4), out of
+    # memory; then 2 rows in buckets of 2
+    assert seen[0] == 16 and 4 in seen and max(seen[seen.index(4) + 1 :]) == 2
+    assert engine.static.least_rows == 2 and engine.row_cap == 2
+    assert [m.split("decoding at most ")[1] for m in said] == [
+        "4 at once from now on",
+        "2 at once from now on",
+    ]
+
+
+def test_the_back_off_frees_what_the_failed_batch_held_before_giving_memory_back():
+    """A traceback keeps its frames' locals: without clearing them, the failed batch's
+    tensors (here one allocated where the injected OOM is raised) would still be alive
+    when the engine releases its caches and empties torch's cache, so that memory could
+    not go back."""
+    import weakref
+
+    model = tiny_model(seed=7)
+    engine = engines(model, "static")
+    forward, held = model.forward, []
+
+    def failing(*args, **kwargs):
+        if not held:
+            big = torch.empty(1 << 20)  # what the failed batch holds
+            held.append(weakref.ref(big))
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return forward(*args, **kwargs)
+
+    model.forward = failing
+    alive_at_release: list[bool] = []
+    release = engine.release
+    engine.release = lambda: (alive_at_release.append(held[0]() is not None), release())[1]
+    engine.sample(PROMPTS, 2, SamplingParams(max_tokens=6, temperature=1.0, seed=1))
+    assert alive_at_release == [False]
+
+
 def test_a_row_batched_call_draws_what_one_batch_draws():
     """The call's uniforms are drawn once and handed out in row order: one prompt per
     batch draws what every prompt in one batch draws."""
