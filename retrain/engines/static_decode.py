@@ -495,7 +495,11 @@ class StaticDecoder:
         self, model, cache, step: _Step, params: SamplingParams, length: int, spans: list[int]
     ) -> dict[int, Callable[[], None]] | None:
         """Key span -> a replay of the step captured for this shape, these sampling
-        settings and that span; None (eager) once capturing has failed."""
+        settings and that span; None (eager) once capturing has failed, for any shape:
+        what fails a capture (an operator that cannot be captured) fails every shape's,
+        and each attempt would warn again."""
+        if self.graph_failures:
+            return None
         rows = step.token.shape[0]
         settings = (params.temperature, params.top_p, params.return_entropy)
         replays = {}

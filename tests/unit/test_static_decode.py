@@ -459,6 +459,10 @@ def test_a_failed_capture_decodes_eagerly_and_uncompiled_on_the_stream_it_was_on
     plain._graphs = lambda *a, **k: None
     want = plain.decode(model, PROMPTS, params, u)
     assert torch.equal(out.tokens, want.tokens) and torch.equal(out.logprobs, want.logprobs)
+    # another shape is not tried again (what failed would fail it too), nor said again
+    more = PROMPTS * 4
+    decoder.decode(model, more, params, uniforms(len(more), 8, torch.Generator().manual_seed(1)))
+    assert len(calls) == 3 and len([m for m in said if "could not capture" in m]) == 1
 
 
 def test_static_decoder_samples_the_bf16_copy_and_follows_an_adapter_update():
