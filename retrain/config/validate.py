@@ -640,16 +640,21 @@ def triton_problems(config: Config, lacks: Callable[[str, str, int], str | None]
     """What triton compiles, asked for where it cannot (`lacks(dtype, device kind,
     index)`: retrain.hardware.triton_lacks_bf16, nvidia-smi's compute capability):
     `attention = "flex"` on the training GPU or `decode = "compiled"` on the sampling one
-    with `dtype = "bf16"`, on a GPU without native bf16. ("auto" is fp32 there, and
-    `attention = "auto"` keeps the dense mask with bf16.)"""
+    with `dtype = "bf16"` (for the decode step also a bf16 sampler, `[inference] dtype =
+    "bf16"`), on a GPU without native bf16. ("auto" is fp32 there, and `attention =
+    "auto"` keeps the dense mask with bf16.)"""
     opts = config.backend.options
-    if opts.get("dtype") != "bf16" or "dtype" not in _options_of(config):
-        return []
+    trainer = opts.get("dtype") == "bf16" and "dtype" in _options_of(config)
     found = []
     for key, value, last, what, instead in (
         ("attention", "flex", True, "trains packed rows through FlexAttention", "auto"),
         ("decode", "compiled", False, "compiles the decode step", "graphs"),
     ):
+        asked, fix = '[backend.options] dtype = "bf16"', 'dtype = "auto" (fp32 there)'
+        if not trainer and key == "decode" and config.inference.dtype == "bf16":
+            asked, fix = '[inference] dtype = "bf16"', '[inference] dtype = "auto"'
+        elif not trainer:
+            continue
         if opts.get(key) != value or device_kind(config, last) != "cuda":
             continue
         part = device_part(config, last)
@@ -657,8 +662,7 @@ def triton_problems(config: Config, lacks: Callable[[str, str, int], str | None]
         if why:
             problem = (
                 f'= "{value}" {what} with triton, which has no bf16 on {part!r} ({why}), '
-                f'and [backend.options] dtype = "bf16". Fix: dtype = "auto" (fp32 there), or '
-                f'{key} = "{instead}"'
+                f'and {asked}. Fix: {fix}, or {key} = "{instead}"'
             )
             found.append((f"[backend.options] {key}", problem))
     return found

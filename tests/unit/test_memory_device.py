@@ -358,6 +358,12 @@ def test_triton_work_in_bf16_is_refused_on_a_gpu_without_native_bf16(
         assert 'Fix: dtype = "auto" (fp32 there), or' in line
         code, text, _ = explain(qwen_config(tmp_path, 'dtype = "auto"', option), capsys)
         assert "has no bf16 on" not in text
+    # a bf16 sampler ([inference] dtype) beside an fp32 trainer compiles its step in bf16 too
+    path = qwen_config(tmp_path, 'dtype = "auto"', 'decode = "compiled"')
+    path.write_text(path.read_text() + '\n[inference]\ndtype = "bf16"\n')
+    code, text, _ = explain(path, capsys)
+    assert code == 2 and "ERROR: [backend.options] decode (" in text
+    assert 'and [inference] dtype = "bf16". Fix: [inference] dtype = "auto", or decode' in text
     code, text, _ = explain(qwen_config(tmp_path, 'dtype = "bf16"'), capsys)
     assert code == 0
     assert "attention: dense mask\n" in text  # auto: FlexAttention is out of reach here
