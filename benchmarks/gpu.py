@@ -180,23 +180,19 @@ def child_trl(setup: dict, steps: int, seed: int) -> dict:
     completions trained in micro-batches of 16 (all at once ran out of memory on an 80 GB
     H100), the quickstart's 32 in one; all of a step's completions generated together,
     as retrain does."""
-    from trl_run import train_trl
-
-    from retrain.rewards.boxed import extract_boxed
+    from trl_run import boxed_reward, train_trl
 
     rows = json.loads(Path(setup["prompts"]).read_text())  # made by the parent
 
-    def reward(completions, answer, **_):
+    def parity(completions, **_):  # the headline's reward, as retrain's PARITY module
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        if setup["kind"] == "headline":
-            return [float(len(t) % 2 == 0) for t in texts]
-        return [1.0 if extract_boxed(t) == a.strip() else 0.0 for t, a in zip(texts, answer)]
+        return [float(len(t) % 2 == 0) for t in texts]
 
     completions = setup["batch"] * setup["group"]
     steps_out = train_trl(
         model_path=setup["model"] if setup["kind"] == "headline" else str(smollm2_dir()),
         rows=rows,
-        reward=reward,
+        reward=parity if setup["kind"] == "headline" else boxed_reward,
         group=setup["group"],
         completions=completions,
         micro=min(completions, 16) if setup["kind"] == "headline" else completions,

@@ -29,6 +29,15 @@ from collections.abc import Callable
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+def boxed_reward(completions, answer, **_) -> list[float]:
+    """retrain's `match` reward as a TRL reward function: 1 when the last \\boxed{} of a
+    completion (chat or plain) equals the answer, else 0."""
+    from retrain.rewards.boxed import extract_boxed
+
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [1.0 if extract_boxed(t) == a.strip() else 0.0 for t, a in zip(texts, answer)]
+
+
 def train_trl(
     *,
     model_path: str,

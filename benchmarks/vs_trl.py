@@ -130,18 +130,12 @@ def child_trl(
 ) -> dict:
     """TRL on the quickstart's setup (benchmarks/trl_run.py): fp32, all of a step's
     completions in one micro-batch."""
-    from trl_run import train_trl
-
-    from retrain.rewards.boxed import extract_boxed
-
-    def reward(completions, answer, **_):
-        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [1.0 if extract_boxed(t) == a.strip() else 0.0 for t, a in zip(texts, answer)]
+    from trl_run import boxed_reward, train_trl
 
     steps_out = train_trl(
         model_path=model_path,
         rows=rows,
-        reward=reward,
+        reward=boxed_reward,
         group=group,
         completions=batch * group,
         micro=batch * group,

@@ -645,18 +645,17 @@ def triton_problems(config: Config, lacks: Callable[[str, str, int], str | None]
     "auto"` keeps the dense mask with bf16.)"""
     opts = config.backend.options
     trainer = opts.get("dtype") == "bf16" and "dtype" in _options_of(config)
+    sampler = trainer or config.inference.dtype == "bf16"
     found = []
-    for key, value, last, what, instead in (
-        ("attention", "flex", True, "trains packed rows through FlexAttention", "auto"),
-        ("decode", "compiled", False, "compiles the decode step", "graphs"),
+    for key, value, last, what, instead, bf16 in (
+        ("attention", "flex", True, "trains packed rows through FlexAttention", "auto", trainer),
+        ("decode", "compiled", False, "compiles the decode step", "graphs", sampler),
     ):
+        if not bf16 or opts.get(key) != value or device_kind(config, last) != "cuda":
+            continue
         asked, fix = '[backend.options] dtype = "bf16"', 'dtype = "auto" (fp32 there)'
-        if not trainer and key == "decode" and config.inference.dtype == "bf16":
+        if not trainer:  # the sampler's own bf16 copy
             asked, fix = '[inference] dtype = "bf16"', '[inference] dtype = "auto"'
-        elif not trainer:
-            continue
-        if opts.get(key) != value or device_kind(config, last) != "cuda":
-            continue
         part = device_part(config, last)
         why = lacks("bf16", "cuda", int(part.split(":")[1]) if ":" in part else 0)
         if why:

@@ -307,9 +307,10 @@ class PyTorchEngine:
         self.row_cap, self.prompt_batch = used // 2, 0
         static = self.static
         if static is not None and static.graphs:  # the bucket a batch pads to shrinks too
-            power = 1 << (self.row_cap.bit_length() - 1)  # the largest not above the cap
-            static.least_rows = min(static.least_rows, power)
-            self.row_cap = power
+            from retrain.engines.static_decode import rows_within
+
+            self.row_cap = rows_within(self.row_cap, least=1)  # a power of two
+            static.least_rows = min(static.least_rows, self.row_cap)
         self.oom_retries += 1
         self.say(
             f"warning: out of memory on {self.device} decoding {used} completions at once; "

@@ -517,8 +517,8 @@ class StaticDecoder:
         that stream: the same stream for every graph, since the caching allocator hands a
         freed block of the graphs' shared pool only to the stream that freed it (a stream
         per capture left each graph its own temporaries: the logits and draw buffers,
-        vocabulary-wide, per key span). The warm-up writes into the cache, which the next prefill resets (in
-        place: the addresses stay). The capture forbids unsafe CUDA calls in this thread
+        vocabulary-wide, per key span). The warm-up writes into the cache, which the next
+        prefill resets (in place: the addresses stay). The capture forbids unsafe CUDA calls in this thread
         only (`thread_local`): with `overlap`, a training step on another thread allocates
         and synchronises meanwhile. A failed capture leaves the thread on the stream it
         was on, and a compiled step that failed in it is not run again; running out of
