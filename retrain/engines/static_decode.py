@@ -8,8 +8,8 @@ weights, set the pace (59 ms per decode step at 64 rows, where the weights alone
 ~3 ms). This decoder instead:
 
 - allocates the cache once for `rows` x `length` positions (transformers' StaticCache,
-  which tracks its fill level on the device), and keeps it for later calls of the same
-  shape, so a captured graph's addresses stay valid; `release` gives the kept caches and
+  every layer writing at the positions the decoder sets once per forward pass:
+  retrain/kernels/static_cache.py), and keeps it for later calls of the same shape, so a captured graph's addresses stay valid; `release` gives the kept caches and
   their graphs back (the local backend does before training when a micro-batch would
   not fit beside them), and the next call allocates and captures again;
 - prefills every row's prompt (left-padded) in one forward pass with an explicit 4-D
@@ -62,6 +62,7 @@ import torch
 from retrain.engines.draw import draw
 from retrain.errors import BackendError
 from retrain.kernels.cache_arg import cache_kwargs
+from retrain.kernels.static_cache import Writes, full_length_cache
 from retrain.kernels.windows import NO_WINDOW, Windows, within
 from retrain.types import SamplingParams
 
@@ -91,6 +92,8 @@ class _Step:
 
     token: torch.Tensor  # (R, 1) long: the token fed at this step
     position: torch.Tensor  # (R, 1) long: its position in its row
+    write_at: torch.Tensor  # (1,) long: the cache position it is written at (every row's)
+    writes: Writes  # where every cache layer writes: write_at, but the prefill's positions
     key_valid: torch.Tensor  # (R, L) bool: the cache positions a query may attend to
     key_window: torch.Tensor | None  # (R, L) bool: those of them in the sliding window
     uniform: torch.Tensor  # (R, 1) float64: this step's uniforms
@@ -103,9 +106,12 @@ class _Step:
     def allocate(cls, rows: int, length: int, device: torch.device, sliding: bool) -> _Step:
         long = dict(dtype=torch.long, device=device)
         keys = dict(size=(rows, length), dtype=torch.bool, device=device)
+        write_at = torch.zeros(1, **long)
         return cls(
             token=torch.zeros((rows, 1), **long),
             position=torch.zeros((rows, 1), **long),
+            write_at=write_at,
+            writes=Writes(write_at),
             key_valid=torch.zeros(**keys),
             key_window=torch.zeros(**keys) if sliding else None,
             uniform=torch.full((rows, 1), 0.5, dtype=torch.float64, device=device),
@@ -186,20 +192,6 @@ def prefill_mask(key_valid: torch.Tensor, width: int, window: int | None = None)
     j = torch.arange(length, device=key_valid.device)[None, :]
     allowed = (j <= i)[None] & (key_valid[:, None, :] | (j == i)[None]) & within(i, j, window)
     return allowed[:, None]
-
-
-def full_length_cache(model, length: int):
-    """transformers' StaticCache for `model` with every sliding layer replaced by a
-    full-length one: the masks, not the cache, apply the window, so every layer's keys
-    sit at the same cache positions."""
-    from transformers import StaticCache
-    from transformers.cache_utils import StaticLayer
-
-    cache = StaticCache(config=model.config, max_cache_len=length)
-    for i, layer in enumerate(cache.layers):
-        if layer.is_sliding:
-            cache.layers[i] = StaticLayer(max_cache_len=length)
-    return cache
 
 
 def styled(mask: torch.Tensor, style: str, dtype: torch.dtype) -> torch.Tensor:
@@ -304,9 +296,8 @@ class StaticDecoder:
             return self._shapes[key]
         if self._shapes and not self._fits(model, rows, length):
             self.release()
-        sliding = self.windows.sliding is not None
-        made = full_length_cache(model, length)
-        buffers = (made, _Step.allocate(rows, length, self.device, sliding))
+        step = _Step.allocate(rows, length, self.device, self.windows.sliding is not None)
+        buffers = (full_length_cache(model, length, step.writes), step)
         if self.keep:
             if len(self._shapes) >= KEPT_SHAPES:  # a cache and graphs hold device memory
                 oldest = next(iter(self._shapes))
@@ -355,7 +346,7 @@ class StaticDecoder:
     def _prefill(self, model, cache, step: _Step, prompts: list[list[int]], width: int, span: int):
         """Every row's prompt, left-padded to `width`, into the reset cache, its attention
         reading the first `span` cache positions; returns the next-token logits (R, V) and
-        leaves the step's position and key mask set."""
+        leaves the step's position, key mask and cache write position set."""
         rows = len(prompts)
         ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
         real = torch.zeros((rows, width), dtype=torch.bool)
@@ -370,17 +361,22 @@ class StaticDecoder:
             step.key_window.copy_(step.key_valid)
             step.key_window[:, : max(0, width - self.windows.sliding)] = False
         cache.reset()
-        out = model(
-            input_ids=ids,
-            attention_mask=self.windows.masks(
-                lambda w: self._mask(prefill_mask(step.key_valid[:, :span], width, w), model)
-            ),
-            position_ids=positions,
-            **cache_kwargs(model, cache),
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        step.writes.at = torch.arange(width, device=self.device)  # the prompts' positions
+        try:
+            out = model(
+                input_ids=ids,
+                attention_mask=self.windows.masks(
+                    lambda w: self._mask(prefill_mask(step.key_valid[:, :span], width, w), model)
+                ),
+                position_ids=positions,
+                **cache_kwargs(model, cache),
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        finally:  # the steps (and the graphs captured on them) write at write_at
+            step.writes.at = step.write_at
         step.position.copy_(positions[:, -1:])
+        step.write_at.fill_(width)
         return out.logits[:, -1, :]
 
     def _decode_steps(
@@ -416,6 +412,7 @@ class StaticDecoder:
             # feed token t at cache position width + t; its row may now attend to it
             step.token.copy_(step.next_token[:, None])
             step.position.add_(1)
+            step.write_at.fill_(width + t)
             step.key_valid[:, width + t] = True
             if step.key_window is not None:  # and the key a window back falls out
                 step.key_window[:, width + t] = True

@@ -123,11 +123,9 @@ def test_rows_padded_to_a_bucket_decode_the_same():
         assert torch.allclose(a.logprobs[r, :n], b.logprobs[r, :n], atol=1e-5)
 
 
-def test_the_steps_attention_mask_is_made_once_not_once_a_layer():
-    """SDPA turns a bool mask into an additive one in every layer it is given to (three
-    kernels each: on CUDA a decode step's kernels, each with its launch and tail, set the
-    pace); the decoder hands it the additive mask, made once a step, so a layer more adds
-    no mask kernels."""
+def ops_a_layer_adds() -> dict[str, int]:
+    """The operators (each a kernel on a GPU) one more layer adds to a decode step, by
+    name: a step of a 3-layer model's counts less a 2-layer model's."""
     from collections import Counter
 
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -151,13 +149,66 @@ def test_the_steps_attention_mask_is_made_once_not_once_a_layer():
         with torch.no_grad(), Ops() as ops:
             decoder._step(model, cache, step, params, 12)
         counted.append(ops.seen)
-    per_layer = counted[1] - counted[0]
+    return counted[1] - counted[0]
+
+
+def test_the_steps_attention_mask_is_made_once_not_once_a_layer():
+    """SDPA turns a bool mask into an additive one in every layer it is given to (three
+    kernels each: on CUDA a decode step's kernels, each with its launch and tail, set the
+    pace); the decoder hands it the additive mask, made once a step, so a layer more adds
+    no mask kernels."""
+    per_layer = ops_a_layer_adds()
     assert (
         per_layer["scaled_dot_product_attention"]
         + per_layer["_scaled_dot_product_flash_attention_for_cpu"]
         == 1
     )  # the extra layer's attention, counted
     assert not {"where", "scalar_tensor", "masked_fill_", "logical_not"} & set(per_layer)
+
+
+def test_a_layer_writes_its_keys_where_the_step_says_and_counts_nothing(monkeypatch):
+    """transformers' StaticLayer works out its write position in every layer (an arange,
+    an add and an in-place add of its count); the decoder's cache layers write at the
+    position it sets once a step (retrain/kernels/static_cache.py): a layer more adds its
+    two index copies and no position arithmetic, and the cache ends up holding exactly
+    what transformers' own layers write, so the same tokens and logprobs come out."""
+    from retrain.engines import static_decode
+    from retrain.kernels.static_cache import PLAIN
+
+    per_layer = ops_a_layer_adds()
+    assert per_layer["index_copy_"] == 2
+    assert per_layer["arange"] == per_layer["add_"] == 0
+    assert per_layer["add"] == 6  # two residual adds, two rotary adds, two norm epsilons
+
+    def transformers_own(model, length, writes):  # each layer counting for itself
+        from transformers import StaticCache
+        from transformers.cache_utils import StaticLayer
+
+        cache = StaticCache(config=model.config, max_cache_len=length)
+        assert all(type(layer) in PLAIN for layer in cache.layers)
+        cache.layers = [StaticLayer(max_cache_len=length) for _ in cache.layers]
+        return cache
+
+    model = tiny_model(seed=6)
+    params = SamplingParams(max_tokens=9, temperature=1.0, seed=3)
+    u = uniforms(len(PROMPTS), params.max_tokens, torch.Generator().manual_seed(3))
+    out, caches = [], []
+    for make in (static_decode.full_length_cache, transformers_own):
+        monkeypatch.setattr(static_decode, "full_length_cache", make)
+        decoder = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
+        decoder.keep = True  # to look at the cache afterwards
+        out.append(decoder.decode(model, PROMPTS, params, u))
+        ((cache, _),) = decoder._shapes.values()
+        caches.append(cache)
+    ours, theirs = out
+    assert ours.tokens.shape[1] == params.max_tokens  # every step ran
+    assert torch.equal(ours.tokens, theirs.tokens) and torch.equal(ours.logprobs, theirs.logprobs)
+    for a, b in zip(caches[0].layers, caches[1].layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    # what was filled: the longest prompt (7) and the tokens fed after it (all but the last)
+    filled = max(map(len, PROMPTS)) + params.max_tokens - 1
+    assert int(caches[0].get_seq_length()) == filled - 1  # the last step's, before its write
+    assert int(caches[1].get_seq_length()) == filled
 
 
 def test_a_step_reads_only_the_cache_positions_that_hold_keys(monkeypatch):
