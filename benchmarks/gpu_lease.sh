@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# One GPU lease, prepared: what to run on a lent CUDA machine, in order of value, each item
+# capped so that the ones after it still get their turn, every result under $OUT.
+#
+# A lease is 15 minutes of device time in all (the machine's start, a minute or two,
+# included), at most 10 minutes a command; the machine forgets /tmp about 30 s after a
+# command returns; a call carries the checkout plus at most 64 MiB, and at most 8 files
+# come back from $OUT. So two calls, the second sent as soon as the first returns:
+#
+#   here, once:  bash ../shared/gpu/bundle.sh .gpu      (with /.gpu/ in .git/info/exclude)
+#   call 1: carry .gpu/bin .gpu/whl .gpu/m1, timeout_s 420
+#           bash benchmarks/gpu_lease.sh setup 380
+#   call 2: carry .gpu/bin .gpu/m2, timeout_s 600
+#           bash benchmarks/gpu_lease.sh measure 550
+#   then give the machine back.
+#
+# setup installs the bundle's wheels and this checkout into /tmp/site (the image has torch,
+# transformers, peft, pytest), then runs the -m gpu tests that build their own tiny models.
+# measure joins and converts SmolLM2, builds the random Qwen3-4B-shaped model, then runs
+# while time is left: the headline benchmark (retrain), the quickstart test on gpu:0, the
+# kernel profile of a headline step, the decode variants, the memory-model fit, and TRL.
+# An item that would not get its minimum is skipped and said so; a running one is stopped
+# at its cap (SIGINT first: benchmarks/gpu.py keeps the runs it finished in its JSON).
+# `bash benchmarks/gpu_lease.sh plan` lists the items without running anything.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+phase=${1:?usage: gpu_lease.sh setup|measure|plan [SECONDS]}
+budget=${2:-540}
+deadline=$((SECONDS + budget))
+OUT=${OUT:-/tmp/gpu-lease}
+[ "$phase" = plan ] || mkdir -p "$OUT"
+log="$OUT/lease.log"
+export PYTHONPATH=/tmp/site RETRAIN_CACHE=/tmp/rc HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export RETRAIN_RAND4B=/tmp/rand4b
+RAND=/tmp/rand4b
+TESTS=tests/integration/test_gpu.py
+
+# item NAME CAP LEAST COMMAND...: COMMAND for at most CAP seconds (fewer if the deadline is
+# nearer), or skipped when fewer than LEAST are left; its output goes to the log, its last
+# lines to stdout (a device call returns the end of stdout).
+item() {
+  local name=$1 cap=$2 least=$3
+  shift 3
+  if [ "$phase" = plan ]; then
+    echo "$name (cap ${cap}s, needs ${least}s): $(printf '%q ' "$@")"
+    return 0
+  fi
+  local left=$((deadline - SECONDS))
+  if [ "$left" -lt "$least" ]; then
+    echo "== $name: skipped, ${left}s left (needs ${least}s)" | tee -a "$log"
+    return 0
+  fi
+  local limit=$((cap < left ? cap : left)) start=$SECONDS
+  echo "== $name: up to ${limit}s from $(date +%T)" | tee -a "$log"
+  timeout --signal=INT --kill-after=20 "$limit" "$@" >>"$log" 2>&1
+  local rc=$?
+  grep -v -i "warn" "$log" | tail -n 12
+  echo "== $name: exit $rc after $((SECONDS - start))s" | tee -a "$log"
+}
+
+setup() {
+  if [ "$phase" != plan ]; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$log"
+    mkdir -p /tmp/m && cp .gpu/m1/part_* /tmp/m/ || return 1
+    local pip=(python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site)
+    "${pip[@]}" .gpu/whl/*.whl >>"$log" 2>&1 || return 1
+    "${pip[@]}" --no-build-isolation . >>"$log" 2>&1 || return 1
+    python3 -W ignore -c "import torch, retrain, trl, reasoning_gym; print('ok', torch.__version__, \
+torch.cuda.get_device_name())" 2>&1 | tee -a "$log"
+  fi
+  item gpu-tests 300 90 python3 -m pytest -m gpu $TESTS -k "not quickstart and not headline" \
+    -p no:cacheprovider -q -rA
+}
+
+measure() {
+  item models 200 60 bash .gpu/bin/model_offline.sh
+  item headline 210 100 python3 benchmarks/gpu.py --what headline --only retrain --steps 4 \
+    --rounds 1 --model-dir $RAND --child-timeout 200 --json "$OUT/headline.json"
+  item quickstart-test 150 70 python3 -m pytest -m gpu $TESTS -k quickstart -p no:cacheprovider -q -s
+  item profile 180 100 python3 benchmarks/profile_step.py --model $RAND --json "$OUT/profile.json"
+  item variants 250 120 python3 benchmarks/gpu.py --what headline \
+    --only retrain-whole-cache,retrain-compiled --steps 3 --rounds 1 --model-dir $RAND \
+    --child-timeout 120 --json "$OUT/variants.json"
+  item memory-fit 150 70 python3 benchmarks/memory_fit.py --model $RAND --groups 1,2,3 \
+    --json "$OUT/memory_fit.json"
+  item trl 240 150 python3 benchmarks/gpu.py --what headline --only trl --steps 3 --rounds 1 \
+    --model-dir $RAND --child-timeout 230 --json "$OUT/trl.json"
+}
+
+case "$phase" in
+  setup) setup ;;
+  measure) measure ;;
+  plan) echo "# setup"; setup; echo "# measure"; measure ;;
+  *) echo "usage: gpu_lease.sh setup|measure|plan [SECONDS]" >&2; exit 2 ;;
+esac

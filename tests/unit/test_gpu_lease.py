@@ -1,0 +1,72 @@
+"""benchmarks/gpu_lease.sh, the prepared plan for a GPU lease: every script, option, test
+selection and benchmark kind it names exists (a rename would otherwise surface only on a
+rare, short lease), and with no time left every item is skipped and said so, nothing run."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LEASE = ROOT / "benchmarks" / "gpu_lease.sh"
+MEASURED = ["models", "headline", "quickstart-test", "profile", "variants", "memory-fit", "trl"]
+
+
+def plan() -> dict[str, list[str]]:
+    out = subprocess.run(
+        ["bash", str(LEASE), "plan"], capture_output=True, text=True, check=True
+    ).stdout
+    items = {}
+    for line in out.splitlines():
+        if not line.startswith("#"):
+            name, command = line.split(": ", 1)
+            items[name.split(" (")[0]] = shlex.split(command)
+    return items
+
+
+def test_the_plan_lists_setups_tests_then_the_measurements_in_order():
+    assert list(plan()) == ["gpu-tests", *MEASURED]
+
+
+def test_every_script_and_option_the_plan_names_exists():
+    for name, argv in plan().items():
+        script = next((a for a in argv if a.endswith((".py", ".sh"))), None)
+        assert script is not None, name
+        if script.startswith(".gpu/"):  # the bundle's (../shared/gpu), carried by the call
+            assert (ROOT.parent / "shared" / "gpu" / Path(script).name).is_file(), name
+            continue
+        source = (ROOT / script).read_text()
+        for flag in (a for a in argv[argv.index(script) + 1 :] if a.startswith("--")):
+            assert f'"{flag}"' in source, f"{name}: {script} takes no {flag}"
+
+
+def test_the_test_selections_and_benchmark_kinds_exist():
+    source = (ROOT / "tests" / "integration" / "test_gpu.py").read_text()
+    tests = re.findall(r"^def (test_\w+)", source, re.MULTILINE)
+    items = plan()
+    setup = items["gpu-tests"][items["gpu-tests"].index("-k") + 1]
+    assert setup == "not quickstart and not headline"
+    picked = [t for t in tests if "quickstart" not in t and "headline" not in t]
+    assert len(picked) == len(tests) - 2  # all but the two that need the model files
+    assert [t for t in tests if "quickstart" in t] == ["test_the_quickstart_learns_on_the_gpu"]
+    gpu = (ROOT / "benchmarks" / "gpu.py").read_text()
+    for name in ("headline", "variants", "trl"):
+        kinds = items[name][items[name].index("--only") + 1].split(",")
+        for kind in kinds:
+            assert f'"{kind}"' in gpu, f"{name}: benchmarks/gpu.py has no {kind}"
+
+
+def test_with_no_time_left_every_item_is_skipped_and_said(tmp_path):
+    done = subprocess.run(
+        ["bash", str(LEASE), "measure", "0"],
+        capture_output=True,
+        text=True,
+        env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "lease.log").read_text().splitlines()
+    assert [line.split(":")[0].removeprefix("== ") for line in log] == MEASURED
+    assert all("skipped, 0s left" in line for line in log)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lease.log"]  # nothing ran
