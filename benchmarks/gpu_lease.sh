@@ -77,7 +77,9 @@ measure() {
   item headline 210 100 python3 benchmarks/gpu.py --what headline --only retrain --steps 4 \
     --rounds 1 --model-dir $RAND --child-timeout 200 --json "$OUT/headline.json"
   item quickstart-test 150 70 python3 -m pytest -m gpu $TESTS -k quickstart -p no:cacheprovider -q -s
-  item profile 180 100 python3 benchmarks/profile_step.py --model $RAND --json "$OUT/profile.json"
+  # eager decode steps: the same kernels as the graph's, each seen by the profiler
+  item profile 180 100 python3 benchmarks/profile_step.py --model $RAND --json "$OUT/profile.json" \
+    -- --backend-opt decode=static
   item variants 250 120 python3 benchmarks/gpu.py --what headline \
     --only retrain-whole-cache,retrain-compiled --steps 3 --rounds 1 --model-dir $RAND \
     --child-timeout 120 --json "$OUT/variants.json"

@@ -293,13 +293,15 @@ def main(argv: list[str] | None = None) -> int:
         "sample_s": sample_s,
         "sampled_tokens": sampled,
         "sample_tokens_per_s": sampled / sample_s,
+        "ms_per_decode_step": 1e3 * sample_s / args.max_tokens,  # every row runs to the end
         "train_s": train_s,
         "trained_tokens": trained,
         "train_tokens_per_s": trained / train_s,
         "train_extra": dict(result.extra),  # the engine's metrics too (CUDA graphs or not)
     }
     print(
-        f"\nunprofiled: sampling {sample_s:.3f} s ({sampled / sample_s:.0f} tok/s), "
+        f"\nunprofiled: sampling {sample_s:.3f} s ({sampled / sample_s:.0f} tok/s, "
+        f"{timings['ms_per_decode_step']:.1f} ms a decode step), "
         f"training {train_s:.3f} s ({trained / train_s:.0f} tok/s)"
     )
     machine = {

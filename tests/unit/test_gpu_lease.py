@@ -30,7 +30,7 @@ def test_the_plan_lists_setups_tests_then_the_measurements_in_order():
     assert list(plan()) == ["gpu-tests", *MEASURED]
 
 
-def test_every_script_and_option_the_plan_names_exists():
+def test_every_script_and_option_the_plan_names_exists(tmp_path):
     for name, argv in plan().items():
         script = next((a for a in argv if a.endswith((".py", ".sh"))), None)
         assert script is not None, name
@@ -38,8 +38,18 @@ def test_every_script_and_option_the_plan_names_exists():
             assert (ROOT.parent / "shared" / "gpu" / Path(script).name).is_file(), name
             continue
         source = (ROOT / script).read_text()
-        for flag in (a for a in argv[argv.index(script) + 1 :] if a.startswith("--")):
+        own = argv[argv.index(script) + 1 :]
+        own = own[: own.index("--")] if "--" in own else own  # then retrain's config flags
+        for flag in (a for a in own if a.startswith("--")):
             assert f'"{flag}"' in source, f"{name}: {script} takes no {flag}"
+        if "--" in argv:  # retrain's flags, as the CLI reads them (--backend-opt is the
+            import retrain.compat  # noqa: F401  original's: its dialect, installed on import)
+            from retrain.cli.init import templates
+            from retrain.config import load_config
+
+            path = tmp_path / "retrain.toml"
+            path.write_text(templates()["quickstart"])
+            load_config(path, argv[argv.index("--") + 1 :])
 
 
 def test_the_test_selections_and_benchmark_kinds_exist():
