@@ -9,9 +9,10 @@ weights, set the pace (59 ms per decode step at 64 rows, where the weights alone
 
 - allocates the cache once for `rows` x `length` positions (transformers' StaticCache,
   every layer writing at the positions the decoder sets once per forward pass:
-  retrain/kernels/static_cache.py), and keeps it for later calls of the same shape, so a captured graph's addresses stay valid; `release` gives the kept caches and
-  their graphs back (the local backend does before training when a micro-batch would
-  not fit beside them), and the next call allocates and captures again;
+  retrain/kernels/static_cache.py), and keeps it for later calls of the same shape, so
+  a captured graph's addresses stay valid; `release` gives the kept caches and their
+  graphs back (the local backend does before training when a micro-batch would not fit
+  beside them), and the next call allocates and captures again;
 - prefills every row's prompt (left-padded) in one forward pass with an explicit 4-D
   mask: a real token attends to the real tokens at or before it; a pad attends only to
   itself (so no attention row is empty) and no real token ever attends to a pad;
@@ -123,9 +124,11 @@ class _Step:
 
 
 def _check_static_cache() -> None:
-    """The decoder relies on a StaticCache that tracks its fill level on the device
-    (`cumulative_length`: no cache positions to pass), as transformers 5.x has had since
-    its cache positions were removed; an older one would write every token at one place."""
+    """The decoder relies on transformers 5.x's cache interface, whose models pass no
+    cache positions to the cache (its StaticLayer tracks its fill level on the device,
+    `cumulative_length`, which is how it is recognised here); its own cache layers write
+    where it says (retrain/kernels/static_cache.py), but an older transformers' models
+    would build their masks and positions from cache positions it never sets."""
     import transformers
     from transformers.cache_utils import StaticLayer
 
