@@ -2,16 +2,17 @@
 # One GPU lease, prepared: what to run on a lent CUDA machine, in order of value, each item
 # capped so that the ones after it still get their turn, every result under $OUT.
 #
-# A lease is 15 minutes of device time in all (the machine's start, a minute or two,
-# included), at most 10 minutes a command; the machine forgets /tmp about 30 s after a
-# command returns; a call carries the checkout plus at most 64 MiB, and at most 8 files
-# come back from $OUT. So two calls, the second sent as soon as the first returns:
+# A lease is 15 minutes of device time in all, counted from the asking: the machine's
+# start (a minute or two) and any idle wait included; at most 10 minutes a command. The
+# machine forgets /tmp about 30 s after a command returns; a call carries the checkout
+# plus at most 64 MiB, and at most 8 files come back from $OUT. So two calls, the second
+# sent as soon as the first returns, 12.5 minutes together at most:
 #
 #   here, once:  bash ../shared/gpu/bundle.sh .gpu      (with /.gpu/ in .git/info/exclude)
-#   call 1: carry .gpu/bin .gpu/whl .gpu/m1, timeout_s 420
-#           bash benchmarks/gpu_lease.sh setup 380
-#   call 2: carry .gpu/bin .gpu/m2, timeout_s 600
-#           bash benchmarks/gpu_lease.sh measure 550
+#   call 1: carry .gpu/bin .gpu/whl .gpu/m1, timeout_s 270
+#           bash benchmarks/gpu_lease.sh setup 230
+#   call 2: carry .gpu/bin .gpu/m2, timeout_s 480
+#           bash benchmarks/gpu_lease.sh measure 440
 #   then give the machine back.
 #
 # setup installs the bundle's wheels and this checkout into /tmp/site (the image has torch,
@@ -25,7 +26,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase=${1:?usage: gpu_lease.sh setup|measure|plan [SECONDS]}
-budget=${2:-540}
+budget=${2:-440}
 deadline=$((SECONDS + budget))
 OUT=${OUT:-/tmp/gpu-lease}
 [ "$phase" = plan ] || mkdir -p "$OUT"
@@ -68,25 +69,25 @@ setup() {
     python3 -W ignore -c "import torch, retrain, trl, reasoning_gym; print('ok', torch.__version__, \
 torch.cuda.get_device_name())" 2>&1 | tee -a "$log"
   fi
-  item gpu-tests 300 90 python3 -m pytest -m gpu $TESTS -k "not quickstart and not headline" \
+  item gpu-tests 170 60 python3 -m pytest -m gpu $TESTS -k "not quickstart and not headline" \
     -p no:cacheprovider -q -rA
 }
 
 measure() {
-  item models 200 60 bash .gpu/bin/model_offline.sh
-  item headline 210 100 python3 benchmarks/gpu.py --what headline --only retrain --steps 4 \
-    --rounds 1 --model-dir $RAND --child-timeout 200 --json "$OUT/headline.json"
-  item quickstart-test 150 70 python3 -m pytest -m gpu $TESTS -k quickstart -p no:cacheprovider -q -s
+  item models 150 60 bash .gpu/bin/model_offline.sh
+  item headline 170 90 python3 benchmarks/gpu.py --what headline --only retrain --steps 4 \
+    --rounds 1 --model-dir $RAND --child-timeout 160 --json "$OUT/headline.json"
+  item quickstart-test 110 60 python3 -m pytest -m gpu $TESTS -k quickstart -p no:cacheprovider -q -s
   # eager decode steps: the same kernels as the graph's, each seen by the profiler
-  item profile 180 100 python3 benchmarks/profile_step.py --model $RAND --json "$OUT/profile.json" \
+  item profile 150 90 python3 benchmarks/profile_step.py --model $RAND --json "$OUT/profile.json" \
     -- --backend-opt decode=static
-  item variants 250 120 python3 benchmarks/gpu.py --what headline \
+  item variants 220 110 python3 benchmarks/gpu.py --what headline \
     --only retrain-whole-cache,retrain-compiled --steps 3 --rounds 1 --model-dir $RAND \
-    --child-timeout 120 --json "$OUT/variants.json"
-  item memory-fit 150 70 python3 benchmarks/memory_fit.py --model $RAND --groups 1,2,3 \
+    --child-timeout 105 --json "$OUT/variants.json"
+  item memory-fit 120 60 python3 benchmarks/memory_fit.py --model $RAND --groups 1,2,3 \
     --json "$OUT/memory_fit.json"
-  item trl 240 150 python3 benchmarks/gpu.py --what headline --only trl --steps 3 --rounds 1 \
-    --model-dir $RAND --child-timeout 230 --json "$OUT/trl.json"
+  item trl 200 120 python3 benchmarks/gpu.py --what headline --only trl --steps 3 --rounds 1 \
+    --model-dir $RAND --child-timeout 190 --json "$OUT/trl.json"
 }
 
 case "$phase" in
