@@ -19,7 +19,8 @@
 # transformers, peft, pytest), then runs the -m gpu tests that build their own tiny models.
 # measure joins and converts SmolLM2, builds the random Qwen3-4B-shaped model, then runs
 # while time is left: the headline benchmark (retrain), the quickstart test on gpu:0, the
-# kernel profile of a headline step, the decode variants, the memory-model fit, and TRL.
+# kernel profile of a headline step, the decode variants, the memory-model fit, and TRL;
+# last, benchmarks/lease_report.py's table of issue 27's targets against what was measured.
 # An item that would not get its minimum is skipped and said so; a running one is stopped
 # at its cap (SIGINT first: benchmarks/gpu.py keeps the runs it finished in its JSON).
 # `bash benchmarks/gpu_lease.sh plan` lists the items without running anything.
@@ -88,6 +89,8 @@ measure() {
     --json "$OUT/memory_fit.json"
   item trl 200 120 python3 benchmarks/gpu.py --what headline --only trl --steps 3 --rounds 1 \
     --model-dir $RAND --child-timeout 190 --json "$OUT/trl.json"
+  # last, so a call's output ends with it: the targets, met or not, and where time went
+  [ "$phase" = plan ] || python3 benchmarks/lease_report.py "$OUT" | tee -a "$log"
 }
 
 case "$phase" in

@@ -4,6 +4,7 @@ rare, short lease), and with no time left every item is skipped and said so, not
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -73,10 +74,15 @@ def test_with_no_time_left_every_item_is_skipped_and_said(tmp_path):
         ["bash", str(LEASE), "measure", "0"],
         capture_output=True,
         text=True,
-        env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        env={**os.environ, "OUT": str(tmp_path)},
     )
     assert done.returncode == 0, done.stderr
     log = (tmp_path / "lease.log").read_text().splitlines()
-    assert [line.split(":")[0].removeprefix("== ") for line in log] == MEASURED
-    assert all("skipped, 0s left" in line for line in log)
+    items = [line for line in log if line.startswith("== ")]
+    assert [line.split(":")[0].removeprefix("== ") for line in items] == MEASURED
+    assert all("skipped, 0s left" in line for line in items)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lease.log"]  # nothing ran
+    # then the report, every target unmeasured, also at the end of what the call returns
+    targets = [line for line in log if line.startswith("| ") and "goal" not in line]
+    assert len(targets) == 6 and all(line.endswith("| not run |") for line in targets)
+    assert done.stdout.rstrip().endswith("| not run |")

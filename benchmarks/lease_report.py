@@ -1,0 +1,113 @@
+"""The end of a GPU lease in one short table: what `benchmarks/gpu_lease.sh measure` left
+in its folder, against issue 27's targets, then where the time went.
+
+A device call returns only the end of what it printed and at most 8 files, so the lease
+prints this last: each target with its goal, the measured figure and whether it is met
+(or "not run" when its item was skipped), whether every step sampled through the
+captured decode step, the decode variants' sampling rates, the profile's shares by kind
+of kernel, and the memory fit's speed and peak per micro-batch size.
+
+    python benchmarks/lease_report.py DIR        # the folder gpu_lease.sh wrote ($OUT)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+# (what, goal, the direction that meets it): issue 27's targets on an H100
+TARGETS = (
+    ("sampling tok/s at the headline", 10_000.0, "at least"),
+    ("training s at the headline", 4.0, "at most"),
+    ("step s at the headline", 8.0, "at most"),
+    ("step speed-up over TRL", 7.0, "at least"),
+    ("peak GPU GB at the headline", 41.0, "at most"),
+    ("quickstart s/step on gpu:0", 0.5, "at most"),
+)
+QUICKSTART = re.compile(r"quickstart on .*?: median ([0-9.]+) s/step")
+
+
+def load(folder: Path) -> dict[str, Any]:
+    """The lease's results by item name (absent items are left out); the quickstart
+    test's s/step from the log, where the test prints it."""
+    found: dict[str, Any] = {}
+    for name in ("headline", "variants", "trl", "profile", "memory_fit"):
+        path = folder / f"{name}.json"
+        if path.is_file():
+            found[name] = json.loads(path.read_text())
+    log = folder / "lease.log"
+    if log.is_file() and (match := QUICKSTART.search(log.read_text(errors="replace"))):
+        found["quickstart_s"] = float(match.group(1))
+    return found
+
+
+def _summary(results: dict[str, Any], item: str, kind: str) -> dict[str, Any]:
+    summary = results.get(item, {}).get("summary", {}).get(f"headline/{kind}", {})
+    return {} if "failed" in summary else summary
+
+
+def measured(results: dict[str, Any]) -> dict[str, float | None]:
+    """Each target's measured figure, None where its item did not run or failed."""
+    ours = _summary(results, "headline", "retrain")
+    trl = _summary(results, "trl", "trl")
+    step, trl_step = ours.get("step_s"), trl.get("step_s")
+    return {
+        "sampling tok/s at the headline": ours.get("sampling_tokens_per_s"),
+        "training s at the headline": ours.get("training_s"),
+        "step s at the headline": step,
+        "step speed-up over TRL": trl_step / step if step and trl_step else None,
+        "peak GPU GB at the headline": ours.get("peak_gpu_gb"),
+        "quickstart s/step on gpu:0": results.get("quickstart_s"),
+    }
+
+
+def met(value: float | None, goal: float, direction: str) -> str:
+    if value is None:
+        return "not run"
+    return "yes" if (value >= goal if direction == "at least" else value <= goal) else "no"
+
+
+def report(results: dict[str, Any]) -> str:
+    figures = measured(results)
+    lines = ["| target | goal | measured | met |", "|---|---:|---:|---|"]
+    for what, goal, direction in TARGETS:
+        value = figures[what]
+        shown = "-" if value is None else f"{value:,.2f}"
+        lines.append(f"| {what} | {direction} {goal:g} | {shown} | {met(value, goal, direction)} |")
+    runs = results.get("headline", {}).get("runs", {}).get("headline/retrain", [])
+    graphs = [s.get("cuda_graphs") for r in runs for s in r.get("steps", [])]
+    if graphs:
+        lines.append(
+            f"\nsampled through the captured step: {graphs.count(1.0)} of {len(graphs)} steps"
+        )
+    for kind in ("retrain-whole-cache", "retrain-compiled"):
+        if rate := _summary(results, "variants", kind).get("sampling_tokens_per_s"):
+            lines.append(f"{kind}: {rate:,.0f} sampled tok/s")
+    for phase, summary in results.get("profile", {}).get("summaries", {}).items():
+        kinds = sorted(summary["categories"].items(), key=lambda kv: -kv[1]["us"])
+        shares = ", ".join(f"{k} {100 * v['share']:.0f}%" for k, v in kinds if v["kernels"])
+        lines.append(f"profile, {phase}: {summary['kernels']} kernels; {shares}")
+    for row in results.get("memory_fit", {}).get("rows", []):
+        peak = row.get("peak_gib")
+        lines.append(
+            f"memory fit, {row['positions']} positions: {row['tokens_per_s']:,.0f} trained "
+            f"tok/s, peak {'-' if peak is None else f'{peak:.1f}'} GiB "
+            f"(estimate {row['estimate_gib']:.1f})"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not Path(args[0]).is_dir():
+        print(__doc__, file=sys.stderr)
+        return 2
+    print(report(load(Path(args[0]))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""benchmarks/lease_report.py: issue 27's targets against a lease's results, each met or
+not in its own direction, "not run" where an item was skipped or failed, the speed-up
+over TRL as TRL's step over retrain's, and the quickstart's s/step read from the line
+tests/integration/test_gpu.py prints."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+_SPEC = importlib.util.spec_from_file_location(
+    "lease_report", ROOT / "benchmarks" / "lease_report.py"
+)
+lease_report = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(lease_report)
+
+
+def headline(**summary) -> dict:
+    steps = [{"cuda_graphs": 1.0}, {"cuda_graphs": 1.0}, {"cuda_graphs": 0.0}]
+    return {
+        "summary": {"headline/retrain": summary},
+        "runs": {"headline/retrain": [{"steps": steps}]},
+    }
+
+
+def rows(text: str) -> dict[str, list[str]]:
+    table = [line for line in text.splitlines() if line.startswith("| ") and "goal" not in line]
+    return {
+        cells[0]: cells[1:]
+        for cells in ([c.strip() for c in r.strip("|").split("|")] for r in table)
+    }
+
+
+def test_each_target_is_met_in_its_own_direction():
+    results = {
+        "headline": headline(
+            step_s=9.0, sampling_tokens_per_s=12_000.0, training_s=4.5, peak_gpu_gb=40.0
+        ),
+        "trl": {"summary": {"headline/trl": {"step_s": 54.0}}},
+        "quickstart_s": 0.5,
+    }
+    got = rows(lease_report.report(results))
+    assert got["sampling tok/s at the headline"] == ["at least 10000", "12,000.00", "yes"]
+    assert got["training s at the headline"] == ["at most 4", "4.50", "no"]
+    assert got["step s at the headline"] == ["at most 8", "9.00", "no"]
+    assert got["step speed-up over TRL"] == ["at least 7", "6.00", "no"]  # 54 / 9
+    assert got["peak GPU GB at the headline"] == ["at most 41", "40.00", "yes"]
+    assert got["quickstart s/step on gpu:0"] == ["at most 0.5", "0.50", "yes"]  # the bound meets
+    assert "sampled through the captured step: 2 of 3 steps" in lease_report.report(results)
+
+
+def test_a_skipped_or_failed_item_is_not_run():
+    results = {
+        "headline": {"summary": {"headline/retrain": {"failed": "137: killed"}}},
+        "trl": {"summary": {"headline/trl": {"step_s": 50.0}}},
+    }
+    got = rows(lease_report.report(results))
+    assert len(got) == 6 and all(v[1:] == ["-", "not run"] for v in got.values())
+    assert all(cells[2] == "not run" for cells in rows(lease_report.report({})).values())
+
+
+def test_the_folder_is_read_as_the_lease_wrote_it(tmp_path):
+    (tmp_path / "headline.json").write_text(json.dumps(headline(step_s=10.0)))
+    (tmp_path / "variants.json").write_text(
+        json.dumps({"summary": {"headline/retrain-compiled": {"sampling_tokens_per_s": 8100.0}}})
+    )
+    (tmp_path / "profile.json").write_text(
+        json.dumps(
+            {
+                "summaries": {
+                    "sampling": {
+                        "kernels": 1000,
+                        "categories": {
+                            "matmul": {"us": 30.0, "kernels": 400, "share": 0.6},
+                            "copy": {"us": 0.0, "kernels": 0, "share": 0.0},
+                            "norm": {"us": 20.0, "kernels": 600, "share": 0.4},
+                        },
+                    }
+                }
+            }
+        )
+    )
+    (tmp_path / "memory_fit.json").write_text(
+        json.dumps(
+            {
+                "rows": [
+                    {
+                        "positions": 4270,
+                        "tokens_per_s": 7600.0,
+                        "peak_gib": 30.5,
+                        "estimate_gib": 33.1,
+                    }
+                ]
+            }
+        )
+    )
+    # the line tests/integration/test_gpu.py prints, amid pytest's output
+    (tmp_path / "lease.log").write_text(
+        "== quickstart-test: up to 110s\n.quickstart on NVIDIA H100 80GB HBM3: median 0.47 "
+        "s/step (sampling 0.21, training 0.19; the first step left out)\n"
+    )
+    text = lease_report.report(lease_report.load(tmp_path))
+    assert rows(text)["quickstart s/step on gpu:0"] == ["at most 0.5", "0.47", "yes"]
+    assert rows(text)["step s at the headline"][1:] == ["10.00", "no"]
+    assert "retrain-compiled: 8,100 sampled tok/s" in text
+    assert "profile, sampling: 1000 kernels; matmul 60%, norm 40%" in text  # empty kinds left out
+    assert "memory fit, 4270 positions: 7,600 trained tok/s, peak 30.5 GiB (estimate 33.1)" in text
+
+
+def test_a_missing_folder_is_a_usage_error(tmp_path, capsys):
+    assert lease_report.main([str(tmp_path / "nowhere")]) == 2
+    assert lease_report.main([str(tmp_path)]) == 0
+    assert "| not run |" in capsys.readouterr().out
