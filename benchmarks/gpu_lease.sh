@@ -76,11 +76,11 @@ torch.cuda.get_device_name())" 2>&1 | tee -a "$log"
 
 measure() {
   item models 150 60 bash .gpu/bin/model_offline.sh
-  item headline 170 90 python3 benchmarks/gpu.py --what headline --only retrain --steps 4 \
-    --rounds 1 --model-dir $RAND --child-timeout 160 --json "$OUT/headline.json"
-  item quickstart-test 110 60 python3 -m pytest -m gpu $TESTS -k quickstart -p no:cacheprovider -q -s
+  item headline 160 90 python3 benchmarks/gpu.py --what headline --only retrain --steps 4 \
+    --rounds 1 --model-dir $RAND --child-timeout 150 --json "$OUT/headline.json"
+  item quickstart-test 100 60 python3 -m pytest -m gpu $TESTS -k quickstart -p no:cacheprovider -q -s
   # eager decode steps: the same kernels as the graph's, each seen by the profiler
-  item profile 150 90 python3 benchmarks/profile_step.py --model $RAND --json "$OUT/profile.json" \
+  item profile 200 100 python3 benchmarks/profile_step.py --model $RAND --json "$OUT/profile.json" \
     -- --backend-opt decode=static
   item variants 220 110 python3 benchmarks/gpu.py --what headline \
     --only retrain-whole-cache,retrain-compiled --steps 3 --rounds 1 --model-dir $RAND \

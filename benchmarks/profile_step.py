@@ -96,8 +96,8 @@ def summarise(records: list[Record], top: int, tokens: int | None = None) -> dic
 
 
 def records_from(prof: Any) -> list[Record]:
-    """The device kernels of a finished profile, or, when it saw none (a CPU; or CUDA-graph
-    replays the profiler could not see into), every CPU op call's self time. A device
+    """The device kernels of a finished profile, or, when it saw none (a CPU, where the
+    profile records CPU ops only), every CPU op call's self time. A device
     event is told by its `device_type` (DeviceType.CUDA; read by name, defensively). Its
     user annotations (`record_function` ranges mirrored onto the GPU timeline, e.g.
     "Optimizer.step#AdamW.step") span kernels already counted: left out, as torch's own
@@ -239,7 +239,9 @@ def profiled(
     from torch.profiler import ProfilerActivity, profile
 
     cuda = bool(gpus)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    # on CUDA the device's kernels only: a headline sampling call is ~350k of them, and the
+    # CPU ops and launches beside would triple what the profiler then has to process
+    activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
     with profile(activities=activities) as prof:
         _, seconds = timed(call, gpus)
     summary = {"profiled_s": seconds, **summarise(records_from(prof), args.top, tokens)}
