@@ -18,8 +18,9 @@
 # setup installs the bundle's wheels and this checkout into /tmp/site (the image has torch,
 # transformers, peft, pytest), then runs the -m gpu tests that build their own tiny models.
 # measure joins and converts SmolLM2, builds the random Qwen3-4B-shaped model, then runs
-# while time is left: the headline benchmark (retrain), the quickstart test on gpu:0, the
-# kernel profile of a headline step, the decode variants, the memory-model fit, and TRL;
+# while time is left: the headline benchmark (retrain), the quickstart on gpu:0 against
+# TRL (per-step and held-out correct rates), the kernel profile of a headline step, the
+# decode variants, the memory-model fit, and TRL at the headline;
 # last, benchmarks/lease_report.py's table of issue 27's targets against what was measured.
 # An item that would not get its minimum is skipped and said so; a running one is stopped
 # at its cap (SIGINT first: benchmarks/gpu.py keeps the runs it finished in its JSON).
@@ -78,7 +79,8 @@ measure() {
   item models 150 60 bash .gpu/bin/model_offline.sh
   item headline 160 90 python3 benchmarks/gpu.py --what headline --only retrain --steps 4 \
     --rounds 1 --model-dir $RAND --child-timeout 150 --json "$OUT/headline.json"
-  item quickstart-test 100 60 python3 -m pytest -m gpu $TESTS -k quickstart -p no:cacheprovider -q -s
+  item quickstart 150 80 python3 benchmarks/gpu.py --what quickstart --only retrain,trl --steps 15 \
+    --rounds 1 --child-timeout 110 --json "$OUT/quickstart.json"
   # eager decode steps: the same kernels as the graph's, each seen by the profiler
   item profile 200 100 python3 benchmarks/profile_step.py --model $RAND --json "$OUT/profile.json" \
     -- --backend-opt decode=static

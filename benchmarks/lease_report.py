@@ -4,7 +4,8 @@ in its folder, against issue 27's targets, then where the time went.
 A device call returns only the end of what it printed and at most 8 files, so the lease
 prints this last: each target with its goal, the measured figure and whether it is met
 (or "not run" when its item was skipped), whether every step sampled through the
-captured decode step, the decode variants' sampling rates, the profile's shares by kind
+captured decode step, the quickstart's correct rates per step for retrain and TRL, the
+decode variants' sampling rates, the profile's shares by kind
 of kernel, and the memory fit's speed and peak per micro-batch size.
 
     python benchmarks/lease_report.py DIR        # the folder gpu_lease.sh wrote ($OUT)
@@ -13,7 +14,6 @@ of kernel, and the memory fit's speed and peak per micro-batch size.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,25 +27,21 @@ TARGETS = (
     ("peak GPU GB at the headline", 41.0, "at most"),
     ("quickstart s/step on gpu:0", 0.5, "at most"),
 )
-QUICKSTART = re.compile(r"quickstart on .*?: median ([0-9.]+) s/step")
+ITEMS = ("headline", "quickstart", "variants", "trl", "profile", "memory_fit")
 
 
 def load(folder: Path) -> dict[str, Any]:
-    """The lease's results by item name (absent items are left out); the quickstart
-    test's s/step from the log, where the test prints it."""
+    """The lease's results by item name (an item that wrote nothing is left out)."""
     found: dict[str, Any] = {}
-    for name in ("headline", "variants", "trl", "profile", "memory_fit"):
+    for name in ITEMS:
         path = folder / f"{name}.json"
         if path.is_file():
             found[name] = json.loads(path.read_text())
-    log = folder / "lease.log"
-    if log.is_file() and (match := QUICKSTART.search(log.read_text(errors="replace"))):
-        found["quickstart_s"] = float(match.group(1))
     return found
 
 
-def _summary(results: dict[str, Any], item: str, kind: str) -> dict[str, Any]:
-    summary = results.get(item, {}).get("summary", {}).get(f"headline/{kind}", {})
+def _summary(results: dict[str, Any], item: str, kind: str, setup: str = "headline"):
+    summary = results.get(item, {}).get("summary", {}).get(f"{setup}/{kind}", {})
     return {} if "failed" in summary else summary
 
 
@@ -60,7 +56,9 @@ def measured(results: dict[str, Any]) -> dict[str, float | None]:
         "step s at the headline": step,
         "step speed-up over TRL": trl_step / step if step and trl_step else None,
         "peak GPU GB at the headline": ours.get("peak_gpu_gb"),
-        "quickstart s/step on gpu:0": results.get("quickstart_s"),
+        "quickstart s/step on gpu:0": _summary(results, "quickstart", "retrain", "quickstart").get(
+            "step_s"
+        ),
     }
 
 
@@ -78,11 +76,26 @@ def report(results: dict[str, Any]) -> str:
         shown = "-" if value is None else f"{value:,.2f}"
         lines.append(f"| {what} | {direction} {goal:g} | {shown} | {met(value, goal, direction)} |")
     runs = results.get("headline", {}).get("runs", {}).get("headline/retrain", [])
-    graphs = [s.get("cuda_graphs") for r in runs for s in r.get("steps", [])]
+    graphs = [
+        s["cuda_graphs"]
+        for r in runs
+        for s in r.get("steps", [])
+        if s.get("cuda_graphs") is not None
+    ]
     if graphs:
         lines.append(
             f"\nsampled through the captured step: {graphs.count(1.0)} of {len(graphs)} steps"
         )
+    for kind in ("retrain", "trl"):  # learning on the quickstart, side by side
+        quick = _summary(results, "quickstart", kind, "quickstart")
+        if quick.get("correct_per_step"):
+            rates = " ".join(f"{r:.2f}" for r in quick["correct_per_step"])
+            held = " -> ".join(f"{r:.2f}" for r in quick.get("eval_correct", []))
+            step = quick.get("step_s")
+            lines.append(
+                f"quickstart {kind}: {'-' if step is None else f'{step:.2f}'} s/step; correct "
+                f"per step {rates}" + (f"; held-out {held}" if held else "")
+            )
     for kind in ("retrain-whole-cache", "retrain-compiled"):
         if rate := _summary(results, "variants", kind).get("sampling_tokens_per_s"):
             lines.append(f"{kind}: {rate:,.0f} sampled tok/s")

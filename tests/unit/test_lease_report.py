@@ -1,7 +1,6 @@
 """benchmarks/lease_report.py: issue 27's targets against a lease's results, each met or
 not in its own direction, "not run" where an item was skipped or failed, the speed-up
-over TRL as TRL's step over retrain's, and the quickstart's s/step read from the line
-tests/integration/test_gpu.py prints."""
+over TRL as TRL's step over retrain's, and the files read as gpu_lease.sh writes them."""
 
 from __future__ import annotations
 
@@ -39,7 +38,7 @@ def test_each_target_is_met_in_its_own_direction():
             step_s=9.0, sampling_tokens_per_s=12_000.0, training_s=4.5, peak_gpu_gb=40.0
         ),
         "trl": {"summary": {"headline/trl": {"step_s": 54.0}}},
-        "quickstart_s": 0.5,
+        "quickstart": {"summary": {"quickstart/retrain": {"step_s": 0.5}}},
     }
     got = rows(lease_report.report(results))
     assert got["sampling tok/s at the headline"] == ["at least 10000", "12,000.00", "yes"]
@@ -96,13 +95,21 @@ def test_the_folder_is_read_as_the_lease_wrote_it(tmp_path):
             }
         )
     )
-    # the line tests/integration/test_gpu.py prints, amid pytest's output
-    (tmp_path / "lease.log").write_text(
-        "== quickstart-test: up to 110s\n.quickstart on NVIDIA H100 80GB HBM3: median 0.47 "
-        "s/step (sampling 0.21, training 0.19; the first step left out)\n"
-    )
+    quick = {
+        "quickstart/retrain": {
+            "step_s": 0.47,
+            "correct_per_step": [0.1, 0.5],
+            "eval_correct": [0.34, 0.88],
+        },
+        "quickstart/trl": {"step_s": 2.9, "correct_per_step": [0.2, 0.4], "eval_correct": []},
+    }
+    (tmp_path / "quickstart.json").write_text(json.dumps({"summary": quick}))
     text = lease_report.report(lease_report.load(tmp_path))
     assert rows(text)["quickstart s/step on gpu:0"] == ["at most 0.5", "0.47", "yes"]
+    assert (
+        "quickstart retrain: 0.47 s/step; correct per step 0.10 0.50; held-out 0.34 -> 0.88" in text
+    )
+    assert "quickstart trl: 2.90 s/step; correct per step 0.20 0.40" in text
     assert rows(text)["step s at the headline"][1:] == ["10.00", "no"]
     assert "retrain-compiled: 8,100 sampled tok/s" in text
     assert "profile, sampling: 1000 kernels; matmul 60%, norm 40%" in text  # empty kinds left out
