@@ -168,6 +168,9 @@ def child_retrain(setup: dict, steps: int, seed: int, extra: list[str]) -> dict:
                 "log_ratio_max_abs": r.get("log_ratio_max_abs"),
                 "cuda_graphs": r.get("engine_cuda_graphs"),  # 1: the decode step captured
                 "compiled": r.get("engine_compiled"),  # 1: compiled (retrain-compiled)
+                # the sampler's kept caches given up for training (its graphs recaptured)
+                "cache_released": r.get("sampler_cache_released"),
+                "oom_retries": r.get("sampling_oom_retries"),
             }
             for r in rows
         ],

@@ -27,6 +27,13 @@ TARGETS = (
     ("peak GPU GB at the headline", 41.0, "at most"),
     ("quickstart s/step on gpu:0", 0.5, "at most"),
 )
+# per-step checks of the headline runs (benchmarks/gpu.py's step records): each a count of
+# the steps where it held
+STEP_CHECKS = (
+    ("cuda_graphs", "sampled through the captured step"),
+    ("cache_released", "kept caches given up for training (graphs recaptured)"),
+    ("oom_retries", "sampling out of memory, redone with fewer rows"),
+)
 ITEMS = ("headline", "quickstart", "variants", "trl", "profile", "memory_fit")
 
 
@@ -76,16 +83,12 @@ def report(results: dict[str, Any]) -> str:
         shown = "-" if value is None else f"{value:,.2f}"
         lines.append(f"| {what} | {direction} {goal:g} | {shown} | {met(value, goal, direction)} |")
     runs = results.get("headline", {}).get("runs", {}).get("headline/retrain", [])
-    graphs = [
-        s["cuda_graphs"]
-        for r in runs
-        for s in r.get("steps", [])
-        if s.get("cuda_graphs") is not None
-    ]
-    if graphs:
-        lines.append(
-            f"\nsampled through the captured step: {graphs.count(1.0)} of {len(graphs)} steps"
-        )
+    steps = [s for r in runs for s in r.get("steps", [])]
+    lines.append("")
+    for key, what in STEP_CHECKS:  # recorded on CUDA only
+        seen = [s[key] for s in steps if s.get(key) is not None]
+        if seen:
+            lines.append(f"{what}: {sum(1 for v in seen if v)} of {len(seen)} steps")
     for kind in ("retrain", "trl"):  # learning on the quickstart, side by side
         quick = _summary(results, "quickstart", kind, "quickstart")
         if quick.get("correct_per_step"):

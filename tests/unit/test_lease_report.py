@@ -17,7 +17,11 @@ _SPEC.loader.exec_module(lease_report)
 
 
 def headline(**summary) -> dict:
-    steps = [{"cuda_graphs": 1.0}, {"cuda_graphs": 1.0}, {"cuda_graphs": 0.0}]
+    steps = [
+        {"cuda_graphs": 1.0, "cache_released": 0.0, "oom_retries": 0.0},
+        {"cuda_graphs": 1.0, "cache_released": 2.1e9, "oom_retries": 0.0},
+        {"cuda_graphs": 0.0, "cache_released": 0.0, "oom_retries": None},
+    ]
     return {
         "summary": {"headline/retrain": summary},
         "runs": {"headline/retrain": [{"steps": steps}]},
@@ -47,7 +51,10 @@ def test_each_target_is_met_in_its_own_direction():
     assert got["step speed-up over TRL"] == ["at least 7", "6.00", "no"]  # 54 / 9
     assert got["peak GPU GB at the headline"] == ["at most 41", "40.00", "yes"]
     assert got["quickstart s/step on gpu:0"] == ["at most 0.5", "0.50", "yes"]  # the bound meets
-    assert "sampled through the captured step: 2 of 3 steps" in lease_report.report(results)
+    text = lease_report.report(results)
+    assert "sampled through the captured step: 2 of 3 steps" in text
+    assert "kept caches given up for training (graphs recaptured): 1 of 3 steps" in text
+    assert "sampling out of memory, redone with fewer rows: 0 of 2 steps" in text
 
 
 def test_a_skipped_or_failed_item_is_not_run():
