@@ -55,9 +55,11 @@ item() {
   fi
   local limit=$((cap < left ? cap : left)) start=$SECONDS
   echo "== $name: up to ${limit}s from $(date +%T)" | tee -a "$log"
+  local before
+  before=$(wc -l <"$log")
   timeout --signal=INT --kill-after=20 "$limit" "$@" >>"$log" 2>&1
   local rc=$?
-  grep -v -i "warn" "$log" | tail -n 12
+  tail -n +$((before + 1)) "$log" | grep -v -i "warn" | tail -n 12  # this item's last lines
   echo "== $name: exit $rc after $((SECONDS - start))s" | tee -a "$log"
 }
 

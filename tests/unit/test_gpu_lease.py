@@ -87,3 +87,25 @@ def test_with_no_time_left_every_item_is_skipped_and_said(tmp_path):
     targets = [line for line in log if line.startswith("| ") and "goal" not in line]
     assert len(targets) == 6 and all(line.endswith("| not run |") for line in targets)
     assert done.stdout.rstrip().endswith("| not run |")
+
+
+def test_an_item_past_its_cap_is_stopped_and_the_next_gets_what_is_left(tmp_path):
+    """The script's own `item` runner, with a 10-second deadline: a command past its 1 s
+    cap is interrupted (exit 124) and the lease goes on; the next item is limited to the
+    seconds left; one whose minimum no longer fits is skipped without running."""
+    log = tmp_path / "lease.log"
+    script = (
+        f'phase=measure; deadline=$((SECONDS + 10)); log="{log}"; touch "$log"; '
+        f'source <(sed -n "/^item()/,/^}}/p" "{LEASE}"); '
+        "item slow 1 1 sleep 30; item next 60 1 echo ran; item late 60 60 echo never"
+    )
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = log.read_text().splitlines()
+    assert lines[0].startswith("== slow: up to 1s")
+    assert re.fullmatch(r"== slow: exit 124 after \d+s", lines[1])  # interrupted, went on
+    left = int(re.match(r"== next: up to (\d+)s", lines[2]).group(1))
+    assert 1 <= left < 10  # what the deadline left, not the 60 s cap
+    assert lines[3] == "ran" and re.fullmatch(r"== next: exit 0 after \d+s", lines[4])
+    assert re.fullmatch(r"== late: skipped, \d+s left \(needs 60s\)", lines[5])
+    assert "never" not in done.stdout
