@@ -33,7 +33,8 @@ deadline=$((SECONDS + budget))
 OUT=${OUT:-/tmp/gpu-lease}
 [ "$phase" = plan ] || mkdir -p "$OUT"
 log="$OUT/lease.log"
-export PYTHONPATH=/tmp/site RETRAIN_CACHE=/tmp/rc HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+SITE=${LEASE_SITE:-/tmp/site}  # where setup installs (the bundle's model_offline.sh reads it there)
+export PYTHONPATH=$SITE RETRAIN_CACHE=/tmp/rc HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export RETRAIN_RAND4B=/tmp/rand4b
 RAND=/tmp/rand4b
 TESTS=tests/integration/test_gpu.py
@@ -67,7 +68,7 @@ setup() {
   if [ "$phase" != plan ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$log"
     mkdir -p /tmp/m && cp .gpu/m1/part_* /tmp/m/ || return 1
-    local pip=(python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site)
+    local pip=(python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE")
     "${pip[@]}" .gpu/whl/*.whl >>"$log" 2>&1 || return 1
     "${pip[@]}" --no-build-isolation . >>"$log" 2>&1 || return 1
     python3 -W ignore -c "import torch, retrain, trl, reasoning_gym; print('ok', torch.__version__, \
@@ -78,6 +79,11 @@ torch.cuda.get_device_name())" 2>&1 | tee -a "$log"
 }
 
 measure() {
+  if [ "$phase" = measure ] && [ ! -d "$SITE/retrain" ]; then
+    echo "measure: $SITE holds no retrain (a fresh machine, or /tmp forgotten ~30 s after" \
+      "setup returned): run setup again, then measure at once" | tee -a "$log"
+    return 3
+  fi
   item models 150 60 bash .gpu/bin/model_offline.sh
   item headline 160 90 python3 benchmarks/gpu.py --what headline --only retrain --steps 4 \
     --rounds 1 --model-dir $RAND --child-timeout 150 --json "$OUT/headline.json"

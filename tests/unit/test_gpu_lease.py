@@ -70,19 +70,31 @@ def test_the_test_selections_and_benchmark_kinds_exist():
             assert f'"{kind}"' in gpu, f"{name}: benchmarks/gpu.py has no {kind}"
 
 
-def test_with_no_time_left_every_item_is_skipped_and_said(tmp_path):
-    done = subprocess.run(
-        ["bash", str(LEASE), "measure", "0"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OUT": str(tmp_path)},
+def measure(out: Path, site: Path) -> subprocess.CompletedProcess:
+    """`gpu_lease.sh measure 0` writing to `out`, with `site` as setup's install folder."""
+    env = {**os.environ, "OUT": str(out), "LEASE_SITE": str(site)}
+    return subprocess.run(
+        ["bash", str(LEASE), "measure", "0"], capture_output=True, text=True, env=env
     )
+
+
+def test_measure_without_setup_says_so_and_runs_nothing(tmp_path):
+    done = measure(tmp_path / "out", tmp_path / "forgotten")
+    assert done.returncode == 3
+    assert "holds no retrain" in done.stdout and "run setup again" in done.stdout
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["lease.log"]
+
+
+def test_with_no_time_left_every_item_is_skipped_and_said(tmp_path):
+    site, out = tmp_path / "site", tmp_path / "out"
+    (site / "retrain").mkdir(parents=True)  # what setup installs
+    done = measure(out, site)
     assert done.returncode == 0, done.stderr
-    log = (tmp_path / "lease.log").read_text().splitlines()
+    log = (out / "lease.log").read_text().splitlines()
     items = [line for line in log if line.startswith("== ")]
     assert [line.split(":")[0].removeprefix("== ") for line in items] == MEASURED
     assert all("skipped, 0s left" in line for line in items)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["lease.log"]  # nothing ran
+    assert sorted(p.name for p in out.iterdir()) == ["lease.log"]  # nothing ran
     # then the report, every target unmeasured, also at the end of what the call returns
     targets = [line for line in log if line.startswith("| ") and "goal" not in line]
     assert len(targets) == 6 and all(line.endswith("| not run |") for line in targets)
