@@ -14,7 +14,9 @@ The policy: the cores this process may use (`os.sched_getaffinity`) minus the co
 processes kept busy since the last decision (from `/proc/stat`, less our own CPU time
 from `/proc/self/stat`), rounded, at least 1. It is applied at start-up and again before
 each sampling and training phase, so a job that starts or stops beside a run changes the
-count within a step. A fixed `[backend.options] threads` turns the policy off.
+count within a step; a phase that starts within 0.2 s of the last reading keeps the last
+count (`CpuMeter.others`: waiting there would pad every short phase, as a GPU's are). A
+fixed `[backend.options] threads` turns the policy off.
 """
 
 from __future__ import annotations
@@ -69,22 +71,32 @@ class CpuMeter:
         except (AttributeError, OSError):
             self.cpus = None
         self._last = self._read()
+        self._figure: float | None = None
+        self._measured = False
 
     def _read(self) -> tuple[float, float | None, float]:
         return time.monotonic(), _busy_seconds(self.cpus), _own_seconds()
 
     def others(self, min_interval: float = 0.2) -> float | None:
-        """Average cores busy with other work since the previous call (waits until
-        `min_interval` seconds have passed, so a reading is never one tick of noise)."""
+        """Average cores busy with other work since the previous reading. A reading needs
+        `min_interval` seconds (a shorter one is a tick or two of noise): the first call
+        waits for them; a later one that comes sooner gives the last figure and reads
+        nothing, since waiting there would stretch every phase shorter than
+        `min_interval` to it (on a GPU a quickstart step's sampling and training phases
+        take a fraction of a second each)."""
         wait = self._last[0] + min_interval - time.monotonic()
+        if wait > 0 and self._measured:
+            return self._figure
         if wait > 0:
             time.sleep(wait)
         now = self._read()
         (t0, busy0, own0), (t1, busy1, own1) = self._last, now
-        self._last = now
+        self._last, self._measured = now, True
         if busy0 is None or busy1 is None or t1 <= t0:
-            return None
-        return max(0.0, ((busy1 - busy0) - (own1 - own0)) / (t1 - t0))
+            self._figure = None
+        else:
+            self._figure = max(0.0, ((busy1 - busy0) - (own1 - own0)) / (t1 - t0))
+        return self._figure
 
 
 def choose_threads(cpus: int, others: float | None) -> int:

@@ -92,3 +92,32 @@ def test_metrics_report_the_last_phases():
         }
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_reading_sooner_than_its_interval_gives_the_last_figure_without_waiting(monkeypatch):
+    """The first reading waits for its interval; a later one that comes sooner (a phase
+    shorter than 0.2 s, as a GPU quickstart's are) returns the last figure at once and
+    reads nothing, so the next reading spans the whole time since the last one. It used
+    to sleep out the interval before every phase, stretching each to 0.2 s."""
+    from types import SimpleNamespace
+
+    from retrain import threads
+
+    clock, slept, busy = {"t": 100.0}, [], {"s": 0.0}
+
+    def sleep(seconds):
+        slept.append(seconds)
+        clock["t"] += seconds
+
+    monkeypatch.setattr(threads, "time", SimpleNamespace(monotonic=lambda: clock["t"], sleep=sleep))
+    monkeypatch.setattr(threads, "_busy_seconds", lambda cpus: busy["s"])
+    monkeypatch.setattr(threads, "_own_seconds", lambda: 0.0)
+    meter = threads.CpuMeter()
+    busy["s"] = 0.2  # another process kept one core busy over the first 0.2 s
+    assert meter.others() == pytest.approx(1.0) and slept == [pytest.approx(0.2)]
+    clock["t"] += 0.05  # a short phase later: the last figure, no wait, nothing read
+    busy["s"] = 9.0
+    assert meter.others() == pytest.approx(1.0) and len(slept) == 1
+    clock["t"] += 0.25  # 0.3 s after the last reading: read anew, over all of it
+    busy["s"] = 0.2 + 0.15
+    assert meter.others() == pytest.approx(0.5) and len(slept) == 1
