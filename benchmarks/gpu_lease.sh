@@ -35,8 +35,8 @@ OUT=${OUT:-/tmp/gpu-lease}
 log="$OUT/lease.log"
 SITE=${LEASE_SITE:-/tmp/site}  # where setup installs (the bundle's model_offline.sh reads it there)
 export PYTHONPATH=$SITE RETRAIN_CACHE=/tmp/rc HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-export RETRAIN_RAND4B=/tmp/rand4b
-RAND=/tmp/rand4b
+RAND=/tmp/rand4b  # the random Qwen3-4B-shaped model (model_offline.sh builds it there)
+export RETRAIN_RAND4B=$RAND  # where test_gpu.py's headline test looks for it
 TESTS=tests/integration/test_gpu.py
 
 # item NAME CAP LEAST COMMAND...: COMMAND for at most CAP seconds (fewer if the deadline is

@@ -4,16 +4,11 @@ over TRL as TRL's step over retrain's, and the files read as gpu_lease.sh writes
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-_SPEC = importlib.util.spec_from_file_location(
-    "lease_report", ROOT / "benchmarks" / "lease_report.py"
-)
-lease_report = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(lease_report)
+from benchmark_module import load
+
+lease_report = load("lease_report")
 
 
 def headline(**summary) -> dict:

@@ -3,19 +3,13 @@ the top-N table and kernels per decoded token, on hand-made profiler records."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from benchmark_module import load
 
-# Loaded by path, not by putting benchmarks/ on sys.path: its sampling.py, step.py,
-# engines.py ... would shadow other top-level names for the rest of the session.
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "profile_step.py"
-_SPEC = importlib.util.spec_from_file_location("profile_step", _PATH)
-profile_step = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(profile_step)
+profile_step = load("profile_step")
 CATEGORIES, category, finite = profile_step.CATEGORIES, profile_step.category, profile_step.finite
 summarise, table = profile_step.summarise, profile_step.table
 records_from = profile_step.records_from
