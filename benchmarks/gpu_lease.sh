@@ -13,7 +13,10 @@
 #           bash benchmarks/gpu_lease.sh setup 230
 #   call 2: carry .gpu/bin .gpu/m2, timeout_s 480
 #           bash benchmarks/gpu_lease.sh measure 440
-#   then give the machine back.
+#   then give the machine back, and here:
+#           bash benchmarks/gpu_lease.sh keep FILES_AT
+#   (FILES_AT: the folder the call's reply names) copies what came back into
+#   benchmarks/results/ as gpu_*.json, with the lease's log and report, to commit.
 #
 # setup installs the bundle's wheels and this checkout into /tmp/site (the image has torch,
 # transformers, peft, pytest), then runs the -m gpu tests that build their own tiny models.
@@ -26,12 +29,18 @@
 # at its cap (SIGINT first: benchmarks/gpu.py keeps the runs it finished in its JSON).
 # `bash benchmarks/gpu_lease.sh plan` lists the items without running anything.
 set -uo pipefail
+phase=${1:?usage: gpu_lease.sh setup|measure|plan [SECONDS] | keep FOLDER}
+if [ "$phase" = keep ]; then
+  [ $# -ge 2 ] || { echo "usage: gpu_lease.sh keep FOLDER" >&2; exit 2; }
+  back=$(realpath -m -- "$2")  # before the cd below: FOLDER is the caller's
+  budget=0
+else
+  budget=${2:-440}
+fi
 cd "$(dirname "$0")/.."
-phase=${1:?usage: gpu_lease.sh setup|measure|plan [SECONDS]}
-budget=${2:-440}
 deadline=$((SECONDS + budget))
 OUT=${OUT:-/tmp/gpu-lease}
-[ "$phase" = plan ] || mkdir -p "$OUT"
+[ "$phase" = plan ] || [ "$phase" = keep ] || mkdir -p "$OUT"
 log="$OUT/lease.log"
 SITE=${LEASE_SITE:-/tmp/site}  # where setup installs (the bundle's model_offline.sh reads it there)
 export PYTHONPATH=$SITE RETRAIN_CACHE=/tmp/rc HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -105,9 +114,33 @@ measure() {
   [ "$phase" = plan ] || python3 benchmarks/lease_report.py "$OUT" | tee -a "$log"
 }
 
+# keep FOLDER: what a measure call brought back (its files_at), into benchmarks/results/
+# under the names the docs cite, with the lease's log and the report's table; a file that
+# did not come back is said, the others kept. The earlier leases' JSON was not kept (this
+# folder was ignored by git then), so only the docs hold their numbers.
+keep() {
+  local from=$1 results=${RESULTS:-benchmarks/results} name kept=0
+  [ -d "$from" ] || { echo "keep: no folder $from" >&2; return 2; }
+  mkdir -p "$results"
+  for name in headline quickstart profile variants memory_fit trl; do
+    if [ -f "$from/$name.json" ]; then
+      cp "$from/$name.json" "$results/gpu_$name.json" && kept=$((kept + 1))
+      echo "kept $results/gpu_$name.json"
+    else
+      echo "not back: $name.json (its item skipped or failed: see the log)"
+    fi
+  done
+  [ -f "$from/lease.log" ] && cp "$from/lease.log" "$results/gpu_lease.log" \
+    && echo "kept $results/gpu_lease.log"
+  python3 benchmarks/lease_report.py "$from" >"$results/gpu_lease_report.md" \
+    && echo "kept $results/gpu_lease_report.md"
+  [ "$kept" -gt 0 ] || { echo "keep: no result in $from" >&2; return 1; }
+}
+
 case "$phase" in
+  keep) keep "$back" ;;
   setup) setup ;;
   measure) measure ;;
   plan) echo "# setup"; setup; echo "# measure"; measure ;;
-  *) echo "usage: gpu_lease.sh setup|measure|plan [SECONDS]" >&2; exit 2 ;;
+  *) echo "usage: gpu_lease.sh setup|measure|plan [SECONDS] | keep FOLDER" >&2; exit 2 ;;
 esac

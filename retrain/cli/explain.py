@@ -592,7 +592,7 @@ def _local_options(config: Config) -> dict[str, Any]:
 # params per trained token) by device kind, every completion taken at max_tokens: what
 # retrain measured, so an estimate reproduces those runs and is rough anywhere else.
 # cuda: one H100 80GB at the headline shape (Qwen3-4B's shapes, 8 x 16 completions of
-# 256 tokens; sampling 5.1 s, training 5.0 s a step: benchmarks/results/gpu.json);
+# 256 tokens; sampling 5.1 s, training 5.0 s a step: docs/performance.md "On a CUDA GPU");
 # cpu: the quickstart on 2 cores (SmolLM2-135M, 4 x 8 of 24 tokens; medians of 90 steps,
 # sampling 2.28 s, training 1.27 s: benchmarks/results/quickstart.json). MPS: none.
 _EFFECTIVE_FLOPS = {"cuda": (5.2e13, 1.6e14), "cpu": (9e10, 4.9e11)}

@@ -4,6 +4,7 @@ rare, short lease), and with no time left every item is skipped and said so, not
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -121,3 +122,46 @@ def test_an_item_past_its_cap_is_stopped_and_the_next_gets_what_is_left(tmp_path
     assert lines[3] == "ran" and re.fullmatch(r"== next: exit 0 after \d+s", lines[4])
     assert re.fullmatch(r"== late: skipped, \d+s left \(needs 60s\)", lines[5])
     assert "never" not in done.stdout
+
+
+def keep(folder: str, results: Path, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RESULTS": str(results)}
+    return subprocess.run(
+        ["bash", str(LEASE), "keep", folder], capture_output=True, text=True, env=env, cwd=cwd
+    )
+
+
+def test_keep_files_what_came_back_under_the_cited_names(tmp_path):
+    """What a measure call brought back lands in benchmarks/results/ as gpu_*.json, with the
+    log and the report's table; a file that did not come back is named, the rest kept. The
+    folder is read relative to where the command was run, not the repository."""
+    back = tmp_path / "files_at"
+    back.mkdir()
+    step = {"step_s": 9.0, "sampling_s": 4.0, "training_s": 4.5, "sampling_tokens_per_s": 8e3}
+    (back / "headline.json").write_text(
+        json.dumps({"summary": {"headline/retrain": {**step, "peak_gpu_gb": 40.0}}, "runs": {}})
+    )
+    (back / "lease.log").write_text("== headline: exit 0 after 100s\n")
+    results = tmp_path / "results"
+    done = keep("files_at", results, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in results.iterdir()) == [
+        "gpu_headline.json",
+        "gpu_lease.log",
+        "gpu_lease_report.md",
+    ]
+    assert (results / "gpu_headline.json").read_text() == (back / "headline.json").read_text()
+    for missing in ("quickstart", "profile", "variants", "memory_fit", "trl"):
+        assert f"not back: {missing}.json" in done.stdout
+    report = (results / "gpu_lease_report.md").read_text()
+    assert "| training s at the headline | at most 4 | 4.50 | no |" in report
+
+
+def test_keep_without_results_fails_and_says_so(tmp_path):
+    (tmp_path / "empty").mkdir()
+    done = keep(str(tmp_path / "empty"), tmp_path / "results", cwd=ROOT)
+    assert done.returncode == 1 and "no result in" in done.stderr
+    missing = keep(str(tmp_path / "nowhere"), tmp_path / "results", cwd=ROOT)
+    assert missing.returncode == 2 and "no folder" in missing.stderr
+    usage = subprocess.run(["bash", str(LEASE), "keep"], capture_output=True, text=True)
+    assert usage.returncode == 2 and "keep FOLDER" in usage.stderr
