@@ -523,7 +523,8 @@ class LocalBackend:
         weights, denominator = step_weights([d.num_trained_tokens for d in datums], hyper)
         weighted = hyper.loss_agg != "token_mean"  # token_mean's weights are all 1
         loss_fn = self._loss_for(hyper)
-        self.model.train()
+        if not self.model.training:  # the walk over every module, only when it changes
+            self.model.train()
         self._selected = self._step_selection(datums, hyper)
         before, retries = self.options.micro_batch_tokens, 0
         # Out of memory in a micro-batch: the step is redone from its first one with half

@@ -254,8 +254,13 @@ class PyTorchEngine:
         u = uniforms(len(prompts_B) * n, params.max_tokens, generator)  # row i * n + j: u[i*n+j]
         if self.threads is not None:
             self.threads.apply("sampling")
+        # The trainer's model samples itself only without a copy; a copy is in eval mode
+        # from its build. Switching modes walks every module (~2.5k with an adapter, a few
+        # ms each way), so it is done only when the model is the one sampling.
+        own = self.copy is None
         was_training = self.model.training
-        self.model.eval()
+        if own and was_training:
+            self.model.eval()
         model = self._sampling_model()
         try:
             max_rows = self._row_budget(model, prompts_B, params)
@@ -265,7 +270,8 @@ class PyTorchEngine:
                 except torch.OutOfMemoryError as exc:
                     max_rows = self._back_off(prompts_B, n, params, max_rows, exc)
         finally:
-            self.model.train(was_training)
+            if own and was_training:
+                self.model.train()
 
     def _decode_batches(
         self, model, prompts_B: list[list[int]], n: int, params: SamplingParams, u, max_rows

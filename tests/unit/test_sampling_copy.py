@@ -303,3 +303,37 @@ def test_sibling_storage_is_rearranged_in_place_with_the_same_values():
     assert whole is not None and whole.shape == (32 + 16 + 16, 32)
     assert torch.equal(whole, torch.cat(values))
     assert all(torch.equal(w, v) for w, v in zip(params, values))
+
+
+def test_the_trainers_modes_are_switched_only_when_it_samples_itself(monkeypatch):
+    """Switching a model's mode walks every module (~2.5k at Qwen3-4B's 36 layers with an
+    adapter). With a copy the trained model is left in training mode, untouched; without
+    one it samples in eval mode (its LoRA dropout off) and goes back to training mode."""
+    model = tiny_peft(lora_dropout=0.5).train()
+    walks = []
+    real = torch.nn.Module.train
+
+    def counted(module, mode=True):
+        if module is model:
+            walks.append(mode)
+        return real(module, mode)
+
+    monkeypatch.setattr(torch.nn.Module, "train", counted)
+    dropouts = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    seen = []
+    hooks = [d.register_forward_hook(lambda m, i, o: seen.append(m.training)) for d in dropouts]
+    fast = PyTorchEngine(model, {0}, 0, torch.device("cpu"))
+    sample(fast)
+    assert walks == [] and model.training and not seen  # the copy has no dropout layers
+    slow = PyTorchEngine(model, {0}, 0, torch.device("cpu"), sampling_copy=False)
+    sample(slow)
+    assert walks == [False, True]  # eval to sample, then training again
+    assert seen and not any(seen)  # every dropout ran in eval mode while sampling
+    assert all(m.training for m in model.modules())
+    model.eval()
+    walks.clear()
+    sample(slow)
+    assert walks == []  # already in eval mode: left there, no walk
+    assert not any(m.training for m in model.modules())
+    for hook in hooks:
+        hook.remove()
