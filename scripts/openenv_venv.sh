@@ -2,11 +2,11 @@
 # An interpreter with OpenEnv (openenv 0.4.1) for the tests of `[environment] provider =
 # "openenv"`. openenv cannot share the project's environment unchanged: its gradio
 # dependency needs pillow < 13 and tomlkit < 0.15 (the project's has newer ones), and
-# openenv 0.10 needs a newer mcp than verifiers 0.4.0 pins. So this venv is an overlay:
-# a .pth file puts BASE's site-packages (torch, transformers, verifiers, retrain's deps)
-# behind its own, and only openenv and what it adds are installed here, with verifiers
-# and mcp held at the versions BASE has. Tests find it at .venv-openenv/bin/python
-# (tests/openenv_python.py). ~1 minute, once.
+# openenv 0.10 needs a newer mcp than verifiers 0.4.0 pins. So this venv is an overlay
+# (scripts/overlay_venv.sh): a .pth file puts BASE's site-packages (torch, transformers,
+# verifiers, retrain's deps) behind its own, and only openenv and what it adds are
+# installed here, with verifiers and mcp held at the versions BASE has. Tests find it at
+# .venv-openenv/bin/python (tests/openenv_python.py). ~1 minute, once.
 #
 #   scripts/openenv_venv.sh [VENV_DIR] [BASE_PYTHON]
 #       (defaults: .venv-openenv, the python on PATH)
@@ -19,12 +19,8 @@ if "$venv/bin/python" -c 'import sys, importlib.metadata as m; sys.exit(m.versio
   echo "$venv: openenv 0.4.1 already there"
   exit 0
 fi
-base_site="$("$base" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-base_prefix="$("$base" -c 'import sys; print(sys.base_prefix)')"
-"$base_prefix/bin/python3" -m venv "$venv"
-site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-echo "$base_site" >"$site/_retrain_base.pth"
+scripts/overlay_venv.sh "$venv" "$base" >/dev/null
 verifiers="$("$base" -c 'import importlib.metadata as m; print(m.version("verifiers"))')"
 mcp="$("$base" -c 'import importlib.metadata as m; print(m.version("mcp"))')"
 "$venv/bin/python" -m pip install --quiet "openenv==0.4.1" "verifiers==$verifiers" "mcp==$mcp"
-echo "$venv: openenv 0.4.1 installed over $base_site"
+echo "$venv: openenv 0.4.1 installed over $base's packages"
