@@ -69,7 +69,9 @@ def table(runs: list[dict]) -> str:
         step = statistics.median(run["step_s"])
         lines.append(f"| {run['layout']} | {run['seed']} | {cells} | {ratio} | {step:.2f} |")
     for layout in LAYOUTS:  # the mean over seeds, per evaluation
-        mine = [{int(k): v for k, v in r["held_out"].items()} for r in runs if r["layout"] == layout]
+        mine = [
+            {int(k): v for k, v in r["held_out"].items()} for r in runs if r["layout"] == layout
+        ]
         means = [
             f"{100 * statistics.mean(h[p] for h in mine if p in h):.1f}%"
             if any(p in h for h in mine)

@@ -563,7 +563,7 @@ BACKENDS = Registry(
                     "Base weights' dtype: auto (bf16 on a GPU of compute capability 8.0+ or a "
                     "CPU with AVX512-BF16/AMX, else fp32), fp32 or bf16. bf16 on a GPU: the whole model (weights and "
                     "activations); on a CPU: the blocks' matmuls, float32 residual stream. "
-                    "The adapter's weights and the logits stay float32 (on a GPU the adapter computes in bf16). "
+                    "The adapter's weights and the logits stay float32 (on a GPU the adapter computes in bf16 and its output joins the layer's in float32, rounded once). "
                     "bf16 on a GPU below 8.0 (V100, T4) refuses attention = flex and decode = compiled "
                     "(triton has no bf16 there) and trains through the dense mask",
                     validator=_one_of(*MATMUL_DTYPES),

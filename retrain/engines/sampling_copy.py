@@ -44,7 +44,9 @@ from retrain.kernels.lora_layers import (
     lora_a,
     lora_b,
     lora_scaling,
+    lora_sum_f32,
     plain_lora_layers,
+    sums_in_f32,
 )
 from retrain.kernels.norms import FUSED_NORM_DEVICES, fuse_rms_norms
 from retrain.kernels.precision import (
@@ -68,6 +70,32 @@ def add_beside(flat: torch.Tensor, x: torch.Tensor, a, b, scaling: float) -> Non
         flat.copy_(torch.addmm(flat.to(h.dtype), h, b.t(), alpha=scaling))
 
 
+def beside(base: torch.nn.Linear, x: torch.Tensor, a, b, scaling: float) -> torch.Tensor:
+    """base(x) + scaling * (x @ A^T) @ B^T as (rows, out). With a float32 B beside a
+    bf16 A (a wholly bf16 model: `rounds_once`) the sum is the trainer's: in float32,
+    rounded to bf16 once (retrain/kernels/lora_layers.py `lora_sum_f32`); otherwise the
+    base output, then the adapter added (`add_beside`)."""
+    flat = x.reshape(-1, x.shape[-1])
+    if b.dtype != a.dtype:
+        return lora_sum_f32(flat, base.weight, base.bias, a, b, scaling).to(x.dtype)
+    y = base(flat).contiguous()
+    add_beside(y, flat, a, b, scaling)
+    return y
+
+
+def rounds_once(layer, stream: torch.dtype, device_type: str) -> bool:
+    """Whether the trained `layer` adds its adapter in float32 and rounds once (the lean
+    forward on a wholly bf16 model, lora_layers.py `sums_in_f32`), so its copy keeps B
+    in float32 to do the same."""
+    base = layer.base_layer
+    return (
+        stream == base.weight.dtype == adapter_dtype(layer, stream) == torch.bfloat16
+        and type(base) is torch.nn.Linear
+        and type(layer).__name__ == "LeanLoraLinear"
+        and sums_in_f32(device_type)
+    )
+
+
 class LoraBeside(torch.nn.Module):
     """base(x) + scaling * (x @ A^T) @ B^T, the adapter's part computed in the dtype
     the trained layer computes it in, beside a base layer that may run in bf16: PEFT's
@@ -77,18 +105,18 @@ class LoraBeside(torch.nn.Module):
     rounded differently and sampled no faster). A and B are this layer's copies, refreshed in
     place (`SamplingCopy.refresh`), so a captured CUDA graph reads the new values."""
 
-    def __init__(self, base: torch.nn.Module, rank: int, dtype: torch.dtype):
+    def __init__(self, base: torch.nn.Module, rank: int, dtype: torch.dtype, b_dtype: torch.dtype):
+        """A in `dtype`; B in `b_dtype`: float32 where the sum is rounded once (`beside`)."""
         super().__init__()
         self.base = base
         w = base.weight
         self.register_buffer("a", torch.zeros(rank, w.shape[1], dtype=dtype, device=w.device))
-        self.register_buffer("b", torch.zeros(w.shape[0], rank, dtype=dtype, device=w.device))
+        self.register_buffer("b", torch.zeros(w.shape[0], rank, dtype=b_dtype, device=w.device))
         self.scaling = 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x).contiguous()
-        add_beside(y.view(-1, y.shape[-1]), x, self.a, self.b, self.scaling)
-        return y
+        y = beside(self.base, x, self.a, self.b, self.scaling)
+        return y.view(*x.shape[:-1], y.shape[-1])
 
 
 class Siblings(torch.nn.Module):
@@ -131,10 +159,10 @@ class Siblings(torch.nn.Module):
         the others were computed from (a model calls the siblings with one tensor, not
         changed in between); a member called with another input gets them recomputed."""
         if self._input is not x or i not in self._pending:
-            y = self.base(x)
-            flat = y.reshape(-1, y.shape[-1])
             if self.sides:  # the members share one scaling (_fuse_siblings checks)
-                add_beside(flat, x, self.a, self.b, self.sides[0].scaling)
+                flat = beside(self.base, x, self.a, self.b, self.sides[0].scaling)
+            else:
+                flat = self.base(x).reshape(-1, self.bounds[-1])
             lead = x.shape[:-1]
             self._pending = {
                 j: flat[:, lo:hi].view(*lead, hi - lo)
@@ -242,7 +270,9 @@ class SamplingCopy:
             inner = getattr(parent, attr)
             if not merge:  # A and B in the dtype the trained layer computes them in
                 rank = lora_a(layer).weight.shape[0]
-                inner = LoraBeside(inner, rank, adapter_dtype(layer, stream))
+                dtype_ = adapter_dtype(layer, stream)
+                once = rounds_once(layer, stream, embeddings.device.type)
+                inner = LoraBeside(inner, rank, dtype_, torch.float32 if once else dtype_)
                 setattr(parent, attr, inner)
             pairs.append((layer, inner))
         _fuse_siblings(copy_, pairs)

@@ -23,11 +23,26 @@ the scaling and the sum in the matmul's epilogue, addmm(base(x), x A^T, B^T, alp
 scaling): the same value up to the order of float sums, with one rounding where PEFT
 has three in bf16, and the very operation the sampling copy runs for the same layer
 (retrain/engines/sampling_copy.py `add_beside`), so sampler and trainer round alike.
+
+On a wholly bf16 model the lean forward adds the adapter to the base output in float32
+and rounds the sum to bf16 once (`lora_sum_f32`, `_RoundOnce`). Added to the base output
+already rounded to bf16, as PEFT and a bf16 addmm do, an adapter output under half a bf16
+step of it (0.2-0.4% of the value) rounds back to it: exactly what a young adapter's
+update is, so most of it was dropped from the forward while its gradient still flowed,
+until B grew past that threshold. Rounded once, the base output's own rounding error
+dithers the threshold and the update comes through on average. On this CPU with the
+GPU's layout (benchmarks/gpu_layout_learning.py, docs/performance.md "Learning in the
+GPU's layout"), the quickstart's held-out rate after 5 steps was 55.7% (seeds 0-2) with
+the rounding twice and 74.5% once, as the CPU's layout (72.9%). The backward is the
+plain LoRA backward, its matmuls on bf16 operands, as before.
 """
 
 from __future__ import annotations
 
 import torch
+
+from retrain.hardware import f32_out_matmul
+from retrain.kernels.precision import mm_f32
 
 
 def plain_lora_layers(model) -> list:
@@ -103,6 +118,62 @@ def adapter_dtype(layer, input_dtype: torch.dtype) -> torch.dtype:
     return lora_a(layer).weight.dtype
 
 
+def sums_in_f32(device_type: str) -> bool:
+    """Whether a wholly bf16 model's LoRA linears on `device_type` add the adapter to the
+    base output in float32 (module docstring): where a bf16 matmul can give a float32
+    result without float32 copies of its operands (CUDA, torch >= 2.8), and on a CPU
+    (only its tests run the wholly bf16 layout there; the copies cost time, not the
+    answer). Elsewhere the sum is rounded twice, as PEFT's."""
+    return device_type == "cpu" or f32_out_matmul(device_type)
+
+
+def lora_sum_f32(x, weight, bias, a, b, scaling: float) -> torch.Tensor:
+    """x W^T + bias + scaling (x A^T) B^T in float32, as (rows, out), from the bf16 rows
+    `x` (rows, in), the bf16 weight and A, and the float32 B: the two products of bf16
+    operands with float32 results (`precision.mm_f32`), then B's product added in
+    float32 (its inner size is the rank: a small float32 matmul). The caller rounds it
+    to bf16 once; the sampling copy runs the same for the same layer."""
+    out = mm_f32(x, weight.t())
+    if bias is not None:
+        out += bias.float()
+    return out.addmm_(mm_f32(x, a.t()), b.t(), alpha=scaling)
+
+
+class _RoundOnce(torch.autograd.Function):
+    """bf16(lora_sum_f32(...)) with the plain LoRA backward: the rounding counts as the
+    identity, as it does for any bf16 layer, and every matmul of the backward takes bf16
+    operands (A's and B's gradients come out float32, their weights' dtype)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, a, b, scaling):
+        ab = a.to(x.dtype)
+        h = mm_f32(x, ab.t())  # (rows, rank)
+        out = mm_f32(x, weight.t())
+        if bias is not None:
+            out += bias.float()
+        out.addmm_(h, b.t(), alpha=scaling)
+        # kept in bf16, what B's gradient multiplies (as the bf16 x A^T was before)
+        ctx.save_for_backward(x, weight, ab, b, h.to(x.dtype))
+        ctx.scaling = scaling
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, ab, b, h = ctx.saved_tensors
+        need_x, _, _, need_a, need_b, _ = ctx.needs_input_grad
+        grad = grad.contiguous()
+        gx = ga = gb = None
+        if need_b:
+            gb = mm_f32(grad.t(), h).mul_(ctx.scaling)
+        if need_a or need_x:
+            gh = mm_f32(grad, b.to(grad.dtype)).mul_(ctx.scaling).to(grad.dtype)
+            if need_a:
+                ga = mm_f32(gh.t(), x)
+            if need_x:
+                gx = torch.addmm(torch.mm(grad, weight), gh, ab)
+        return gx, None, None, ga, gb, None
+
+
 def _lean_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """base(x) + scaling * (x A^T) B^T as addmm(base(x), x A^T, B^T, alpha=scaling)
     (module docstring), in the dtype PEFT computes the adapter in; PEFT's own forward for anything
@@ -111,6 +182,18 @@ def _lean_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         return super(type(self), self).forward(x, *args, **kwargs)
     adapter = self.active_adapters[0]
     a, b, dtype = lora_a(self), lora_b(self), adapter_dtype(self, x.dtype)
+    base, dropout = self.base_layer, self.lora_dropout[adapter]
+    if (
+        dtype == x.dtype == base.weight.dtype == torch.bfloat16
+        and type(base) is torch.nn.Linear
+        and (isinstance(dropout, torch.nn.Identity) or not self.training)
+        and sums_in_f32(x.device.type)
+    ):  # a wholly bf16 model: the sum in float32, rounded once (module docstring)
+        flat = x.reshape(-1, x.shape[-1])
+        out = _RoundOnce.apply(
+            flat, base.weight, base.bias, a.weight, b.weight, self.scaling[adapter]
+        )
+        return out.view(*x.shape[:-1], out.shape[-1])
     result = self.base_layer(x)
     if result.dtype != dtype:
         return super(type(self), self).forward(x)

@@ -19,7 +19,7 @@ from retrain.backends.local import LocalBackend
 from retrain.build import build_backend
 from retrain.config import config_from_dict
 from retrain.engines.sampling_copy import Float32Head, LoraBeside
-from retrain.kernels.lora_layers import InputDtypeLinear
+from retrain.kernels.lora_layers import InputDtypeLinear, plain_lora_layers
 from retrain.kernels.precision import Bf16Linear, use_bf16
 from retrain.kernels.recompute import GatedMlp, RecomputedRmsNorm
 from retrain.types import Datum, SamplingParams, TrainHyper
@@ -191,11 +191,14 @@ def test_on_a_gpu_bf16_mode_holds_the_whole_model_in_bf16(whole_bf16, tiny_raw, 
     assert rotary and all(buf.dtype == torch.float32 for buf in rotary)
     assert not any(isinstance(m, Bf16Linear) for m in base.modules())
     # the adapter computes in bf16 from the bf16 stream (float32 A and B cast per call),
-    # and the sampler's copy beside the shared weights holds bf16 copies of A and B
+    # added to the base output in float32 and rounded once; the sampler's copy beside the
+    # shared weights does the same, with a bf16 copy of A and a float32 one of B
     factors = [m for m in base.modules() if isinstance(m, InputDtypeLinear)]
     assert factors and all(f.weight.dtype == torch.float32 for f in factors)
+    assert {type(m).__name__ for _, m in plain_lora_layers(b.model)} == {"LeanLoraLinear"}
     sides = [m for m in b.engine.copy.model.modules() if isinstance(m, LoraBeside)]
-    assert sides and all(m.a.dtype == m.b.dtype == torch.bfloat16 for m in sides)
+    assert sides and all(m.a.dtype == torch.bfloat16 for m in sides)
+    assert all(m.b.dtype == torch.float32 for m in sides)
     # the trainer's norms and gated MLPs keep only their inputs for the backward
     layers = base.config.num_hidden_layers
     assert sum(isinstance(m, GatedMlp) for m in base.modules()) == layers
@@ -225,9 +228,10 @@ def test_whole_bf16_sampler_and_trainer_agree_to_bf16_rounding(
 ):
     diff, _ = agreement(make_backend(tiny_raw, tiny_model_dir, "bf16"), 4, 10, 0.7)
     # the residual stream is rounded to bf16 at every layer, one token at a time in the
-    # sampler and in a packed row in the trainer, and so is the adapter's output (here
-    # B ~ N(0, 0.2), an update as large as the weights: mean 8e-4, largest 5e-3; 3e-4
-    # and 2e-3 with PEFT's float32 adapter); the logits are float32 in both
+    # sampler and in a packed row in the trainer, and so is each adapted layer's output,
+    # its adapter added in float32 (here B ~ N(0, 0.2), an update as large as the
+    # weights: mean 3e-4, largest 2e-3; 5e-4 and 2e-3 added to the rounded base output);
+    # the logits are float32 in both
     assert np.abs(diff).mean() < 5e-3 and np.abs(diff).max() < 0.05
     assert np.abs(diff).max() > 0
 

@@ -174,9 +174,9 @@ def test_the_lean_forward_drops_what_peft_drops():
 
 
 def test_the_lean_forward_rounds_as_the_sampling_copy_does():
-    """The trainer's lean LoRA linear and the sampler's copy of it (`LoraBeside`, A and B
-    in the dtype the trainer computes them in) run the same addmm on the same operands:
-    the same output to the bit, so rounding adds nothing to the sampler/trainer gap.
+    """The trainer's lean LoRA linear and the sampler's copy of it (`LoraBeside`, a bf16 A
+    and a float32 B) run the same float32 sum on the same operands, rounded once: the
+    same output to the bit, so rounding adds nothing to the sampler/trainer gap.
     Scaling 1.5, so a scaling applied anywhere else would round differently. (In float32
     the copy merges the adapter into the weight instead.)"""
     from retrain.engines.sampling_copy import LoraBeside, SamplingCopy
@@ -191,3 +191,108 @@ def test_the_lean_forward_rounds_as_the_sampling_copy_does():
         for layer, inner in alone:  # o_proj and down_proj: no siblings to stack with
             x = torch.randn(2, 7, layer.in_features, generator=gen).bfloat16()
             assert torch.equal(layer(x), inner(x))
+
+
+def one_layer(lean: bool, b_std: float, rank: int = 8, alpha: int = 12, width: int = 96):
+    """One wholly bf16 linear (width -> width) with a plain LoRA adapter computed in bf16:
+    A ~ N(0, 1/width), B ~ N(0, b_std); lean or PEFT's forward."""
+    from peft import LoraConfig, get_peft_model
+
+    class One(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(width, width, bias=False)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    torch.manual_seed(0)
+    model = One().bfloat16()
+    peft = get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=["proj"]))
+    adapter_in_input_dtype(peft)
+    if lean:
+        lean_lora_forward(peft)
+    layer = plain_lora_layers(peft)[0][1]
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        layer.lora_A["default"].weight.normal_(0, width**-0.5, generator=gen)
+        layer.lora_B["default"].weight.normal_(0, b_std, generator=gen)
+    return layer
+
+
+def test_a_young_adapters_update_reaches_the_bf16_output():
+    """An update far under half a bf16 step of the base output (a median ~1/50 of one):
+    added to the rounded base output, as PEFT does, it rounds away almost everywhere (not
+    at the few values near zero, whose steps are small); added in float32
+    before the one rounding (the lean forward on a wholly bf16 model), it comes through
+    on average, the base output's own rounding error dithering it: the output moves by
+    the update, in the mean over many values."""
+    x = torch.randn(512, 96, generator=torch.Generator().manual_seed(2)).bfloat16()
+    outs = {}
+    for lean in (False, True):
+        layer = one_layer(lean, b_std=1e-5)
+        with torch.no_grad():
+            base = layer.base_layer(x).float()
+            outs[lean] = layer(x).float() - base
+            a, b = (f.weight.double() for f in (layer.lora_A["default"], layer.lora_B["default"]))
+            update = (x.double() @ a.t() @ b.t() * layer.scaling["default"]).float()
+    step = base.abs() * 2.0**-8  # a bf16 step at each value, within a factor of 2
+    assert (update.abs() / step).median() < 1 / 20  # the update: tiny
+
+    def slope(moved):  # how much of the update the output moved by, fitted over all values
+        return float((moved * update).sum() / (update * update).sum())
+
+    assert slope(outs[False]) < 0.1  # PEFT's order: 0.04 (at 1/5 of a step: 0.44)
+    assert 0.9 < slope(outs[True]) < 1.1  # rounded once: 0.98, the whole update on average
+
+
+def test_rounded_once_the_output_is_the_float32_sum_rounded():
+    """The lean forward's output on a wholly bf16 model is the float32 (here float64) sum
+    of the base output and the adapter's, rounded to bf16 once: within half a bf16 step
+    of the exact value, and the same bf16 number wherever the exact value is not within
+    float32 noise of a rounding boundary."""
+    layer = one_layer(True, b_std=0.05)
+    x = torch.randn(64, 96, generator=torch.Generator().manual_seed(3)).bfloat16()
+    with torch.no_grad():
+        out = layer(x).double()
+        w = layer.base_layer.weight.double()
+        a = layer.lora_A["default"].weight.bfloat16().double()  # A is read in bf16
+        h = (x.double() @ a.t()).float().double()  # x A^T, a float32 result
+        exact = x.double() @ w.t() + h @ layer.lora_B["default"].weight.double().t() * 1.5
+    assert torch.all((out - exact).abs() <= exact.abs() * 2.0**-8)  # half a step at most
+    agree = (out == exact.bfloat16().double()).float().mean()
+    assert agree > 0.99, agree
+
+
+def test_rounded_once_the_gradients_are_the_plain_lora_gradients():
+    """The rounding counts as the identity in the backward: x's, A's and B's gradients
+    are those of x W^T + s (x A^T) B^T in float32 on the same bf16 values, to the bf16
+    rounding of the backward's operands; A's and B's come out float32."""
+    gen = torch.Generator().manual_seed(4)
+    layer = one_layer(True, b_std=0.05)
+    x = torch.randn(40, 96, generator=gen).bfloat16().requires_grad_()
+    probe = torch.randn(40, 96, generator=gen)
+    (layer(x).float() * probe).sum().backward()
+    a32 = layer.lora_A["default"].weight.detach().bfloat16().float().requires_grad_()
+    b32 = layer.lora_B["default"].weight.detach().clone().requires_grad_()
+    x32 = x.detach().float().requires_grad_()
+    w32 = layer.base_layer.weight.float()
+    ((x32 @ w32.t() + (x32 @ a32.t()) @ b32.t() * 1.5) * probe).sum().backward()
+    pairs = (
+        (x.grad, x32.grad),
+        (layer.lora_A["default"].weight.grad, a32.grad),
+        (layer.lora_B["default"].weight.grad, b32.grad),
+    )
+    for got, want in pairs:
+        assert want.norm() > 0
+        assert (got.float() - want).norm() < 1e-2 * want.norm(), (got.shape, want.shape)
+    assert layer.lora_A["default"].weight.grad.dtype == torch.float32
+    assert layer.lora_B["default"].weight.grad.dtype == torch.float32
+
+
+def test_rounded_once_the_backward_keeps_what_it_kept():
+    """The bf16 input, one per set of siblings, and a bf16 x A^T per adapted linear, as
+    the lean forward kept rounding twice: no more bytes per position."""
+    assert _per_position(qwen3_lora(bf16=True, switch=True, lean=True)) == _per_position(
+        qwen3_lora(bf16=True, switch=True)
+    )
