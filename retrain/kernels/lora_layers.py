@@ -33,8 +33,8 @@ until B grew past that threshold. Rounded once, the base output's own rounding e
 dithers the threshold and the update comes through on average. On this CPU with the
 GPU's layout (benchmarks/gpu_layout_learning.py, docs/performance.md "Learning in the
 GPU's layout"), the quickstart's held-out rate after 5 steps was 55.7% (seeds 0-2) with
-the rounding twice and 74.5% once, as the CPU's layout (72.9%). The backward is the
-plain LoRA backward, its matmuls on bf16 operands, as before.
+the rounding twice and 75.5% once (the CPU's layout: 72.9%). The backward is the plain
+LoRA backward, its matmuls on bf16 operands, as before.
 """
 
 from __future__ import annotations
@@ -132,11 +132,17 @@ def lora_sum_f32(x, weight, bias, a, b, scaling: float) -> torch.Tensor:
     `x` (rows, in), the bf16 weight and A, and the float32 B: the two products of bf16
     operands with float32 results (`precision.mm_f32`), then B's product added in
     float32 (its inner size is the rank: a small float32 matmul). The caller rounds it
-    to bf16 once; the sampling copy runs the same for the same layer."""
+    to bf16 once; the trainer (`_RoundOnce`) and the sampling copy run it alike."""
+    return _sum_and_mid(x, weight, bias, a, b, scaling)[0]
+
+
+def _sum_and_mid(x, weight, bias, a, b, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`lora_sum_f32`'s sum, and x A^T (float32) on the way."""
+    mid = mm_f32(x, a.t())
     out = mm_f32(x, weight.t())
     if bias is not None:
         out += bias.float()
-    return out.addmm_(mm_f32(x, a.t()), b.t(), alpha=scaling)
+    return out.addmm_(mid, b.t(), alpha=scaling), mid
 
 
 class _RoundOnce(torch.autograd.Function):
@@ -147,13 +153,9 @@ class _RoundOnce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, a, b, scaling):
         ab = a.to(x.dtype)
-        h = mm_f32(x, ab.t())  # (rows, rank)
-        out = mm_f32(x, weight.t())
-        if bias is not None:
-            out += bias.float()
-        out.addmm_(h, b.t(), alpha=scaling)
-        # kept in bf16, what B's gradient multiplies (as the bf16 x A^T was before)
-        ctx.save_for_backward(x, weight, ab, b, h.to(x.dtype))
+        out, mid = _sum_and_mid(x, weight, bias, ab, b, scaling)
+        # x A^T kept in bf16, what B's gradient multiplies (as the bf16 x A^T was before)
+        ctx.save_for_backward(x, weight, ab, b, mid.to(x.dtype))
         ctx.scaling = scaling
         return out.to(x.dtype)
 
