@@ -18,11 +18,11 @@ learning. The rewards stay 0 (the taught model calls the tool again instead of a
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import os
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import tomlkit
@@ -87,7 +87,9 @@ def taught_model(directory: Path, env_args: dict) -> Path:
 
 
 def test_a_run_against_a_tool_env_calls_the_tool(tiny_raw, tmp_path):
-    os.environ.setdefault(SITE, sysconfig.get_paths()["purelib"])
+    if SITE not in os.environ:  # where torch is: the project's site-packages, or its base's
+        torch_init = importlib.util.find_spec("torch").origin  # in an overlay venv
+        os.environ[SITE] = str(Path(torch_init).parents[1])
     if not classic_verifiers.runs_here(__file__, "test_a_run_against_a_tool_env", "ToolEnv"):
         return  # it ran, and passed, under the classic interpreter
     log = tmp_path / "calls.jsonl"
