@@ -296,3 +296,38 @@ def test_rounded_once_the_backward_keeps_what_it_kept():
     assert _per_position(qwen3_lora(bf16=True, switch=True, lean=True)) == _per_position(
         qwen3_lora(bf16=True, switch=True)
     )
+
+
+def test_rounded_once_on_cuda_the_products_take_the_float32_result_path(monkeypatch):
+    """The CUDA branch (bf16 operands into a float32 result, `torch.mm(..., out_dtype=)`),
+    which this CPU cannot run, traced on the meta device: the forward gives bf16 rows, the
+    backward x's gradient in bf16 and A's and B's in float32 of their shapes, and the
+    sampler's sum the same rows."""
+    import retrain.kernels.precision as precision
+    from retrain.kernels.lora_layers import _RoundOnce, lora_sum_f32
+
+    calls = []
+    real_mm = torch.mm
+
+    def mm(a, b, **kwargs):
+        calls.append(kwargs.get("out_dtype"))
+        return real_mm(a, b, **kwargs)
+
+    monkeypatch.setattr(precision, "f32_out_matmul", lambda device_type: True)
+    monkeypatch.setattr(torch, "mm", mm)
+    meta = {"device": "meta"}
+    x = torch.empty(40, 96, dtype=torch.bfloat16, **meta).requires_grad_()
+    w = torch.empty(64, 96, dtype=torch.bfloat16, **meta)
+    a = torch.empty(8, 96, **meta).requires_grad_()
+    b = torch.empty(64, 8, **meta).requires_grad_()
+    out = _RoundOnce.apply(x, w, None, a, b, 1.5)
+    assert (out.dtype, out.shape) == (torch.bfloat16, (40, 64))
+    # x A^T and x W^T with float32 results, no float32 copies (the meta device runs the
+    # float32 addmm that follows through a plain mm of its own)
+    assert calls.count(torch.float32) == 2
+    out.float().sum().backward()
+    assert (x.grad.dtype, x.grad.shape) == (torch.bfloat16, x.shape)
+    assert (a.grad.dtype, a.grad.shape) == (torch.float32, a.shape)
+    assert (b.grad.dtype, b.grad.shape) == (torch.float32, b.shape)
+    y = lora_sum_f32(x.detach(), w, None, a.detach().bfloat16(), b.detach(), 1.5)
+    assert (y.dtype, y.shape) == (torch.float32, (40, 64))
