@@ -122,7 +122,9 @@ keep() {
   local from=$1 results=${RESULTS:-benchmarks/results} name kept=0
   [ -d "$from" ] || { echo "keep: no folder $from" >&2; return 2; }
   mkdir -p "$results"
-  for name in headline quickstart profile variants memory_fit trl; do
+  # the items lease_report.py reads, named once there
+  for name in $(python3 -c 'import sys; sys.path[0] = "benchmarks"; import lease_report
+print(*lease_report.ITEMS)'); do
     if [ -f "$from/$name.json" ]; then
       cp "$from/$name.json" "$results/gpu_$name.json" && kept=$((kept + 1))
       echo "kept $results/gpu_$name.json"

@@ -46,7 +46,8 @@ from retrain.kernels.lora_layers import (
     lora_scaling,
     lora_sum_f32,
     plain_lora_layers,
-    sums_in_f32,
+    rounds_once,
+    runs_lean,
 )
 from retrain.kernels.norms import FUSED_NORM_DEVICES, fuse_rms_norms
 from retrain.kernels.precision import (
@@ -81,19 +82,6 @@ def beside(base: torch.nn.Linear, x: torch.Tensor, a, b, scaling: float) -> torc
     y = base(flat).contiguous()
     add_beside(y, flat, a, b, scaling)
     return y
-
-
-def rounds_once(layer, stream: torch.dtype, device_type: str) -> bool:
-    """Whether the trained `layer` adds its adapter in float32 and rounds once (the lean
-    forward on a wholly bf16 model, lora_layers.py `sums_in_f32`), so its copy keeps B
-    in float32 to do the same."""
-    base = layer.base_layer
-    return (
-        stream == base.weight.dtype == adapter_dtype(layer, stream) == torch.bfloat16
-        and type(base) is torch.nn.Linear
-        and type(layer).__name__ == "LeanLoraLinear"
-        and sums_in_f32(device_type)
-    )
 
 
 class LoraBeside(torch.nn.Module):
@@ -271,7 +259,8 @@ class SamplingCopy:
             if not merge:  # A and B in the dtype the trained layer computes them in
                 rank = lora_a(layer).weight.shape[0]
                 dtype_ = adapter_dtype(layer, stream)
-                once = rounds_once(layer, stream, embeddings.device.type)
+                # the trainer's lean forward rounds once there: keep B float32 to match
+                once = runs_lean(layer) and rounds_once(layer, stream, embeddings.device.type)
                 inner = LoraBeside(inner, rank, dtype_, torch.float32 if once else dtype_)
                 setattr(parent, attr, inner)
             pairs.append((layer, inner))

@@ -127,6 +127,20 @@ def sums_in_f32(device_type: str) -> bool:
     return device_type == "cpu" or f32_out_matmul(device_type)
 
 
+def rounds_once(layer, input_dtype: torch.dtype, device_type: str) -> bool:
+    """Whether the plain LoRA linear `layer`, given `input_dtype` rows on `device_type`,
+    is one that adds its adapter to the base output in float32 and rounds once: a
+    wholly bf16 layer (bf16 input, base weight and adapter computation) with a plain
+    linear base, where `sums_in_f32`. Its lean forward then does (unless its LoRA
+    dropout is active), and the sampling copy of it keeps B in float32 to do the same."""
+    base = layer.base_layer
+    return (
+        input_dtype == base.weight.dtype == adapter_dtype(layer, input_dtype) == torch.bfloat16
+        and type(base) is torch.nn.Linear
+        and sums_in_f32(device_type)
+    )
+
+
 def lora_sum_f32(x, weight, bias, a, b, scaling: float) -> torch.Tensor:
     """x W^T + bias + scaling (x A^T) B^T in float32, as (rows, out), from the bf16 rows
     `x` (rows, in), the bf16 weight and A, and the float32 B: the two products of bf16
@@ -184,14 +198,11 @@ def _lean_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         return super(type(self), self).forward(x, *args, **kwargs)
     adapter = self.active_adapters[0]
     a, b, dtype = lora_a(self), lora_b(self), adapter_dtype(self, x.dtype)
-    base, dropout = self.base_layer, self.lora_dropout[adapter]
-    if (
-        dtype == x.dtype == base.weight.dtype == torch.bfloat16
-        and type(base) is torch.nn.Linear
-        and (isinstance(dropout, torch.nn.Identity) or not self.training)
-        and sums_in_f32(x.device.type)
+    dropout = self.lora_dropout[adapter]
+    if rounds_once(self, x.dtype, x.device.type) and (
+        isinstance(dropout, torch.nn.Identity) or not self.training
     ):  # a wholly bf16 model: the sum in float32, rounded once (module docstring)
-        flat = x.reshape(-1, x.shape[-1])
+        flat, base = x.reshape(-1, x.shape[-1]), self.base_layer
         out = _RoundOnce.apply(
             flat, base.weight, base.bias, a.weight, b.weight, self.scaling[adapter]
         )
@@ -214,6 +225,11 @@ def _lean_class() -> type:
 
         _LEAN.append(type("LeanLoraLinear", (LoraLinear,), {"forward": _lean_forward}))
     return _LEAN[0]
+
+
+def runs_lean(layer) -> bool:
+    """Whether the LoRA linear `layer` runs the lean forward (`lean_lora_forward`)."""
+    return type(layer) is _lean_class()
 
 
 def lean_lora_forward(model) -> int:
