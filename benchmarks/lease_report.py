@@ -75,9 +75,35 @@ def met(value: float | None, goal: float, direction: str) -> str:
     return "yes" if (value >= goal if direction == "at least" else value <= goal) else "no"
 
 
+def device_line(results: dict[str, Any]) -> str:
+    """Which GPU measured, from the first item that recorded it: a lease may get an H200
+    (a run that names no kind can start one when no H100 opens), whose memory and
+    bandwidth make the H100 targets' figures not comparable as they stand."""
+    machine = next(
+        (
+            results[i]["machine"]
+            for i in ITEMS
+            if isinstance(results.get(i, {}).get("machine"), dict)
+        ),
+        {},
+    )
+    gpu = machine.get("gpu")
+    if not gpu:
+        return "measured on: (no item recorded its GPU)"
+    versions = ", ".join(
+        f"{k} {machine[k]}" for k in ("torch", "transformers", "peft", "trl") if machine.get(k)
+    )
+    line = f"measured on: {gpu}" + (f" ({versions})" if versions else "")
+    if "H100" not in gpu:
+        line += (
+            "; the targets are H100 figures: not an H100, so met or not is not the issue's verdict"
+        )
+    return line
+
+
 def report(results: dict[str, Any]) -> str:
     figures = measured(results)
-    lines = ["| target | goal | measured | met |", "|---|---:|---:|---|"]
+    lines = [device_line(results), "", "| target | goal | measured | met |", "|---|---:|---:|---|"]
     for what, goal, direction in TARGETS:
         value = figures[what]
         shown = "-" if value is None else f"{value:,.2f}"

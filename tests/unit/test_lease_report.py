@@ -122,3 +122,18 @@ def test_a_missing_folder_is_a_usage_error(tmp_path, capsys):
     assert lease_report.main([str(tmp_path / "nowhere")]) == 2
     assert lease_report.main([str(tmp_path)]) == 0
     assert "| not run |" in capsys.readouterr().out
+
+
+def test_the_report_names_the_gpu_and_says_when_it_is_not_the_targets_h100():
+    h100 = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "peft": "0.21.2"}
+    text = lease_report.report({"quickstart": {"summary": {}, "machine": h100}})
+    assert (
+        text.splitlines()[0]
+        == "measured on: NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, peft 0.21.2)"
+    )
+    h200 = {**h100, "gpu": "NVIDIA H200"}
+    first = lease_report.report(
+        {"headline": {**headline(step_s=7.0), "machine": h200}}
+    ).splitlines()[0]
+    assert first.startswith("measured on: NVIDIA H200 (") and "not an H100" in first
+    assert lease_report.report({}).splitlines()[0] == "measured on: (no item recorded its GPU)"
