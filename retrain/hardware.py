@@ -56,6 +56,15 @@ def f32_out_matmul(device_type: str) -> bool:
     return (major, minor) >= (2, 8)
 
 
+def sums_in_f32(device_type: str) -> bool:
+    """Whether a wholly bf16 model's LoRA linears on `device_type` add the adapter to the
+    base output in float32 and round once (retrain/kernels/lora_layers.py): where a bf16
+    matmul can give a float32 result without float32 copies of its operands (CUDA, torch
+    >= 2.8), and on a CPU (only its tests run the wholly bf16 layout there; the copies
+    cost time, not the answer). Elsewhere the sum is rounded twice, as PEFT's."""
+    return device_type == "cpu" or f32_out_matmul(device_type)
+
+
 def matmul_dtype(option: str, device_type: str, index: int = 0) -> str:
     """`[backend.options] dtype` resolved for a device kind ("cpu", "cuda", "mps") and a
     CUDA device's index: "auto" is bf16 on a GPU with native bf16 (compute capability 8.0

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from retrain.errors import BackendError
-from retrain.hardware import f32_out_matmul, whole_model_bf16
+from retrain.hardware import f32_out_matmul, sums_in_f32, whole_model_bf16
 
 # Completions decoded at once with `prompt_batch = 0` (retrain/engines/pytorch.py) on a
 # CPU; a GPU's decoder may take more (`decode_row_budget`).
@@ -39,6 +39,9 @@ MICRO_BATCH_MAX = 65536
 HEADROOM = 0.9
 # The projections of a Llama-style block; PEFT's "all-linear" adapts all seven.
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# The projections that read the same input: the sampler's copy runs each set as one
+# matmul when all are adapted (retrain/engines/sampling_copy.py `Siblings`).
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 GIB = 2**30
 
 
@@ -297,7 +300,8 @@ class StepSizes:
 class PeakMemory:
     """Bytes of each part of a local step's peak on one device, and the total."""
 
-    weights: float  # base weights, and in float32 the sampler's merged adapted linears
+    weights: float  # base weights, and the sampler copy's merged adapted linears (float32)
+    # or its own A and B beside the shared weights (bf16)
     adapter: float  # LoRA weights, their gradients and two Adam moments
     sampling: float  # KV cache and logits of the rows decoded at once
     training: float  # one micro-batch's activations and logit chunk
@@ -311,17 +315,23 @@ class PeakMemory:
 
 
 def weight_bytes(
-    shape: ModelShape, dtype: str, target_modules: Sequence[str] = (), device_kind: str = "cpu"
+    shape: ModelShape,
+    dtype: str,
+    target_modules: Sequence[str] = (),
+    device_kind: str = "cpu",
+    lora_rank: int = 0,
 ) -> int:
     """The blocks' linears at `block_bytes(dtype)` (bf16 mode: 2), everything else
     (embeddings, output layer, norms, biases) at `rest_bytes` (float32 on a CPU, bf16 on
     a GPU), as retrain/kernels/precision.py holds them. The sampler's copy
     (retrain/engines/sampling_copy.py) shares them all (on a GPU with torch < 2.8 it adds
     a float32 output layer), except in float32, where it holds W + scaling * B @ A for
-    each adapted linear:
+    each adapted linear, and in bf16 it holds its own A and B beside them
+    (`copy_adapter_bytes`, given `lora_rank`):
 
         (params - block_params) x rest_bytes + block_params x block_bytes
-            [+ vocab x hidden x 4 on a GPU, torch < 2.8] [+ adapted x 4 in fp32]"""
+            [+ vocab x hidden x 4 on a GPU, torch < 2.8] [+ adapted x 4 in fp32]
+            [+ copy_adapter_bytes in bf16]"""
     rest = rest_bytes(dtype, device_kind)
     own = (shape.params - shape.block_params) * rest + shape.block_params * block_bytes(dtype)
     if rest == 2 and not f32_out_matmul(device_kind):
@@ -329,8 +339,38 @@ def weight_bytes(
         # before 2.8 cannot multiply the shared bf16 one into float32 logits
         own += shape.vocab * shape.hidden * 4
     if block_bytes(dtype) == 2:  # bf16: the adapter runs beside the shared bf16 weights
-        return own
+        return own + copy_adapter_bytes(shape, lora_rank, target_modules, dtype, device_kind)
     return own + shape.layers * sum(i * o for i, o in shape.adapted(target_modules).values()) * 4
+
+
+def copy_adapter_bytes(
+    shape: ModelShape,
+    lora_rank: int,
+    target_modules: Sequence[str] = (),
+    dtype: str = "bf16",
+    device_kind: str = "cpu",
+) -> int:
+    """The sampler's own A and B beside bf16 weights (bf16 mode; float32 merges them
+    into the weights instead), in the dtypes the trainer computes them in: A in bf16 on
+    a wholly bf16 model (a GPU), else float32; B float32 where the sum is rounded once
+    (`hardware.sums_in_f32`), else as A. A set of `SIBLINGS`, all adapted, runs as one:
+    its A's stacked and its B's set block-diagonally, so its B holds
+    (sum of outs) x (members x rank) values. Per layer:
+
+        sum over sets and lone projections of rank x members x (in x a + outs x b)"""
+    if block_bytes(dtype) != 2 or not lora_rank:
+        return 0
+    whole = whole_model_bf16(dtype, device_kind)
+    a = 2 if whole else 4
+    b = 4 if whole and sums_in_f32(device_kind) else a
+    adapted = shape.adapted(target_modules)
+    sets = [names for names in SIBLINGS if all(n in adapted for n in names)]
+    sets += [(n,) for n in adapted if not any(n in names for names in sets)]
+    per_layer = 0
+    for names in sets:
+        inputs, outs = adapted[names[0]][0], sum(adapted[n][1] for n in names)
+        per_layer += lora_rank * len(names) * (inputs * a + outs * b)
+    return shape.layers * per_layer
 
 
 def adapter_bytes(shape: ModelShape, lora_rank: int, target_modules: Sequence[str] = ()) -> int:
@@ -376,7 +416,7 @@ def training_memory(
 
         total = (weights + adapter + training) x slack + runtime"""
     model = memory_model(device_kind, dtype)
-    weights = weight_bytes(shape, dtype, target_modules, device_kind)
+    weights = weight_bytes(shape, dtype, target_modules, device_kind, lora_rank)
     adapter = adapter_bytes(shape, lora_rank, target_modules)
     residual = rest_bytes(dtype, device_kind)
     training = training_bytes(shape, micro_batch_tokens, model, checkpointing, residual)
@@ -522,7 +562,7 @@ def auto_micro_batch_tokens(
     )
     if n == 0:
         fixed = (
-            weight_bytes(shape, dtype, target_modules, device_kind)
+            weight_bytes(shape, dtype, target_modules, device_kind, lora_rank)
             + adapter_bytes(shape, lora_rank, target_modules)
         ) / GIB
         raise BackendError(

@@ -45,6 +45,7 @@ from retrain.memory import (
     adapter_bytes,
     auto_micro_batch_tokens,
     block_bytes,
+    copy_adapter_bytes,
     decode_row_budget,
     fit_problem,
     largest_micro_batch,
@@ -670,7 +671,7 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
     the training device's free memory (`fit_problem`)."""
     opts, step, kind, dtype = plan["opts"], plan["step"], plan["kind"], plan["dtype"]
     if kind == "cuda" and plan["free"] is not None:  # the decoder's rows, as it sizes them
-        loaded = weight_bytes(shape, dtype, step.target_modules, kind)
+        loaded = weight_bytes(shape, dtype, step.target_modules, kind, step.lora_rank)
         loaded += adapter_bytes(shape, step.lora_rank, step.target_modules)
         rows = decode_row_budget(
             device_kind=kind,
@@ -686,8 +687,10 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
     parts = peak_memory(shape, step, **mem)
     gib = {k: v / 2**30 for k, v in parts.as_dict().items()}
     how = "auto" if opts["micro_batch_tokens"] == "auto" else "set"
+    beside = copy_adapter_bytes(shape, step.lora_rank, step.target_modules, dtype, kind)
+    own = f" (of which the sampler's own LoRA A and B {beside / 2**30:.2f})" if beside else ""
     note = (
-        f"weights {gib['weights']:.2f} + adapter {gib['adapter']:.2f} + the larger of "
+        f"weights {gib['weights']:.2f}{own} + adapter {gib['adapter']:.2f} + the larger of "
         f"sampling {gib['sampling']:.2f} and a training micro-batch of {size} positions "
         f"({how}) {gib['training']:.2f} GiB, +{parts.slack - 1:.0%} allocator slack, "
         f"+ {gib['runtime']:.1f} GiB runtime; prompts of ~{PROMPT_TOKENS_GUESS} tokens"

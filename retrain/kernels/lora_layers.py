@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import torch
 
-from retrain.hardware import f32_out_matmul
+from retrain.hardware import sums_in_f32
 from retrain.kernels.precision import mm_f32
 
 
@@ -116,15 +116,6 @@ def adapter_dtype(layer, input_dtype: torch.dtype) -> torch.dtype:
     if isinstance(lora_a(layer), InputDtypeLinear):
         return input_dtype
     return lora_a(layer).weight.dtype
-
-
-def sums_in_f32(device_type: str) -> bool:
-    """Whether a wholly bf16 model's LoRA linears on `device_type` add the adapter to the
-    base output in float32 (module docstring): where a bf16 matmul can give a float32
-    result without float32 copies of its operands (CUDA, torch >= 2.8), and on a CPU
-    (only its tests run the wholly bf16 layout there; the copies cost time, not the
-    answer). Elsewhere the sum is rounded twice, as PEFT's."""
-    return device_type == "cpu" or f32_out_matmul(device_type)
 
 
 def rounds_once(layer, input_dtype: torch.dtype, device_type: str) -> bool:

@@ -19,7 +19,7 @@ from retrain.build import build_backend
 from retrain.config import config_from_dict
 from retrain.errors import BackendError, TrainingError
 from retrain.kernels.packing import padded_area, split
-from retrain.memory import GIB, largest_micro_batch, shape_from_config
+from retrain.memory import GIB, copy_adapter_bytes, largest_micro_batch, shape_from_config
 from retrain.settings import LocalOptions
 from retrain.types import Datum, SamplingParams, TrainHyper
 
@@ -323,3 +323,30 @@ def test_the_metrics_row_carries_the_budget_and_the_retries(tiny_raw, tmp_path):
     assert train(config_from_dict(raw), console=QuietConsole()) == 0
     rows, _ = read_jsonl(tmp_path / "logs" / "metrics.jsonl")
     assert rows[-1]["micro_batch_tokens"] == 512 and rows[-1]["oom_retries"] == 0
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["cpu-layout", "whole-bf16"])
+def test_the_estimate_holds_the_sampling_copys_own_adapter_to_the_byte(
+    tiny_raw, tiny_model_dir, monkeypatch, whole
+):
+    """What `copy_adapter_bytes` counts is what the sampler's copy holds beside the
+    shared bf16 weights: every distinct storage of its A's and B's, the siblings' stacked
+    and block-diagonal ones included."""
+    import retrain.hardware as hardware
+
+    if whole:  # the GPU's layout on this CPU
+        monkeypatch.setattr(hardware, "WHOLE_BF16", frozenset({"cpu", "cuda"}))
+    raw = copy.deepcopy(tiny_raw)
+    raw["backend"]["options"]["dtype"] = "bf16"
+    b = make_backend(raw, tiny_model_dir)
+    storages = {}
+    for module in b.engine.copy.model.modules():
+        for name in ("a", "b"):
+            t = getattr(module, name, None)
+            if isinstance(t, torch.Tensor):
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    layers = b.model.config.num_hidden_layers  # q/k/v, gate/up, o, down: an A and a B each
+    assert len(storages) == 2 * 4 * layers
+    shape = shape_from_config(b.model.config.to_dict())
+    rank = raw["model"]["lora_rank"]
+    assert sum(storages.values()) == copy_adapter_bytes(shape, rank, (), "bf16", "cpu")

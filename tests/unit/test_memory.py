@@ -23,6 +23,7 @@ from retrain.memory import (
     StepSizes,
     adapter_bytes,
     auto_micro_batch_tokens,
+    copy_adapter_bytes,
     decode_row_budget,
     decoding_batches,
     fit_problem,
@@ -173,6 +174,33 @@ def test_weights_at_the_dtype_the_device_holds(monkeypatch):
     assert weight_bytes(s, "bf16", ("q_proj", "v_proj")) == weight_bytes(s, "bf16")
 
 
+def test_the_sampling_copys_own_adapter_is_counted_in_bf16(monkeypatch):
+    import retrain.memory as memory
+
+    s = QWEN3_4B
+    # a GPU, rounded once: A bf16, B float32; q/k/v one set (outs 4096 + 1024 + 1024 by
+    # 3 ranks), gate/up another (2 x 9728 by 2 ranks), o and down alone; per layer
+    # 32 x (3 x (2560 x 2 + 6144 x 4) + 2 x (2560 x 2 + 19456 x 4) + (4096 x 2 + 2560 x 4)
+    # + (9728 x 2 + 2560 x 4)) = 9,699,328 bytes, 0.33 GiB over 36 layers
+    monkeypatch.setattr(memory, "sums_in_f32", lambda kind: True)
+    assert copy_adapter_bytes(s, 32, (), "bf16", "cuda") == 36 * 9_699_328
+    want = weight_bytes(s, "bf16", (), "cuda") + 36 * 9_699_328
+    assert weight_bytes(s, "bf16", (), "cuda", 32) == want
+    # rounded twice (torch < 2.8 on CUDA): B bf16 too
+    monkeypatch.setattr(memory, "sums_in_f32", lambda kind: False)
+    per_layer = 32 * (3 * 8704 * 2 + 2 * 22_016 * 2 + 6656 * 2 + 12_288 * 2)
+    assert copy_adapter_bytes(s, 32, (), "bf16", "cuda") == 36 * per_layer
+    # a CPU's bf16 mode (float32 stream): A and B float32
+    assert copy_adapter_bytes(s, 32, (), "bf16", "cpu") == 36 * per_layer * 2
+    # a set with a member left unadapted runs apart: q and v alone, no block-diagonal B
+    alone = 32 * ((2560 + 4096) + (2560 + 1024)) * 4
+    assert copy_adapter_bytes(s, 32, ("q_proj", "v_proj"), "bf16", "cpu") == 36 * alone
+    # float32 merges the adapter into the copy's weights instead; no rank, nothing beside
+    assert copy_adapter_bytes(s, 32, (), "fp32", "cpu") == 0
+    assert weight_bytes(s, "fp32", (), "cpu", 32) == weight_bytes(s, "fp32")
+    assert weight_bytes(s, "bf16", (), "cpu", 0) == weight_bytes(s, "bf16")
+
+
 def test_adapter_is_float32_with_gradient_and_two_moments():
     in_out = 36 * ((2560 + 4096) * 2 + (2560 + 1024) * 2 + (2560 + 9728) * 3)
     assert adapter_bytes(QWEN3_4B, 32) == 32 * in_out * 4 * 4
@@ -230,9 +258,10 @@ def test_parts_worked_by_hand():
     parts = estimate(16)
     cpu = memory_model("cpu", "bf16")
     s = SMOLLM2
-    assert (
-        parts.weights == (s.params - s.block_params) * 4 + s.block_params * 2
-    )  # shared by the sampler
+    # shared by the sampler, which keeps its own float32 A and B (r16) beside them: q/k/v
+    # and gate/up each one stacked A and one block-diagonal B
+    beside = 16 * 30 * 4 * (3 * (576 + 960) + 2 * (576 + 3072) + (576 + 576) + (1536 + 576))
+    assert parts.weights == (s.params - s.block_params) * 4 + s.block_params * 2 + beside
     assert parts.adapter == 16 * 30 * (2 * (576 + 576) + 2 * (576 + 192) + 3 * (576 + 1536)) * 16
     # 64 rows of 256 + 24 positions: K and V per layer, float32; logits of the rows
     assert parts.sampling == 2 * 30 * 192 * 4 * 64 * 280 + 64 * 49152 * 12
