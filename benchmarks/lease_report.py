@@ -87,17 +87,17 @@ def device_line(results: dict[str, Any]) -> str:
         ),
         {},
     )
-    gpu = machine.get("gpu")
-    if not gpu:
-        return "measured on: (no item recorded its GPU)"
+    if not machine:
+        return "measured on: (no item recorded its machine)"
     versions = ", ".join(
         f"{k} {machine[k]}" for k in ("torch", "transformers", "peft", "trl") if machine.get(k)
     )
-    line = f"measured on: {gpu}" + (f" ({versions})" if versions else "")
+    gpu = machine.get("gpu")
+    if not gpu:  # the scripts' --smoke, on a CPU
+        return f"measured on: no GPU ({versions}): a rehearsal of the plumbing, not a measurement"
+    line = f"measured on: {gpu} ({versions})"
     if "H100" not in gpu:
-        line += (
-            "; the targets are H100 figures: not an H100, so met or not is not the issue's verdict"
-        )
+        line += "; the targets are H100 figures: not an H100, so met or not is not the verdict"
     return line
 
 

@@ -136,4 +136,4 @@ def test_the_report_names_the_gpu_and_says_when_it_is_not_the_targets_h100():
         {"headline": {**headline(step_s=7.0), "machine": h200}}
     ).splitlines()[0]
     assert first.startswith("measured on: NVIDIA H200 (") and "not an H100" in first
-    assert lease_report.report({}).splitlines()[0] == "measured on: (no item recorded its GPU)"
+    assert lease_report.report({}).splitlines()[0] == "measured on: (no item recorded its machine)"

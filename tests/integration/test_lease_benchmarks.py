@@ -1,0 +1,56 @@
+"""The lease's benchmark scripts end to end on this CPU (their `--smoke`: a tiny random
+model with the headline's code paths), then the lease's report over what they wrote: the
+contract between benchmarks/gpu.py's and benchmarks/memory_fit.py's JSON and
+benchmarks/lease_report.py's figures, which a GPU lease (rare, 15 minutes) would otherwise
+be the first to test. test_lease_report.py checks the report on hand-made JSON; this one
+on the scripts' own."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmark_module import load
+
+ROOT = Path(__file__).resolve().parents[2]
+lease_report = load("lease_report")
+
+
+def run(script: str, *args: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_the_lease_scripts_write_what_its_report_reads(tmp_path):
+    out = tmp_path / "lease"
+    run(
+        "gpu.py", "--smoke", "--what", "headline", "--only", "retrain", "--steps", "2",
+        "--rounds", "1", "--model-dir", str(tmp_path / "model"),
+        "--json", str(out / "headline.json"),
+    )  # fmt: skip
+    run("memory_fit.py", "--smoke", "--groups", "1,2", "--json", str(out / "memory_fit.json"))
+    headline = json.loads((out / "headline.json").read_text())
+    assert headline["finished"] and "failed" not in headline["summary"]["headline/retrain"]
+    steps = headline["runs"]["headline/retrain"][0]["steps"]
+    assert len(steps) == 2 and all(s["sampled_tokens"] == 2 * 2 * 8 for s in steps)
+
+    results = lease_report.load(out)
+    figures = lease_report.measured(results)
+    for what in ("sampling tok/s at the headline", "training s at the headline"):
+        assert figures[what] is not None and figures[what] > 0, what
+    step = headline["summary"]["headline/retrain"]
+    assert figures["step s at the headline"] == step["step_s"]
+    assert figures["sampling tok/s at the headline"] == step["sampling_tokens_per_s"]
+    assert figures["peak GPU GB at the headline"] is None  # no GPU here: nothing to read
+    text = lease_report.report(results)
+    assert text.splitlines()[0].startswith("measured on: no GPU (torch ")
+    fits = [line for line in text.splitlines() if line.startswith("memory fit, ")]
+    assert len(fits) == 2 and all("trained tok/s" in line for line in fits)
