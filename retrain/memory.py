@@ -294,6 +294,7 @@ class StepSizes:
     max_rows: int | None = None  # the decoder's row budget (None: SAMPLE_ROWS)
     checkpointing: bool = False  # [backend.options] checkpointing
     shards: int = 1  # [backend.options] shard = true under torchrun: the ranks
+    sampler_bf16: bool = False  # [inference] dtype = "bf16" on the pytorch engine
 
 
 @dataclass(frozen=True)
@@ -320,27 +321,51 @@ def weight_bytes(
     target_modules: Sequence[str] = (),
     device_kind: str = "cpu",
     lora_rank: int = 0,
+    sampler_bf16: bool = False,
 ) -> int:
     """The blocks' linears at `block_bytes(dtype)` (bf16 mode: 2), everything else
     (embeddings, output layer, norms, biases) at `rest_bytes` (float32 on a CPU, bf16 on
-    a GPU), as retrain/kernels/precision.py holds them. The sampler's copy
-    (retrain/engines/sampling_copy.py) shares them all (on a GPU with torch < 2.8 it adds
-    a float32 output layer), except in float32, where it holds W + scaling * B @ A for
-    each adapted linear, and in bf16 it holds its own A and B beside them
-    (`copy_adapter_bytes`, given `lora_rank`):
+    a GPU), as retrain/kernels/precision.py holds them, and what the sampler's copy holds
+    of its own (`sampler_copy_bytes`):
 
-        (params - block_params) x rest_bytes + block_params x block_bytes
-            [+ vocab x hidden x 4 on a GPU, torch < 2.8] [+ adapted x 4 in fp32]
-            [+ copy_adapter_bytes in bf16]"""
+        (params - block_params) x rest_bytes + block_params x block_bytes + copy"""
     rest = rest_bytes(dtype, device_kind)
     own = (shape.params - shape.block_params) * rest + shape.block_params * block_bytes(dtype)
-    if rest == 2 and not f32_out_matmul(device_kind):
-        # the sampling copy's float32 output layer (sampling_copy.Float32Head): torch
-        # before 2.8 cannot multiply the shared bf16 one into float32 logits
-        own += shape.vocab * shape.hidden * 4
-    if block_bytes(dtype) == 2:  # bf16: the adapter runs beside the shared bf16 weights
-        return own + copy_adapter_bytes(shape, lora_rank, target_modules, dtype, device_kind)
-    return own + shape.layers * sum(i * o for i, o in shape.adapted(target_modules).values()) * 4
+    copy = sampler_copy_bytes(shape, dtype, target_modules, device_kind, lora_rank, sampler_bf16)
+    return own + copy
+
+
+def sampler_copy_bytes(
+    shape: ModelShape,
+    dtype: str,
+    target_modules: Sequence[str] = (),
+    device_kind: str = "cpu",
+    lora_rank: int = 0,
+    sampler_bf16: bool = False,
+) -> int:
+    """What the in-process sampler's copy (retrain/engines/sampling_copy.py) holds
+    beside the trainer's weights, which it shares:
+
+    - float32: W + scaling * B @ A of each adapted linear, merged (adapted x 4);
+    - bf16: its own A and B beside the shared weights (`copy_adapter_bytes`, given
+      `lora_rank`), and on a wholly bf16 model where a bf16 matmul cannot give float32
+      logits (`f32_out_matmul`: a GPU with torch < 2.8) a float32 output layer
+      (`Float32Head`, vocab x hidden x 4);
+    - `sampler_bf16` (`[inference] dtype = "bf16"`) on a float32 model (a bf16 one
+      samples through its own bf16 matmuls, as above): a whole bf16 model of its own
+      (params x 2) and the adapter's float32 A and B beside it; where `f32_out_matmul`
+      does not hold, its output layer in float32 (`Float32Head`) instead of bf16, or
+      besides the bf16 input embeddings it is tied to."""
+    head = shape.vocab * shape.hidden * 4
+    beside = copy_adapter_bytes(shape, lora_rank, target_modules, dtype, device_kind, sampler_bf16)
+    if own_bf16_copy(dtype, sampler_bf16):
+        if not f32_out_matmul(device_kind):
+            beside += head if shape.tied_embeddings else head // 2  # 4 bytes, not 2
+        return shape.params * 2 + beside
+    if block_bytes(dtype) != 2:
+        return shape.layers * sum(i * o for i, o in shape.adapted(target_modules).values()) * 4
+    narrow_head = rest_bytes(dtype, device_kind) == 2 and not f32_out_matmul(device_kind)
+    return beside + (head if narrow_head else 0)
 
 
 def copy_adapter_bytes(
@@ -349,18 +374,19 @@ def copy_adapter_bytes(
     target_modules: Sequence[str] = (),
     dtype: str = "bf16",
     device_kind: str = "cpu",
+    sampler_bf16: bool = False,
 ) -> int:
-    """The sampler's own A and B beside bf16 weights (bf16 mode; float32 merges them
-    into the weights instead), in the dtypes the trainer computes them in: A in bf16 on
-    a wholly bf16 model (a GPU), else float32; B float32 where the sum is rounded once
-    (`hardware.sums_in_f32`), else as A. A set of `SIBLINGS`, all adapted, runs as one:
-    its A's stacked and its B's set block-diagonally, so its B holds
-    (sum of outs) x (members x rank) values. Per layer:
+    """The sampler's own A and B beside bf16 weights (bf16 mode, or a bf16 copy of its
+    own: `sampler_bf16`; float32 merges them into the weights instead), in the dtypes the
+    trainer computes them in: A in bf16 on a wholly bf16 model (a GPU), else float32; B
+    float32 where the sum is rounded once (`hardware.sums_in_f32`), else as A. A set of
+    `SIBLINGS`, all adapted, runs as one: its A's stacked and its B's set
+    block-diagonally, so its B holds (sum of outs) x (members x rank) values. Per layer:
 
         sum over sets and lone projections of rank x members x (in x a + outs x b)"""
-    if block_bytes(dtype) != 2 or not lora_rank:
-        return 0
     whole = whole_model_bf16(dtype, device_kind)
+    if not lora_rank or (block_bytes(dtype) != 2 and not own_bf16_copy(dtype, sampler_bf16)):
+        return 0
     a = 2 if whole else 4
     b = 4 if whole and sums_in_f32(device_kind) else a
     adapted = shape.adapted(target_modules)
@@ -371,6 +397,19 @@ def copy_adapter_bytes(
         inputs, outs = adapted[names[0]][0], sum(adapted[n][1] for n in names)
         per_layer += lora_rank * len(names) * (inputs * a + outs * b)
     return shape.layers * per_layer
+
+
+def own_bf16_copy(dtype: str, sampler_bf16: bool) -> bool:
+    """Whether the sampler holds a bf16 model of its own: `[inference] dtype = "bf16"` on
+    a float32 trainer (on a bf16 one the engine samples through the trainer's bf16
+    matmuls: retrain/engines/pytorch.py `bind`)."""
+    return sampler_bf16 and dtype == "fp32"
+
+
+def kv_value_bytes(dtype: str, device_kind: str, sampler_bf16: bool = False) -> int:
+    """Bytes of a KV cache value: the sampling model's residual stream's (`rest_bytes`),
+    2 for a bf16 copy of its own (`own_bf16_copy`)."""
+    return 2 if own_bf16_copy(dtype, sampler_bf16) else rest_bytes(dtype, device_kind)
 
 
 def adapter_bytes(shape: ModelShape, lora_rank: int, target_modules: Sequence[str] = ()) -> int:
@@ -410,13 +449,15 @@ def training_memory(
     lora_rank: int,
     target_modules: Sequence[str] = (),
     checkpointing: bool = False,
+    sampler_bf16: bool = False,
 ) -> PeakMemory:
     """The peak while training a micro-batch of `micro_batch_tokens` positions, sampling
-    left out (what the micro-batch size moves; all the run-start check knows):
+    left out (what the micro-batch size moves; all the run-start check knows), the
+    weights with a bf16 sampling copy of their own where `sampler_bf16`:
 
         total = (weights + adapter + training) x slack + runtime"""
     model = memory_model(device_kind, dtype)
-    weights = weight_bytes(shape, dtype, target_modules, device_kind, lora_rank)
+    weights = weight_bytes(shape, dtype, target_modules, device_kind, lora_rank, sampler_bf16)
     adapter = adapter_bytes(shape, lora_rank, target_modules)
     residual = rest_bytes(dtype, device_kind)
     training = training_bytes(shape, micro_batch_tokens, model, checkpointing, residual)
@@ -454,10 +495,11 @@ def peak_memory(
         lora_rank=step.lora_rank,
         target_modules=step.target_modules,
         checkpointing=step.checkpointing,
+        sampler_bf16=step.sampler_bf16,
     )
     rows = sampling_rows(step.batch_size, step.group_size, step.prompt_batch, step.max_rows)
     tokens = step.prompt_tokens + step.max_tokens
-    kv = shape.kv_bytes_per_token(rest_bytes(dtype, device_kind))
+    kv = shape.kv_bytes_per_token(kv_value_bytes(dtype, device_kind, step.sampler_bf16))
     sampling = rows * (kv * tokens + shape.logit_bytes_per_row())
     if step.shards > 1:
         return _sharded_peak(shape, step, train, sampling, dtype, device_kind)

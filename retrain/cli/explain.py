@@ -45,14 +45,14 @@ from retrain.memory import (
     adapter_bytes,
     auto_micro_batch_tokens,
     block_bytes,
-    copy_adapter_bytes,
     decode_row_budget,
     fit_problem,
+    kv_value_bytes,
     largest_micro_batch,
     memory_model,
     params_in_name,
     peak_memory,
-    rest_bytes,
+    sampler_copy_bytes,
     training_memory,
     weight_bytes,
 )
@@ -671,12 +671,15 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
     the training device's free memory (`fit_problem`)."""
     opts, step, kind, dtype = plan["opts"], plan["step"], plan["kind"], plan["dtype"]
     if kind == "cuda" and plan["free"] is not None:  # the decoder's rows, as it sizes them
-        loaded = weight_bytes(shape, dtype, step.target_modules, kind, step.lora_rank)
+        loaded = weight_bytes(
+            shape, dtype, step.target_modules, kind, step.lora_rank, step.sampler_bf16
+        )
         loaded += adapter_bytes(shape, step.lora_rank, step.target_modules)
+        kv = kv_value_bytes(dtype, kind, step.sampler_bf16)
         rows = decode_row_budget(
             device_kind=kind,
             free_bytes=max(plan["free"] - loaded, 0),
-            kv_bytes_per_token=shape.kv_bytes_per_token(rest_bytes(dtype, kind)),
+            kv_bytes_per_token=shape.kv_bytes_per_token(kv),
             logit_bytes_per_row=shape.logit_bytes_per_row(),
             max_len=step.prompt_tokens + step.max_tokens,
         )
@@ -687,8 +690,10 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
     parts = peak_memory(shape, step, **mem)
     gib = {k: v / 2**30 for k, v in parts.as_dict().items()}
     how = "auto" if opts["micro_batch_tokens"] == "auto" else "set"
-    beside = copy_adapter_bytes(shape, step.lora_rank, step.target_modules, dtype, kind)
-    own = f" (of which the sampler's own LoRA A and B {beside / 2**30:.2f})" if beside else ""
+    copy_ = sampler_copy_bytes(
+        shape, dtype, step.target_modules, kind, step.lora_rank, step.sampler_bf16
+    )
+    own = f" (of which the sampler's copy {copy_ / 2**30:.2f})" if copy_ else ""
     note = (
         f"weights {gib['weights']:.2f}{own} + adapter {gib['adapter']:.2f} + the larger of "
         f"sampling {gib['sampling']:.2f} and a training micro-batch of {size} positions "
@@ -789,6 +794,8 @@ def memory_estimate(config: Config, world: World | None = None) -> dict[str, Any
             target_modules=tuple(config.lora.target_modules),
             checkpointing=bool(opts.get("checkpointing", False)),
             shards=world.size if world and opts.get("shard") is True else 1,
+            # the in-process engine's own bf16 copy (a whole one on a float32 trainer)
+            sampler_bf16=config.inference.engine == "pytorch" and config.inference.dtype == "bf16",
         ),
     }
     out: dict[str, Any] = {

@@ -52,6 +52,7 @@ from retrain.kernels.lora_layers import (
 from retrain.kernels.norms import FUSED_NORM_DEVICES, fuse_rms_norms
 from retrain.kernels.precision import (
     bf16_linears,
+    bf16_weights,
     linear_f32,
     share_sibling_storage,
     sibling_sets,
@@ -239,12 +240,18 @@ class SamplingCopy:
                 inner = plain
             setattr(parent, attr, inner)
             slots.append((layer, parent, attr, merge))
-        if not same:
-            copy_.to(dtype)
-            if dtype == torch.bfloat16:
-                # the tiled bf16 layer: on a CPU its matmuls run in a fixed set of row
-                # counts, so oneDNN's per-shape kernel caches stop growing (precision.py)
-                bf16_linears(copy_)
+        if not same:  # a bf16 copy of its own: `[inference] dtype = "bf16"`
+            if dtype != torch.bfloat16:
+                raise ValueError(f"a sampling copy of its own is bf16, not {dtype}")
+            # The parameters only: the buffers (the rotary frequencies) stay float32, as
+            # in the trainer and in a bf16 model transformers loads, so the rotary angles
+            # are the trainer's. (Rounded to bf16, each moved by up to 2^-9 of position x
+            # frequency; on 1k positions of text the logprobs moved no more than bf16's
+            # own noise, RoPE's angles being relative.)
+            bf16_weights(copy_)
+            # the tiled bf16 layer: on a CPU its matmuls run in a fixed set of row
+            # counts, so oneDNN's per-shape kernel caches stop growing (precision.py)
+            bf16_linears(copy_)
             share_sibling_storage(copy_)
         head = copy_.get_output_embeddings()
         if type(head) is torch.nn.Linear and head.weight.dtype != torch.float32:

@@ -19,7 +19,13 @@ from retrain.build import build_backend
 from retrain.config import config_from_dict
 from retrain.errors import BackendError, TrainingError
 from retrain.kernels.packing import padded_area, split
-from retrain.memory import GIB, copy_adapter_bytes, largest_micro_batch, shape_from_config
+from retrain.memory import (
+    GIB,
+    copy_adapter_bytes,
+    largest_micro_batch,
+    sampler_copy_bytes,
+    shape_from_config,
+)
 from retrain.settings import LocalOptions
 from retrain.types import Datum, SamplingParams, TrainHyper
 
@@ -350,3 +356,32 @@ def test_the_estimate_holds_the_sampling_copys_own_adapter_to_the_byte(
     shape = shape_from_config(b.model.config.to_dict())
     rank = raw["model"]["lora_rank"]
     assert sum(storages.values()) == copy_adapter_bytes(shape, rank, (), "bf16", "cpu")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_estimate_holds_a_bf16_sampling_copy_of_its_own_to_the_byte(
+    tiny_raw, tiny_model_dir, dtype
+):
+    """`[inference] dtype = "bf16"`: on a float32 trainer the copy is a bf16 model of its
+    own, with a float32 output layer (this tiny model's is not tied) and the adapter's A
+    and B beside it; on a CPU's bf16 trainer it adds nothing but those A and B. Every
+    storage the copy holds and the trainer does not is what `sampler_copy_bytes` counts
+    (the rotary frequencies aside: a few hundred bytes of buffers)."""
+    raw = copy.deepcopy(tiny_raw)
+    raw["backend"]["options"]["dtype"] = dtype
+    raw["inference"] = {"dtype": "bf16"}
+    b = make_backend(raw, tiny_model_dir)
+    trainer = {t.untyped_storage().data_ptr() for t in [*b.model.parameters(), *b.model.buffers()]}
+    own = {}
+    for name, t in [*b.engine.copy.model.named_parameters(), *b.engine.copy.model.named_buffers()]:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in trainer and "inv_freq" not in name:
+            own[ptr] = t.untyped_storage().nbytes()
+    shape = shape_from_config(b.model.config.to_dict())
+    rank = raw["model"]["lora_rank"]
+    want = sampler_copy_bytes(shape, dtype, (), "cpu", rank, sampler_bf16=True)
+    assert sum(own.values()) == want
+    if dtype == "fp32":  # the whole model once more, in bf16
+        assert want > shape.params * 2
+    else:  # a bf16 trainer's own bf16 matmuls: only the adapter's copies beside them
+        assert want == copy_adapter_bytes(shape, rank, (), "bf16", "cpu")

@@ -27,10 +27,12 @@ from retrain.memory import (
     decode_row_budget,
     decoding_batches,
     fit_problem,
+    kv_value_bytes,
     largest_micro_batch,
     memory_model,
     params_in_name,
     peak_memory,
+    sampler_copy_bytes,
     sampling_rows,
     shape_from_config,
     training_memory,
@@ -199,6 +201,36 @@ def test_the_sampling_copys_own_adapter_is_counted_in_bf16(monkeypatch):
     assert copy_adapter_bytes(s, 32, (), "fp32", "cpu") == 0
     assert weight_bytes(s, "fp32", (), "cpu", 32) == weight_bytes(s, "fp32")
     assert weight_bytes(s, "bf16", (), "cpu", 0) == weight_bytes(s, "bf16")
+
+
+def test_a_bf16_sampling_copy_of_its_own_on_a_float32_trainer(monkeypatch):
+    import dataclasses
+
+    import retrain.memory as memory
+
+    s = QWEN3_4B  # tied embeddings
+    per_layer = 32 * (3 * 8704 + 2 * 22_016 + 6656 + 12_288) * 4  # A and B float32
+    head = s.vocab * s.hidden * 4
+    trainer = s.params * 4
+    # on a CPU: the whole model in bf16, its tied output layer copied to float32 besides
+    got = weight_bytes(s, "fp32", (), "cpu", 32, sampler_bf16=True)
+    assert got == trainer + s.params * 2 + head + 36 * per_layer
+    # no merged float32 copies then: the bf16 copy is the sampler's
+    assert got < weight_bytes(s, "fp32", (), "cpu", 32) + s.params * 2 + head + 36 * per_layer
+    # untied: the output layer is float32 instead of bf16 (2 bytes more a value)
+    untied = dataclasses.replace(s, tied_embeddings=False)
+    got = sampler_copy_bytes(untied, "fp32", (), "cpu", 32, sampler_bf16=True)
+    assert got == untied.params * 2 + head // 2 + 36 * per_layer
+    # on a GPU whose bf16 matmuls give float32 logits, no float32 output layer at all
+    monkeypatch.setattr(memory, "f32_out_matmul", lambda kind: kind == "cuda")
+    got = sampler_copy_bytes(s, "fp32", (), "cuda", 32, sampler_bf16=True)
+    assert got == s.params * 2 + 36 * per_layer
+    # its KV cache is bf16; a bf16 trainer samples through its own matmuls, unchanged
+    assert kv_value_bytes("fp32", "cpu", sampler_bf16=True) == 2
+    assert kv_value_bytes("bf16", "cpu", sampler_bf16=True) == 4
+    assert sampler_copy_bytes(s, "bf16", (), "cpu", 32, True) == sampler_copy_bytes(
+        s, "bf16", (), "cpu", 32
+    )
 
 
 def test_adapter_is_float32_with_gradient_and_two_moments():

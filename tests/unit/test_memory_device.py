@@ -218,7 +218,7 @@ def test_explain_sizes_auto_to_an_80_gib_gpu(tmp_path, capsys, monkeypatch, no_c
     # it, its float32 logits read the bf16 output layer), not 15 GiB of float32; beside it
     # the sampler's own A (bf16) and B (float32) of the r32 adapter, 0.33 GiB
     assert float(line.split("weights ")[1].split(" ")[0]) == 7.82
-    assert "(of which the sampler's own LoRA A and B 0.33)" in line
+    assert "(of which the sampler's copy 0.33)" in line
 
 
 def test_explain_refuses_a_micro_batch_over_the_gpu(tmp_path, capsys, monkeypatch, no_caches):

@@ -225,6 +225,23 @@ def test_bf16_logprobs_are_the_bf16_models_own():
         assert abs(s.logprobs - fp32.double().numpy()).max() < 0.2  # bf16 vs fp32, bounded
 
 
+def test_a_bf16_copy_of_its_own_keeps_the_rotary_frequencies_float32():
+    """`[inference] dtype = "bf16"` on a float32 model: its parameters in bf16, its
+    buffers as the trainer's (float32 rotary frequencies, as transformers loads a bf16
+    model), so the sampler's rotary angles are the trainer's."""
+    model = tiny_peft()
+    copy_ = PyTorchEngine(model, {0}, 0, torch.device("cpu"), dtype="bf16").copy.model
+    frozen = [p for p in copy_.parameters() if p.is_floating_point()]
+    assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)
+    ours = dict(copy_.named_buffers())
+    theirs = {n.removeprefix("base_model.model."): b for n, b in model.named_buffers()}
+    rotary = [n for n in ours if "inv_freq" in n]
+    assert rotary
+    for name in rotary:
+        assert ours[name].dtype == torch.float32
+        assert torch.equal(ours[name], theirs[name])
+
+
 # ---------------------------------------------------------------- sibling projections
 
 
