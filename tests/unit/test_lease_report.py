@@ -137,3 +137,19 @@ def test_the_report_names_the_gpu_and_says_when_it_is_not_the_targets_h100():
     ).splitlines()[0]
     assert first.startswith("measured on: NVIDIA H200 (") and "not an H100" in first
     assert lease_report.report({}).splitlines()[0] == "measured on: (no item recorded its machine)"
+
+
+def test_without_the_leases_own_trl_the_recorded_anchor_is_said_apart():
+    results = {"headline": headline(step_s=11.0)}
+    text = lease_report.report(results)
+    assert rows(text)["step speed-up over TRL"][1:] == ["-", "not run"]  # never the verdict
+    assert "TRL did not run here; against its recorded anchor" in text
+    assert "6.0x its median (66 s), 3.4x its best (37 s)" in text
+    results["trl"] = {"summary": {"headline/trl": {"step_s": 55.0}}}
+    assert "recorded anchor" not in lease_report.report(results)
+
+
+def test_the_quickstarts_speed_up_over_trl_of_the_same_invocation():
+    quick = {"quickstart/retrain": {"step_s": 0.4}, "quickstart/trl": {"step_s": 3.0}}
+    text = lease_report.report({"quickstart": {"summary": quick}})
+    assert "quickstart speed-up over TRL: 7.5x" in text
