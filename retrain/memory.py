@@ -301,8 +301,7 @@ class StepSizes:
 class PeakMemory:
     """Bytes of each part of a local step's peak on one device, and the total."""
 
-    weights: float  # base weights, and the sampler copy's merged adapted linears (float32)
-    # or its own A and B beside the shared weights (bf16)
+    weights: float  # the trainer's weights and what the sampler's copy holds of its own
     adapter: float  # LoRA weights, their gradients and two Adam moments
     sampling: float  # KV cache and logits of the rows decoded at once
     training: float  # one micro-batch's activations and logit chunk
