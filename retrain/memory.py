@@ -294,7 +294,10 @@ class StepSizes:
     max_rows: int | None = None  # the decoder's row budget (None: SAMPLE_ROWS)
     checkpointing: bool = False  # [backend.options] checkpointing
     shards: int = 1  # [backend.options] shard = true under torchrun: the ranks
-    sampler_bf16: bool = False  # [inference] dtype = "bf16" on the pytorch engine
+    # the sampler on this device: "auto" (the in-process engine's copy, in the trainer's
+    # dtype), "bf16" (its `[inference] dtype = "bf16"` copy) or None (a server engine, or
+    # the other device of split mode)
+    sampler: str | None = "auto"
 
 
 @dataclass(frozen=True)
@@ -320,7 +323,7 @@ def weight_bytes(
     target_modules: Sequence[str] = (),
     device_kind: str = "cpu",
     lora_rank: int = 0,
-    sampler_bf16: bool = False,
+    sampler: str | None = "auto",
 ) -> int:
     """The blocks' linears at `block_bytes(dtype)` (bf16 mode: 2), everything else
     (embeddings, output layer, norms, biases) at `rest_bytes` (float32 on a CPU, bf16 on
@@ -330,7 +333,7 @@ def weight_bytes(
         (params - block_params) x rest_bytes + block_params x block_bytes + copy"""
     rest = rest_bytes(dtype, device_kind)
     own = (shape.params - shape.block_params) * rest + shape.block_params * block_bytes(dtype)
-    copy = sampler_copy_bytes(shape, dtype, target_modules, device_kind, lora_rank, sampler_bf16)
+    copy = sampler_copy_bytes(shape, dtype, target_modules, device_kind, lora_rank, sampler)
     return own + copy
 
 
@@ -340,24 +343,27 @@ def sampler_copy_bytes(
     target_modules: Sequence[str] = (),
     device_kind: str = "cpu",
     lora_rank: int = 0,
-    sampler_bf16: bool = False,
+    sampler: str | None = "auto",
 ) -> int:
     """What the in-process sampler's copy (retrain/engines/sampling_copy.py) holds
-    beside the trainer's weights, which it shares:
+    beside the trainer's weights, which it shares (nothing where `sampler` is None: no
+    sampler on this device):
 
     - float32: W + scaling * B @ A of each adapted linear, merged (adapted x 4);
     - bf16: its own A and B beside the shared weights (`copy_adapter_bytes`, given
       `lora_rank`), and on a wholly bf16 model where a bf16 matmul cannot give float32
       logits (`f32_out_matmul`: a GPU with torch < 2.8) a float32 output layer
       (`Float32Head`, vocab x hidden x 4);
-    - `sampler_bf16` (`[inference] dtype = "bf16"`) on a float32 model (a bf16 one
+    - `sampler` "bf16" (`[inference] dtype = "bf16"`) on a float32 model (a bf16 one
       samples through its own bf16 matmuls, as above): a whole bf16 model of its own
       (params x 2) and the adapter's float32 A and B beside it; where `f32_out_matmul`
       does not hold, its output layer in float32 (`Float32Head`) instead of bf16, or
       besides the bf16 input embeddings it is tied to."""
     head = shape.vocab * shape.hidden * 4
-    beside = copy_adapter_bytes(shape, lora_rank, target_modules, dtype, device_kind, sampler_bf16)
-    if own_bf16_copy(dtype, sampler_bf16):
+    if sampler is None:
+        return 0
+    beside = copy_adapter_bytes(shape, lora_rank, target_modules, dtype, device_kind, sampler)
+    if own_bf16_copy(dtype, sampler):
         if not f32_out_matmul(device_kind):
             beside += head if shape.tied_embeddings else head // 2  # 4 bytes, not 2
         return shape.params * 2 + beside
@@ -373,10 +379,10 @@ def copy_adapter_bytes(
     target_modules: Sequence[str] = (),
     dtype: str = "bf16",
     device_kind: str = "cpu",
-    sampler_bf16: bool = False,
+    sampler: str | None = "auto",
 ) -> int:
     """The sampler's own A and B beside bf16 weights (bf16 mode, or a bf16 copy of its
-    own: `sampler_bf16`; float32 merges them into the weights instead), in the dtypes the
+    own: `own_bf16_copy`; float32 merges them into the weights instead), in the dtypes the
     trainer computes them in: A in bf16 on a wholly bf16 model (a GPU), else float32; B
     float32 where the sum is rounded once (`hardware.sums_in_f32`), else as A. A set of
     `SIBLINGS`, all adapted, runs as one: its A's stacked and its B's set
@@ -384,7 +390,9 @@ def copy_adapter_bytes(
 
         sum over sets and lone projections of rank x members x (in x a + outs x b)"""
     whole = whole_model_bf16(dtype, device_kind)
-    if not lora_rank or (block_bytes(dtype) != 2 and not own_bf16_copy(dtype, sampler_bf16)):
+    if not lora_rank or sampler is None:
+        return 0
+    if block_bytes(dtype) != 2 and not own_bf16_copy(dtype, sampler):
         return 0
     a = 2 if whole else 4
     b = 4 if whole and sums_in_f32(device_kind) else a
@@ -398,17 +406,17 @@ def copy_adapter_bytes(
     return shape.layers * per_layer
 
 
-def own_bf16_copy(dtype: str, sampler_bf16: bool) -> bool:
+def own_bf16_copy(dtype: str, sampler: str | None) -> bool:
     """Whether the sampler holds a bf16 model of its own: `[inference] dtype = "bf16"` on
     a float32 trainer (on a bf16 one the engine samples through the trainer's bf16
     matmuls: retrain/engines/pytorch.py `bind`)."""
-    return sampler_bf16 and dtype == "fp32"
+    return sampler == "bf16" and dtype == "fp32"
 
 
-def kv_value_bytes(dtype: str, device_kind: str, sampler_bf16: bool = False) -> int:
+def kv_value_bytes(dtype: str, device_kind: str, sampler: str | None = "auto") -> int:
     """Bytes of a KV cache value: the sampling model's residual stream's (`rest_bytes`),
     2 for a bf16 copy of its own (`own_bf16_copy`)."""
-    return 2 if own_bf16_copy(dtype, sampler_bf16) else rest_bytes(dtype, device_kind)
+    return 2 if own_bf16_copy(dtype, sampler) else rest_bytes(dtype, device_kind)
 
 
 def adapter_bytes(shape: ModelShape, lora_rank: int, target_modules: Sequence[str] = ()) -> int:
@@ -448,15 +456,15 @@ def training_memory(
     lora_rank: int,
     target_modules: Sequence[str] = (),
     checkpointing: bool = False,
-    sampler_bf16: bool = False,
+    sampler: str | None = "auto",
 ) -> PeakMemory:
     """The peak while training a micro-batch of `micro_batch_tokens` positions, sampling
     left out (what the micro-batch size moves; all the run-start check knows), the
-    weights with a bf16 sampling copy of their own where `sampler_bf16`:
+    weights with what the `sampler` on this device holds of its own (`weight_bytes`):
 
         total = (weights + adapter + training) x slack + runtime"""
     model = memory_model(device_kind, dtype)
-    weights = weight_bytes(shape, dtype, target_modules, device_kind, lora_rank, sampler_bf16)
+    weights = weight_bytes(shape, dtype, target_modules, device_kind, lora_rank, sampler)
     adapter = adapter_bytes(shape, lora_rank, target_modules)
     residual = rest_bytes(dtype, device_kind)
     training = training_bytes(shape, micro_batch_tokens, model, checkpointing, residual)
@@ -494,12 +502,13 @@ def peak_memory(
         lora_rank=step.lora_rank,
         target_modules=step.target_modules,
         checkpointing=step.checkpointing,
-        sampler_bf16=step.sampler_bf16,
+        sampler=step.sampler,
     )
     rows = sampling_rows(step.batch_size, step.group_size, step.prompt_batch, step.max_rows)
     tokens = step.prompt_tokens + step.max_tokens
-    kv = shape.kv_bytes_per_token(kv_value_bytes(dtype, device_kind, step.sampler_bf16))
-    sampling = rows * (kv * tokens + shape.logit_bytes_per_row())
+    kv = shape.kv_bytes_per_token(kv_value_bytes(dtype, device_kind, step.sampler))
+    # a server engine's KV cache is the server's, not this device's
+    sampling = 0 if step.sampler is None else rows * (kv * tokens + shape.logit_bytes_per_row())
     if step.shards > 1:
         return _sharded_peak(shape, step, train, sampling, dtype, device_kind)
     live = train.weights + train.adapter + max(sampling, train.training)
@@ -546,6 +555,7 @@ def largest_micro_batch(
     lora_rank: int,
     target_modules: Sequence[str] = (),
     checkpointing: bool = False,
+    sampler: str | None = "auto",
 ) -> int:
     """The largest micro-batch, a multiple of MICRO_BATCH_STEP positions up to
     MICRO_BATCH_MAX, whose training peak fits HEADROOM x free_bytes:
@@ -564,6 +574,7 @@ def largest_micro_batch(
             lora_rank=lora_rank,
             target_modules=target_modules,
             checkpointing=checkpointing,
+            sampler=sampler,
         )
         if peak.total > budget:
             break  # the peak grows with n
@@ -580,6 +591,7 @@ def auto_micro_batch_tokens(
     lora_rank: int,
     target_modules: Sequence[str] = (),
     checkpointing: bool = False,
+    sampler: str | None = "auto",
 ) -> int:
     """`[backend.options] micro_batch_tokens = "auto"`: CPU_MICRO_BATCH (512) on a CPU or
     MPS, so their runs do not change; on CUDA `largest_micro_batch` of the free memory.
@@ -600,10 +612,11 @@ def auto_micro_batch_tokens(
         lora_rank=lora_rank,
         target_modules=target_modules,
         checkpointing=checkpointing,
+        sampler=sampler,
     )
     if n == 0:
         fixed = (
-            weight_bytes(shape, dtype, target_modules, device_kind, lora_rank)
+            weight_bytes(shape, dtype, target_modules, device_kind, lora_rank, sampler)
             + adapter_bytes(shape, lora_rank, target_modules)
         ) / GIB
         raise BackendError(

@@ -53,7 +53,6 @@ from retrain.memory import (
     params_in_name,
     peak_memory,
     sampler_copy_bytes,
-    training_memory,
     weight_bytes,
 )
 from retrain.models import HubAsk, ask_hub, model_shape
@@ -660,22 +659,35 @@ def _micro_batch(opts: dict[str, Any], shape: ModelShape, plan: dict[str, Any]) 
             lora_rank=plan["step"].lora_rank,
             target_modules=plan["step"].target_modules,
             checkpointing=plan["step"].checkpointing,
+            sampler=plan["step"].sampler,
         )
     except BackendError as exc:
         plan["errors"].append(str(exc))
         return 0
 
 
+def _sampler(config: Config) -> str | None:
+    """What samples on the training device (`StepSizes.sampler`): None for a server
+    engine (its KV cache and weights are the server's) and in split mode (the other
+    device's); else the in-process engine's copy, "bf16" where it applies `[inference]
+    dtype = "bf16"` (its EngineTraits), "auto" otherwise."""
+    entry = registry.ENGINES.entry(config.inference.engine)
+    traits = entry.engine_traits if entry is not None else None
+    devices = [d.strip() for d in config.backend.devices.split(",")]
+    if traits is None or not traits.in_process or devices[0] != devices[-1]:
+        return None
+    return "bf16" if config.inference.dtype == "bf16" and "bf16" in traits.dtypes else "auto"
+
+
 def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> dict[str, Any]:
     """`peak_memory` of the local step from the model's shape, and the estimate against
     the training device's free memory (`fit_problem`)."""
     opts, step, kind, dtype = plan["opts"], plan["step"], plan["kind"], plan["dtype"]
-    if kind == "cuda" and plan["free"] is not None:  # the decoder's rows, as it sizes them
-        loaded = weight_bytes(
-            shape, dtype, step.target_modules, kind, step.lora_rank, step.sampler_bf16
-        )
+    if kind == "cuda" and plan["free"] is not None and step.sampler is not None:
+        # the decoder's rows, as it sizes them
+        loaded = weight_bytes(shape, dtype, step.target_modules, kind, step.lora_rank, step.sampler)
         loaded += adapter_bytes(shape, step.lora_rank, step.target_modules)
-        kv = kv_value_bytes(dtype, kind, step.sampler_bf16)
+        kv = kv_value_bytes(dtype, kind, step.sampler)
         rows = decode_row_budget(
             device_kind=kind,
             free_bytes=max(plan["free"] - loaded, 0),
@@ -691,14 +703,21 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
     gib = {k: v / 2**30 for k, v in parts.as_dict().items()}
     how = "auto" if opts["micro_batch_tokens"] == "auto" else "set"
     copy_ = sampler_copy_bytes(
-        shape, dtype, step.target_modules, kind, step.lora_rank, step.sampler_bf16
+        shape, dtype, step.target_modules, kind, step.lora_rank, step.sampler
     )
     own = f" (of which the sampler's copy {copy_ / 2**30:.2f})" if copy_ else ""
+    micro = f"a training micro-batch of {size} positions ({how}) {gib['training']:.2f} GiB"
+    if step.sampler is None:  # a server engine, or split mode's other device
+        entry = registry.ENGINES.entry(config.inference.engine)
+        beside = entry is not None and entry.engine_traits and entry.engine_traits.in_process
+        where = "the other device's" if beside else "the server's"
+        parts_text = f"{micro} (sampling is {where})"
+    else:
+        parts_text = f"the larger of sampling {gib['sampling']:.2f} and {micro}"
     note = (
-        f"weights {gib['weights']:.2f}{own} + adapter {gib['adapter']:.2f} + the larger of "
-        f"sampling {gib['sampling']:.2f} and a training micro-batch of {size} positions "
-        f"({how}) {gib['training']:.2f} GiB, +{parts.slack - 1:.0%} allocator slack, "
-        f"+ {gib['runtime']:.1f} GiB runtime; prompts of ~{PROMPT_TOKENS_GUESS} tokens"
+        f"weights {gib['weights']:.2f}{own} + adapter {gib['adapter']:.2f} + {parts_text}, "
+        f"+{parts.slack - 1:.0%} allocator slack, + {gib['runtime']:.1f} GiB runtime; "
+        f"prompts of ~{PROMPT_TOKENS_GUESS} tokens"
     )
     if step.shards > 1:
         note += (
@@ -714,18 +733,6 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
     out = {"peak_memory_gib": round(gib["total"], 2), "micro_batch_tokens": chosen}
     out["memory_note"] = note
     if plan["free"] is not None and chosen:
-        # split mode: the training device holds no sampler, so only training is checked
-        checked = (
-            parts
-            if "," not in config.backend.devices
-            else training_memory(
-                shape,
-                lora_rank=step.lora_rank,
-                target_modules=step.target_modules,
-                checkpointing=step.checkpointing,
-                **mem,
-            )
-        )
         largest = largest_micro_batch(
             shape,
             device_kind=kind,
@@ -734,9 +741,10 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
             lora_rank=step.lora_rank,
             target_modules=step.target_modules,
             checkpointing=step.checkpointing,
+            sampler=step.sampler,
         )
         out["memory_problem"] = fit_problem(
-            checked,
+            parts,  # split mode and a server engine: training alone (`StepSizes.sampler`)
             free_bytes=plan["free"],
             total_bytes=plan["total"],
             where=plan["where"],
@@ -795,7 +803,7 @@ def memory_estimate(config: Config, world: World | None = None) -> dict[str, Any
             checkpointing=bool(opts.get("checkpointing", False)),
             shards=world.size if world and opts.get("shard") is True else 1,
             # the in-process engine's own bf16 copy (a whole one on a float32 trainer)
-            sampler_bf16=config.inference.engine == "pytorch" and config.inference.dtype == "bf16",
+            sampler=_sampler(config),
         ),
     }
     out: dict[str, Any] = {

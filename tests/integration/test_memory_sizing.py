@@ -379,7 +379,7 @@ def test_the_estimate_holds_a_bf16_sampling_copy_of_its_own_to_the_byte(
             own[ptr] = t.untyped_storage().nbytes()
     shape = shape_from_config(b.model.config.to_dict())
     rank = raw["model"]["lora_rank"]
-    want = sampler_copy_bytes(shape, dtype, (), "cpu", rank, sampler_bf16=True)
+    want = sampler_copy_bytes(shape, dtype, (), "cpu", rank, sampler="bf16")
     assert sum(own.values()) == want
     if dtype == "fp32":  # the whole model once more, in bf16
         assert want > shape.params * 2

@@ -213,22 +213,22 @@ def test_a_bf16_sampling_copy_of_its_own_on_a_float32_trainer(monkeypatch):
     head = s.vocab * s.hidden * 4
     trainer = s.params * 4
     # on a CPU: the whole model in bf16, its tied output layer copied to float32 besides
-    got = weight_bytes(s, "fp32", (), "cpu", 32, sampler_bf16=True)
+    got = weight_bytes(s, "fp32", (), "cpu", 32, sampler="bf16")
     assert got == trainer + s.params * 2 + head + 36 * per_layer
     # no merged float32 copies then: the bf16 copy is the sampler's
     assert got < weight_bytes(s, "fp32", (), "cpu", 32) + s.params * 2 + head + 36 * per_layer
     # untied: the output layer is float32 instead of bf16 (2 bytes more a value)
     untied = dataclasses.replace(s, tied_embeddings=False)
-    got = sampler_copy_bytes(untied, "fp32", (), "cpu", 32, sampler_bf16=True)
+    got = sampler_copy_bytes(untied, "fp32", (), "cpu", 32, sampler="bf16")
     assert got == untied.params * 2 + head // 2 + 36 * per_layer
     # on a GPU whose bf16 matmuls give float32 logits, no float32 output layer at all
     monkeypatch.setattr(memory, "f32_out_matmul", lambda kind: kind == "cuda")
-    got = sampler_copy_bytes(s, "fp32", (), "cuda", 32, sampler_bf16=True)
+    got = sampler_copy_bytes(s, "fp32", (), "cuda", 32, sampler="bf16")
     assert got == s.params * 2 + 36 * per_layer
     # its KV cache is bf16; a bf16 trainer samples through its own matmuls, unchanged
-    assert kv_value_bytes("fp32", "cpu", sampler_bf16=True) == 2
-    assert kv_value_bytes("bf16", "cpu", sampler_bf16=True) == 4
-    assert sampler_copy_bytes(s, "bf16", (), "cpu", 32, True) == sampler_copy_bytes(
+    assert kv_value_bytes("fp32", "cpu", sampler="bf16") == 2
+    assert kv_value_bytes("bf16", "cpu", sampler="bf16") == 4
+    assert sampler_copy_bytes(s, "bf16", (), "cpu", 32, "bf16") == sampler_copy_bytes(
         s, "bf16", (), "cpu", 32
     )
 

@@ -221,6 +221,40 @@ def test_explain_sizes_auto_to_an_80_gib_gpu(tmp_path, capsys, monkeypatch, no_c
     assert "(of which the sampler's copy 0.33)" in line
 
 
+def test_explain_counts_a_bf16_sampling_copy_of_its_own(tmp_path, capsys, monkeypatch, no_caches):
+    """`[inference] dtype = "bf16"` on a float32 trainer: the in-process engine samples
+    from a bf16 model of its own, which the estimate holds beside the float32 weights
+    (4.02B x 2 bytes, 7.49 GiB, and its float32 A and B: 0.38 GiB), instead of the merged
+    float32 linears; a server engine holds neither on the training device."""
+    import retrain.memory as memory
+
+    simulate(monkeypatch, cuda0=(79.1, 79.6))
+    monkeypatch.setattr(memory, "f32_out_matmul", lambda kind: kind == "cuda")
+    base = qwen_config(tmp_path, 'dtype = "fp32"', "micro_batch_tokens = 1024")
+    text = base.read_text()
+    plain = memory_line(explain(base, capsys)[1])
+    base.write_text(text + '[inference]\ndtype = "bf16"\n')
+    line = memory_line(explain(base, capsys)[1])
+    assert "(of which the sampler's copy 7.87)" in line
+    merged = float(plain.split("(of which the sampler's copy ")[1].split(")")[0])
+    weights = [float(x.split("weights ")[1].split(" ")[0]) for x in (plain, line)]
+    # float32 weights (~15 GiB), then the merged copies give way to the bf16 model
+    assert weights[1] == pytest.approx(weights[0] - merged + 7.87, abs=0.011)
+    # a server engine samples on the server: no copy, no KV cache on the training device
+    base.write_text(text + '[inference]\nengine = "vllm"\nurl = "http://127.0.0.1:9"\n')
+    served = memory_line(explain(base, capsys)[1])
+    assert "(of which the sampler's copy" not in served and "(sampling is the server's)" in served
+    assert float(served.split("weights ")[1].split(" ")[0]) == pytest.approx(
+        weights[0] - merged, abs=0.011
+    )
+    # split mode: the sampler is on the first GPU, the estimate is of the last (training)
+    simulate(monkeypatch, cuda0=(79.1, 79.6), cuda1=(79.1, 79.6))
+    base.write_text(text.replace('devices = "gpu:0"', 'devices = "gpu:0,gpu:1"'))
+    split = memory_line(explain(base, capsys)[1])
+    assert "(sampling is the other device's)" in split
+    assert "(of which the sampler's copy" not in split
+
+
 def test_explain_refuses_a_micro_batch_over_the_gpu(tmp_path, capsys, monkeypatch, no_caches):
     simulate(monkeypatch, cuda0=(79.1, 79.6))
     auto = explain(qwen_config(tmp_path), capsys)[2]["estimates"]["micro_batch_tokens"]
