@@ -194,10 +194,7 @@ class LocalBackend:
         self.infer_device = devices[0]
         self.split_mode = len(devices) > 1
         self.bf16 = use_bf16(self.options.dtype, self.train_device)
-        # what samples on the training device: the in-process engine's copy, or nothing
-        # (a server engine; split mode's sampler is on the other device)
-        beside = engine.traits.in_process and self.infer_device == self.train_device
-        self._size_memory(model, say, "auto" if beside else None)
+        self._size_memory(model, say, self._sampler_here(engine))
         if settings.seed >= 0:  # LoRA init draws from the global RNG
             torch.manual_seed(settings.seed)
         self.model = self._load_model(model, say)
@@ -231,6 +228,14 @@ class LocalBackend:
             f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'}, micro_batch_tokens={self.options.micro_batch_tokens}, attention={flex.label(self._flex_from)})."
         )
 
+    def _sampler_here(self, engine: Engine | UnboundEngine) -> str | None:
+        """What samples on the training device (`memory.StepSizes.sampler`): the
+        in-process engine's copy ("bf16": `[inference] dtype = "bf16"`), or nothing (a
+        server engine; split mode's sampler is on the other device)."""
+        if not engine.traits.in_process or self.infer_device != self.train_device:
+            return None
+        return "bf16" if engine.dtype == "bf16" else "auto"
+
     def _size_memory(self, model, say: Callable[[str], None], sampler: str | None = "auto") -> None:
         """Before the model loads (retrain/memory.py): `micro_batch_tokens = "auto"`
         resolved (512 on a CPU; on CUDA the largest micro-batch whose training peak fits
@@ -243,7 +248,7 @@ class LocalBackend:
         lora = self.settings.lora
         sizing = dict(device_kind=device.type, dtype=dtype, lora_rank=lora.rank)
         sizing.update(target_modules=lora.target_modules, checkpointing=opts.checkpointing)
-        sizing.update(sampler=sampler)  # `[inference] dtype = "bf16"`'s copy: counted as auto
+        sizing.update(sampler=sampler)
         self._sizing, self._shape = sizing, None  # for _room_for_training
         if device.type != "cuda":  # CPU and MPS: auto is the CPU-measured 512, no check
             if opts.micro_batch_tokens == "auto":

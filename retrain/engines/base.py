@@ -56,10 +56,13 @@ class InProcessEngine(Engine, Protocol):
 
 
 class UnboundEngine(Protocol):
-    """What an in-process engine's factory returns: bound to the model by the backend."""
+    """What an in-process engine's factory returns: bound to the model by the backend.
+    `dtype`: the `[inference] dtype` it samples in ("auto", or one of its traits'
+    `dtypes`), which the backend's memory sizing counts before it binds."""
 
     name: str
     traits: EngineTraits
+    dtype: str
 
     def bind(
         self,

@@ -96,6 +96,10 @@ class UnboundPyTorchEngine:
     name: str = "pytorch"
     traits: EngineTraits = TRAITS
 
+    @property
+    def dtype(self) -> str:
+        return self.settings.dtype
+
     def bind(
         self,
         model,

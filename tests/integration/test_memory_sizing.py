@@ -371,6 +371,7 @@ def test_the_estimate_holds_a_bf16_sampling_copy_of_its_own_to_the_byte(
     raw["backend"]["options"]["dtype"] = dtype
     raw["inference"] = {"dtype": "bf16"}
     b = make_backend(raw, tiny_model_dir)
+    assert b._sizing["sampler"] == "bf16"  # what the backend's own sizing counts too
     trainer = {t.untyped_storage().data_ptr() for t in [*b.model.parameters(), *b.model.buffers()]}
     own = {}
     for name, t in [*b.engine.copy.model.named_parameters(), *b.engine.copy.model.named_buffers()]:
