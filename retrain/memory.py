@@ -359,9 +359,9 @@ def sampler_copy_bytes(
       (params x 2) and the adapter's float32 A and B beside it; where `f32_out_matmul`
       does not hold, its output layer in float32 (`Float32Head`) instead of bf16, or
       besides the bf16 input embeddings it is tied to."""
-    head = shape.vocab * shape.hidden * 4
     if sampler is None:
         return 0
+    head = shape.vocab * shape.hidden * 4
     beside = copy_adapter_bytes(shape, lora_rank, target_modules, dtype, device_kind, sampler)
     if own_bf16_copy(dtype, sampler):
         if not f32_out_matmul(device_kind):
@@ -389,11 +389,11 @@ def copy_adapter_bytes(
     block-diagonally, so its B holds (sum of outs) x (members x rank) values. Per layer:
 
         sum over sets and lone projections of rank x members x (in x a + outs x b)"""
-    whole = whole_model_bf16(dtype, device_kind)
     if not lora_rank or sampler is None:
         return 0
     if block_bytes(dtype) != 2 and not own_bf16_copy(dtype, sampler):
         return 0
+    whole = whole_model_bf16(dtype, device_kind)
     a = 2 if whole else 4
     b = 4 if whole and sums_in_f32(device_kind) else a
     adapted = shape.adapted(target_modules)
@@ -404,6 +404,16 @@ def copy_adapter_bytes(
         inputs, outs = adapted[names[0]][0], sum(adapted[n][1] for n in names)
         per_layer += lora_rank * len(names) * (inputs * a + outs * b)
     return shape.layers * per_layer
+
+
+def sampler_on_device(in_process: bool, same_device: bool, engine_dtype: str) -> str | None:
+    """`StepSizes.sampler` for the training device: None for a server engine (its weights
+    and KV cache are the server's) or in split mode (the sampler is on the other device);
+    else the in-process engine's copy, "bf16" where it samples in `[inference] dtype =
+    "bf16"`, "auto" otherwise. explain and the local backend both ask here."""
+    if not in_process or not same_device:
+        return None
+    return "bf16" if engine_dtype == "bf16" else "auto"
 
 
 def own_bf16_copy(dtype: str, sampler: str | None) -> bool:

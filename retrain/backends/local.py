@@ -79,6 +79,7 @@ from retrain.memory import (
     fit_problem,
     largest_micro_batch,
     memory_model,
+    sampler_on_device,
     shape_from_config,
     training_memory,
 )
@@ -194,7 +195,11 @@ class LocalBackend:
         self.infer_device = devices[0]
         self.split_mode = len(devices) > 1
         self.bf16 = use_bf16(self.options.dtype, self.train_device)
-        self._size_memory(model, say, self._sampler_here(engine))
+        in_process = engine.traits.in_process  # only an unbound in-process engine has a dtype
+        here = sampler_on_device(
+            in_process, self.infer_device == self.train_device, engine.dtype if in_process else ""
+        )
+        self._size_memory(model, say, here)
         if settings.seed >= 0:  # LoRA init draws from the global RNG
             torch.manual_seed(settings.seed)
         self.model = self._load_model(model, say)
@@ -227,14 +232,6 @@ class LocalBackend:
         say(
             f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'}, micro_batch_tokens={self.options.micro_batch_tokens}, attention={flex.label(self._flex_from)})."
         )
-
-    def _sampler_here(self, engine: Engine | UnboundEngine) -> str | None:
-        """What samples on the training device (`memory.StepSizes.sampler`): the
-        in-process engine's copy ("bf16": `[inference] dtype = "bf16"`), or nothing (a
-        server engine; split mode's sampler is on the other device)."""
-        if not engine.traits.in_process or self.infer_device != self.train_device:
-            return None
-        return "bf16" if engine.dtype == "bf16" else "auto"
 
     def _size_memory(self, model, say: Callable[[str], None], sampler: str | None = "auto") -> None:
         """Before the model loads (retrain/memory.py): `micro_batch_tokens = "auto"`

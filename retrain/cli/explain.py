@@ -53,10 +53,11 @@ from retrain.memory import (
     params_in_name,
     peak_memory,
     sampler_copy_bytes,
+    sampler_on_device,
     weight_bytes,
 )
 from retrain.models import HubAsk, ask_hub, model_shape
-from retrain.types import BackendCapabilities
+from retrain.types import BackendCapabilities, EngineTraits
 from retrain.world import World
 
 
@@ -568,8 +569,7 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
             "engine": config.inference.engine,
             "url": config.inference.url or None,
         }
-        engine = registry.ENGINES.entry(config.inference.engine)
-        traits = engine.engine_traits if engine is not None else None
+        traits = _engine_traits(config)
         if config.backend.backend == "local" and traits is not None and traits.in_process:
             sampler = device_kind(config)  # checked by the config's validation
             opts = _local_options(config)
@@ -666,17 +666,24 @@ def _micro_batch(opts: dict[str, Any], shape: ModelShape, plan: dict[str, Any]) 
         return 0
 
 
-def _sampler(config: Config) -> str | None:
-    """What samples on the training device (`StepSizes.sampler`): None for a server
-    engine (its KV cache and weights are the server's) and in split mode (the other
-    device's); else the in-process engine's copy, "bf16" where it applies `[inference]
-    dtype = "bf16"` (its EngineTraits), "auto" otherwise."""
+def _engine_traits(config: Config) -> EngineTraits | None:
+    """The `[inference]` engine's traits from its registry entry (None: not registered)."""
     entry = registry.ENGINES.entry(config.inference.engine)
-    traits = entry.engine_traits if entry is not None else None
+    return entry.engine_traits if entry is not None else None
+
+
+def _sampler(config: Config) -> str | None:
+    """What samples on the training device (`memory.sampler_on_device`), from the
+    engine's traits (the dtype only where the engine applies it) and the devices."""
+    traits = _engine_traits(config)
     devices = [d.strip() for d in config.backend.devices.split(",")]
-    if traits is None or not traits.in_process or devices[0] != devices[-1]:
-        return None
-    return "bf16" if config.inference.dtype == "bf16" and "bf16" in traits.dtypes else "auto"
+    in_process = traits is not None and traits.in_process
+    dtype = (
+        config.inference.dtype
+        if traits is not None and config.inference.dtype in traits.dtypes
+        else "auto"
+    )
+    return sampler_on_device(in_process, devices[0] == devices[-1], dtype)
 
 
 def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> dict[str, Any]:
@@ -708,9 +715,8 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
     own = f" (of which the sampler's copy {copy_ / 2**30:.2f})" if copy_ else ""
     micro = f"a training micro-batch of {size} positions ({how}) {gib['training']:.2f} GiB"
     if step.sampler is None:  # a server engine, or split mode's other device
-        entry = registry.ENGINES.entry(config.inference.engine)
-        beside = entry is not None and entry.engine_traits and entry.engine_traits.in_process
-        where = "the other device's" if beside else "the server's"
+        traits = _engine_traits(config)
+        where = "the other device's" if traits and traits.in_process else "the server's"
         parts_text = f"{micro} (sampling is {where})"
     else:
         parts_text = f"the larger of sampling {gib['sampling']:.2f} and {micro}"
@@ -802,7 +808,6 @@ def memory_estimate(config: Config, world: World | None = None) -> dict[str, Any
             target_modules=tuple(config.lora.target_modules),
             checkpointing=bool(opts.get("checkpointing", False)),
             shards=world.size if world and opts.get("shard") is True else 1,
-            # the in-process engine's own bf16 copy (a whole one on a float32 trainer)
             sampler=_sampler(config),
         ),
     }
