@@ -329,7 +329,7 @@ def _local_estimate(config: Any) -> dict[str, Any] | None:
     backend, or no estimate)."""
     if config is None or config.backend.backend != "local":
         return None
-    from retrain.cli.explain import memory_estimate
+    from retrain.cli.estimates import memory_estimate
 
     try:
         estimate = memory_estimate(config)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 from retrain import registry
-from retrain.backends.base import BackendInfo, backend_info, backend_options
+from retrain.backends.base import BackendInfo, backend_info
 from retrain.build import backend_problems, engine_problems, world_of
 from retrain.build import startup_problems as run_startup_problems
 from retrain.campaign.expand import (
@@ -23,41 +23,22 @@ from retrain.campaign.expand import (
     expand_run,
 )
 from retrain.cli.args import split_config_args
+from retrain.cli.estimates import engine_traits, estimates, local_options, training_device
 from retrain.cli.run import is_standalone_squeeze, refuse_overwrite
 from retrain.config import DEFAULT_CONFIG, Config, load_config, load_dotenv
 from retrain.config.validate import (
     device_kind,
-    device_part,
     flow_problems,
     static_token_varying,
 )
 from retrain.engines.decoders import decoder_for, sharded_problem
 from retrain.engines.decoders import describe as describe_decoder
-from retrain.errors import BackendError, ConfigError, PluginError
-from retrain.hardware import device_memory, matmul_dtype, no_native_bf16, whole_model_bf16
+from retrain.errors import ConfigError, PluginError
+from retrain.hardware import matmul_dtype, no_native_bf16, whole_model_bf16
 from retrain.kernels import flex
 from retrain.logs import ownership
-from retrain.memory import (
-    MICRO_BATCH_STEP,
-    FitProblem,
-    ModelShape,
-    StepSizes,
-    adapter_bytes,
-    auto_micro_batch_tokens,
-    block_bytes,
-    decode_row_budget,
-    fit_problem,
-    kv_value_bytes,
-    largest_micro_batch,
-    memory_model,
-    params_in_name,
-    peak_memory,
-    sampler_copy_bytes,
-    sampler_on_device,
-    weight_bytes,
-)
-from retrain.models import HubAsk, ask_hub, model_shape
-from retrain.types import BackendCapabilities, EngineTraits
+from retrain.models import HubAsk, ask_hub
+from retrain.types import BackendCapabilities
 from retrain.world import World
 
 
@@ -504,7 +485,7 @@ def _where(config: Config, path: str, key: str) -> str:
 
 
 # ----------------------------------------------------------------------------- resolved
-# settings and estimates
+# settings (the estimates: retrain/cli/estimates.py)
 
 
 def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
@@ -550,8 +531,8 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
         "devices": None if "[backend] devices" in ignored else config.backend.devices,
     }
     if config.backend.backend == "local":
-        opts = _local_options(config)
-        _, kind, index = _training_device(config)
+        opts = local_options(config)
+        _, kind, index = training_device(config)
         out["matmuls"] = matmul_dtype(opts["dtype"], kind, index)
         if opts["dtype"] == "auto" and kind == "cuda" and out["matmuls"] == "fp32":
             out["matmuls_why"] = no_native_bf16(index)
@@ -569,318 +550,16 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
             "engine": config.inference.engine,
             "url": config.inference.url or None,
         }
-        traits = _engine_traits(config)
+        traits = engine_traits(config)
         if config.backend.backend == "local" and traits is not None and traits.in_process:
             sampler = device_kind(config)  # checked by the config's validation
-            opts = _local_options(config)
+            opts = local_options(config)
             option, sharded = opts["decode"], opts.get("shard") is True
             if sharded and sharded_problem(option, sampler):  # a config error of its own
                 out["inference"]["decode"] = f"{option} (refused with shard = true)"
             else:
                 decoder = decoder_for(option, sampler, sharded)
                 out["inference"]["decode"] = describe_decoder(decoder, sampler)
-    return out
-
-
-def _local_options(config: Config) -> dict[str, Any]:
-    """The local backend's options (its defaults when another backend is configured)."""
-    given = config.backend.options if config.backend.backend == "local" else {}
-    return backend_options("local", given)
-
-
-# Effective FLOP/s of a step's sampling (2 x params per sampled token) and training (6 x
-# params per trained token) by device kind, every completion taken at max_tokens: what
-# retrain measured, so an estimate reproduces those runs and is rough anywhere else.
-# cuda: one H100 80GB at the headline shape (Qwen3-4B's shapes, 8 x 16 completions of
-# 256 tokens; sampling 5.1 s, training 5.0 s a step: docs/performance.md "On a CUDA GPU");
-# cpu: the quickstart on 2 cores (SmolLM2-135M, 4 x 8 of 24 tokens; medians of 90 steps,
-# sampling 2.28 s, training 1.27 s: benchmarks/results/quickstart.json). MPS: none.
-_EFFECTIVE_FLOPS = {"cuda": (5.2e13, 1.6e14), "cpu": (9e10, 4.9e11)}
-_MEASURED_ON = {"cuda": "an H100 at Qwen3-4B's shapes", "cpu": "2 CPU cores at the quickstart"}
-# A step's least time on a GPU, whatever its FLOPs: the quickstart on an H100 took a
-# median 0.61 s, ~100x what its FLOPs at the rates above would take (docs/performance.md).
-_STEP_FLOOR_S = {"cuda": 0.6}
-PROMPT_TOKENS_GUESS = 256  # prompt length assumed by the memory estimate
-
-
-def _recent_rates(config: Config) -> dict[str, Any] | None:
-    """Median time per step and sampled tokens per second of the run in [logging] log_dir,
-    when it has logged steps."""
-    import statistics
-    from pathlib import Path
-
-    from retrain.logs.rundir import RunDir, as_number
-
-    path = Path(config.logging.log_dir)
-    if not (path / "metrics.jsonl").is_file():
-        return None
-    rows = RunDir(path).step_rows
-    times = [v for r in rows if (v := as_number(r.get("step_time_s"))) is not None]
-    if not times:
-        return None
-    rates = [
-        tokens / secs
-        for r in rows
-        if (tokens := as_number(r.get("tokens_generated"))) is not None
-        and (secs := as_number(r.get("time_sampling_s")))
-    ]
-    return {
-        "log_dir": str(path),
-        "steps": len(times),
-        "median_step_s": statistics.median(times),
-        "sampled_tokens_per_s": statistics.median(rates) if rates else None,
-    }
-
-
-def _training_device(config: Config) -> tuple[str, str, int]:
-    """(as written, kind, index) of `[backend] devices`' last entry: the device that trains."""
-    part = device_part(config, last=True)
-    index = int(part.split(":")[1]) if ":" in part else 0
-    return part, device_kind(config, last=True), index
-
-
-def _gib(value: float | None) -> float | None:
-    return None if value is None else round(value / 2**30, 2)
-
-
-def _micro_batch(opts: dict[str, Any], shape: ModelShape, plan: dict[str, Any]) -> int | None:
-    """The micro-batch the run would train with: the option's number, or "auto" resolved
-    as the backend resolves it at start (None: that needs free memory unknown here)."""
-    if opts["micro_batch_tokens"] != "auto":
-        return opts["micro_batch_tokens"]
-    if plan["kind"] == "cuda" and plan["free"] is None:
-        return None
-    try:
-        return auto_micro_batch_tokens(
-            shape,
-            device_kind=plan["kind"],
-            dtype=plan["dtype"],
-            free_bytes=plan["free"],
-            lora_rank=plan["step"].lora_rank,
-            target_modules=plan["step"].target_modules,
-            checkpointing=plan["step"].checkpointing,
-            sampler=plan["step"].sampler,
-        )
-    except BackendError as exc:
-        plan["errors"].append(str(exc))
-        return 0
-
-
-def _engine_traits(config: Config) -> EngineTraits | None:
-    """The `[inference]` engine's traits from its registry entry (None: not registered)."""
-    entry = registry.ENGINES.entry(config.inference.engine)
-    return entry.engine_traits if entry is not None else None
-
-
-def _sampler(config: Config) -> str | None:
-    """What samples on the training device (`memory.sampler_on_device`), from the
-    engine's traits (the dtype only where the engine applies it) and the devices."""
-    traits = _engine_traits(config)
-    devices = [d.strip() for d in config.backend.devices.split(",")]
-    in_process = traits is not None and traits.in_process
-    dtype = (
-        config.inference.dtype
-        if traits is not None and config.inference.dtype in traits.dtypes
-        else "auto"
-    )
-    return sampler_on_device(in_process, devices[0] == devices[-1], dtype)
-
-
-def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> dict[str, Any]:
-    """`peak_memory` of the local step from the model's shape, and the estimate against
-    the training device's free memory (`fit_problem`)."""
-    opts, step, kind, dtype = plan["opts"], plan["step"], plan["kind"], plan["dtype"]
-    if kind == "cuda" and plan["free"] is not None and step.sampler is not None:
-        # the decoder's rows, as it sizes them
-        loaded = weight_bytes(shape, dtype, step.target_modules, kind, step.lora_rank, step.sampler)
-        loaded += adapter_bytes(shape, step.lora_rank, step.target_modules)
-        kv = kv_value_bytes(dtype, kind, step.sampler)
-        rows = decode_row_budget(
-            device_kind=kind,
-            free_bytes=max(plan["free"] - loaded, 0),
-            kv_bytes_per_token=shape.kv_bytes_per_token(kv),
-            logit_bytes_per_row=shape.logit_bytes_per_row(),
-            max_len=step.prompt_tokens + step.max_tokens,
-        )
-        step = replace(step, max_rows=rows)
-    chosen = _micro_batch(opts, shape, plan)
-    size = chosen or MICRO_BATCH_STEP  # unknown: auto's smallest, so a lower bound
-    mem = dict(micro_batch_tokens=size, device_kind=kind, dtype=dtype)
-    parts = peak_memory(shape, step, **mem)
-    gib = {k: v / 2**30 for k, v in parts.as_dict().items()}
-    how = "auto" if opts["micro_batch_tokens"] == "auto" else "set"
-    copy_ = sampler_copy_bytes(
-        shape, dtype, step.target_modules, kind, step.lora_rank, step.sampler
-    )
-    own = f" (of which the sampler's copy {copy_ / 2**30:.2f})" if copy_ else ""
-    micro = f"a training micro-batch of {size} positions ({how}) {gib['training']:.2f} GiB"
-    if step.sampler is None:  # a server engine, or split mode's other device
-        traits = _engine_traits(config)
-        where = "the other device's" if traits and traits.in_process else "the server's"
-        parts_text = f"{micro} (sampling is {where})"
-    else:
-        parts_text = f"the larger of sampling {gib['sampling']:.2f} and {micro}"
-    note = (
-        f"weights {gib['weights']:.2f}{own} + adapter {gib['adapter']:.2f} + {parts_text}, "
-        f"+{parts.slack - 1:.0%} allocator slack, + {gib['runtime']:.1f} GiB runtime; "
-        f"prompts of ~{PROMPT_TOKENS_GUESS} tokens"
-    )
-    if step.shards > 1:
-        note += (
-            f"; shard = true: training holds {gib['training_weights']:.2f} GiB of weights "
-            f"(the blocks / {step.shards}), sampling gathers them whole"
-        )
-    if not step.prompt_batch:  # with prompt_batch > 0 sampling grows with the group
-        note += "; does not grow with the group size"
-    if chosen is None:
-        note += f"; auto is sized at start to {plan['where']}'s free memory (unknown here)"
-    if not memory_model(kind, dtype).calibrated:
-        note += f"; the {kind} memory model is not calibrated yet"
-    out = {"peak_memory_gib": round(gib["total"], 2), "micro_batch_tokens": chosen}
-    out["memory_note"] = note
-    if plan["free"] is not None and chosen:
-        largest = largest_micro_batch(
-            shape,
-            device_kind=kind,
-            dtype=dtype,
-            free_bytes=plan["free"],
-            lora_rank=step.lora_rank,
-            target_modules=step.target_modules,
-            checkpointing=step.checkpointing,
-            sampler=step.sampler,
-        )
-        out["memory_problem"] = fit_problem(
-            parts,  # split mode and a server engine: training alone (`StepSizes.sampler`)
-            free_bytes=plan["free"],
-            total_bytes=plan["total"],
-            where=plan["where"],
-            micro_batch_tokens=chosen,
-            largest=largest,
-            calibrated=bool(memory_model(kind, dtype).calibrated),
-        )
-    return out
-
-
-def _named_memory(params: int, plan: dict[str, Any]) -> dict[str, Any]:
-    """The weights alone from the parameter count in the model's name, at the device's
-    block dtype (a lower bound: no config.json on disk for the rest)."""
-    weights = params * block_bytes(plan["dtype"])
-    out: dict[str, Any] = {"peak_memory_gib": round(weights / 2**30, 2)}
-    out["memory_note"] = (
-        f"at least the weights at {block_bytes(plan['dtype'])} bytes each ({plan['dtype']}; "
-        "size from the model name, no config.json on disk for the rest)"
-    )
-    if plan["free"] is not None and weights > plan["free"]:
-        out["memory_problem"] = FitProblem(
-            "error",
-            f"[model] model: the weights alone need ~{weights / 2**30:.1f} GiB, "
-            f"{plan['where']} has {plan['free'] / 2**30:.1f} GiB free. Fix: a smaller model, "
-            "a device with more memory, or a remote backend",
-        )
-    return out
-
-
-def memory_estimate(config: Config, world: World | None = None) -> dict[str, Any]:
-    """The local step's peak memory on its training device (retrain/memory.py), that
-    device's free and total memory (retrain/hardware.py, no torch), and `memory_problem`:
-    a FitProblem when the estimate comes near or over the free memory."""
-    opts = _local_options(config)
-    where, kind, index = _training_device(config)
-    found = device_memory(kind, index)
-    free, total = found if found is not None else (None, None)
-    t = config.training
-    plan = {
-        "opts": opts,
-        "where": where,
-        "kind": kind,
-        "dtype": matmul_dtype(opts["dtype"], kind, index),
-        "free": free,
-        "total": total,
-        "errors": [],
-        "step": StepSizes(
-            # under torchrun each rank holds its share of the batch (and its own device)
-            batch_size=max(1, t.batch_size // (world.size if world else 1)),
-            group_size=t.group_size,
-            max_tokens=t.max_tokens,
-            prompt_tokens=PROMPT_TOKENS_GUESS,
-            prompt_batch=opts["prompt_batch"],
-            lora_rank=config.model.lora_rank,
-            target_modules=tuple(config.lora.target_modules),
-            checkpointing=bool(opts.get("checkpointing", False)),
-            shards=world.size if world and opts.get("shard") is True else 1,
-            sampler=_sampler(config),
-        ),
-    }
-    out: dict[str, Any] = {
-        "device": where,
-        "device_free_gib": _gib(free),
-        "device_total_gib": _gib(total),
-        "micro_batch_tokens": None,
-        "memory_problem": None,
-    }
-    shape = model_shape(config.model.model)
-    params = params_in_name(config.model.model)
-    if shape is not None:
-        out.update(_shape_memory(config, shape, plan))
-    elif params is not None:
-        out.update(_named_memory(params, plan))
-    else:
-        out["peak_memory_gib"] = None
-        out["memory_note"] = "unknown model size (no config.json on disk, no size in the name)"
-    if plan["errors"]:
-        out["memory_problem"] = FitProblem("error", plan["errors"][0])
-    problem = out["memory_problem"]
-    out["memory_problem"] = None if problem is None else asdict(problem)
-    return out
-
-
-def estimates(config: Config, info: BackendInfo, world: World | None = None) -> dict[str, Any]:
-    """Rough peak memory and wall time per step. Memory: `memory_estimate` (the local
-    step on its device, compared with the device's free memory). Time: a recent run's
-    measured median when [logging] log_dir has one, else FLOPs (2 x params per sampled
-    token, 6 x params per trained token) over the effective rates retrain measured on the
-    device kind (`_EFFECTIVE_FLOPS`; none for MPS)."""
-    t = config.training
-    completions = t.batch_size * t.group_size
-    tokens = completions * t.max_tokens
-    out: dict[str, Any] = {"sampled_tokens_per_step": tokens}
-    remote = "[backend] devices" in info.ignores
-    shape = model_shape(config.model.model)
-    params = shape.params if shape is not None else params_in_name(config.model.model)
-    out["model_params"] = params
-    device = device_kind(config)
-    if remote:
-        out["peak_memory_gib"] = None
-        out["memory_note"] = f"the model runs on the {info.name} service"
-    else:
-        out.update(memory_estimate(config, world))
-    recent = _recent_rates(config)
-    out["recent_run"] = recent
-    if recent is not None:
-        out["step_time_s"] = round(recent["median_step_s"], 2)
-        out["step_time_source"] = f"median of {recent['steps']} steps logged in {recent['log_dir']}"
-    elif params is not None and not remote and device in _EFFECTIVE_FLOPS:
-        sampling_rate, training_rate = _EFFECTIVE_FLOPS[device]
-        sampling = 2 * params * tokens / sampling_rate
-        training = 6 * params * tokens / training_rate
-        floor = _STEP_FLOOR_S.get(device, 0.0)
-        out["step_time_s"] = round(max(floor, sampling + training), 2)
-        least = (
-            f"; at least the {floor:g} s the quickstart took on an H100"
-            if floor > sampling + training
-            else ""
-        )
-        out["step_time_source"] = (
-            f"rough: sampling ~{sampling:.2g} s + training ~{training:.2g} s, scaled by "
-            f"parameters x tokens from what retrain measured on {_MEASURED_ON[device]}{least}; "
-            "every completion at max_tokens. Run a few steps for a measured median"
-        )
-    else:
-        why = "remote service" if remote else "unknown model size"
-        if not remote and params is not None:
-            why = f"no rate measured on {device}"
-        out["step_time_s"] = None
-        out["step_time_source"] = f"no estimate ({why}; run a few steps)"
     return out
 
 

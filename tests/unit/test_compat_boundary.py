@@ -194,6 +194,7 @@ def _imported_modules(rel: str) -> set[str]:
         # (the advantages' circle ran through the adapters, now in compat: see above)
         # doctor runs explain's checks; explain does not reach back
         ("cli/explain.py", ("retrain.cli.doctor",)),
+        ("cli/estimates.py", ("retrain.cli.doctor", "retrain.cli.explain")),
     ],
 )
 def test_a_removed_import_circle_stays_removed(rel, forbidden):

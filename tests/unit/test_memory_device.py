@@ -12,7 +12,7 @@ import pytest
 from test_memory import QWEN3_4B_CONFIG
 
 from retrain.cli import doctor
-from retrain.cli import explain as explain_cli
+from retrain.cli import estimates as estimates_cli
 from retrain.cli.main import main
 from retrain.hardware import (
     compute_capability,
@@ -162,7 +162,7 @@ def simulate(
         found = devices.get("cpu" if kind == "cpu" else f"{kind}{index}")
         return None if found is None else (int(found[0] * GIB), int(found[1] * GIB))
 
-    monkeypatch.setattr(explain_cli, "device_memory", memory)
+    monkeypatch.setattr(estimates_cli, "device_memory", memory)
     monkeypatch.setattr("retrain.hardware.device_memory", memory)
     gpus = len([k for k in devices if k.startswith("cuda")])
     monkeypatch.setattr("retrain.hardware.cuda_device_count", lambda **kw: gpus)
