@@ -98,9 +98,11 @@ measure() {
     --rounds 1 --model-dir $RAND --child-timeout 150 --json "$OUT/headline.json"
   item quickstart 150 80 python3 benchmarks/gpu.py --what quickstart --only retrain,trl --steps 15 \
     --rounds 1 --child-timeout 110 --json "$OUT/quickstart.json"
-  # eager decode steps: the same kernels as the graph's, each seen by the profiler
+  # eager decode steps: the same kernels as the graph's, each seen by the profiler; at
+  # retrain's default top_p 0.95 (the headline samples at 1.0, TRL's default), so the
+  # nucleus's sort of every 152k-entry row at each decode step shows in softmax_sample
   item profile 200 100 python3 benchmarks/profile_step.py --model $RAND --json "$OUT/profile.json" \
-    -- --backend-opt decode=static
+    -- --backend-opt decode=static --top-p 0.95
   item variants 220 110 python3 benchmarks/gpu.py --what headline \
     --only retrain-whole-cache,retrain-compiled --steps 3 --rounds 1 --model-dir $RAND \
     --child-timeout 105 --json "$OUT/variants.json"

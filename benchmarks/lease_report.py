@@ -145,10 +145,15 @@ def report(results: dict[str, Any]) -> str:
     for kind in ("retrain-whole-cache", "retrain-compiled"):
         if rate := _summary(results, "variants", kind).get("sampling_tokens_per_s"):
             lines.append(f"{kind}: {rate:,.0f} sampled tok/s")
-    for phase, summary in results.get("profile", {}).get("summaries", {}).items():
+    profile = results.get("profile", {})
+    flags = " ".join(profile.get("args", {}).get("flags") or [])  # what it ran beyond the shape
+    for phase, summary in profile.get("summaries", {}).items():
         kinds = sorted(summary["categories"].items(), key=lambda kv: -kv[1]["us"])
         shares = ", ".join(f"{k} {100 * v['share']:.0f}%" for k, v in kinds if v["kernels"])
-        lines.append(f"profile, {phase}: {summary['kernels']} kernels; {shares}")
+        lines.append(
+            f"profile, {phase}{f' ({flags})' if flags else ''}: {summary['kernels']} kernels; "
+            f"{shares}"
+        )
     for row in results.get("memory_fit", {}).get("rows", []):
         peak = row.get("peak_gib")
         lines.append(

@@ -70,6 +70,7 @@ def test_the_folder_is_read_as_the_lease_wrote_it(tmp_path):
     (tmp_path / "profile.json").write_text(
         json.dumps(
             {
+                "args": {"flags": ["--backend-opt", "decode=static", "--top-p", "0.95"]},
                 "summaries": {
                     "sampling": {
                         "kernels": 1000,
@@ -114,7 +115,11 @@ def test_the_folder_is_read_as_the_lease_wrote_it(tmp_path):
     assert "quickstart trl: 2.90 s/step; correct per step 0.20 0.40" in text
     assert rows(text)["step s at the headline"][1:] == ["10.00", "no"]
     assert "retrain-compiled: 8,100 sampled tok/s" in text
-    assert "profile, sampling: 1000 kernels; matmul 60%, norm 40%" in text  # empty kinds left out
+    # the flags it ran with beyond the shape; empty kinds left out
+    assert (
+        "profile, sampling (--backend-opt decode=static --top-p 0.95): 1000 kernels; "
+        "matmul 60%, norm 40%" in text
+    )
     assert "memory fit, 4270 positions: 7,600 trained tok/s, peak 30.5 GiB (estimate 33.1)" in text
 
 
