@@ -676,12 +676,16 @@ def fit_problem(
     micro_batch_tokens: int,
     largest: int,
     calibrated: bool = True,
+    one_row: bool = False,
+    prompt_batch: int = 0,
 ) -> FitProblem | None:
     """The estimate against a device's free memory: None when it stays within HEADROOM of
     it, a warning when it comes closer, an error above it, naming what to change:
     `micro_batch_tokens` (with `largest`, the largest value that fits) when a training
-    micro-batch makes the peak, the sampling keys when sampling does, the model when even
-    the weights do not fit."""
+    micro-batch makes the peak, the sampling keys when sampling does (`one_row`: the
+    decoder sizes its rows to the free memory, so `peak` holds one completion, and only
+    max_tokens can help; else `prompt_batch` as set), the model when even the weights do
+    not fit."""
     need = peak.total
     if need <= HEADROOM * free_bytes:
         return None
@@ -706,10 +710,21 @@ def fit_problem(
             f"[backend.options] micro_batch_tokens = {micro_batch_tokens}: the step {amount}; "
             f'{fits} {largest} (or "auto")'
         )
+    elif one_row:
+        message = (
+            f"[training] max_tokens: sampling {amount} with a single completion decoded at "
+            "a time (its KV cache of prompt + max_tokens positions, and its logits). Fix: "
+            "lower max_tokens, or a device with more memory"
+        )
     else:
+        also = (
+            f", or [backend.options] prompt_batch = 0 (not {prompt_batch}: a bounded number "
+            "of completions at once)"
+            if prompt_batch
+            else ""
+        )
         message = (
             f"[training] max_tokens: sampling {amount} (the KV cache and logits of the "
-            "completions decoded at once). Fix: lower max_tokens, or [backend.options] "
-            "prompt_batch (0 decodes a bounded number of rows at once)"
+            f"completions decoded at once). Fix: lower max_tokens{also}"
         )
     return FitProblem("error" if over else "warning", message)

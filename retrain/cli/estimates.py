@@ -33,6 +33,7 @@ from retrain.memory import (
     peak_memory,
     sampler_copy_bytes,
     sampler_on_device,
+    sampling_rows,
     weight_bytes,
 )
 from retrain.models import model_shape
@@ -148,23 +149,16 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
     """`peak_memory` of the local step from the model's shape, and the estimate against
     the training device's free memory (`fit_problem`)."""
     opts, step, kind, dtype = plan["opts"], plan["step"], plan["kind"], plan["dtype"]
-    if kind == "cuda" and plan["free"] is not None and step.sampler is not None:
-        # the decoder's rows, as it sizes them
-        loaded = weight_bytes(shape, dtype, step.target_modules, kind, step.lora_rank, step.sampler)
-        loaded += adapter_bytes(shape, step.lora_rank, step.target_modules)
-        kv = kv_value_bytes(dtype, kind, step.sampler)
-        rows = decode_row_budget(
-            device_kind=kind,
-            free_bytes=max(plan["free"] - loaded, 0),
-            kv_bytes_per_token=shape.kv_bytes_per_token(kv),
-            logit_bytes_per_row=shape.logit_bytes_per_row(),
-            max_len=step.prompt_tokens + step.max_tokens,
-        )
-        step = replace(step, max_rows=rows)
+    sized = _rows_sized_to_memory(shape, plan)
+    if sized:
+        step = replace(step, max_rows=sized)
     chosen = _micro_batch(opts, shape, plan)
     size = chosen or MICRO_BATCH_STEP  # unknown: auto's smallest, so a lower bound
     mem = dict(micro_batch_tokens=size, device_kind=kind, dtype=dtype)
     parts = peak_memory(shape, step, **mem)
+    # a decoder that sizes its rows to the free memory fills it by design: what must fit
+    # is one completion's cache beside the weights (and the training micro-batch)
+    least = peak_memory(shape, replace(step, max_rows=1), **mem) if sized else parts
     gib = {k: v / 2**30 for k, v in parts.as_dict().items()}
     how = "auto" if opts["micro_batch_tokens"] == "auto" else "set"
     copy_ = sampler_copy_bytes(
@@ -177,7 +171,10 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
         where = "the other device's" if traits and traits.in_process else "the server's"
         parts_text = f"{micro} (sampling is {where})"
     else:
-        parts_text = f"the larger of sampling {gib['sampling']:.2f} and {micro}"
+        wanted = step.batch_size * step.group_size
+        rows = sampling_rows(step.batch_size, step.group_size, step.prompt_batch, step.max_rows)
+        at_once = f" ({rows} of {wanted} completions at once, as many as fit)" if sized else ""
+        parts_text = f"the larger of sampling {gib['sampling']:.2f}{at_once} and {micro}"
     note = (
         f"weights {gib['weights']:.2f}{own} + adapter {gib['adapter']:.2f} + {parts_text}, "
         f"+{parts.slack - 1:.0%} allocator slack, + {gib['runtime']:.1f} GiB runtime; "
@@ -208,15 +205,39 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
             sampler=step.sampler,
         )
         out["memory_problem"] = fit_problem(
-            parts,  # split mode and a server engine: training alone (`StepSizes.sampler`)
+            least,  # split mode and a server engine: training alone (`StepSizes.sampler`)
             free_bytes=plan["free"],
             total_bytes=plan["total"],
             where=plan["where"],
             micro_batch_tokens=chosen,
             largest=largest,
             calibrated=bool(memory_model(kind, dtype).calibrated),
+            one_row=bool(sized),
+            prompt_batch=step.prompt_batch,
         )
     return out
+
+
+def _rows_sized_to_memory(shape: ModelShape, plan: dict[str, Any]) -> int | None:
+    """The completions the pytorch engine decodes at once where it sizes them to the free
+    memory (an in-process sampler on CUDA, `prompt_batch = 0`: retrain/engines/pytorch.py),
+    as it does: from what is free when it samples, after the weights, the adapter and the
+    runtime took theirs; None where the rows are fixed (a CPU's SAMPLE_ROWS, whole prompts
+    with `prompt_batch`) or unknown."""
+    step, kind, dtype, free = plan["step"], plan["kind"], plan["dtype"], plan["free"]
+    if kind != "cuda" or free is None or step.sampler is None or step.prompt_batch:
+        return None
+    model = memory_model(kind, dtype)
+    loaded = weight_bytes(shape, dtype, step.target_modules, kind, step.lora_rank, step.sampler)
+    loaded += adapter_bytes(shape, step.lora_rank, step.target_modules)
+    kv = kv_value_bytes(dtype, kind, step.sampler)
+    return decode_row_budget(
+        device_kind=kind,
+        free_bytes=max(free - loaded * model.slack - model.runtime_bytes, 0),
+        kv_bytes_per_token=shape.kv_bytes_per_token(kv),
+        logit_bytes_per_row=shape.logit_bytes_per_row(),
+        max_len=step.prompt_tokens + step.max_tokens,
+    )
 
 
 def _named_memory(params: int, plan: dict[str, Any]) -> dict[str, Any]:

@@ -80,7 +80,7 @@ def test_the_folder_is_read_as_the_lease_wrote_it(tmp_path):
                             "norm": {"us": 20.0, "kernels": 600, "share": 0.4},
                         },
                     }
-                }
+                },
             }
         )
     )

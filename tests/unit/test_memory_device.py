@@ -6,6 +6,7 @@ device-memory lines."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -280,6 +281,46 @@ def test_explain_warns_close_to_the_free_memory(tmp_path, capsys, monkeypatch, n
     (warning,) = [w for w in report["warnings"] if "micro_batch_tokens" in w]
     assert "close to running out" in warning and f"leaving a margin: {auto}" in warning
     assert ", close to the free memory" in memory_line(text)
+
+
+def test_long_completions_on_a_24_gib_gpu_decode_as_many_as_fit(
+    tmp_path, capsys, monkeypatch, no_caches
+):
+    """The experiment template's 10,240-token completions of Qwen3-4B on a 24 GiB GPU (the
+    spec's RTX 4090): the decoder holds as many completions at once as the free memory
+    takes (1.44 GiB of bf16 KV cache each), so sampling is no reason to refuse the run.
+    An earlier estimate sized those rows from the memory beside the bare weights and then
+    added the allocator's slack and the runtime on top: ERROR, ~23.4 GiB over the 23.2
+    free, for a run that fits. Only when not even one completion fits is max_tokens an
+    error, and then lowering it is the fix (prompt_batch is already 0)."""
+    simulate(monkeypatch, cuda0=(23.2, 24.0))
+    path = qwen_config(tmp_path)
+    path.write_text(path.read_text().replace("max_tokens = 256", "max_tokens = 10240"))
+    code, text, report = explain(path, capsys)
+    est = report["estimates"]
+    assert code == 0 and not report["errors"], report["errors"]
+    assert est["memory_problem"] is None and est["peak_memory_gib"] < 23.2
+    line = memory_line(text)
+    found = re.search(r"\((\d+) of 128 completions at once, as many as fit\)", line)
+    assert found and 1 < int(found[1]) < 16  # whole groups of 16 do not fit: parts of one
+    # on a 16 GiB GPU a single completion of 60,000 tokens (8.3 GiB of cache) does not fit
+    simulate(monkeypatch, cuda0=(15.4, 16.0))
+    path.write_text(path.read_text().replace("max_tokens = 10240", "max_tokens = 60000"))
+    code, text, report = explain(path, capsys)
+    (error,) = report["errors"]
+    assert code == 2 and error.startswith("[training] max_tokens: sampling needs ~")
+    assert "with a single completion decoded at a time" in error
+    assert error.endswith("Fix: lower max_tokens, or a device with more memory")
+    assert "(1 of 128 completions at once, as many as fit)" in memory_line(text)
+    # whole prompts at once (prompt_batch = 2): the rows are the config's, and so the fix
+    path.write_text(path.read_text().replace("max_tokens = 60000", "max_tokens = 10240"))
+    code, text, report = explain(path, capsys, "--backend-opt", "prompt_batch=2")
+    (error,) = report["errors"]
+    assert code == 2 and "as many as fit" not in memory_line(text)
+    assert error.endswith(
+        "Fix: lower max_tokens, or [backend.options] prompt_batch = 0 (not 2: a bounded "
+        "number of completions at once)"
+    )
 
 
 def test_explain_without_the_gpus_memory_keeps_auto_open(tmp_path, capsys, monkeypatch, no_caches):
