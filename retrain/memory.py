@@ -665,6 +665,9 @@ def decode_row_budget(
 class FitProblem:
     level: str  # "error": the step would run out of memory; "warning": within 1 - HEADROOM
     message: str  # names the setting and the value that fits
+    # "peak": the step's peak against the free memory; "completion": a completion of
+    # max_tokens would not fit the largest micro-batch (retrain/cli/estimates.py)
+    what: str = "peak"
 
 
 def fit_problem(

@@ -745,13 +745,19 @@ class LocalBackend:
             self.options = replace(self.options, micro_batch_tokens=max(1, budget // 2))
             return
         longest = max(_area(d) for d in datums)
+        recompute = (
+            ""
+            if self.options.checkpointing
+            else "[backend.options] checkpointing = true "
+            "(each block keeps only its input, and recomputes the rest in the backward), "
+        )
         raise TrainingError(
             f"out of memory on {self.train_device} training a micro-batch of one completion "
             f"(up to {longest} positions, prompt included; [backend.options] "
             f"micro_batch_tokens is down to {budget}, which cannot split it further). Fix: "
-            "lower [training] max_tokens (a completion is trained whole), or free memory on "
-            "the device; a lower [training] group_size or micro_batch_tokens does not shrink "
-            "a single completion"
+            f"{recompute}lower [training] max_tokens (a completion is trained whole), or free "
+            "memory on the device; a lower [training] group_size or micro_batch_tokens does "
+            "not shrink a single completion"
         )
 
     def _loss_for(self, hyper: TrainHyper) -> LossFn:

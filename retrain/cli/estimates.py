@@ -194,16 +194,7 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
     out = {"peak_memory_gib": round(gib["total"], 2), "micro_batch_tokens": chosen}
     out["memory_note"] = note
     if plan["free"] is not None and chosen:
-        largest = largest_micro_batch(
-            shape,
-            device_kind=kind,
-            dtype=dtype,
-            free_bytes=plan["free"],
-            lora_rank=step.lora_rank,
-            target_modules=step.target_modules,
-            checkpointing=step.checkpointing,
-            sampler=step.sampler,
-        )
+        largest = _largest(shape, plan, step.checkpointing)
         out["memory_problem"] = fit_problem(
             least,  # split mode and a server engine: training alone (`StepSizes.sampler`)
             free_bytes=plan["free"],
@@ -214,8 +205,53 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
             calibrated=bool(memory_model(kind, dtype).calibrated),
             one_row=bool(sized),
             prompt_batch=step.prompt_batch,
-        )
+        ) or _completion_problem(shape, plan, largest)
     return out
+
+
+def _largest(shape: ModelShape, plan: dict[str, Any], checkpointing: bool) -> int:
+    """`largest_micro_batch` of the training device's free memory."""
+    step = plan["step"]
+    return largest_micro_batch(
+        shape,
+        device_kind=plan["kind"],
+        dtype=plan["dtype"],
+        free_bytes=plan["free"],
+        lora_rank=step.lora_rank,
+        target_modules=step.target_modules,
+        checkpointing=checkpointing,
+        sampler=step.sampler,
+    )
+
+
+def _completion_problem(shape: ModelShape, plan: dict[str, Any], largest: int) -> FitProblem | None:
+    """A warning when a completion of max_tokens could not be trained: a completion is
+    trained whole, in one micro-batch, and a longer one than the largest micro-batch
+    that fits stops the run out of memory (retrain/backends/local.py `_back_off`; the
+    last checkpoint kept). A warning, not an error: completions may end sooner. None
+    under shard = true (each rank holds a share of the blocks while training)."""
+    step = plan["step"]
+    longest = step.prompt_tokens + step.max_tokens
+    if step.shards > 1 or largest == 0 or largest >= longest:
+        return None
+    fixes = []
+    if not step.checkpointing:
+        ckpt = _largest(shape, plan, True)
+        fits = "a completion of max_tokens then fits" if ckpt >= longest else f"up to {ckpt}"
+        fixes.append(f"[backend.options] checkpointing = true ({fits})")
+    if largest > step.prompt_tokens:
+        fixes.append(f"max_tokens <= {largest - step.prompt_tokens}")
+    fixes.append("a device with more memory")
+    return FitProblem(
+        "warning",
+        f"[training] max_tokens = {step.max_tokens}: a completion is trained whole, in one "
+        f"micro-batch of up to ~{longest} positions (a prompt of ~{step.prompt_tokens} "
+        f"tokens and max_tokens), and the largest that fits the "
+        f"{plan['free'] / 2**30:.1f} GiB free on {plan['where']} is {largest}; a completion "
+        "longer than that would run out of memory, which stops the run (the last "
+        "checkpoint kept). Fix: " + ", or ".join(fixes),
+        what="completion",
+    )
 
 
 def _rows_sized_to_memory(shape: ModelShape, plan: dict[str, Any]) -> int | None:

@@ -155,6 +155,7 @@ def test_one_completion_that_cannot_fit_stops_with_the_keys_to_lower(backend, mo
     assert "out of memory on cpu training a micro-batch of one completion" in message
     for key in ("[backend.options]", "micro_batch_tokens", "[training] max_tokens", "group_size"):
         assert key in message
+    assert "Fix: [backend.options] checkpointing = true" in message  # it is off here
     for name, p in backend.model.named_parameters():
         if p.requires_grad:
             assert p.grad is None and torch.equal(p.detach(), before[name])  # not updated

@@ -292,9 +292,10 @@ def test_long_completions_on_a_24_gib_gpu_decode_as_many_as_fit(
     An earlier estimate sized those rows from the memory beside the bare weights and then
     added the allocator's slack and the runtime on top: ERROR, ~23.4 GiB over the 23.2
     free, for a run that fits. Only when not even one completion fits is max_tokens an
-    error, and then lowering it is the fix (prompt_batch is already 0)."""
+    error, and then lowering it is the fix (prompt_batch is already 0). (Checkpointing on,
+    so that training such a completion fits too: the next test.)"""
     simulate(monkeypatch, cuda0=(23.2, 24.0))
-    path = qwen_config(tmp_path)
+    path = qwen_config(tmp_path, "checkpointing = true")
     path.write_text(path.read_text().replace("max_tokens = 256", "max_tokens = 10240"))
     code, text, report = explain(path, capsys)
     est = report["estimates"]
@@ -321,6 +322,42 @@ def test_long_completions_on_a_24_gib_gpu_decode_as_many_as_fit(
         "Fix: lower max_tokens, or [backend.options] prompt_batch = 0 (not 2: a bounded "
         "number of completions at once)"
     )
+
+
+def test_a_completion_longer_than_the_largest_micro_batch_is_a_warning(
+    tmp_path, capsys, monkeypatch, no_caches
+):
+    """A completion is trained whole: with 10,240-token completions of Qwen3-4B the
+    largest micro-batch that fits a 24 GiB GPU (~1.8k positions) cannot hold one, so a
+    long completion would stop the run out of memory. explain and doctor warn and name
+    activation checkpointing, with which one fits; on an 80 GiB GPU nothing is said."""
+    simulate(monkeypatch, cuda0=(23.2, 24.0))
+    path = qwen_config(tmp_path)
+    path.write_text(path.read_text().replace("max_tokens = 256", "max_tokens = 10240"))
+    code, text, report = explain(path, capsys)
+    largest = report["estimates"]["micro_batch_tokens"]  # auto: the largest that fits
+    assert code == 0 and not report["errors"] and 256 < largest < 10240 + 256
+    (warning,) = [w for w in report["warnings"] if "trained whole" in w]
+    assert warning.startswith("[training] max_tokens = 10240: a completion is trained whole")
+    assert "~10496 positions (a prompt of ~256 tokens and max_tokens)" in warning
+    assert f"the largest that fits the 23.2 GiB free on gpu:0 is {largest}" in warning
+    assert warning.endswith(
+        "Fix: [backend.options] checkpointing = true (a completion of max_tokens then fits), "
+        f"or max_tokens <= {largest - 256}, or a device with more memory"
+    )
+    assert f"WARNING: {warning}" in text
+    check = doctor.check_memory(doctor.check_config(str(path))[1])[0]
+    assert check.status == "WARN" and check.fix == warning
+    assert check.detail.endswith("; a completion of max_tokens would not fit a micro-batch")
+    # with checkpointing on, a completion of max_tokens fits: nothing to say
+    path.write_text(path.read_text().replace("[eval]", "checkpointing = true\n[eval]"))
+    code, text, report = explain(path, capsys)
+    assert code == 0 and not [w for w in report["warnings"] if "trained whole" in w]
+    # an 80 GiB GPU holds one without it
+    simulate(monkeypatch, cuda0=(79.1, 79.6))
+    path.write_text(path.read_text().replace("checkpointing = true\n", ""))
+    code, text, report = explain(path, capsys)
+    assert code == 0 and not report["warnings"] and report["estimates"]["memory_problem"] is None
 
 
 def test_explain_without_the_gpus_memory_keeps_auto_open(tmp_path, capsys, monkeypatch, no_caches):
