@@ -380,6 +380,7 @@ def local_settings(config: Config) -> LocalSettings:
         options=LocalOptions.from_mapping(config.backend.options),
         loss=resolve_objective(t.policy_loss, tuple(config.plugins.search_paths)),
         world=world_of(config),
+        max_tokens=t.max_tokens,
     )
 
 

@@ -43,6 +43,10 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 # matmul when all are adapted (retrain/engines/sampling_copy.py `Siblings`).
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 GIB = 2**30
+# A completion's prompt where its length is not known yet (explain; the run start decides
+# `checkpointing = "auto"` before the data's prompts are encoded): an allowance, and
+# what the estimates say they assume.
+PROMPT_TOKENS_GUESS = 256
 
 
 # ----------------------------------------------------------------------------- shapes
@@ -636,6 +640,36 @@ def auto_micro_batch_tokens(
             "[model] lora_rank, or a device with more memory"
         )
     return n
+
+
+def needs_checkpointing(
+    shape: ModelShape | None,
+    *,
+    device_kind: str,
+    dtype: str,
+    free_bytes: float | None,
+    lora_rank: int,
+    max_tokens: int,
+    target_modules: Sequence[str] = (),
+    sampler: str | None = "auto",
+) -> bool:
+    """`[backend.options] checkpointing = "auto"`: on CUDA, on when a completion of
+    `max_tokens` (after a prompt of PROMPT_TOKENS_GUESS tokens) is longer than the
+    largest micro-batch that fits without it; a completion is trained whole, so it would
+    run out of memory. Off on a CPU or MPS (their runs do not change), and where the
+    shape or the free memory is unknown."""
+    if device_kind != "cuda" or shape is None or free_bytes is None:
+        return False
+    largest = largest_micro_batch(
+        shape,
+        device_kind=device_kind,
+        dtype=dtype,
+        free_bytes=free_bytes,
+        lora_rank=lora_rank,
+        target_modules=target_modules,
+        sampler=sampler,
+    )
+    return largest < PROMPT_TOKENS_GUESS + max_tokens
 
 
 def decode_row_budget(

@@ -584,11 +584,15 @@ BACKENDS = Registry(
                     validator=_one_of("auto", "dynamic", "static", "graphs", "compiled"),
                 ),
                 "checkpointing": OptionSpec(
-                    "bool",
-                    False,
+                    "bool/auto",
+                    "auto",
                     "Activation checkpointing: keep each transformer block's input only and "
                     "recompute the block in the backward pass (~30% more training compute for "
-                    "much less activation memory: long completions, large micro-batches)",
+                    "much less activation memory: long completions, large micro-batches). "
+                    "auto: on a GPU, on when a completion of max_tokens (and a ~256-token "
+                    "prompt) would not fit the largest micro-batch without it (a completion is "
+                    "trained whole), or from the first completion that runs out of memory; off "
+                    "on a CPU",
                 ),
                 "attention": OptionSpec(
                     "str",

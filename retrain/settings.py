@@ -71,7 +71,7 @@ class LocalOptions(_BackendOptions):
     prompt_batch: int
     dtype: str
     decode: str
-    checkpointing: bool
+    checkpointing: bool | str  # True, False, or "auto" (resolved by the backend at start)
     attention: str
     collective_timeout_s: int
     shard: bool
@@ -113,6 +113,7 @@ class LocalSettings:
     options: LocalOptions
     loss: LossFn  # [training] policy_loss, resolved once (a dotted path imported here)
     world: World = World()  # under torchrun: this rank (retrain/world.py)
+    max_tokens: int = 0  # [training] max_tokens: what checkpointing = "auto" sizes for
 
 
 # ---------------------------------------------------------------- remote backends

@@ -79,6 +79,7 @@ from retrain.memory import (
     fit_problem,
     largest_micro_batch,
     memory_model,
+    needs_checkpointing,
     sampler_on_device,
     shape_from_config,
     training_memory,
@@ -234,26 +235,42 @@ class LocalBackend:
         )
 
     def _size_memory(self, model, say: Callable[[str], None], sampler: str | None = "auto") -> None:
-        """Before the model loads (retrain/memory.py): `micro_batch_tokens = "auto"`
-        resolved (512 on a CPU; on CUDA the largest micro-batch whose training peak fits
-        the free memory), and on CUDA a set value checked against the free memory,
-        refused with the largest value that fits. `sampler`: what samples on the training
-        device (`memory.StepSizes.sampler`). `say` is kept for the OOM back-off."""
+        """Before the model loads (retrain/memory.py): `checkpointing = "auto"` resolved
+        (off on a CPU; on CUDA on when a completion of max_tokens would not fit the
+        largest micro-batch without it), `micro_batch_tokens = "auto"` resolved (512 on a
+        CPU; on CUDA the largest micro-batch whose training peak fits the free memory),
+        and on CUDA a set value checked against the free memory, refused with the largest
+        value that fits. `sampler`: what samples on the training device
+        (`memory.StepSizes.sampler`). `say` is kept for the OOM back-off."""
         self._say = say
         opts, device = self.options, self.train_device
         dtype = "bf16" if self.bf16 else "fp32"
         lora = self.settings.lora
         sizing = dict(device_kind=device.type, dtype=dtype, lora_rank=lora.rank)
-        sizing.update(target_modules=lora.target_modules, checkpointing=opts.checkpointing)
-        sizing.update(sampler=sampler)
-        self._sizing, self._shape = sizing, None  # for _room_for_training
+        sizing.update(target_modules=lora.target_modules, sampler=sampler)
+        free = total = shape = None
+        if device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(device)
+            shape = self._model_shape(model)
+        self._shape = shape  # for _room_for_training
+        self._auto_checkpointing = opts.checkpointing == "auto"  # for _back_off
+        if self._auto_checkpointing:
+            max_tokens = self.settings.max_tokens
+            on = needs_checkpointing(shape, free_bytes=free, max_tokens=max_tokens, **sizing)
+            self.options = opts = replace(opts, checkpointing=on)
+            if on:
+                say(
+                    f"checkpointing = auto: on (a completion of {max_tokens} tokens after a "
+                    f"prompt would not fit the largest micro-batch without it; {free / 2**30:.1f} "
+                    f"GiB free on {device})"
+                )
+        sizing.update(checkpointing=opts.checkpointing)
+        self._sizing = sizing
         if device.type != "cuda":  # CPU and MPS: auto is the CPU-measured 512, no check
             if opts.micro_batch_tokens == "auto":
                 n = auto_micro_batch_tokens(None, free_bytes=None, **sizing)
                 self.options = replace(opts, micro_batch_tokens=n)
             return
-        free, total = torch.cuda.mem_get_info(device)
-        shape = self._shape = self._model_shape(model)
         if opts.micro_batch_tokens == "auto":
             n = auto_micro_batch_tokens(shape, free_bytes=free, **sizing)
             say(
@@ -337,9 +354,8 @@ class LocalBackend:
             adapter_in_input_dtype(peft_model)
             # norms and gated products keep their bf16 inputs only (retrain/kernels/recompute.py)
             recompute_elementwise(peft_model)
-        if self.options.checkpointing:  # recompute each block in backward (train mode only)
-            enable = getattr(peft_model, "activation_checkpointing_enable", None)
-            (enable or peft_model.gradient_checkpointing_enable)({"use_reentrant": False})
+        if self.options.checkpointing:
+            _checkpoint_activations(peft_model)
         device, dtype = self.train_device, "bf16" if self.bf16 else "fp32"
         blocked = flex.blockers(peft_model.get_base_model())
         blocked += flex.bf16_blocked(dtype, device.type, device.index or 0)
@@ -554,7 +570,7 @@ class LocalBackend:
             if not self.world.shard and self._decoder_beside_training() and self.engine.release():
                 released = True
                 continue
-            self._back_off(sums, mine)
+            self._back_off(sums, mine, before)
         if self.options.micro_batch_tokens != before:
             self._say(
                 f"out of memory on {self.train_device} in a training micro-batch: "
@@ -575,6 +591,7 @@ class LocalBackend:
         self.optimizer.zero_grad(set_to_none=True)
         extra = stats.metrics()
         extra.update(micro_batch_tokens=self.options.micro_batch_tokens, oom_retries=retries)
+        extra.update(checkpointing=float(bool(self.options.checkpointing)))
         if self._decoder_beside_training():
             extra["sampler_cache_released"] = float(released)
         if self.world.shard:
@@ -726,10 +743,12 @@ class LocalBackend:
                 return False
         return self.engine.release() > 0
 
-    def _back_off(self, failed: int, datums: list[Datum]) -> None:
+    def _back_off(self, failed: int, datums: list[Datum], before: int) -> None:
         """After a micro-batch of `failed` completions ran out of memory: give the cached
-        memory back and halve the budget. One completion cannot be split: TrainingError
-        (the trainer keeps the last checkpoint)."""
+        memory back and halve the budget. One completion cannot be split: with
+        `checkpointing = "auto"` still off, activation checkpointing goes on for the rest
+        of the run and the step runs again at its first budget (`before`); else
+        TrainingError (the trainer keeps the last checkpoint)."""
         if self.train_device.type == "cuda":
             torch.cuda.empty_cache()
         budget = self.options.micro_batch_tokens
@@ -745,6 +764,17 @@ class LocalBackend:
             self.options = replace(self.options, micro_batch_tokens=max(1, budget // 2))
             return
         longest = max(_area(d) for d in datums)
+        if self._auto_checkpointing and not self.options.checkpointing:
+            _checkpoint_activations(self.model)
+            self.options = replace(self.options, checkpointing=True, micro_batch_tokens=before)
+            self._sizing = {**self._sizing, "checkpointing": True}
+            self._say(
+                f"out of memory on {self.train_device} training one completion (up to "
+                f"{longest} positions): checkpointing = auto turns activation checkpointing "
+                f"on for the rest of the run, and the step runs again (micro_batch_tokens "
+                f"{before})"
+            )
+            return
         recompute = (
             ""
             if self.options.checkpointing
@@ -935,6 +965,13 @@ class LocalBackend:
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
+
+
+def _checkpoint_activations(peft_model) -> None:
+    """Activation checkpointing on: each block keeps its input and recomputes the rest in
+    the backward (in train mode only; non-reentrant, so no input needs a gradient)."""
+    enable = getattr(peft_model, "activation_checkpointing_enable", None)
+    (enable or peft_model.gradient_checkpointing_enable)({"use_reentrant": False})
 
 
 def stop_ids(tokenizer, model, name: str) -> set[int]:

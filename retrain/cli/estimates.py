@@ -18,6 +18,7 @@ from retrain.errors import BackendError
 from retrain.hardware import device_memory, matmul_dtype
 from retrain.memory import (
     MICRO_BATCH_STEP,
+    PROMPT_TOKENS_GUESS,
     FitProblem,
     ModelShape,
     StepSizes,
@@ -29,6 +30,7 @@ from retrain.memory import (
     kv_value_bytes,
     largest_micro_batch,
     memory_model,
+    needs_checkpointing,
     params_in_name,
     peak_memory,
     sampler_copy_bytes,
@@ -59,7 +61,6 @@ _MEASURED_ON = {"cuda": "an H100 at Qwen3-4B's shapes", "cpu": "2 CPU cores at t
 # A step's least time on a GPU, whatever its FLOPs: the quickstart on an H100 took a
 # median 0.61 s, ~100x what its FLOPs at the rates above would take (docs/performance.md).
 _STEP_FLOOR_S = {"cuda": 0.6}
-PROMPT_TOKENS_GUESS = 256  # prompt length assumed by the memory estimate
 
 
 def _recent_rates(config: Config) -> dict[str, Any] | None:
@@ -297,18 +298,40 @@ def _named_memory(params: int, plan: dict[str, Any]) -> dict[str, Any]:
 
 def memory_estimate(config: Config, world: World | None = None) -> dict[str, Any]:
     """The local step's peak memory on its training device (retrain/memory.py), that
-    device's free and total memory (retrain/hardware.py, no torch), and `memory_problem`:
-    a FitProblem when the estimate comes near or over the free memory."""
+    device's free and total memory (retrain/hardware.py, no torch), `checkpointing` as
+    the backend resolves "auto" at start, and `memory_problem`: a FitProblem when the
+    estimate comes near or over the free memory."""
     opts = local_options(config)
     where, kind, index = training_device(config)
     found = device_memory(kind, index)
     free, total = found if found is not None else (None, None)
     t = config.training
+    shape = model_shape(config.model.model)
+    dtype, sampler = matmul_dtype(opts["dtype"], kind, index), _sampler(config)
+    checkpointing, why = opts.get("checkpointing", False), ""
+    if checkpointing == "auto":
+        why = (
+            "it decides on a GPU only"
+            if kind != "cuda"
+            else "decided at start from the free memory"
+            if free is None or shape is None
+            else "a completion of max_tokens needs it"
+        )
+        checkpointing = needs_checkpointing(
+            shape,
+            device_kind=kind,
+            dtype=dtype,
+            free_bytes=free,
+            lora_rank=config.model.lora_rank,
+            max_tokens=t.max_tokens,
+            target_modules=tuple(config.lora.target_modules),
+            sampler=sampler,
+        )
     plan = {
         "opts": opts,
         "where": where,
         "kind": kind,
-        "dtype": matmul_dtype(opts["dtype"], kind, index),
+        "dtype": dtype,
         "free": free,
         "total": total,
         "errors": [],
@@ -321,9 +344,9 @@ def memory_estimate(config: Config, world: World | None = None) -> dict[str, Any
             prompt_batch=opts["prompt_batch"],
             lora_rank=config.model.lora_rank,
             target_modules=tuple(config.lora.target_modules),
-            checkpointing=bool(opts.get("checkpointing", False)),
+            checkpointing=bool(checkpointing),
             shards=world.size if world and opts.get("shard") is True else 1,
-            sampler=_sampler(config),
+            sampler=sampler,
         ),
     }
     out: dict[str, Any] = {
@@ -331,9 +354,11 @@ def memory_estimate(config: Config, world: World | None = None) -> dict[str, Any
         "device_free_gib": _gib(free),
         "device_total_gib": _gib(total),
         "micro_batch_tokens": None,
+        # as the backend resolves it ("auto" at start; None: decided there, unknown here)
+        "checkpointing": None if why.startswith("decided") else bool(checkpointing),
+        "checkpointing_auto": why,
         "memory_problem": None,
     }
-    shape = model_shape(config.model.model)
     params = params_in_name(config.model.model)
     if shape is not None:
         out.update(_shape_memory(config, shape, plan))

@@ -538,6 +538,7 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
             out["matmuls_why"] = no_native_bf16(index)
         out["whole_model_bf16"] = whole_model_bf16(out["matmuls"], kind)
         out["micro_batch_tokens"] = opts["micro_batch_tokens"]
+        out["checkpointing"] = opts["checkpointing"]
         blocked = flex.bf16_blocked(out["matmuls"], kind, index)
         out["attention"] = flex.describe(opts["attention"], kind, blocked)
     if "[inference]" in ignored:
@@ -569,6 +570,19 @@ def _micro_batch_text(settings: dict[str, Any], est: dict[str, Any] | None) -> s
     if settings["micro_batch_tokens"] != "auto":
         return f"{settings['micro_batch_tokens']} tokens"
     return f"{chosen} tokens (auto)" if chosen else "auto size (set at start from free memory)"
+
+
+def _checkpointing_text(settings: dict[str, Any], est: dict[str, Any] | None) -> str:
+    """Activation checkpointing as set, and what "auto" resolves to on this machine."""
+    if settings["checkpointing"] != "auto":
+        return "on" if settings["checkpointing"] else "off"
+    est = est or {}
+    on, why = est.get("checkpointing"), est.get("checkpointing_auto")
+    if on is None or not why:
+        return f"auto ({why})" if why else "auto"
+    if on is False and why.endswith("needs it"):
+        why = "a completion of max_tokens fits without it"
+    return f"{'on' if on else 'off'} (auto: {why})"
 
 
 def _memory_text(est: dict[str, Any]) -> str:
@@ -623,7 +637,8 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
             )
             lines.append(
                 f"Compute:     {what}, micro-batches "
-                f"of {_micro_batch_text(s, est)}, attention: {s['attention']}"
+                f"of {_micro_batch_text(s, est)}, activation checkpointing: "
+                f"{_checkpointing_text(s, est)}, attention: {s['attention']}"
             )
     if est:
         lines.append(f"Memory:      {_memory_text(est)}")

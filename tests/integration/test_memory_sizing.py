@@ -146,8 +146,14 @@ def test_out_of_memory_halves_the_budget_and_keeps_the_gradient(backend, monkeyp
 
 
 def test_one_completion_that_cannot_fit_stops_with_the_keys_to_lower(backend, monkeypatch):
+    """checkpointing = "auto" (off on a CPU) turns activation checkpointing on at the first
+    completion that runs out of memory and runs the step again; when that completion
+    still does not fit, the run stops naming the keys, the weights untouched."""
     datums = datums_of(backend)
+    said: list[str] = []
+    backend._say = said.append
     before = {n: p.detach().clone() for n, p in backend.model.named_parameters() if p.requires_grad}
+    assert backend.options.checkpointing is False and backend._auto_checkpointing
     run_out_of_memory_above(backend, monkeypatch, limit=3)  # below any prompt + completion
     with pytest.raises(TrainingError) as err:
         backend.train_step(datums, HYPER)
@@ -155,10 +161,59 @@ def test_one_completion_that_cannot_fit_stops_with_the_keys_to_lower(backend, mo
     assert "out of memory on cpu training a micro-batch of one completion" in message
     for key in ("[backend.options]", "micro_batch_tokens", "[training] max_tokens", "group_size"):
         assert key in message
-    assert "Fix: [backend.options] checkpointing = true" in message  # it is off here
+    assert "checkpointing = true" not in message  # auto turned it on already
+    (turned,) = [s for s in said if "checkpointing = auto turns" in s]
+    assert turned.startswith("out of memory on cpu training one completion (up to ")
+    assert backend.options.checkpointing is True
     for name, p in backend.model.named_parameters():
         if p.requires_grad:
             assert p.grad is None and torch.equal(p.detach(), before[name])  # not updated
+
+
+def test_one_completion_that_cannot_fit_names_checkpointing_when_set_off(
+    tiny_raw, tiny_model_dir, monkeypatch
+):
+    raw = copy.deepcopy(tiny_raw)
+    raw["backend"]["options"] = {"checkpointing": False}
+    backend = make_backend(raw, tiny_model_dir)
+    datums = datums_of(backend)
+    run_out_of_memory_above(backend, monkeypatch, limit=3)
+    with pytest.raises(TrainingError) as err:
+        backend.train_step(datums, HYPER)
+    assert "Fix: [backend.options] checkpointing = true (each block keeps only" in str(err.value)
+    assert backend.options.checkpointing is False  # set by hand: left alone
+
+
+def test_auto_checkpointing_trains_a_completion_that_ran_out_of_memory(backend, monkeypatch):
+    """A completion that runs out of memory without activation checkpointing and fits
+    with it (injected: only while it is off): the step runs again with it on, at the
+    step's first budget, and makes the update a step that never ran out would make;
+    every later step keeps it (the metrics row says checkpointing 1)."""
+    datums = datums_of(backend)
+    clean, grad_clean = step_gradients(backend, datums, HYPER, 10_000)
+    assert clean.extra["checkpointing"] == 0.0
+    said: list[str] = []
+    backend._say = said.append
+    inner = backend._logprobs
+
+    def forward(groups, temperature):
+        if not backend.options.checkpointing and len(groups[0][1]) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return inner(groups, temperature)
+
+    monkeypatch.setattr(backend, "_logprobs", forward)
+    result, grads = step_gradients(backend, datums, HYPER, 1)  # one completion a micro-batch
+    assert result.extra["checkpointing"] == 1.0 and result.extra["oom_retries"] == 1
+    assert result.extra["micro_batch_tokens"] == 1  # the step's first budget, not halved
+    assert backend.options.checkpointing is True
+    assert any(getattr(m, "gradient_checkpointing", False) for m in backend.model.modules())
+    (turned,) = said
+    assert "checkpointing = auto turns activation checkpointing on for the rest of the run" in (
+        turned
+    )
+    assert result.loss == pytest.approx(clean.loss, abs=1e-6)
+    for a, b in zip(grad_clean, grads, strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
 
 
 # ----------------------------------------------------------------------------- the
@@ -260,16 +315,18 @@ def test_out_of_memory_releases_kept_caches_before_halving(tiny_raw, tiny_model_
 # run-start check on CUDA, with a stand-in device and model shape
 
 
-def cuda_stand_in(micro_batch_tokens, free_gib: float, monkeypatch) -> SimpleNamespace:
+def cuda_stand_in(
+    micro_batch_tokens, free_gib: float, monkeypatch, max_tokens: int = 256, **options
+) -> SimpleNamespace:
     """What LocalBackend._size_memory reads of a backend training on cuda:0, with the
     shape of Qwen3-4B and `free_gib` free (torch.cuda.mem_get_info stands in)."""
-    options = LocalOptions.from_mapping({"micro_batch_tokens": micro_batch_tokens})
+    options = LocalOptions.from_mapping({"micro_batch_tokens": micro_batch_tokens, **options})
     lora = SimpleNamespace(rank=32, target_modules=())
     stand_in = SimpleNamespace(
         options=options,
         train_device=torch.device("cuda", 0),
         bf16=True,
-        settings=SimpleNamespace(model="qwen3-4b-shaped", lora=lora),
+        settings=SimpleNamespace(model="qwen3-4b-shaped", lora=lora, max_tokens=max_tokens),
         _model_shape=lambda model: shape_from_config(QWEN3_4B),
     )
     free = int(free_gib * GIB)
@@ -303,9 +360,46 @@ def test_the_run_start_check_refuses_a_micro_batch_over_the_gpu(monkeypatch):
     assert b.options.micro_batch_tokens == largest
     assert said == [f"micro_batch_tokens = auto: {largest} positions (79.0 GiB free on cuda:0)"]
     # a GPU the weights alone fill: auto refuses too, naming the key
-    b = cuda_stand_in("auto", 12.0, monkeypatch)
+    b = cuda_stand_in("auto", 9.0, monkeypatch)  # (12 GiB fits a few with checkpointing)
     with pytest.raises(BackendError, match=r"\[backend.options\] micro_batch_tokens: not even 256"):
         LocalBackend._size_memory(b, None, said.append)
+
+
+def test_auto_checkpointing_at_the_run_start(monkeypatch):
+    """checkpointing = "auto" on CUDA: on when a completion of max_tokens (and a 256-token
+    prompt) is longer than the largest micro-batch without it, said at the start, and
+    the auto micro-batch is then sized with it; off otherwise, and on a CPU."""
+    shape = shape_from_config(QWEN3_4B)
+    without = largest_micro_batch(
+        shape, device_kind="cuda", dtype="bf16", free_bytes=23 * GIB, lora_rank=32
+    )
+    said: list[str] = []
+    b = cuda_stand_in("auto", 23.0, monkeypatch, max_tokens=without - 256 + 1)
+    LocalBackend._size_memory(b, None, said.append)
+    assert b.options.checkpointing is True and b._sizing["checkpointing"] is True
+    with_it = largest_micro_batch(
+        shape,
+        device_kind="cuda",
+        dtype="bf16",
+        free_bytes=23 * GIB,
+        lora_rank=32,
+        checkpointing=True,
+    )
+    assert b.options.micro_batch_tokens == with_it > without
+    assert said[0] == (
+        f"checkpointing = auto: on (a completion of {without - 256 + 1} tokens after a prompt "
+        "would not fit the largest micro-batch without it; 23.0 GiB free on cuda:0)"
+    )
+    b = cuda_stand_in("auto", 23.0, monkeypatch, max_tokens=without - 256)  # it just fits
+    LocalBackend._size_memory(b, None, lambda s: None)
+    assert b.options.checkpointing is False and b.options.micro_batch_tokens == without
+    b = cuda_stand_in("auto", 23.0, monkeypatch, max_tokens=100_000, checkpointing=False)
+    LocalBackend._size_memory(b, None, lambda s: None)
+    assert b.options.checkpointing is False  # set by hand: kept
+    b = cuda_stand_in("auto", 23.0, monkeypatch, max_tokens=100_000)
+    b.train_device = torch.device("cpu")
+    LocalBackend._size_memory(b, None, lambda s: None)
+    assert b.options.checkpointing is False  # a CPU's runs do not change
 
 
 def test_the_cpu_is_not_checked(monkeypatch):

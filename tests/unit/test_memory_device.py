@@ -324,19 +324,27 @@ def test_long_completions_on_a_24_gib_gpu_decode_as_many_as_fit(
     )
 
 
-def test_a_completion_longer_than_the_largest_micro_batch_is_a_warning(
-    tmp_path, capsys, monkeypatch, no_caches
-):
+def test_a_completion_longer_than_the_largest_micro_batch(tmp_path, capsys, monkeypatch, no_caches):
     """A completion is trained whole: with 10,240-token completions of Qwen3-4B the
-    largest micro-batch that fits a 24 GiB GPU (~1.8k positions) cannot hold one, so a
-    long completion would stop the run out of memory. explain and doctor warn and name
-    activation checkpointing, with which one fits; on an 80 GiB GPU nothing is said."""
+    largest micro-batch that fits a 24 GiB GPU without activation checkpointing (~1.8k
+    positions) cannot hold one, so a long completion would stop the run out of memory.
+    checkpointing = "auto" (the default) turns it on there, and explain says so; set to
+    false, explain and doctor warn, naming it; on an 80 GiB GPU auto leaves it off."""
     simulate(monkeypatch, cuda0=(23.2, 24.0))
     path = qwen_config(tmp_path)
     path.write_text(path.read_text().replace("max_tokens = 256", "max_tokens = 10240"))
     code, text, report = explain(path, capsys)
+    assert code == 0 and not report["errors"] and not report["warnings"]
+    assert report["estimates"]["checkpointing"] is True
+    assert "activation checkpointing: on (auto: a completion of max_tokens needs it)" in text
+    assert report["estimates"]["micro_batch_tokens"] > 10240 + 256  # fits with it
+    # set off: the largest micro-batch without it is shorter than a completion
+    off = tmp_path / "off.toml"
+    off.write_text(path.read_text().replace("[eval]", "checkpointing = false\n[eval]"))
+    code, text, report = explain(off, capsys)
     largest = report["estimates"]["micro_batch_tokens"]  # auto: the largest that fits
     assert code == 0 and not report["errors"] and 256 < largest < 10240 + 256
+    assert "activation checkpointing: off, attention:" in text
     (warning,) = [w for w in report["warnings"] if "trained whole" in w]
     assert warning.startswith("[training] max_tokens = 10240: a completion is trained whole")
     assert "~10496 positions (a prompt of ~256 tokens and max_tokens)" in warning
@@ -346,18 +354,19 @@ def test_a_completion_longer_than_the_largest_micro_batch_is_a_warning(
         f"or max_tokens <= {largest - 256}, or a device with more memory"
     )
     assert f"WARNING: {warning}" in text
-    check = doctor.check_memory(doctor.check_config(str(path))[1])[0]
+    check = doctor.check_memory(doctor.check_config(str(off))[1])[0]
     assert check.status == "WARN" and check.fix == warning
     assert check.detail.endswith("; a completion of max_tokens would not fit a micro-batch")
-    # with checkpointing on, a completion of max_tokens fits: nothing to say
-    path.write_text(path.read_text().replace("[eval]", "checkpointing = true\n[eval]"))
-    code, text, report = explain(path, capsys)
-    assert code == 0 and not [w for w in report["warnings"] if "trained whole" in w]
-    # an 80 GiB GPU holds one without it
+    # an 80 GiB GPU holds one without it: auto leaves it off, and nothing is said
     simulate(monkeypatch, cuda0=(79.1, 79.6))
-    path.write_text(path.read_text().replace("checkpointing = true\n", ""))
     code, text, report = explain(path, capsys)
     assert code == 0 and not report["warnings"] and report["estimates"]["memory_problem"] is None
+    assert report["estimates"]["checkpointing"] is False
+    assert "checkpointing: off (auto: a completion of max_tokens fits without it)" in text
+    # the GPU's memory unknown: auto is decided at start
+    simulate(monkeypatch, cuda0=None)
+    text = explain(path, capsys)[1]
+    assert "activation checkpointing: auto (decided at start from the free memory)" in text
 
 
 def test_explain_without_the_gpus_memory_keeps_auto_open(tmp_path, capsys, monkeypatch, no_caches):
@@ -451,7 +460,10 @@ def test_explain_names_the_bf16_layout_of_each_device(tmp_path, capsys, monkeypa
         "Compute:     fp32 matmuls (float32 adapter and logits; auto: compute capability 7.0 "
         "has no native bf16)" in v100
     )
-    assert "auto:" not in explain(qwen_config(tmp_path, 'dtype = "fp32"'), capsys)[1]
+    assert (
+        "auto: compute capability"
+        not in explain(qwen_config(tmp_path, 'dtype = "fp32"'), capsys)[1]
+    )
 
 
 def test_triton_work_in_bf16_is_refused_on_a_gpu_without_native_bf16(
