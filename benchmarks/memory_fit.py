@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     budget = max(sizes) * (70 + args.completions * args.tokens) * 2
     flags = ["--model", args.model, "--devices", args.devices]
     flags += ["--lora-rank", str(args.lora_rank), "--log-dir", str(work / "logs")]
+    # the plain activations are what it calibrates: checkpointing = "auto" would turn
+    # activation checkpointing on at a micro-batch of one completion that ran out
+    flags += ["--backend-opt", "checkpointing=false"]
     config = load_config(path, [*flags, *args.flags])
     said: list[str] = []
     backend = build_backend(config, AutoTokenizer.from_pretrained(args.model), say=said.append)
@@ -123,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             "seconds_each": times,
             "tokens_per_s": k * args.completions * args.tokens / seconds,
             "oom_retries": result.extra.get("oom_retries"),
+            "checkpointing": result.extra.get("checkpointing"),
             "estimate_gib": training_memory(
                 shape,
                 micro_batch_tokens=positions,
