@@ -313,7 +313,7 @@ def memory_estimate(config: Config, world: World | None = None) -> dict[str, Any
         why = (
             "it decides on a GPU only"
             if kind != "cuda"
-            else "decided at start from the free memory"
+            else "decided at start from the model's config and the free memory"
             if free is None or shape is None
             else "a completion of max_tokens needs it"
         )
