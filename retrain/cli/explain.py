@@ -133,7 +133,8 @@ def _advice(config: Config) -> list[str]:
     """Settings that are valid but probably not what was meant."""
     warnings = []
     algo = config.algorithm
-    if config.training.seed == -1:
+    # a campaign's runs take their seeds from [campaign] seeds
+    if config.training.seed == -1 and config.campaign is None:
         warnings.append(
             "[training] seed = -1: the run is not reproducible; set a seed to compare conditions"
         )

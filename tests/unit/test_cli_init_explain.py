@@ -145,6 +145,17 @@ def test_explain_campaign_matrix(capsys, one_gpu):
     first = camp["condition_details"][0]
     assert first["label"] == "grpo+none" and first["overrides"] == []
     assert first["runs"][0] == "grpo+none_s42" and first["max_steps"] == 500
+    # its runs are seeded by [campaign] seeds, so its unset [training] seed is no warning
+    report = json.loads(out)
+    assert not [w for w in report["warnings"] if "seed" in w]
+
+
+def test_explain_warns_about_an_unseeded_run(tmp_path, capsys, one_gpu):
+    path = _write(tmp_path / "r.toml", "[training]\nmax_steps = 1\n")
+    code, out, _ = run(["explain", str(path), "--json"], capsys)
+    assert "[training] seed = -1: the run is not reproducible" in " ".join(
+        json.loads(out)["warnings"]
+    )
 
 
 def test_explain_tinker_ignores_inference(tmp_path, capsys):
