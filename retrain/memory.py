@@ -636,10 +636,21 @@ def auto_micro_batch_tokens(
         raise BackendError(
             f"[backend.options] micro_batch_tokens: not even {MICRO_BATCH_STEP} positions fit "
             f"the device's {free_bytes / GIB:.1f} GiB free (weights and adapter alone "
-            f"~{fixed:.1f} GiB). Fix: free the device, a smaller [model] model or "
-            "[model] lora_rank, or a device with more memory"
+            f"~{fixed:.1f} GiB). Fix: free the device, {lighter_weights(dtype, device_kind)}a "
+            "smaller [model] model or [model] lora_rank, or a device with more memory"
         )
     return n
+
+
+def lighter_weights(dtype: str, device_kind: str) -> str:
+    """The fix that halves float32 weights on a GPU (where `dtype = "auto"` chose float32
+    for want of native bf16, or it was set), "" elsewhere: a clause for a list of fixes."""
+    if dtype != "fp32" or device_kind != "cuda":
+        return ""
+    return (
+        '[backend.options] dtype = "bf16" (half the weights, and no float32 merged copy '
+        "for the sampler; slower on a GPU without native bf16), "
+    )
 
 
 def needs_checkpointing(
@@ -715,6 +726,7 @@ def fit_problem(
     calibrated: bool = True,
     one_row: bool = False,
     prompt_batch: int = 0,
+    lighter: str = "",
 ) -> FitProblem | None:
     """The estimate against a device's free memory: None when it stays within HEADROOM of
     it, a warning when it comes closer, an error above it, naming what to change:
@@ -722,7 +734,7 @@ def fit_problem(
     micro-batch makes the peak, the sampling keys when sampling does (`one_row`: the
     decoder sizes its rows to the free memory, so `peak` holds one completion, and only
     max_tokens can help; else `prompt_batch` as set), the model when even the weights do
-    not fit."""
+    not fit (`lighter`: `lighter_weights`' clause for the device and dtype)."""
     need = peak.total
     if need <= HEADROOM * free_bytes:
         return None
@@ -738,8 +750,8 @@ def fit_problem(
     if largest == 0:
         message = (
             f"[backend] devices: the step {amount}, and the weights and adapter alone leave "
-            f"no room for a micro-batch of {MICRO_BATCH_STEP} positions. Fix: a device with "
-            "more free memory, or a smaller [model] model or [model] lora_rank"
+            f"no room for a micro-batch of {MICRO_BATCH_STEP} positions. Fix: {lighter}a "
+            "device with more free memory, or a smaller [model] model or [model] lora_rank"
         )
     elif peak.training >= peak.sampling:
         fits = "the largest that fits is" if over else "leaving a margin:"

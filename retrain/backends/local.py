@@ -78,6 +78,7 @@ from retrain.memory import (
     auto_micro_batch_tokens,
     fit_problem,
     largest_micro_batch,
+    lighter_weights,
     memory_model,
     needs_checkpointing,
     sampler_on_device,
@@ -294,6 +295,7 @@ class LocalBackend:
             micro_batch_tokens=opts.micro_batch_tokens,
             largest=largest_micro_batch(shape, free_bytes=free, **sizing),
             calibrated=bool(memory_model(device.type, dtype).calibrated),
+            lighter=lighter_weights(dtype, device.type),
         )
         if problem is not None and problem.level == "error":
             raise BackendError(problem.message)

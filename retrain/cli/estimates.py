@@ -29,6 +29,7 @@ from retrain.memory import (
     fit_problem,
     kv_value_bytes,
     largest_micro_batch,
+    lighter_weights,
     memory_model,
     needs_checkpointing,
     params_in_name,
@@ -206,6 +207,7 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
             calibrated=bool(memory_model(kind, dtype).calibrated),
             one_row=bool(sized),
             prompt_batch=step.prompt_batch,
+            lighter=lighter_weights(dtype, kind),
         ) or _completion_problem(shape, plan, largest)
     return out
 

@@ -597,6 +597,8 @@ def _memory_text(est: dict[str, Any]) -> str:
     if est.get("peak_memory_gib") is None:
         return device + params + est.get("memory_note", "unknown")
     problem = est.get("memory_problem") or {}
+    if problem.get("what") == "completion":  # the peak fits; its own warning says the rest
+        problem = {}
     flag = {"error": ", OVER the free memory", "warning": ", close to the free memory"}
     return (
         f"{device}{params}peak ~{est['peak_memory_gib']:g} GiB"

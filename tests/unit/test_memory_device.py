@@ -354,6 +354,7 @@ def test_a_completion_longer_than_the_largest_micro_batch(tmp_path, capsys, monk
         f"or max_tokens <= {largest - 256}, or a device with more memory"
     )
     assert f"WARNING: {warning}" in text
+    assert "close to the free memory" not in memory_line(text)  # the peak itself fits
     check = doctor.check_memory(doctor.check_config(str(off))[1])[0]
     assert check.status == "WARN" and check.fix == warning
     assert check.detail.endswith("; a completion of max_tokens would not fit a micro-batch")
@@ -368,6 +369,23 @@ def test_a_completion_longer_than_the_largest_micro_batch(tmp_path, capsys, monk
     text = explain(path, capsys)[1]
     want = "checkpointing: auto (decided at start from the model's config and the free memory)"
     assert want in text
+
+
+def test_float32_weights_that_fill_a_gpu_name_bf16(tmp_path, capsys, monkeypatch, no_caches):
+    """A T4 (compute capability 7.5, no native bf16): dtype = "auto" is float32, and
+    Qwen3-4B's float32 weights with the sampler's merged float32 copy (~29 GiB) fill its
+    15 GiB; the error names bf16, which fits (7.8 GiB of weights)."""
+    simulate(monkeypatch, cap=(7, 5), cuda0=(14.6, 15.0))
+    code, text, report = explain(qwen_config(tmp_path), capsys)
+    (error,) = report["errors"]
+    assert code == 2 and "not even 256 positions fit the device's 14.6 GiB free" in error
+    assert 'Fix: free the device, [backend.options] dtype = "bf16" (half the weights' in error
+    code, text, report = explain(qwen_config(tmp_path, 'dtype = "bf16"'), capsys)
+    assert code == 0 and not report["errors"]
+    # on a GPU with native bf16 the weights are bf16 already: nothing to halve
+    simulate(monkeypatch, cuda0=(6.0, 8.0))
+    error = explain(qwen_config(tmp_path), capsys)[2]["errors"][0]
+    assert "not even 256 positions fit" in error and 'dtype = "bf16"' not in error
 
 
 def test_explain_without_the_gpus_memory_keeps_auto_open(tmp_path, capsys, monkeypatch, no_caches):
