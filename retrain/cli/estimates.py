@@ -163,9 +163,9 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
     least = peak_memory(shape, replace(step, max_rows=1), **mem) if sized else parts
     gib = {k: v / 2**30 for k, v in parts.as_dict().items()}
     how = "auto" if opts["micro_batch_tokens"] == "auto" else "set"
-    copy_ = sampler_copy_bytes(
-        shape, dtype, step.target_modules, kind, step.lora_rank, step.sampler
-    )
+    # shard = true: the sampler reads the gathered blocks themselves (no copy of its own)
+    sampler = step.sampler if step.shards == 1 else None
+    copy_ = sampler_copy_bytes(shape, dtype, step.target_modules, kind, step.lora_rank, sampler)
     own = f" (of which the sampler's copy {copy_ / 2**30:.2f})" if copy_ else ""
     micro = f"a training micro-batch of {size} positions ({how}) {gib['training']:.2f} GiB"
     if step.sampler is None:  # a server engine, or split mode's other device

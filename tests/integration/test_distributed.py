@@ -394,6 +394,7 @@ def test_shard_alone_or_with_a_bf16_sampler_is_a_config_error(tmp_path, tiny_mod
     two = explain("--world-size", "2", "run.toml")
     assert two.returncode == 0, two.stdout
     assert "shard = true: training holds" in two.stdout
+    assert "of which the sampler's copy" not in two.stdout  # it reads the gathered blocks
     bf16 = explain("--world-size", "2", "bf16.toml")
     assert bf16.returncode == 2
     assert "[inference] dtype (bf16.toml:" in bf16.stdout
