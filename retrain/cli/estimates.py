@@ -175,7 +175,8 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
     else:
         wanted = step.batch_size * step.group_size
         rows = sampling_rows(step.batch_size, step.group_size, step.prompt_batch, step.max_rows)
-        at_once = f" ({rows} of {wanted} completions at once, as many as fit)" if sized else ""
+        limited = sized and rows < wanted  # the free memory, not the step, bounds them
+        at_once = f" ({rows} of {wanted} completions at once, as many as fit)" if limited else ""
         parts_text = f"the larger of sampling {gib['sampling']:.2f}{at_once} and {micro}"
     note = (
         f"weights {gib['weights']:.2f}{own} + adapter {gib['adapter']:.2f} + {parts_text}, "

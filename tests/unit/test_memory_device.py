@@ -220,6 +220,7 @@ def test_explain_sizes_auto_to_an_80_gib_gpu(tmp_path, capsys, monkeypatch, no_c
     # the sampler's own A (bf16) and B (float32) of the r32 adapter, 0.33 GiB
     assert float(line.split("weights ")[1].split(" ")[0]) == 7.82
     assert "(of which the sampler's copy 0.33)" in line
+    assert "completions at once" not in line  # all 128 fit: the step bounds them, not memory
 
 
 def test_explain_counts_a_bf16_sampling_copy_of_its_own(tmp_path, capsys, monkeypatch, no_caches):
