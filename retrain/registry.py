@@ -553,9 +553,10 @@ BACKENDS = Registry(
                 "prompt_batch": OptionSpec(
                     "int",
                     0,
-                    "Prompts decoded together. 0 = at most 64 completions at once (whole "
-                    "prompts, or a larger group in parts), so sampling memory does not grow "
-                    "with the group",
+                    "Prompts decoded together. 0 = a bounded number of completions at once "
+                    "(whole prompts, or a larger group in parts), so sampling memory does not "
+                    "grow with the group: at most 64 on a CPU; on a GPU as many as fit 90% of "
+                    "its free memory when it samples",
                 ),
                 "dtype": OptionSpec(
                     "str",
