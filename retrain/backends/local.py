@@ -232,7 +232,7 @@ class LocalBackend:
             self.sampler_model.requires_grad_(False)
         self.engine, self.server = self._attach(engine, tokenizer)
         say(
-            f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'}, micro_batch_tokens={self.options.micro_batch_tokens}, attention={flex.label(self._flex_from)})."
+            f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'}, micro_batch_tokens={self.options.micro_batch_tokens}{', activation checkpointing' if self.options.checkpointing else ''}, attention={flex.label(self._flex_from)})."
         )
 
     def _size_memory(self, model, say: Callable[[str], None], sampler: str | None = "auto") -> None:

@@ -16,13 +16,13 @@ from retrain.types import Datum, TrainHyper
 HYPER = TrainHyper(lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8, temperature=1.0)
 
 
-def _backend(tiny_raw, checkpointing: bool):
+def _backend(tiny_raw, checkpointing: bool, said: list[str] | None = None):
     from transformers import AutoTokenizer
 
     raw = copy.deepcopy(tiny_raw)
     raw["backend"]["options"]["checkpointing"] = checkpointing
     tok = AutoTokenizer.from_pretrained(raw["model"]["model"])
-    b = build_backend(config_from_dict(raw), tok, lambda s: None)
+    b = build_backend(config_from_dict(raw), tok, (said if said is not None else []).append)
     with torch.no_grad():  # a non-trivial adapter: the gradient reaches every LoRA matrix
         for name, p in b.model.named_parameters():
             if "lora_B" in name:
@@ -31,7 +31,10 @@ def _backend(tiny_raw, checkpointing: bool):
 
 
 def test_checkpointing_gives_the_plain_gradient(tiny_raw):
-    plain, ckpt = _backend(tiny_raw, False), _backend(tiny_raw, True)
+    said: list[str] = []
+    plain, ckpt = _backend(tiny_raw, False), _backend(tiny_raw, True, said)
+    (ready,) = [s for s in said if s.startswith("Local backend ready")]
+    assert "micro_batch_tokens=512, activation checkpointing, attention=" in ready
 
     def on(b) -> bool:
         m = b.model
