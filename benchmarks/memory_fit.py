@@ -127,14 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             "tokens_per_s": k * args.completions * args.tokens / seconds,
             "oom_retries": result.extra.get("oom_retries"),
             "checkpointing": result.extra.get("checkpointing"),
-            "estimate_gib": training_memory(
-                shape,
-                micro_batch_tokens=positions,
-                device_kind=device.type,
-                dtype=dtype,
-                lora_rank=args.lora_rank,
-            ).total
-            / 2**30,
+            "estimate_gib": training_memory(shape, backend.sizing, positions).total / 2**30,
         }
         if cuda:
             peak = torch.cuda.max_memory_allocated(device)

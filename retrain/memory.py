@@ -285,23 +285,34 @@ def sampling_rows(
 
 
 @dataclass(frozen=True)
+class Sizing:
+    """What a training device holds besides the model's shape and a micro-batch's
+    activations depend on: the device kind and matmul dtype, the adapter, activation
+    checkpointing, and the sampler beside the trainer. The local backend, explain and
+    the benchmarks size with one."""
+
+    device_kind: str  # "cpu", "cuda" or "mps"
+    dtype: str  # the matmul dtype: "bf16" or "fp32"
+    lora_rank: int = 0
+    target_modules: tuple[str, ...] = ()  # () = every projection
+    checkpointing: bool = False  # [backend.options] checkpointing, resolved
+    # the sampler on this device: "auto" (the in-process engine's copy, in the trainer's
+    # dtype), "bf16" (its `[inference] dtype = "bf16"` copy) or None (a server engine, or
+    # the other device of split mode)
+    sampler: str | None = "auto"
+
+
+@dataclass(frozen=True)
 class StepSizes:
-    """What a local step's memory depends on besides the model and the device."""
+    """What a local step's memory depends on besides the model and the `Sizing`."""
 
     batch_size: int
     group_size: int
     max_tokens: int
     prompt_tokens: int
     prompt_batch: int
-    lora_rank: int
-    target_modules: tuple[str, ...] = ()  # () = every projection
     max_rows: int | None = None  # the decoder's row budget (None: SAMPLE_ROWS)
-    checkpointing: bool = False  # [backend.options] checkpointing
     shards: int = 1  # [backend.options] shard = true under torchrun: the ranks
-    # the sampler on this device: "auto" (the in-process engine's copy, in the trainer's
-    # dtype), "bf16" (its `[inference] dtype = "bf16"` copy) or None (a server engine, or
-    # the other device of split mode)
-    sampler: str | None = "auto"
 
 
 @dataclass(frozen=True)
@@ -321,70 +332,50 @@ class PeakMemory:
         return asdict(self)
 
 
-def weight_bytes(
-    shape: ModelShape,
-    dtype: str,
-    target_modules: Sequence[str] = (),
-    device_kind: str = "cpu",
-    lora_rank: int = 0,
-    sampler: str | None = "auto",
-) -> int:
+def weight_bytes(shape: ModelShape, sizing: Sizing) -> int:
     """The blocks' linears at `block_bytes(dtype)` (bf16 mode: 2), everything else
     (embeddings, output layer, norms, biases) at `rest_bytes` (float32 on a CPU, bf16 on
     a GPU), as retrain/kernels/precision.py holds them, and what the sampler's copy holds
     of its own (`sampler_copy_bytes`):
 
         (params - block_params) x rest_bytes + block_params x block_bytes + copy"""
-    rest = rest_bytes(dtype, device_kind)
-    own = (shape.params - shape.block_params) * rest + shape.block_params * block_bytes(dtype)
-    copy = sampler_copy_bytes(shape, dtype, target_modules, device_kind, lora_rank, sampler)
-    return own + copy
+    rest = rest_bytes(sizing.dtype, sizing.device_kind)
+    blocks = shape.block_params * block_bytes(sizing.dtype)
+    return (shape.params - shape.block_params) * rest + blocks + sampler_copy_bytes(shape, sizing)
 
 
-def sampler_copy_bytes(
-    shape: ModelShape,
-    dtype: str,
-    target_modules: Sequence[str] = (),
-    device_kind: str = "cpu",
-    lora_rank: int = 0,
-    sampler: str | None = "auto",
-) -> int:
+def sampler_copy_bytes(shape: ModelShape, sizing: Sizing) -> int:
     """What the in-process sampler's copy (retrain/engines/sampling_copy.py) holds
-    beside the trainer's weights, which it shares (nothing where `sampler` is None: no
+    beside the trainer's weights, which it shares (nothing where `sizing.sampler` is None: no
     sampler on this device):
 
     - float32: W + scaling * B @ A of each adapted linear, merged (adapted x 4);
     - bf16: its own A and B beside the shared weights (`copy_adapter_bytes`, given
-      `lora_rank`), and on a wholly bf16 model where a bf16 matmul cannot give float32
+      `sizing.lora_rank`), and on a wholly bf16 model where a bf16 matmul cannot give float32
       logits (`f32_out_matmul`: a GPU with torch < 2.8) a float32 output layer
       (`Float32Head`, vocab x hidden x 4);
-    - `sampler` "bf16" (`[inference] dtype = "bf16"`) on a float32 model (a bf16 one
+    - `sizing.sampler` "bf16" (`[inference] dtype = "bf16"`) on a float32 model (a bf16 one
       samples through its own bf16 matmuls, as above): a whole bf16 model of its own
       (params x 2) and the adapter's float32 A and B beside it; where `f32_out_matmul`
       does not hold, its output layer in float32 (`Float32Head`) instead of bf16, or
       besides the bf16 input embeddings it is tied to."""
-    if sampler is None:
+    dtype, device_kind = sizing.dtype, sizing.device_kind
+    if sizing.sampler is None:
         return 0
     head = shape.vocab * shape.hidden * 4
-    beside = copy_adapter_bytes(shape, lora_rank, target_modules, dtype, device_kind, sampler)
-    if own_bf16_copy(dtype, sampler):
+    beside = copy_adapter_bytes(shape, sizing)
+    if own_bf16_copy(sizing):
         if not f32_out_matmul(device_kind):
             beside += head if shape.tied_embeddings else head // 2  # 4 bytes, not 2
         return shape.params * 2 + beside
     if block_bytes(dtype) != 2:
-        return shape.layers * sum(i * o for i, o in shape.adapted(target_modules).values()) * 4
+        adapted = shape.adapted(sizing.target_modules).values()
+        return shape.layers * sum(i * o for i, o in adapted) * 4
     narrow_head = rest_bytes(dtype, device_kind) == 2 and not f32_out_matmul(device_kind)
     return beside + (head if narrow_head else 0)
 
 
-def copy_adapter_bytes(
-    shape: ModelShape,
-    lora_rank: int,
-    target_modules: Sequence[str] = (),
-    dtype: str = "bf16",
-    device_kind: str = "cpu",
-    sampler: str | None = "auto",
-) -> int:
+def copy_adapter_bytes(shape: ModelShape, sizing: Sizing) -> int:
     """The sampler's own A and B beside bf16 weights (bf16 mode, or a bf16 copy of its
     own: `own_bf16_copy`; float32 merges them into the weights instead), in the dtypes the
     trainer computes them in: A in bf16 on a wholly bf16 model (a GPU), else float32; B
@@ -393,14 +384,15 @@ def copy_adapter_bytes(
     block-diagonally, so its B holds (sum of outs) x (members x rank) values. Per layer:
 
         sum over sets and lone projections of rank x members x (in x a + outs x b)"""
-    if not lora_rank or sampler is None:
+    lora_rank = sizing.lora_rank
+    if not lora_rank or sizing.sampler is None:
         return 0
-    if block_bytes(dtype) != 2 and not own_bf16_copy(dtype, sampler):
+    if block_bytes(sizing.dtype) != 2 and not own_bf16_copy(sizing):
         return 0
-    whole = whole_model_bf16(dtype, device_kind)
+    whole = whole_model_bf16(sizing.dtype, sizing.device_kind)
     a = 2 if whole else 4
-    b = 4 if whole and sums_in_f32(device_kind) else a
-    adapted = shape.adapted(target_modules)
+    b = 4 if whole and sums_in_f32(sizing.device_kind) else a
+    adapted = shape.adapted(sizing.target_modules)
     sets = [names for names in SIBLINGS if all(n in adapted for n in names)]
     sets += [(n,) for n in adapted if not any(n in names for names in sets)]
     per_layer = 0
@@ -411,7 +403,7 @@ def copy_adapter_bytes(
 
 
 def sampler_on_device(in_process: bool, same_device: bool, engine_dtype: str) -> str | None:
-    """`StepSizes.sampler` for the training device: None for a server engine (its weights
+    """`Sizing.sampler` for the training device: None for a server engine (its weights
     and KV cache are the server's) or in split mode (the sampler is on the other device);
     else the in-process engine's copy, "bf16" where it samples in `[inference] dtype =
     "bf16"`, "auto" otherwise. explain and the local backend both ask here."""
@@ -420,24 +412,24 @@ def sampler_on_device(in_process: bool, same_device: bool, engine_dtype: str) ->
     return "bf16" if engine_dtype == "bf16" else "auto"
 
 
-def own_bf16_copy(dtype: str, sampler: str | None) -> bool:
+def own_bf16_copy(sizing: Sizing) -> bool:
     """Whether the sampler holds a bf16 model of its own: `[inference] dtype = "bf16"` on
     a float32 trainer (on a bf16 one the engine samples through the trainer's bf16
     matmuls: retrain/engines/pytorch.py `bind`)."""
-    return sampler == "bf16" and dtype == "fp32"
+    return sizing.sampler == "bf16" and sizing.dtype == "fp32"
 
 
-def kv_value_bytes(dtype: str, device_kind: str, sampler: str | None = "auto") -> int:
+def kv_value_bytes(sizing: Sizing) -> int:
     """Bytes of a KV cache value: the sampling model's residual stream's (`rest_bytes`),
     2 for a bf16 copy of its own (`own_bf16_copy`)."""
-    return 2 if own_bf16_copy(dtype, sampler) else rest_bytes(dtype, device_kind)
+    return 2 if own_bf16_copy(sizing) else rest_bytes(sizing.dtype, sizing.device_kind)
 
 
-def adapter_bytes(shape: ModelShape, lora_rank: int, target_modules: Sequence[str] = ()) -> int:
+def adapter_bytes(shape: ModelShape, sizing: Sizing) -> int:
     """float32 LoRA weights (rank x (in + out) per adapted linear), their gradients and
     AdamW's two moments: rank x sum(in + out) x 4 bytes x 4."""
-    in_out = shape.layers * sum(i + o for i, o in shape.adapted(target_modules).values())
-    return lora_rank * in_out * 4 * 4
+    in_out = shape.layers * sum(i + o for i, o in shape.adapted(sizing.target_modules).values())
+    return sizing.lora_rank * in_out * 4 * 4
 
 
 def training_bytes(
@@ -461,27 +453,16 @@ def training_bytes(
     return positions * per_position + min(positions, LOGIT_ROWS) * shape.vocab * 4 * 2
 
 
-def training_memory(
-    shape: ModelShape,
-    *,
-    micro_batch_tokens: int,
-    device_kind: str,
-    dtype: str,
-    lora_rank: int,
-    target_modules: Sequence[str] = (),
-    checkpointing: bool = False,
-    sampler: str | None = "auto",
-) -> PeakMemory:
+def training_memory(shape: ModelShape, sizing: Sizing, micro_batch_tokens: int) -> PeakMemory:
     """The peak while training a micro-batch of `micro_batch_tokens` positions, sampling
     left out (what the micro-batch size moves; all the run-start check knows), the
-    weights with what the `sampler` on this device holds of its own (`weight_bytes`):
+    weights with what the sampler on this device holds of its own (`weight_bytes`):
 
         total = (weights + adapter + training) x slack + runtime"""
-    model = memory_model(device_kind, dtype)
-    weights = weight_bytes(shape, dtype, target_modules, device_kind, lora_rank, sampler)
-    adapter = adapter_bytes(shape, lora_rank, target_modules)
-    residual = rest_bytes(dtype, device_kind)
-    training = training_bytes(shape, micro_batch_tokens, model, checkpointing, residual)
+    model = memory_model(sizing.device_kind, sizing.dtype)
+    weights, adapter = weight_bytes(shape, sizing), adapter_bytes(shape, sizing)
+    residual = rest_bytes(sizing.dtype, sizing.device_kind)
+    training = training_bytes(shape, micro_batch_tokens, model, sizing.checkpointing, residual)
     return PeakMemory(
         weights=weights,
         adapter=adapter,
@@ -494,12 +475,7 @@ def training_memory(
 
 
 def peak_memory(
-    shape: ModelShape,
-    step: StepSizes,
-    *,
-    micro_batch_tokens: int,
-    device_kind: str,
-    dtype: str,
+    shape: ModelShape, sizing: Sizing, step: StepSizes, micro_batch_tokens: int
 ) -> PeakMemory:
     """A local step's peak on one device: the weights and the adapter, then the larger of
     sampling (rows x (prompt + max_tokens) tokens of KV cache, and the rows' logits) and
@@ -508,44 +484,30 @@ def peak_memory(
 
         total = (weights + adapter + max(sampling, training)) x slack + runtime"""
     per_step = step.batch_size * (step.prompt_tokens + step.group_size * step.max_tokens)
-    train = training_memory(
-        shape,
-        micro_batch_tokens=min(micro_batch_tokens, per_step),
-        device_kind=device_kind,
-        dtype=dtype,
-        lora_rank=step.lora_rank,
-        target_modules=step.target_modules,
-        checkpointing=step.checkpointing,
-        sampler=step.sampler,
-    )
+    train = training_memory(shape, sizing, min(micro_batch_tokens, per_step))
     rows = sampling_rows(step.batch_size, step.group_size, step.prompt_batch, step.max_rows)
     tokens = step.prompt_tokens + step.max_tokens
-    kv = shape.kv_bytes_per_token(kv_value_bytes(dtype, device_kind, step.sampler))
+    kv = shape.kv_bytes_per_token(kv_value_bytes(sizing))
     # a server engine's KV cache is the server's, not this device's
-    sampling = 0 if step.sampler is None else rows * (kv * tokens + shape.logit_bytes_per_row())
+    sampling = 0 if sizing.sampler is None else rows * (kv * tokens + shape.logit_bytes_per_row())
     if step.shards > 1:
-        return _sharded_peak(shape, step, train, sampling, dtype, device_kind)
+        return _sharded_peak(shape, sizing, step.shards, train, sampling)
     live = train.weights + train.adapter + max(sampling, train.training)
     return replace(train, sampling=sampling, total=live * train.slack + train.runtime)
 
 
 def _sharded_peak(
-    shape: ModelShape,
-    step: StepSizes,
-    train: PeakMemory,
-    sampling: int,
-    dtype: str,
-    device_kind: str,
+    shape: ModelShape, sizing: Sizing, shards: int, train: PeakMemory, sampling: int
 ) -> PeakMemory:
-    """`[backend.options] shard = true` on `step.shards` ranks: training holds 1/shards of
+    """`[backend.options] shard = true` on `shards` ranks: training holds 1/shards of
     the blocks plus the one block it has gathered; sampling gathers every block whole
     (retrain/distributed.py `full_weights`), and there is no merged sampling copy:
 
         total = max(whole + adapter + sampling, sharded + adapter + training) x slack + runtime"""
-    blocks = shape.block_params * block_bytes(dtype)
-    rest = (shape.params - shape.block_params) * rest_bytes(dtype, device_kind)
+    blocks = shape.block_params * block_bytes(sizing.dtype)
+    rest = (shape.params - shape.block_params) * rest_bytes(sizing.dtype, sizing.device_kind)
     whole = rest + blocks  # weight_bytes, no sampling copy
-    sharded = whole - blocks + blocks / step.shards + blocks / max(shape.layers, 1)
+    sharded = whole - blocks + blocks / shards + blocks / max(shape.layers, 1)
     live = max(whole + sampling, sharded + train.training) + train.adapter
     return replace(
         train,
@@ -560,17 +522,7 @@ def _sharded_peak(
 # chosen from a device's free memory
 
 
-def largest_micro_batch(
-    shape: ModelShape,
-    *,
-    device_kind: str,
-    dtype: str,
-    free_bytes: float,
-    lora_rank: int,
-    target_modules: Sequence[str] = (),
-    checkpointing: bool = False,
-    sampler: str | None = "auto",
-) -> int:
+def largest_micro_batch(shape: ModelShape, sizing: Sizing, free_bytes: float) -> int:
     """The largest micro-batch, a multiple of MICRO_BATCH_STEP positions up to
     MICRO_BATCH_MAX, whose training peak fits HEADROOM x free_bytes:
 
@@ -580,37 +532,19 @@ def largest_micro_batch(
     budget = HEADROOM * free_bytes
     best = 0
     for n in range(MICRO_BATCH_STEP, MICRO_BATCH_MAX + 1, MICRO_BATCH_STEP):
-        peak = training_memory(
-            shape,
-            micro_batch_tokens=n,
-            device_kind=device_kind,
-            dtype=dtype,
-            lora_rank=lora_rank,
-            target_modules=target_modules,
-            checkpointing=checkpointing,
-            sampler=sampler,
-        )
-        if peak.total > budget:
+        if training_memory(shape, sizing, n).total > budget:
             break  # the peak grows with n
         best = n
     return best
 
 
 def auto_micro_batch_tokens(
-    shape: ModelShape | None,
-    *,
-    device_kind: str,
-    dtype: str,
-    free_bytes: float | None,
-    lora_rank: int,
-    target_modules: Sequence[str] = (),
-    checkpointing: bool = False,
-    sampler: str | None = "auto",
+    shape: ModelShape | None, sizing: Sizing, free_bytes: float | None
 ) -> int:
     """`[backend.options] micro_batch_tokens = "auto"`: CPU_MICRO_BATCH (512) on a CPU or
     MPS, so their runs do not change; on CUDA `largest_micro_batch` of the free memory.
     Refuses (BackendError) on CUDA without the model's shape or when nothing fits."""
-    if device_kind != "cuda":
+    if sizing.device_kind != "cuda":
         return CPU_MICRO_BATCH
     if shape is None or free_bytes is None:
         missing = "the model's shape (its config.json)" if shape is None else "its free memory"
@@ -618,25 +552,14 @@ def auto_micro_batch_tokens(
             f'[backend.options] micro_batch_tokens = "auto" needs {missing} on cuda; '
             "set micro_batch_tokens to a number of positions"
         )
-    n = largest_micro_batch(
-        shape,
-        device_kind=device_kind,
-        dtype=dtype,
-        free_bytes=free_bytes,
-        lora_rank=lora_rank,
-        target_modules=target_modules,
-        checkpointing=checkpointing,
-        sampler=sampler,
-    )
+    n = largest_micro_batch(shape, sizing, free_bytes)
     if n == 0:
-        fixed = (
-            weight_bytes(shape, dtype, target_modules, device_kind, lora_rank, sampler)
-            + adapter_bytes(shape, lora_rank, target_modules)
-        ) / GIB
+        fixed = (weight_bytes(shape, sizing) + adapter_bytes(shape, sizing)) / GIB
+        lighter = lighter_weights(sizing.dtype, sizing.device_kind)
         raise BackendError(
             f"[backend.options] micro_batch_tokens: not even {MICRO_BATCH_STEP} positions fit "
             f"the device's {free_bytes / GIB:.1f} GiB free (weights and adapter alone "
-            f"~{fixed:.1f} GiB). Fix: free the device, {lighter_weights(dtype, device_kind)}a "
+            f"~{fixed:.1f} GiB). Fix: free the device, {lighter}a "
             "smaller [model] model or [model] lora_rank, or a device with more memory"
         )
     return n
@@ -654,32 +577,16 @@ def lighter_weights(dtype: str, device_kind: str) -> str:
 
 
 def needs_checkpointing(
-    shape: ModelShape | None,
-    *,
-    device_kind: str,
-    dtype: str,
-    free_bytes: float | None,
-    lora_rank: int,
-    max_tokens: int,
-    target_modules: Sequence[str] = (),
-    sampler: str | None = "auto",
+    shape: ModelShape | None, sizing: Sizing, free_bytes: float | None, max_tokens: int
 ) -> bool:
     """`[backend.options] checkpointing = "auto"`: on CUDA, on when a completion of
     `max_tokens` (after a prompt of PROMPT_TOKENS_GUESS tokens) is longer than the
     largest micro-batch that fits without it; a completion is trained whole, so it would
     run out of memory. Off on a CPU or MPS (their runs do not change), and where the
-    shape or the free memory is unknown."""
-    if device_kind != "cuda" or shape is None or free_bytes is None:
+    shape or the free memory is unknown. (`sizing.checkpointing` is what it decides.)"""
+    if sizing.device_kind != "cuda" or shape is None or free_bytes is None:
         return False
-    largest = largest_micro_batch(
-        shape,
-        device_kind=device_kind,
-        dtype=dtype,
-        free_bytes=free_bytes,
-        lora_rank=lora_rank,
-        target_modules=target_modules,
-        sampler=sampler,
-    )
+    largest = largest_micro_batch(shape, replace(sizing, checkpointing=False), free_bytes)
     return largest < PROMPT_TOKENS_GUESS + max_tokens
 
 

@@ -75,6 +75,7 @@ from retrain.loss.records import read_numbers
 from retrain.memory import (
     HEADROOM,
     ModelShape,
+    Sizing,
     auto_micro_batch_tokens,
     fit_problem,
     largest_micro_batch,
@@ -242,13 +243,18 @@ class LocalBackend:
         CPU; on CUDA the largest micro-batch whose training peak fits the free memory),
         and on CUDA a set value checked against the free memory, refused with the largest
         value that fits. `sampler`: what samples on the training device
-        (`memory.StepSizes.sampler`). `say` is kept for the OOM back-off."""
+        (`memory.Sizing.sampler`). `say` is kept for the OOM back-off."""
         self._say = say
         opts, device = self.options, self.train_device
         dtype = "bf16" if self.bf16 else "fp32"
         lora = self.settings.lora
-        sizing = dict(device_kind=device.type, dtype=dtype, lora_rank=lora.rank)
-        sizing.update(target_modules=lora.target_modules, sampler=sampler)
+        sizing = Sizing(
+            device_kind=device.type,
+            dtype=dtype,
+            lora_rank=lora.rank,
+            target_modules=tuple(lora.target_modules),
+            sampler=sampler,
+        )
         free = total = shape = None
         if device.type == "cuda":
             free, total = torch.cuda.mem_get_info(device)
@@ -257,7 +263,7 @@ class LocalBackend:
         self._auto_checkpointing = opts.checkpointing == "auto"  # for _back_off
         if self._auto_checkpointing:
             max_tokens = self.settings.max_tokens
-            on = needs_checkpointing(shape, free_bytes=free, max_tokens=max_tokens, **sizing)
+            on = needs_checkpointing(shape, sizing, free, max_tokens)
             self.options = opts = replace(opts, checkpointing=on)
             if on:
                 say(
@@ -265,15 +271,15 @@ class LocalBackend:
                     f"prompt would not fit the largest micro-batch without it; {free / 2**30:.1f} "
                     f"GiB free on {device})"
                 )
-        sizing.update(checkpointing=opts.checkpointing)
-        self._sizing = sizing
+        # what its memory is sized with: the checks below, _room_for_training, memory_fit.py
+        sizing = self.sizing = replace(sizing, checkpointing=bool(opts.checkpointing))
         if device.type != "cuda":  # CPU and MPS: auto is the CPU-measured 512, no check
             if opts.micro_batch_tokens == "auto":
-                n = auto_micro_batch_tokens(None, free_bytes=None, **sizing)
+                n = auto_micro_batch_tokens(None, sizing, None)
                 self.options = replace(opts, micro_batch_tokens=n)
             return
         if opts.micro_batch_tokens == "auto":
-            n = auto_micro_batch_tokens(shape, free_bytes=free, **sizing)
+            n = auto_micro_batch_tokens(shape, sizing, free)
             say(
                 f"micro_batch_tokens = auto: {n} positions ({free / 2**30:.1f} GiB free on {device})"
             )
@@ -286,14 +292,14 @@ class LocalBackend:
                 "does not give the sizes retrain/memory.py needs"
             )
             return
-        peak = training_memory(shape, micro_batch_tokens=opts.micro_batch_tokens, **sizing)
+        peak = training_memory(shape, sizing, opts.micro_batch_tokens)
         problem = fit_problem(
             peak,
             free_bytes=free,
             total_bytes=total,
             where=str(device),
             micro_batch_tokens=opts.micro_batch_tokens,
-            largest=largest_micro_batch(shape, free_bytes=free, **sizing),
+            largest=largest_micro_batch(shape, sizing, free),
             calibrated=bool(memory_model(device.type, dtype).calibrated),
             lighter=lighter_weights(dtype, device.type),
         )
@@ -740,7 +746,7 @@ class LocalBackend:
         if self._shape is not None:
             batches = self._micro_batches(datums)  # the largest first
             largest = _packed_area(batches[0][1]) if batches else 0
-            peak = training_memory(self._shape, micro_batch_tokens=largest, **self._sizing)
+            peak = training_memory(self._shape, self.sizing, largest)
             if peak.training * peak.slack <= HEADROOM * cuda_free_bytes(self.train_device):
                 return False
         return self.engine.release() > 0
@@ -769,7 +775,7 @@ class LocalBackend:
         if self._auto_checkpointing and not self.options.checkpointing:
             _checkpoint_activations(self.model)
             self.options = replace(self.options, checkpointing=True, micro_batch_tokens=before)
-            self._sizing = {**self._sizing, "checkpointing": True}
+            self.sizing = replace(self.sizing, checkpointing=True)
             self._say(
                 f"out of memory on {self.train_device} training one completion (up to "
                 f"{longest} positions): checkpointing = auto turns activation checkpointing "

@@ -21,6 +21,7 @@ from retrain.memory import (
     PROMPT_TOKENS_GUESS,
     FitProblem,
     ModelShape,
+    Sizing,
     StepSizes,
     adapter_bytes,
     auto_micro_batch_tokens,
@@ -109,19 +110,10 @@ def _micro_batch(opts: dict[str, Any], shape: ModelShape, plan: dict[str, Any]) 
     as the backend resolves it at start (None: that needs free memory unknown here)."""
     if opts["micro_batch_tokens"] != "auto":
         return opts["micro_batch_tokens"]
-    if plan["kind"] == "cuda" and plan["free"] is None:
+    if plan["sizing"].device_kind == "cuda" and plan["free"] is None:
         return None
     try:
-        return auto_micro_batch_tokens(
-            shape,
-            device_kind=plan["kind"],
-            dtype=plan["dtype"],
-            free_bytes=plan["free"],
-            lora_rank=plan["step"].lora_rank,
-            target_modules=plan["step"].target_modules,
-            checkpointing=plan["step"].checkpointing,
-            sampler=plan["step"].sampler,
-        )
+        return auto_micro_batch_tokens(shape, plan["sizing"], plan["free"])
     except BackendError as exc:
         plan["errors"].append(str(exc))
         return 0
@@ -150,25 +142,25 @@ def _sampler(config: Config) -> str | None:
 def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> dict[str, Any]:
     """`peak_memory` of the local step from the model's shape, and the estimate against
     the training device's free memory (`fit_problem`)."""
-    opts, step, kind, dtype = plan["opts"], plan["step"], plan["kind"], plan["dtype"]
+    opts, step, sizing = plan["opts"], plan["step"], plan["sizing"]
+    kind, dtype = sizing.device_kind, sizing.dtype
     sized = _rows_sized_to_memory(shape, plan)
     if sized:
         step = replace(step, max_rows=sized)
     chosen = _micro_batch(opts, shape, plan)
     size = chosen or MICRO_BATCH_STEP  # unknown: auto's smallest, so a lower bound
-    mem = dict(micro_batch_tokens=size, device_kind=kind, dtype=dtype)
-    parts = peak_memory(shape, step, **mem)
+    parts = peak_memory(shape, sizing, step, size)
     # a decoder that sizes its rows to the free memory fills it by design: what must fit
     # is one completion's cache beside the weights (and the training micro-batch)
-    least = peak_memory(shape, replace(step, max_rows=1), **mem) if sized else parts
+    least = peak_memory(shape, sizing, replace(step, max_rows=1), size) if sized else parts
     gib = {k: v / 2**30 for k, v in parts.as_dict().items()}
     how = "auto" if opts["micro_batch_tokens"] == "auto" else "set"
     # shard = true: the sampler reads the gathered blocks themselves (no copy of its own)
-    sampler = step.sampler if step.shards == 1 else None
-    copy_ = sampler_copy_bytes(shape, dtype, step.target_modules, kind, step.lora_rank, sampler)
+    sampler = sizing.sampler if step.shards == 1 else None
+    copy_ = sampler_copy_bytes(shape, replace(sizing, sampler=sampler))
     own = f" (of which the sampler's copy {copy_ / 2**30:.2f})" if copy_ else ""
     micro = f"a training micro-batch of {size} positions ({how}) {gib['training']:.2f} GiB"
-    if step.sampler is None:  # a server engine, or split mode's other device
+    if sizing.sampler is None:  # a server engine, or split mode's other device
         traits = engine_traits(config)
         where = "the other device's" if traits and traits.in_process else "the server's"
         parts_text = f"{micro} (sampling is {where})"
@@ -197,9 +189,9 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
     out = {"peak_memory_gib": round(gib["total"], 2), "micro_batch_tokens": chosen}
     out["memory_note"] = note
     if plan["free"] is not None and chosen:
-        largest = _largest(shape, plan, step.checkpointing)
+        largest = largest_micro_batch(shape, sizing, plan["free"])
         out["memory_problem"] = fit_problem(
-            least,  # split mode and a server engine: training alone (`StepSizes.sampler`)
+            least,  # split mode and a server engine: training alone (`Sizing.sampler`)
             free_bytes=plan["free"],
             total_bytes=plan["total"],
             where=plan["where"],
@@ -213,34 +205,19 @@ def _shape_memory(config: Config, shape: ModelShape, plan: dict[str, Any]) -> di
     return out
 
 
-def _largest(shape: ModelShape, plan: dict[str, Any], checkpointing: bool) -> int:
-    """`largest_micro_batch` of the training device's free memory."""
-    step = plan["step"]
-    return largest_micro_batch(
-        shape,
-        device_kind=plan["kind"],
-        dtype=plan["dtype"],
-        free_bytes=plan["free"],
-        lora_rank=step.lora_rank,
-        target_modules=step.target_modules,
-        checkpointing=checkpointing,
-        sampler=step.sampler,
-    )
-
-
 def _completion_problem(shape: ModelShape, plan: dict[str, Any], largest: int) -> FitProblem | None:
     """A warning when a completion of max_tokens could not be trained: a completion is
     trained whole, in one micro-batch, and a longer one than the largest micro-batch
     that fits stops the run out of memory (retrain/backends/local.py `_back_off`; the
     last checkpoint kept). A warning, not an error: completions may end sooner. None
     under shard = true (each rank holds a share of the blocks while training)."""
-    step = plan["step"]
+    step, sizing = plan["step"], plan["sizing"]
     longest = step.prompt_tokens + step.max_tokens
     if step.shards > 1 or largest == 0 or largest >= longest:
         return None
     fixes = []
-    if not step.checkpointing:
-        ckpt = _largest(shape, plan, True)
+    if not sizing.checkpointing:
+        ckpt = largest_micro_batch(shape, replace(sizing, checkpointing=True), plan["free"])
         fits = "a completion of max_tokens then fits" if ckpt >= longest else f"up to {ckpt}"
         fixes.append(f"[backend.options] checkpointing = true ({fits})")
     if largest > step.prompt_tokens:
@@ -264,15 +241,16 @@ def _rows_sized_to_memory(shape: ModelShape, plan: dict[str, Any]) -> int | None
     as it does: from what is free when it samples, after the weights, the adapter and the
     runtime took theirs; None where the rows are fixed (a CPU's SAMPLE_ROWS, whole prompts
     with `prompt_batch`) or unknown."""
-    step, kind, dtype, free = plan["step"], plan["kind"], plan["dtype"], plan["free"]
-    if kind != "cuda" or free is None or step.sampler is None or step.prompt_batch:
+    step, sizing, free = plan["step"], plan["sizing"], plan["free"]
+    if sizing.device_kind != "cuda" or free is None or sizing.sampler is None:
         return None
-    model = memory_model(kind, dtype)
-    loaded = weight_bytes(shape, dtype, step.target_modules, kind, step.lora_rank, step.sampler)
-    loaded += adapter_bytes(shape, step.lora_rank, step.target_modules)
-    kv = kv_value_bytes(dtype, kind, step.sampler)
+    if step.prompt_batch:
+        return None
+    model = memory_model(sizing.device_kind, sizing.dtype)
+    loaded = weight_bytes(shape, sizing) + adapter_bytes(shape, sizing)
+    kv = kv_value_bytes(sizing)
     return decode_row_budget(
-        device_kind=kind,
+        device_kind=sizing.device_kind,
         free_bytes=max(free - loaded * model.slack - model.runtime_bytes, 0),
         kv_bytes_per_token=shape.kv_bytes_per_token(kv),
         logit_bytes_per_row=shape.logit_bytes_per_row(),
@@ -283,10 +261,11 @@ def _rows_sized_to_memory(shape: ModelShape, plan: dict[str, Any]) -> int | None
 def _named_memory(params: int, plan: dict[str, Any]) -> dict[str, Any]:
     """The weights alone from the parameter count in the model's name, at the device's
     block dtype (a lower bound: no config.json on disk for the rest)."""
-    weights = params * block_bytes(plan["dtype"])
+    dtype = plan["sizing"].dtype
+    weights = params * block_bytes(dtype)
     out: dict[str, Any] = {"peak_memory_gib": round(weights / 2**30, 2)}
     out["memory_note"] = (
-        f"at least the weights at {block_bytes(plan['dtype'])} bytes each ({plan['dtype']}; "
+        f"at least the weights at {block_bytes(dtype)} bytes each ({dtype}; "
         "size from the model name, no config.json on disk for the rest)"
     )
     if plan["free"] is not None and weights > plan["free"]:
@@ -310,7 +289,13 @@ def memory_estimate(config: Config, world: World | None = None) -> dict[str, Any
     free, total = found if found is not None else (None, None)
     t = config.training
     shape = model_shape(config.model.model)
-    dtype, sampler = matmul_dtype(opts["dtype"], kind, index), _sampler(config)
+    sizing = Sizing(
+        device_kind=kind,
+        dtype=matmul_dtype(opts["dtype"], kind, index),
+        lora_rank=config.model.lora_rank,
+        target_modules=tuple(config.lora.target_modules),
+        sampler=_sampler(config),
+    )
     checkpointing, why = opts.get("checkpointing", False), ""
     if checkpointing == "auto":
         why = (
@@ -320,21 +305,11 @@ def memory_estimate(config: Config, world: World | None = None) -> dict[str, Any
             if free is None or shape is None
             else "a completion of max_tokens needs it"
         )
-        checkpointing = needs_checkpointing(
-            shape,
-            device_kind=kind,
-            dtype=dtype,
-            free_bytes=free,
-            lora_rank=config.model.lora_rank,
-            max_tokens=t.max_tokens,
-            target_modules=tuple(config.lora.target_modules),
-            sampler=sampler,
-        )
+        checkpointing = needs_checkpointing(shape, sizing, free, t.max_tokens)
     plan = {
         "opts": opts,
         "where": where,
-        "kind": kind,
-        "dtype": dtype,
+        "sizing": replace(sizing, checkpointing=bool(checkpointing)),
         "free": free,
         "total": total,
         "errors": [],
@@ -345,11 +320,7 @@ def memory_estimate(config: Config, world: World | None = None) -> dict[str, Any
             max_tokens=t.max_tokens,
             prompt_tokens=PROMPT_TOKENS_GUESS,
             prompt_batch=opts["prompt_batch"],
-            lora_rank=config.model.lora_rank,
-            target_modules=tuple(config.lora.target_modules),
-            checkpointing=bool(checkpointing),
             shards=world.size if world and opts.get("shard") is True else 1,
-            sampler=sampler,
         ),
     }
     out: dict[str, Any] = {

@@ -21,6 +21,7 @@ from retrain.errors import BackendError, TrainingError
 from retrain.kernels.packing import padded_area, split
 from retrain.memory import (
     GIB,
+    Sizing,
     copy_adapter_bytes,
     largest_micro_batch,
     sampler_copy_bytes,
@@ -274,7 +275,7 @@ def test_kept_caches_stay_when_the_steps_micro_batch_fits_though_the_budget_woul
     largest = max(local._packed_area(chunk) for _, chunk in b._micro_batches(datums))
 
     def need(positions: int) -> float:
-        peak = training_memory(b._shape, micro_batch_tokens=positions, **b._sizing)
+        peak = training_memory(b._shape, b.sizing, positions)
         return peak.training * peak.slack / HEADROOM
 
     assert need(60_000) > 2 * need(largest)
@@ -316,6 +317,9 @@ def test_out_of_memory_releases_kept_caches_before_halving(tiny_raw, tiny_model_
 # run-start check on CUDA, with a stand-in device and model shape
 
 
+ON_CUDA = Sizing("cuda", "bf16", 32)  # what cuda_stand_in sizes with
+
+
 def cuda_stand_in(
     micro_batch_tokens, free_gib: float, monkeypatch, max_tokens: int = 256, **options
 ) -> SimpleNamespace:
@@ -338,13 +342,7 @@ def cuda_stand_in(
 def test_the_run_start_check_refuses_a_micro_batch_over_the_gpu(monkeypatch):
     said: list[str] = []
     b = cuda_stand_in(16384, 79.0, monkeypatch)
-    largest = largest_micro_batch(
-        shape_from_config(QWEN3_4B),
-        device_kind="cuda",
-        dtype="bf16",
-        free_bytes=79 * GIB,
-        lora_rank=32,
-    )
+    largest = largest_micro_batch(shape_from_config(QWEN3_4B), ON_CUDA, 79 * GIB)
     with pytest.raises(BackendError) as err:
         LocalBackend._size_memory(b, None, said.append)
     assert str(err.value).startswith(
@@ -371,21 +369,12 @@ def test_auto_checkpointing_at_the_run_start(monkeypatch):
     prompt) is longer than the largest micro-batch without it, said at the start, and
     the auto micro-batch is then sized with it; off otherwise, and on a CPU."""
     shape = shape_from_config(QWEN3_4B)
-    without = largest_micro_batch(
-        shape, device_kind="cuda", dtype="bf16", free_bytes=23 * GIB, lora_rank=32
-    )
+    without = largest_micro_batch(shape, ON_CUDA, 23 * GIB)
     said: list[str] = []
     b = cuda_stand_in("auto", 23.0, monkeypatch, max_tokens=without - 256 + 1)
     LocalBackend._size_memory(b, None, said.append)
-    assert b.options.checkpointing is True and b._sizing["checkpointing"] is True
-    with_it = largest_micro_batch(
-        shape,
-        device_kind="cuda",
-        dtype="bf16",
-        free_bytes=23 * GIB,
-        lora_rank=32,
-        checkpointing=True,
-    )
+    assert b.options.checkpointing is True and b.sizing.checkpointing is True
+    with_it = largest_micro_batch(shape, dataclasses.replace(ON_CUDA, checkpointing=True), 23 * GIB)
     assert b.options.micro_batch_tokens == with_it > without
     assert said[0] == (
         f"checkpointing = auto: on (a completion of {without - 256 + 1} tokens after a prompt "
@@ -451,7 +440,7 @@ def test_the_estimate_holds_the_sampling_copys_own_adapter_to_the_byte(
     assert len(storages) == 2 * 4 * layers
     shape = shape_from_config(b.model.config.to_dict())
     rank = raw["model"]["lora_rank"]
-    assert sum(storages.values()) == copy_adapter_bytes(shape, rank, (), "bf16", "cpu")
+    assert sum(storages.values()) == copy_adapter_bytes(shape, Sizing("cpu", "bf16", rank))
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -467,7 +456,7 @@ def test_the_estimate_holds_a_bf16_sampling_copy_of_its_own_to_the_byte(
     raw["backend"]["options"]["dtype"] = dtype
     raw["inference"] = {"dtype": "bf16"}
     b = make_backend(raw, tiny_model_dir)
-    assert b._sizing["sampler"] == "bf16"  # what the backend's own sizing counts too
+    assert b.sizing.sampler == "bf16"  # what the backend's own sizing counts too
     trainer = {t.untyped_storage().data_ptr() for t in [*b.model.parameters(), *b.model.buffers()]}
     own = {}
     for name, t in [*b.engine.copy.model.named_parameters(), *b.engine.copy.model.named_buffers()]:
@@ -476,9 +465,9 @@ def test_the_estimate_holds_a_bf16_sampling_copy_of_its_own_to_the_byte(
             own[ptr] = t.untyped_storage().nbytes()
     shape = shape_from_config(b.model.config.to_dict())
     rank = raw["model"]["lora_rank"]
-    want = sampler_copy_bytes(shape, dtype, (), "cpu", rank, sampler="bf16")
+    want = sampler_copy_bytes(shape, Sizing("cpu", dtype, rank, sampler="bf16"))
     assert sum(own.values()) == want
     if dtype == "fp32":  # the whole model once more, in bf16
         assert want > shape.params * 2
     else:  # a bf16 trainer's own bf16 matmuls: only the adapter's copies beside them
-        assert want == copy_adapter_bytes(shape, rank, (), "bf16", "cpu")
+        assert want == copy_adapter_bytes(shape, Sizing("cpu", "bf16", rank))

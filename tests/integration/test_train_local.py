@@ -412,7 +412,7 @@ def test_split_mode_syncs_the_sampler(tiny_raw, tiny_model_dir):
         config_from_dict(raw), AutoTokenizer.from_pretrained(tiny_model_dir), say=lambda s: None
     )
     assert b.split_mode and b.sampler_model is not b.model
-    assert b._sizing["sampler"] == "auto"  # the same device: the sampler's memory is its
+    assert b.sizing.sampler == "auto"  # the same device: the sampler's memory is its
     group = b.sample([[5, 6, 7]], 4, SamplingParams(max_tokens=6, temperature=1.0, seed=3))[0]
     datums = [
         Datum([5, 6, 7], s.token_ids, s.logprobs, [1.0 if i < 2 else -1.0] * len(s.token_ids))

@@ -5,6 +5,8 @@ memory, and the estimate against a device."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,6 +22,7 @@ from retrain.memory import (
     MICRO_BATCH_STEP,
     SAMPLE_ROWS,
     ModelShape,
+    Sizing,
     StepSizes,
     adapter_bytes,
     auto_micro_batch_tokens,
@@ -67,6 +70,11 @@ QWEN3_4B_CONFIG = {
 }
 SMOLLM2 = shape_from_config(SMOLLM2_CONFIG)
 QWEN3_4B = shape_from_config(QWEN3_4B_CONFIG)
+
+
+def at(dtype="bf16", device_kind="cpu", lora_rank=0, target_modules=(), **kw) -> Sizing:
+    """A `Sizing` (the trainer's dtype on a device kind, the adapter, the sampler)."""
+    return Sizing(device_kind, dtype, lora_rank, tuple(target_modules), **kw)
 
 
 # ----------------------------------------------------------------------------- shapes
@@ -151,29 +159,34 @@ def test_weights_at_the_dtype_the_device_holds(monkeypatch):
     s = QWEN3_4B
     other = s.params - s.block_params  # embeddings, norms: float32 on a CPU
     # bf16 mode on a CPU: blocks at 2 bytes, shared by the sampler (its adapter beside them)
-    assert weight_bytes(s, "bf16") == other * 4 + s.block_params * 2
+    assert weight_bytes(s, at("bf16")) == other * 4 + s.block_params * 2
     # on a GPU the whole model is bf16, the sampler's float32 logits read the shared
     # output layer (torch >= 2.8); before, it added a float32 copy of it
     monkeypatch.setattr(memory, "f32_out_matmul", lambda kind: kind == "cuda")
-    assert weight_bytes(s, "bf16", (), "cuda") == s.params * 2
+    assert weight_bytes(s, at("bf16", "cuda")) == s.params * 2
     monkeypatch.setattr(memory, "f32_out_matmul", lambda kind: False)
-    assert weight_bytes(s, "bf16", (), "cuda") == s.params * 2 + s.vocab * s.hidden * 4
-    assert weight_bytes(s, "fp32", (), "cuda") == weight_bytes(s, "fp32")
+    assert weight_bytes(s, at("bf16", "cuda")) == s.params * 2 + s.vocab * s.hidden * 4
+    assert weight_bytes(s, at("fp32", "cuda")) == weight_bytes(s, at("fp32"))
     # its KV cache is bf16 too: half the sampling part of the same step
-    step = StepSizes(8, 16, 256, 256, 0, 32)
-    gpu = peak_memory(s, step, micro_batch_tokens=512, device_kind="cuda", dtype="bf16")
-    cpu = peak_memory(s, step, micro_batch_tokens=512, device_kind="cpu", dtype="bf16")
+    step = StepSizes(8, 16, 256, 256, 0)
+    gpu = peak_memory(s, at("bf16", "cuda", 32), step, 512)
+    cpu = peak_memory(s, at("bf16", "cpu", 32), step, 512)
     rows = sampling_rows(8, 16, 0)
     assert gpu.sampling == rows * (s.kv_bytes_per_token(2) * 512 + s.logit_bytes_per_row())
     assert cpu.sampling == rows * (s.kv_bytes_per_token(4) * 512 + s.logit_bytes_per_row())
     # float32: the sampler's copy holds W + BA for each adapted (here every) linear
-    assert weight_bytes(s, "fp32") == other * 4 + (s.block_params * 2) * 4
+    assert weight_bytes(s, at("fp32")) == other * 4 + (s.block_params * 2) * 4
     # ~7.5 GB of bf16 blocks + 1.56 GB of float32 embeddings (Qwen3-4B's 8 GB in bf16)
-    assert 8.0 < weight_bytes(s, "bf16") / GIB < 8.5
+    assert 8.0 < weight_bytes(s, at("bf16")) / GIB < 8.5
     # LoRA on two projections: only those are merged again, and only in float32
     qv = 36 * (2560 * 4096 + 2560 * 1024)
-    assert weight_bytes(s, "fp32", ("q_proj", "v_proj")) == other * 4 + (s.block_params + qv) * 4
-    assert weight_bytes(s, "bf16", ("q_proj", "v_proj")) == weight_bytes(s, "bf16")
+    assert (
+        weight_bytes(s, at("fp32", "cpu", 0, ("q_proj", "v_proj")))
+        == other * 4 + (s.block_params + qv) * 4
+    )
+    assert weight_bytes(s, at("bf16", "cpu", 0, ("q_proj", "v_proj"))) == weight_bytes(
+        s, at("bf16")
+    )
 
 
 def test_the_sampling_copys_own_adapter_is_counted_in_bf16(monkeypatch):
@@ -185,22 +198,22 @@ def test_the_sampling_copys_own_adapter_is_counted_in_bf16(monkeypatch):
     # 32 x (3 x (2560 x 2 + 6144 x 4) + 2 x (2560 x 2 + 19456 x 4) + (4096 x 2 + 2560 x 4)
     # + (9728 x 2 + 2560 x 4)) = 9,699,328 bytes, 0.33 GiB over 36 layers
     monkeypatch.setattr(memory, "sums_in_f32", lambda kind: True)
-    assert copy_adapter_bytes(s, 32, (), "bf16", "cuda") == 36 * 9_699_328
-    want = weight_bytes(s, "bf16", (), "cuda") + 36 * 9_699_328
-    assert weight_bytes(s, "bf16", (), "cuda", 32) == want
+    assert copy_adapter_bytes(s, at("bf16", "cuda", 32)) == 36 * 9_699_328
+    want = weight_bytes(s, at("bf16", "cuda")) + 36 * 9_699_328
+    assert weight_bytes(s, at("bf16", "cuda", 32)) == want
     # rounded twice (torch < 2.8 on CUDA): B bf16 too
     monkeypatch.setattr(memory, "sums_in_f32", lambda kind: False)
     per_layer = 32 * (3 * 8704 * 2 + 2 * 22_016 * 2 + 6656 * 2 + 12_288 * 2)
-    assert copy_adapter_bytes(s, 32, (), "bf16", "cuda") == 36 * per_layer
+    assert copy_adapter_bytes(s, at("bf16", "cuda", 32)) == 36 * per_layer
     # a CPU's bf16 mode (float32 stream): A and B float32
-    assert copy_adapter_bytes(s, 32, (), "bf16", "cpu") == 36 * per_layer * 2
+    assert copy_adapter_bytes(s, at("bf16", "cpu", 32)) == 36 * per_layer * 2
     # a set with a member left unadapted runs apart: q and v alone, no block-diagonal B
     alone = 32 * ((2560 + 4096) + (2560 + 1024)) * 4
-    assert copy_adapter_bytes(s, 32, ("q_proj", "v_proj"), "bf16", "cpu") == 36 * alone
+    assert copy_adapter_bytes(s, at("bf16", "cpu", 32, ("q_proj", "v_proj"))) == 36 * alone
     # float32 merges the adapter into the copy's weights instead; no rank, nothing beside
-    assert copy_adapter_bytes(s, 32, (), "fp32", "cpu") == 0
-    assert weight_bytes(s, "fp32", (), "cpu", 32) == weight_bytes(s, "fp32")
-    assert weight_bytes(s, "bf16", (), "cpu", 0) == weight_bytes(s, "bf16")
+    assert copy_adapter_bytes(s, at("fp32", "cpu", 32)) == 0
+    assert weight_bytes(s, at("fp32", "cpu", 32)) == weight_bytes(s, at("fp32"))
+    assert weight_bytes(s, at("bf16", "cpu", 0)) == weight_bytes(s, at("bf16"))
 
 
 def test_a_bf16_sampling_copy_of_its_own_on_a_float32_trainer(monkeypatch):
@@ -213,30 +226,32 @@ def test_a_bf16_sampling_copy_of_its_own_on_a_float32_trainer(monkeypatch):
     head = s.vocab * s.hidden * 4
     trainer = s.params * 4
     # on a CPU: the whole model in bf16, its tied output layer copied to float32 besides
-    got = weight_bytes(s, "fp32", (), "cpu", 32, sampler="bf16")
+    got = weight_bytes(s, at("fp32", "cpu", 32, sampler="bf16"))
     assert got == trainer + s.params * 2 + head + 36 * per_layer
     # no merged float32 copies then: the bf16 copy is the sampler's
-    assert got < weight_bytes(s, "fp32", (), "cpu", 32) + s.params * 2 + head + 36 * per_layer
+    assert got < weight_bytes(s, at("fp32", "cpu", 32)) + s.params * 2 + head + 36 * per_layer
     # untied: the output layer is float32 instead of bf16 (2 bytes more a value)
     untied = dataclasses.replace(s, tied_embeddings=False)
-    got = sampler_copy_bytes(untied, "fp32", (), "cpu", 32, sampler="bf16")
+    got = sampler_copy_bytes(untied, at("fp32", "cpu", 32, sampler="bf16"))
     assert got == untied.params * 2 + head // 2 + 36 * per_layer
     # on a GPU whose bf16 matmuls give float32 logits, no float32 output layer at all
     monkeypatch.setattr(memory, "f32_out_matmul", lambda kind: kind == "cuda")
-    got = sampler_copy_bytes(s, "fp32", (), "cuda", 32, sampler="bf16")
+    got = sampler_copy_bytes(s, at("fp32", "cuda", 32, sampler="bf16"))
     assert got == s.params * 2 + 36 * per_layer
     # its KV cache is bf16; a bf16 trainer samples through its own matmuls, unchanged
-    assert kv_value_bytes("fp32", "cpu", sampler="bf16") == 2
-    assert kv_value_bytes("bf16", "cpu", sampler="bf16") == 4
-    assert sampler_copy_bytes(s, "bf16", (), "cpu", 32, "bf16") == sampler_copy_bytes(
-        s, "bf16", (), "cpu", 32
+    assert kv_value_bytes(at("fp32", "cpu", sampler="bf16")) == 2
+    assert kv_value_bytes(at("bf16", "cpu", sampler="bf16")) == 4
+    assert sampler_copy_bytes(s, at("bf16", "cpu", 32, sampler="bf16")) == sampler_copy_bytes(
+        s, at("bf16", "cpu", 32)
     )
 
 
 def test_adapter_is_float32_with_gradient_and_two_moments():
     in_out = 36 * ((2560 + 4096) * 2 + (2560 + 1024) * 2 + (2560 + 9728) * 3)
-    assert adapter_bytes(QWEN3_4B, 32) == 32 * in_out * 4 * 4
-    assert adapter_bytes(QWEN3_4B, 32, ("q_proj",)) == 32 * 36 * (2560 + 4096) * 16
+    assert adapter_bytes(QWEN3_4B, at(lora_rank=32)) == 32 * in_out * 4 * 4
+    assert adapter_bytes(QWEN3_4B, at(lora_rank=32, target_modules=("q_proj",))) == (
+        32 * 36 * (2560 + 4096) * 16
+    )
 
 
 def test_memory_models_one_table_the_measured_ones_marked_calibrated():
@@ -265,25 +280,12 @@ def test_rows_decoded_at_once_worked_by_hand():
 
 
 def step(group: int, **kw) -> StepSizes:
-    args = dict(
-        batch_size=4,
-        group_size=group,
-        max_tokens=24,
-        prompt_tokens=256,
-        prompt_batch=0,
-        lora_rank=16,
-    )
+    args = dict(batch_size=4, group_size=group, max_tokens=24, prompt_tokens=256, prompt_batch=0)
     return StepSizes(**{**args, **kw})
 
 
-def estimate(group: int, micro_batch_tokens: int = 512, **kw):
-    return peak_memory(
-        SMOLLM2,
-        step(group, **kw),
-        micro_batch_tokens=micro_batch_tokens,
-        device_kind="cpu",
-        dtype="bf16",
-    )
+def estimate(group: int, micro_batch_tokens: int = 512, sizing: Sizing | None = None, **kw):
+    return peak_memory(SMOLLM2, sizing or at(lora_rank=16), step(group, **kw), micro_batch_tokens)
 
 
 def test_parts_worked_by_hand():
@@ -307,9 +309,7 @@ def test_parts_worked_by_hand():
 
 
 def test_training_memory_leaves_sampling_out():
-    peak = training_memory(
-        SMOLLM2, micro_batch_tokens=512, device_kind="cpu", dtype="bf16", lora_rank=16
-    )
+    peak = training_memory(SMOLLM2, at(lora_rank=16), 512)
     full = estimate(16)
     assert peak.sampling == 0 and peak.training == full.training
     assert peak.total == pytest.approx(
@@ -319,8 +319,8 @@ def test_training_memory_leaves_sampling_out():
 
 def test_a_micro_batch_is_never_larger_than_the_step():
     small = step(2, batch_size=1, max_tokens=10, prompt_tokens=20)  # 40 positions in all
-    a = peak_memory(SMOLLM2, small, micro_batch_tokens=512, device_kind="cpu", dtype="bf16")
-    b = peak_memory(SMOLLM2, small, micro_batch_tokens=40, device_kind="cpu", dtype="bf16")
+    a = peak_memory(SMOLLM2, at(lora_rank=16), small, 512)
+    b = peak_memory(SMOLLM2, at(lora_rank=16), small, 40)
     assert a == b
 
 
@@ -335,56 +335,48 @@ def test_the_estimate_never_grows_with_the_group(group):
 # ----------------------------------------------------------------------------- sizes from
 # free memory
 
-SIZING = dict(device_kind="cuda", dtype="bf16", lora_rank=32)
+SIZING = Sizing("cuda", "bf16", 32)
 
 
 def test_auto_is_512_on_a_cpu_whatever_its_memory():
     for free in (None, 1 * GIB, 1000 * GIB):
-        assert (
-            auto_micro_batch_tokens(
-                QWEN3_4B, device_kind="cpu", dtype="bf16", free_bytes=free, lora_rank=32
-            )
-            == 512
-        )
-    assert (
-        auto_micro_batch_tokens(None, device_kind="mps", dtype="fp32", free_bytes=None, lora_rank=8)
-        == CPU_MICRO_BATCH
-    )
+        assert auto_micro_batch_tokens(QWEN3_4B, at("bf16", "cpu", 32), free) == 512
+    assert auto_micro_batch_tokens(None, at("fp32", "mps", 8), None) == CPU_MICRO_BATCH
 
 
 def test_auto_on_an_80_gib_gpu_is_the_largest_that_fits():
     free = 79 * GIB
-    n = auto_micro_batch_tokens(QWEN3_4B, free_bytes=free, **SIZING)
+    n = auto_micro_batch_tokens(QWEN3_4B, SIZING, free)
     assert n % MICRO_BATCH_STEP == 0 and MICRO_BATCH_STEP <= n <= MICRO_BATCH_MAX
 
     def peak(positions):
-        return training_memory(QWEN3_4B, micro_batch_tokens=positions, **SIZING).total
+        return training_memory(QWEN3_4B, SIZING, positions).total
 
     assert peak(n) <= HEADROOM * free < peak(n + MICRO_BATCH_STEP)
     # the one GPU data point (H100 80GB, these shapes, LoRA r32): 4096 ran, 16384 did not
     assert 2048 <= n < 16384
     # a smaller model on the same GPU gets more positions; a tiny one the cap
-    assert auto_micro_batch_tokens(SMOLLM2, free_bytes=free, **SIZING) > n
+    assert auto_micro_batch_tokens(SMOLLM2, SIZING, free) > n
     tiny = shape_from_config({**SMOLLM2_CONFIG, "hidden_size": 64, "num_hidden_layers": 2})
-    assert auto_micro_batch_tokens(tiny, free_bytes=free, **SIZING) == MICRO_BATCH_MAX
+    assert auto_micro_batch_tokens(tiny, SIZING, free) == MICRO_BATCH_MAX
 
 
 @given(st.floats(1, 200), st.floats(1, 200))
 def test_auto_is_monotone_in_free_memory(a, b):
     lo, hi = sorted((a, b))
-    small = largest_micro_batch(QWEN3_4B, free_bytes=lo * GIB, **SIZING)
-    large = largest_micro_batch(QWEN3_4B, free_bytes=hi * GIB, **SIZING)
+    small = largest_micro_batch(QWEN3_4B, SIZING, lo * GIB)
+    large = largest_micro_batch(QWEN3_4B, SIZING, hi * GIB)
     assert small <= large
 
 
 def test_auto_refuses_when_not_even_the_smallest_micro_batch_fits():
     # bf16 blocks, float32 embeddings and the adapter with its optimizer: ~10 GiB
-    assert largest_micro_batch(QWEN3_4B, free_bytes=10 * GIB, **SIZING) == 0
-    assert largest_micro_batch(QWEN3_4B, free_bytes=16 * GIB, **SIZING) > 0
+    assert largest_micro_batch(QWEN3_4B, SIZING, 10 * GIB) == 0
+    assert largest_micro_batch(QWEN3_4B, SIZING, 16 * GIB) > 0
     with pytest.raises(BackendError, match=r"\[backend.options\] micro_batch_tokens.*256"):
-        auto_micro_batch_tokens(QWEN3_4B, free_bytes=10 * GIB, **SIZING)
+        auto_micro_batch_tokens(QWEN3_4B, SIZING, 10 * GIB)
     with pytest.raises(BackendError, match="config.json"):
-        auto_micro_batch_tokens(None, free_bytes=80 * GIB, **SIZING)
+        auto_micro_batch_tokens(None, SIZING, 80 * GIB)
 
 
 def test_decode_row_budget():
@@ -404,15 +396,13 @@ def test_decode_row_budget():
 
 
 def qwen_peak(micro_batch_tokens, **kw):
-    sizes = step(16, batch_size=8, max_tokens=256, lora_rank=32, **kw)
-    return peak_memory(
-        QWEN3_4B, sizes, micro_batch_tokens=micro_batch_tokens, device_kind="cuda", dtype="bf16"
-    )
+    sizes = step(16, batch_size=8, max_tokens=256, **kw)
+    return peak_memory(QWEN3_4B, SIZING, sizes, micro_batch_tokens)
 
 
 def test_fit_problem_names_the_setting_and_the_largest_value_that_fits():
     free, total = 79 * GIB, 80 * GIB
-    largest = largest_micro_batch(QWEN3_4B, free_bytes=free, **SIZING)
+    largest = largest_micro_batch(QWEN3_4B, SIZING, free)
     where = dict(free_bytes=free, total_bytes=total, where="gpu:0", largest=largest)
     assert fit_problem(qwen_peak(largest), micro_batch_tokens=largest, **where) is None
     over = fit_problem(qwen_peak(16384), micro_batch_tokens=16384, calibrated=False, **where)
@@ -451,27 +441,22 @@ def test_checkpointing_keeps_one_input_per_block():
     unit and layer on a GPU's bf16 model, 4 on a CPU's float32 residual stream) plus one
     block's activations being recomputed; the micro-batch that fits grows accordingly."""
     model = memory_model("cuda", "bf16")
-    plain = training_memory(QWEN3_4B, micro_batch_tokens=1024, **SIZING)
-    ckpt = training_memory(QWEN3_4B, micro_batch_tokens=1024, checkpointing=True, **SIZING)
+    recomputing = replace(SIZING, checkpointing=True)
+    plain = training_memory(QWEN3_4B, SIZING, 1024)
+    ckpt = training_memory(QWEN3_4B, recomputing, 1024)
     logits = LOGIT_ROWS * QWEN3_4B.vocab * 4 * 2
     h, layers = QWEN3_4B.hidden, QWEN3_4B.layers
     assert plain.training == 1024 * h * layers * model.activation_bytes + logits
     assert ckpt.training == 1024 * h * (layers * 2 + model.activation_bytes) + logits
-    cpu = dict(SIZING, device_kind="cpu")
-    on_cpu = training_memory(QWEN3_4B, micro_batch_tokens=1024, checkpointing=True, **cpu)
+    on_cpu = training_memory(QWEN3_4B, replace(recomputing, device_kind="cpu"), 1024)
     cpu_model = memory_model("cpu", "bf16")
     assert on_cpu.training == 1024 * h * (layers * 4 + cpu_model.activation_bytes) + logits
     free = 79 * GIB
-    assert largest_micro_batch(QWEN3_4B, free_bytes=free, checkpointing=True, **SIZING) > (
-        largest_micro_batch(QWEN3_4B, free_bytes=free, **SIZING)
+    assert largest_micro_batch(QWEN3_4B, recomputing, free) > (
+        largest_micro_batch(QWEN3_4B, SIZING, free)
     )
-    step = StepSizes(8, 16, 256, 256, 0, 32, checkpointing=True)
-    assert (
-        peak_memory(
-            QWEN3_4B, step, micro_batch_tokens=1024, device_kind="cuda", dtype="bf16"
-        ).training
-        == ckpt.training
-    )
+    sizes = StepSizes(8, 16, 256, 256, 0)
+    assert peak_memory(QWEN3_4B, recomputing, sizes, 1024).training == ckpt.training
 
 
 def test_a_sharded_base_is_divided_over_the_ranks_while_training_only():
