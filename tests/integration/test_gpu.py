@@ -17,6 +17,8 @@
 - torch's fused RMS norm passes the sampler's probe (retrain/kernels/norms.py);
 - a training micro-batch is queued without one synchronising CUDA call (torch's sync
   debug mode);
+- activation checkpointing on the whole-bf16 model gives the plain gradient, and
+  `checkpointing = "auto"` turns it on at a completion that runs out of memory;
 - bf16 matmuls into float32 on the tensor cores (the trainer's and the sampler's logits)
   are the float32 products of the same values;
 - the quickstart trains on `gpu:0`: held-out correct rate up by >= 0.3 in 15 steps;
@@ -268,6 +270,43 @@ def test_a_training_micro_batch_never_waits_for_the_gpu(tiny_raw, tmp_path):
     backend._backward = strict
     result = backend.train_step(datums, hyper)
     assert len(passes) >= 3 and result.loss == result.loss
+
+
+def test_checkpointing_on_cuda_gives_the_plain_gradient_and_auto_turns_it_on(tiny_raw, tmp_path):
+    """Activation checkpointing on the GPU's whole-bf16 model (recomputed norms and gated
+    products inside the recomputed blocks) gives the plain backward's gradient, to bf16
+    rounding; and checkpointing = "auto" turns it on at a completion that runs out of
+    memory (injected while it is off) and trains that step."""
+    import copy
+
+    from grad_recorder import step_gradients
+    from test_memory_sizing import HYPER, datums_of, make_backend
+
+    def backend(checkpointing):
+        raw = copy.deepcopy(tiny_raw)
+        raw["backend"]["devices"] = "gpu:0"
+        raw["backend"]["options"] = {"checkpointing": checkpointing}
+        return make_backend(raw, raw["model"]["model"])
+
+    plain, ckpt, auto = backend(False), backend(True), backend("auto")
+    datums = datums_of(plain)
+    _, want = step_gradients(plain, datums, HYPER, 10_000)
+    _, got = step_gradients(ckpt, datums, HYPER, 10_000)
+    for a, b in zip(want, got, strict=True):
+        torch.testing.assert_close(b, a, rtol=0.02, atol=1e-4)
+    assert auto.options.checkpointing is False  # a tiny model: every completion fits
+    inner = auto._logprobs
+
+    def forward(groups, temperature):
+        if not auto.options.checkpointing:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return inner(groups, temperature)
+
+    auto._logprobs = forward
+    result, got = step_gradients(auto, datums, HYPER, 1)  # one completion a micro-batch
+    assert result.extra["checkpointing"] == 1.0 and auto.options.checkpointing is True
+    for a, b in zip(want, got, strict=True):
+        torch.testing.assert_close(b, a, rtol=0.02, atol=1e-4)
 
 
 def _run(tmp_path: Path, flags: list[str]) -> tuple[list[dict], list[dict]]:
