@@ -261,16 +261,20 @@ class LocalBackend:
             shape = self._model_shape(model)
         self._shape = shape  # for _room_for_training
         self._auto_checkpointing = opts.checkpointing == "auto"  # for _back_off
+        max_tokens = self.settings.max_tokens
+        needed = opts.checkpointing is not True and needs_checkpointing(
+            shape, sizing, free, max_tokens
+        )
+        why = (
+            f"a completion of {max_tokens} tokens after a prompt would not fit the largest "
+            f"micro-batch without it; {(free or 0) / 2**30:.1f} GiB free on {device}"
+        )
         if self._auto_checkpointing:
-            max_tokens = self.settings.max_tokens
-            on = needs_checkpointing(shape, sizing, free, max_tokens)
-            self.options = opts = replace(opts, checkpointing=on)
-            if on:
-                say(
-                    f"checkpointing = auto: on (a completion of {max_tokens} tokens after a "
-                    f"prompt would not fit the largest micro-batch without it; {free / 2**30:.1f} "
-                    f"GiB free on {device})"
-                )
+            self.options = opts = replace(opts, checkpointing=needed)
+            if needed:
+                say(f"checkpointing = auto: on ({why})")
+        elif needed:  # set off by hand: kept, and said (a long completion would stop the run)
+            say(f"WARNING: [backend.options] checkpointing = false: {why}; set it true or auto")
         # what its memory is sized with: the checks below, _room_for_training, memory_fit.py
         sizing = self.sizing = replace(sizing, checkpointing=bool(opts.checkpointing))
         if device.type != "cuda":  # CPU and MPS: auto is the CPU-measured 512, no check

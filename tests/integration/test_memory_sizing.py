@@ -383,9 +383,14 @@ def test_auto_checkpointing_at_the_run_start(monkeypatch):
     b = cuda_stand_in("auto", 23.0, monkeypatch, max_tokens=without - 256)  # it just fits
     LocalBackend._size_memory(b, None, lambda s: None)
     assert b.options.checkpointing is False and b.options.micro_batch_tokens == without
+    said.clear()
     b = cuda_stand_in("auto", 23.0, monkeypatch, max_tokens=100_000, checkpointing=False)
-    LocalBackend._size_memory(b, None, lambda s: None)
-    assert b.options.checkpointing is False  # set by hand: kept
+    LocalBackend._size_memory(b, None, said.append)
+    assert b.options.checkpointing is False  # set by hand: kept, and warned about
+    assert said[0].startswith(
+        "WARNING: [backend.options] checkpointing = false: a completion of 100000 tokens"
+    )
+    assert said[0].endswith("; set it true or auto")
     b = cuda_stand_in("auto", 23.0, monkeypatch, max_tokens=100_000)
     b.train_device = torch.device("cpu")
     LocalBackend._size_memory(b, None, lambda s: None)
