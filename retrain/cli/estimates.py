@@ -352,8 +352,8 @@ def estimates(config: Config, info: BackendInfo, world: World | None = None) -> 
     """Rough peak memory and wall time per step. Memory: `memory_estimate` (the local
     step on its device, compared with the device's free memory). Time: a recent run's
     measured median when [logging] log_dir has one, else FLOPs (2 x params per sampled
-    token, 6 x params per trained token) over the effective rates retrain measured on the
-    device kind (`_EFFECTIVE_FLOPS`; none for MPS)."""
+    token, 6 x params per trained token, 8 with activation checkpointing) over the
+    effective rates retrain measured on the device kind (`_EFFECTIVE_FLOPS`; none for MPS)."""
     t = config.training
     completions = t.batch_size * t.group_size
     tokens = completions * t.max_tokens
@@ -376,7 +376,9 @@ def estimates(config: Config, info: BackendInfo, world: World | None = None) -> 
     elif params is not None and not remote and device in _EFFECTIVE_FLOPS:
         sampling_rate, training_rate = _EFFECTIVE_FLOPS[device]
         sampling = 2 * params * tokens / sampling_rate
-        training = 6 * params * tokens / training_rate
+        # activation checkpointing runs each block's forward twice: 8 x params, not 6
+        recompute = bool(out.get("checkpointing"))
+        training = (8 if recompute else 6) * params * tokens / training_rate
         floor = _STEP_FLOOR_S.get(device, 0.0)
         out["step_time_s"] = round(max(floor, sampling + training), 2)
         least = (
@@ -385,7 +387,8 @@ def estimates(config: Config, info: BackendInfo, world: World | None = None) -> 
             else ""
         )
         out["step_time_source"] = (
-            f"rough: sampling ~{sampling:.2g} s + training ~{training:.2g} s, scaled by "
+            f"rough: sampling ~{sampling:.2g} s + training ~{training:.2g} s"
+            f"{' (a third more: activation checkpointing)' if recompute else ''}, scaled by "
             f"parameters x tokens from what retrain measured on {_MEASURED_ON[device]}{least}; "
             "every completion at max_tokens. Run a few steps for a measured median"
         )

@@ -339,10 +339,16 @@ def test_a_completion_longer_than_the_largest_micro_batch(tmp_path, capsys, monk
     assert report["estimates"]["checkpointing"] is True
     assert "activation checkpointing: on (auto: a completion of max_tokens needs it)" in text
     assert report["estimates"]["micro_batch_tokens"] > 10240 + 256  # fits with it
+    # the rough time counts the blocks' second forward: training 8 x params a token, not 6
+    on_s = report["estimates"]["step_time_s"]
+    assert "training ~" in report["estimates"]["step_time_source"]
+    assert "(a third more: activation checkpointing)" in report["estimates"]["step_time_source"]
     # set off: the largest micro-batch without it is shorter than a completion
     off = tmp_path / "off.toml"
     off.write_text(path.read_text().replace("[eval]", "checkpointing = false\n[eval]"))
     code, text, report = explain(off, capsys)
+    assert report["estimates"]["step_time_s"] < on_s
+    assert "a third more" not in report["estimates"]["step_time_source"]
     largest = report["estimates"]["micro_batch_tokens"]  # auto: the largest that fits
     assert code == 0 and not report["errors"] and 256 < largest < 10240 + 256
     assert "activation checkpointing: off, attention:" in text
