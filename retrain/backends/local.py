@@ -777,9 +777,8 @@ class LocalBackend:
             return
         longest = max(_area(d) for d in datums)
         if self._auto_checkpointing and not self.options.checkpointing:
-            _checkpoint_activations(self.model)
-            self.options = replace(self.options, checkpointing=True, micro_batch_tokens=before)
-            self.sizing = replace(self.sizing, checkpointing=True)
+            self._checkpoint_from_now()
+            self.options = replace(self.options, micro_batch_tokens=before)
             self._say(
                 f"out of memory on {self.train_device} training one completion (up to "
                 f"{longest} positions): checkpointing = auto turns activation checkpointing "
@@ -801,6 +800,13 @@ class LocalBackend:
             "memory on the device; a lower [training] group_size or micro_batch_tokens does "
             "not shrink a single completion"
         )
+
+    def _checkpoint_from_now(self) -> None:
+        """`checkpointing = "auto"` turning activation checkpointing on mid-run (a
+        completion ran out of memory without it, or the resumed checkpoint's run had)."""
+        _checkpoint_activations(self.model)
+        self.options = replace(self.options, checkpointing=True)
+        self.sizing = replace(self.sizing, checkpointing=True)
 
     def _loss_for(self, hyper: TrainHyper) -> LossFn:
         """The objective build.py resolved from `[training] policy_loss`; a step whose
@@ -923,6 +929,8 @@ class LocalBackend:
                 "optimizer": self.optimizer.state_dict(),
                 "torch_rng": torch.get_rng_state(),
                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                # checkpointing = "auto" turned on: a resumed run starts with it on again
+                "checkpointing": bool(self.options.checkpointing),
             }
             torch.save(state, tmp / TRAINING_STATE)
             _fsync_dir(tmp)
@@ -957,6 +965,9 @@ class LocalBackend:
             state = torch.load(state_file, map_location=self.train_device, weights_only=False)
             self.optimizer.load_state_dict(state["optimizer"])
             torch.set_rng_state(state["torch_rng"].cpu())
+            auto_off = self._auto_checkpointing and not self.options.checkpointing
+            if state.get("checkpointing") and auto_off:
+                self._checkpoint_from_now()
             if state.get("cuda_rng") is not None and torch.cuda.is_available():
                 # loaded onto the training device like the rest, but torch takes RNG
                 # states as CPU byte tensors only; a machine with fewer GPUs than the one

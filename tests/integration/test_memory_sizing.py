@@ -218,6 +218,25 @@ def test_auto_checkpointing_trains_a_completion_that_ran_out_of_memory(backend, 
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
 
 
+def test_a_resumed_run_keeps_the_checkpointing_auto_turned_on(tiny_raw, tiny_model_dir, tmp_path):
+    """A checkpoint of a run whose checkpointing = "auto" turned activation checkpointing
+    on resumes with it on (no second out-of-memory step); one set false stays off."""
+    first = make_backend(tiny_raw, tiny_model_dir)
+    first._checkpoint_from_now()  # as the switch in _back_off does
+    info = first.save_checkpoint(tmp_path / "ckpt")
+    resumed = make_backend(tiny_raw, tiny_model_dir)
+    assert resumed.options.checkpointing is False  # a CPU: auto decides off at start
+    resumed.load_checkpoint(info)
+    assert resumed.options.checkpointing is True and resumed.sizing.checkpointing is True
+    assert any(getattr(m, "gradient_checkpointing", False) for m in resumed.model.modules())
+    raw = copy.deepcopy(tiny_raw)
+    raw["backend"]["options"] = {"checkpointing": False}
+    kept_off = make_backend(raw, tiny_model_dir)
+    kept_off.load_checkpoint(info)
+    assert kept_off.options.checkpointing is False
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in kept_off.model.modules())
+
+
 # ----------------------------------------------------------------------------- the
 # sampler's kept caches on a shared CUDA device (stand-ins: the device's free memory,
 # and caches kept on the CPU as the graphs keep them on CUDA)
