@@ -286,10 +286,10 @@ def sampling_rows(
 
 @dataclass(frozen=True)
 class Sizing:
-    """What a training device holds besides the model's shape and a micro-batch's
-    activations depend on: the device kind and matmul dtype, the adapter, activation
-    checkpointing, and the sampler beside the trainer. The local backend, explain and
-    the benchmarks size with one."""
+    """What a training device's memory depends on besides the model's shape and the
+    micro-batch: the device kind and matmul dtype, the adapter, activation checkpointing,
+    and the sampler beside the trainer. The local backend, explain and the benchmarks
+    size with one."""
 
     device_kind: str  # "cpu", "cuda" or "mps"
     dtype: str  # the matmul dtype: "bf16" or "fp32"
@@ -346,16 +346,16 @@ def weight_bytes(shape: ModelShape, sizing: Sizing) -> int:
 
 def sampler_copy_bytes(shape: ModelShape, sizing: Sizing) -> int:
     """What the in-process sampler's copy (retrain/engines/sampling_copy.py) holds
-    beside the trainer's weights, which it shares (nothing where `sizing.sampler` is None: no
-    sampler on this device):
+    beside the trainer's weights, which it shares (nothing where `sizing.sampler` is
+    None: no sampler on this device):
 
     - float32: W + scaling * B @ A of each adapted linear, merged (adapted x 4);
-    - bf16: its own A and B beside the shared weights (`copy_adapter_bytes`, given
-      `sizing.lora_rank`), and on a wholly bf16 model where a bf16 matmul cannot give float32
-      logits (`f32_out_matmul`: a GPU with torch < 2.8) a float32 output layer
-      (`Float32Head`, vocab x hidden x 4);
-    - `sizing.sampler` "bf16" (`[inference] dtype = "bf16"`) on a float32 model (a bf16 one
-      samples through its own bf16 matmuls, as above): a whole bf16 model of its own
+    - bf16: its own A and B beside the shared weights (`copy_adapter_bytes`), and on a
+      wholly bf16 model where a bf16 matmul cannot give float32 logits
+      (`f32_out_matmul`: a GPU with torch < 2.8) a float32 output layer (`Float32Head`,
+      vocab x hidden x 4);
+    - `sizing.sampler` "bf16" (`[inference] dtype = "bf16"`) on a float32 model (a bf16
+      one samples through its own bf16 matmuls, as above): a whole bf16 model of its own
       (params x 2) and the adapter's float32 A and B beside it; where `f32_out_matmul`
       does not hold, its output layer in float32 (`Float32Head`) instead of bf16, or
       besides the bf16 input embeddings it is tied to."""
