@@ -171,6 +171,10 @@ def child_retrain(setup: dict, steps: int, seed: int, extra: list[str]) -> dict:
                 # the sampler's kept caches given up for training (its graphs recaptured)
                 "cache_released": r.get("sampler_cache_released"),
                 "oom_retries": r.get("sampling_oom_retries"),
+                # training redone after running out of memory; activation checkpointing
+                # on (checkpointing = "auto" turns it on where a completion would not fit)
+                "train_oom_retries": r.get("oom_retries"),
+                "checkpointing": r.get("checkpointing"),
             }
             for r in rows
         ],

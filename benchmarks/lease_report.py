@@ -33,6 +33,8 @@ STEP_CHECKS = (
     ("cuda_graphs", "sampled through the captured step"),
     ("cache_released", "kept caches given up for training (graphs recaptured)"),
     ("oom_retries", "sampling out of memory, redone with fewer rows"),
+    ("train_oom_retries", "training out of memory, redone"),
+    ("checkpointing", "activation checkpointing on (its recompute inside training s)"),
 )
 ITEMS = ("headline", "quickstart", "variants", "trl", "profile", "memory_fit")
 # TRL 1.16 at the headline as ../shared/gpu/README.md recorded it (an H100, the same

@@ -41,6 +41,8 @@ def test_the_lease_scripts_write_what_its_report_reads(tmp_path):
     assert headline["finished"] and "failed" not in headline["summary"]["headline/retrain"]
     steps = headline["runs"]["headline/retrain"][0]["steps"]
     assert len(steps) == 2 and all(s["sampled_tokens"] == 2 * 2 * 8 for s in steps)
+    # read from the metrics rows: a renamed field would leave these None
+    assert all(s["checkpointing"] == 0.0 and s["train_oom_retries"] == 0 for s in steps)
 
     results = lease_report.load(out)
     figures = lease_report.measured(results)

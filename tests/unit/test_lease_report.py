@@ -13,9 +13,9 @@ lease_report = load("lease_report")
 
 def headline(**summary) -> dict:
     steps = [
-        {"cuda_graphs": 1.0, "cache_released": 0.0, "oom_retries": 0.0},
-        {"cuda_graphs": 1.0, "cache_released": 2.1e9, "oom_retries": 0.0},
-        {"cuda_graphs": 0.0, "cache_released": 0.0, "oom_retries": None},
+        {"cuda_graphs": 1.0, "cache_released": 0.0, "oom_retries": 0.0, "checkpointing": 0.0},
+        {"cuda_graphs": 1.0, "cache_released": 2.1e9, "oom_retries": 0.0, "checkpointing": 1.0},
+        {"cuda_graphs": 0.0, "cache_released": 0.0, "oom_retries": None, "train_oom_retries": 1},
     ]
     return {
         "summary": {"headline/retrain": summary},
@@ -50,6 +50,8 @@ def test_each_target_is_met_in_its_own_direction():
     assert "sampled through the captured step: 2 of 3 steps" in text
     assert "kept caches given up for training (graphs recaptured): 1 of 3 steps" in text
     assert "sampling out of memory, redone with fewer rows: 0 of 2 steps" in text
+    assert "training out of memory, redone: 1 of 1 steps" in text
+    assert "activation checkpointing on (its recompute inside training s): 1 of 2 steps" in text
 
 
 def test_a_skipped_or_failed_item_is_not_run():
