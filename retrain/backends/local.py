@@ -265,16 +265,19 @@ class LocalBackend:
         needed = opts.checkpointing is not True and needs_checkpointing(
             shape, sizing, free, max_tokens
         )
-        why = (
-            f"a completion of {max_tokens} tokens after a prompt would not fit the largest "
-            f"micro-batch without it; {(free or 0) / 2**30:.1f} GiB free on {device}"
-        )
         if self._auto_checkpointing:
             self.options = opts = replace(opts, checkpointing=needed)
-            if needed:
-                say(f"checkpointing = auto: on ({why})")
-        elif needed:  # set off by hand: kept, and said (a long completion would stop the run)
-            say(f"WARNING: [backend.options] checkpointing = false: {why}; set it true or auto")
+        if needed:  # free is known: needs_checkpointing says True on CUDA only
+            why = (
+                f"a completion of {max_tokens} tokens after a prompt would not fit the largest "
+                f"micro-batch without it; {free / 2**30:.1f} GiB free on {device}"
+            )
+            # set off by hand, it stays off: said, as a long completion would stop the run
+            say(
+                f"checkpointing = auto: on ({why})"
+                if self._auto_checkpointing
+                else f"WARNING: [backend.options] checkpointing = false: {why}; set it true or auto"
+            )
         # what its memory is sized with: the checks below, _room_for_training, memory_fit.py
         sizing = self.sizing = replace(sizing, checkpointing=bool(opts.checkpointing))
         if device.type != "cuda":  # CPU and MPS: auto is the CPU-measured 512, no check

@@ -317,12 +317,15 @@ def check_memory(config: Any) -> list[Check]:
         if estimate and estimate.get("device") in (name, name.replace("gpu:", "cuda:")):
             detail += f"; the run's estimated peak ~{estimate['peak_memory_gib']:g} GiB"
             problem = estimate.get("memory_problem")
-            if problem and problem.get("what") == "completion":
+            if problem:
                 status, fix = WARN, problem["message"]
-                detail += "; a completion of max_tokens would not fit a micro-batch"
-            elif problem:
-                status, fix = WARN, problem["message"]
-                detail += ", over it" if problem["level"] == "error" else ", close to it"
+                detail += (
+                    "; a completion of max_tokens would not fit a micro-batch"
+                    if problem.get("what") == "completion"
+                    else ", over it"
+                    if problem["level"] == "error"
+                    else ", close to it"
+                )
         out.append(Check(f"memory {name}", status, detail, fix))
     return out
 

@@ -298,14 +298,16 @@ def memory_estimate(config: Config, world: World | None = None) -> dict[str, Any
     )
     checkpointing, why = opts.get("checkpointing", False), ""
     if checkpointing == "auto":
+        checkpointing = needs_checkpointing(shape, sizing, free, t.max_tokens)
         why = (
             "it decides on a GPU only"
             if kind != "cuda"
             else "decided at start from the model's config and the free memory"
             if free is None or shape is None
             else "a completion of max_tokens needs it"
+            if checkpointing
+            else "a completion of max_tokens fits without it"
         )
-        checkpointing = needs_checkpointing(shape, sizing, free, t.max_tokens)
     plan = {
         "opts": opts,
         "where": where,

@@ -581,8 +581,6 @@ def _checkpointing_text(settings: dict[str, Any], est: dict[str, Any] | None) ->
     on, why = est.get("checkpointing"), est.get("checkpointing_auto")
     if on is None or not why:
         return f"auto ({why})" if why else "auto"
-    if on is False and why.endswith("needs it"):
-        why = "a completion of max_tokens fits without it"
     return f"{'on' if on else 'off'} (auto: {why})"
 
 
