@@ -65,9 +65,24 @@ _MEASURED_ON = {"cuda": "an H100 at Qwen3-4B's shapes", "cpu": "2 CPU cores at t
 _STEP_FLOOR_S = {"cuda": 0.6}
 
 
+# What sets a step's pace: a logged run's median stands for this config's step only
+# where these agree (a run moved aside by --overwrite, or another model's, does not).
+_PACE_KEYS = (
+    ("model", "model"),
+    ("model", "lora_rank"),
+    ("backend", "backend"),
+    ("backend", "devices"),
+    ("inference", "engine"),
+    ("training", "batch_size"),
+    ("training", "group_size"),
+    ("training", "max_tokens"),
+)
+
+
 def _recent_rates(config: Config) -> dict[str, Any] | None:
     """Median time per step and sampled tokens per second of the run in [logging] log_dir,
-    when it has logged steps."""
+    when it has logged steps; with `differs` set (the keys of `_PACE_KEYS` it ran with
+    otherwise, as it recorded them) where that run's setup is not this config's."""
     import statistics
     from pathlib import Path
 
@@ -76,7 +91,8 @@ def _recent_rates(config: Config) -> dict[str, Any] | None:
     path = Path(config.logging.log_dir)
     if not (path / "metrics.jsonl").is_file():
         return None
-    rows = RunDir(path).step_rows
+    run = RunDir(path)
+    rows = run.step_rows
     times = [v for r in rows if (v := as_number(r.get("step_time_s"))) is not None]
     if not times:
         return None
@@ -86,11 +102,18 @@ def _recent_rates(config: Config) -> dict[str, Any] | None:
         if (tokens := as_number(r.get("tokens_generated"))) is not None
         and (secs := as_number(r.get("time_sampling_s")))
     ]
+    differs = [
+        f"[{table}] {key} = {theirs!r} (here {ours!r})"
+        for table, key in _PACE_KEYS
+        if (theirs := run.config_value(table, key)) is not None
+        and theirs != (ours := getattr(getattr(config, table), key))
+    ]
     return {
         "log_dir": str(path),
         "steps": len(times),
         "median_step_s": statistics.median(times),
         "sampled_tokens_per_s": statistics.median(rates) if rates else None,
+        "differs": differs,
     }
 
 
@@ -372,7 +395,7 @@ def estimates(config: Config, info: BackendInfo, world: World | None = None) -> 
         out.update(memory_estimate(config, world))
     recent = _recent_rates(config)
     out["recent_run"] = recent
-    if recent is not None:
+    if recent is not None and not recent["differs"]:
         out["step_time_s"] = round(recent["median_step_s"], 2)
         out["step_time_source"] = f"median of {recent['steps']} steps logged in {recent['log_dir']}"
     elif params is not None and not remote and device in _EFFECTIVE_FLOPS:
@@ -393,11 +416,22 @@ def estimates(config: Config, info: BackendInfo, world: World | None = None) -> 
             f"{' (a third more: activation checkpointing)' if recompute else ''}, scaled by "
             f"parameters x tokens from what retrain measured on {_MEASURED_ON[device]}{least}; "
             "every completion at max_tokens. Run a few steps for a measured median"
+            f"{_other_setup(recent)}"
         )
     else:
         why = "remote service" if remote else "unknown model size"
         if not remote and params is not None:
             why = f"no rate measured on {device}"
         out["step_time_s"] = None
-        out["step_time_source"] = f"no estimate ({why}; run a few steps)"
+        out["step_time_source"] = f"no estimate ({why}; run a few steps){_other_setup(recent)}"
     return out
+
+
+def _other_setup(recent: dict[str, Any] | None) -> str:
+    """Why a run logged in log_dir gave no step time: it ran another setup."""
+    if recent is None or not recent["differs"]:
+        return ""
+    return (
+        f"; the {recent['steps']} steps logged in {recent['log_dir']} ran another setup "
+        f"({', '.join(recent['differs'][:2])}), so their median is not this one's"
+    )

@@ -649,7 +649,7 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
             else est.get("step_time_source", "unknown")
         )
         recent = est.get("recent_run")
-        if recent and recent.get("sampled_tokens_per_s"):
+        if recent and recent.get("sampled_tokens_per_s") and not recent["differs"]:
             step += f"; sampling {recent['sampled_tokens_per_s']:,.0f} tokens/s"
         lines.append(f"Step time:   {step}")
     return lines

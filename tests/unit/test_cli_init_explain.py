@@ -329,6 +329,21 @@ def test_explain_estimates_memory_and_step_time(tmp_path, capsys):
     assert f"~4 s/step (median of 3 steps logged in {logs})" in text
     assert "sampling 200 tokens/s" in text and "Memory:      " in text
 
+    # ... when that run recorded this setup; another setup's steps are not this one's
+    resolved = path.read_text().replace("group_size = 4", "group_size = 8")
+    (logs / "config.resolved.toml").write_text(resolved.replace("lora_rank = 4", "lora_rank = 2"))
+    est = json.loads(run(["explain", str(path), "--json"], capsys)[1])["estimates"]
+    assert est["step_time_s"] == pytest.approx(want, abs=0.01)
+    assert est["step_time_source"].endswith(
+        f"; the 3 steps logged in {logs} ran another setup ([model] lora_rank = 2 (here 4), "
+        "[training] group_size = 8 (here 4)), so their median is not this one's"
+    )
+    assert "tokens/s" not in run(["explain", str(path)], capsys)[1].split("Step time:")[1]
+    (logs / "config.resolved.toml").write_text(path.read_text())
+    assert json.loads(run(["explain", str(path), "--json"], capsys)[1])["estimates"][
+        "step_time_s"
+    ] == 4.0
+
 
 def test_explain_step_time_reproduces_the_measured_gpu_steps(tmp_path, capsys):
     """Without a logged run, explain's GPU estimate gives back what was measured on an
