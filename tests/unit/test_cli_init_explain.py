@@ -340,9 +340,10 @@ def test_explain_estimates_memory_and_step_time(tmp_path, capsys):
     )
     assert "tokens/s" not in run(["explain", str(path)], capsys)[1].split("Step time:")[1]
     (logs / "config.resolved.toml").write_text(path.read_text())
-    assert json.loads(run(["explain", str(path), "--json"], capsys)[1])["estimates"][
-        "step_time_s"
-    ] == 4.0
+    assert (
+        json.loads(run(["explain", str(path), "--json"], capsys)[1])["estimates"]["step_time_s"]
+        == 4.0
+    )
 
 
 def test_explain_step_time_reproduces_the_measured_gpu_steps(tmp_path, capsys):
