@@ -16,11 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
+from retrain.cli.run import quiet_libraries
 from retrain.config import DEFAULT_CONFIG, load_config, load_dotenv
 from retrain.errors import RetrainError, UsageError
+from retrain.squeeze import SAFETENSORS_NAME
 
 BASE = "base"
 
@@ -65,6 +68,31 @@ def _adapter_overrides(adapter: str) -> list[str]:
     return flags
 
 
+def _check_saved_adapter(path: Path, rest: list[str]) -> None:
+    """A local ADAPTER is a directory with a saved adapter's weights, checked before any
+    model loads; a run's adapter_path (which holds its checkpoints) names them, and the
+    command (with the other arguments, `rest`) that evaluates the newest."""
+    if not path.is_dir():
+        raise UsageError(
+            f"adapter {str(path)!r} is not a directory (pass a saved adapter such as "
+            "adapters/quickstart/final, or 'base' for the base model)"
+        )
+    if (path / SAFETENSORS_NAME).is_file():
+        return
+    saved = sorted(
+        (d for d in path.iterdir() if (d / SAFETENSORS_NAME).is_file()),
+        key=lambda d: (d.name != "final", -(_step_of(str(d)) or 0), d.name),  # newest first
+    )
+    inside = (
+        f"; it holds the saved adapters {', '.join(str(d) for d in saved[:4])}"
+        f"{', ...' if len(saved) > 4 else ''}. Fix: "
+        f"{shlex.join(['retrain', 'eval', str(saved[0]), *rest])}"
+        if saved
+        else " (a run saves one at [backend] adapter_path/final and each checkpoint_step_N)"
+    )
+    raise UsageError(f"adapter {str(path)!r} holds no {SAFETENSORS_NAME}{inside}")
+
+
 def _step_of(adapter: str) -> int | None:
     if adapter == BASE:
         return 0
@@ -105,11 +133,10 @@ def evaluate_adapter(adapter: str, config, say=print) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     args, flags = build_parser().parse_known_args(argv)
     adapter = args.adapter
-    if adapter != BASE and "://" not in adapter and not Path(adapter).is_dir():
-        raise UsageError(
-            f"adapter {adapter!r} is not a directory (pass a saved adapter such as "
-            "adapters/quickstart/final, or 'base' for the base model)"
-        )
+    if adapter != BASE and "://" not in adapter:
+        rest = list(argv)
+        rest.remove(adapter)
+        _check_saved_adapter(Path(adapter), rest)
     for name, value in (
         ("size", args.size),
         ("samples", args.samples),
@@ -121,6 +148,7 @@ def main(argv: list[str]) -> int:
         print("Loaded .env")
     overrides = [] if adapter == BASE else _adapter_overrides(adapter)
     config = load_config(args.config, overrides + flags)
+    quiet_libraries()
     quiet = args.json
     data = evaluate_adapter(adapter, config, say=(lambda _t: None) if quiet else print)
     data["config"] = args.config

@@ -64,13 +64,25 @@ def test_eval_off_by_default_writes_nothing(tiny_raw, tmp_path):
 
 def test_retrain_eval_on_a_saved_adapter_and_the_base_model(tiny_raw, tmp_path, capsys):
     raw = _with_eval(tiny_raw, every=0)  # evaluation off in training: the command still works
-    raw["training"]["max_steps"] = 1
+    raw["training"].update(max_steps=2, save_every=1)
     config = config_from_dict(raw)
     assert train(config, console=QuietConsole()) == 0
     cfg_path = tmp_path / "run.toml"
     cfg_path.write_text(config_to_toml(config), encoding="utf-8")
     adapter = tmp_path / "adapter" / "final"
     out = tmp_path / "eval_final.json"
+
+    # the run's adapter_path is not an adapter: refused before any model loads, naming
+    # the adapters it holds (the final one first, then the newest checkpoint)
+    capsys.readouterr()
+    assert cli_main(["eval", str(adapter.parent), "--config", str(cfg_path)]) == 2
+    got = capsys.readouterr()
+    step1 = adapter.parent / "checkpoint_step_1"
+    assert f"holds no adapter_model.safetensors; it holds the saved adapters {adapter}, " in got.err
+    fix = f"{step1}. Fix: retrain eval {adapter} --config {cfg_path}\n"
+    assert fix in got.err and got.out == ""
+    assert cli_main(["eval", str(tmp_path), "--config", str(cfg_path)]) == 2
+    assert "a run saves one at [backend] adapter_path/final" in capsys.readouterr().err
 
     assert cli_main(["eval", str(adapter), "--config", str(cfg_path), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
