@@ -191,13 +191,26 @@ def _fetch_tinker(tinker_path: str) -> Path:
         raise SqueezeError(f"cannot fetch the adapter {tinker_path}: {e}") from e
 
 
+def saved_adapters_in(path: Path) -> list[Path]:
+    """The saved adapters a directory holds, such as a run's [backend] adapter_path (its
+    final/ and checkpoint_step_N/): the final one first, then the newest checkpoint."""
+
+    def order(d: Path) -> tuple[bool, int, str]:
+        step = re.fullmatch(r"checkpoint_step_(\d+)", d.name)
+        return d.name != "final", -int(step.group(1)) if step else 0, d.name
+
+    return sorted((d for d in path.iterdir() if (d / SAFETENSORS_NAME).is_file()), key=order)
+
+
 def _check_local(adapter_path: str | Path) -> Path:
     text = str(adapter_path)
     path = _fetch_tinker(text) if text.startswith("tinker://") else Path(text).expanduser()
     if not path.is_dir():
         raise SqueezeError(f"adapter directory not found: {path}")
     if not (path / CONFIG_NAME).is_file():
-        raise SqueezeError(f"{path} is not a PEFT adapter: {CONFIG_NAME} is missing")
+        saved = saved_adapters_in(path)
+        inside = f"; it holds the saved adapters {', '.join(map(str, saved[:4]))}" if saved else ""
+        raise SqueezeError(f"{path} is not a PEFT adapter: {CONFIG_NAME} is missing{inside}")
     if not (path / SAFETENSORS_NAME).is_file() and not (path / BIN_NAME).is_file():
         raise SqueezeError(f"{path} holds neither {SAFETENSORS_NAME} nor {BIN_NAME}")
     return path

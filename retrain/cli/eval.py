@@ -23,7 +23,7 @@ from typing import Any
 from retrain.cli.run import quiet_libraries
 from retrain.config import DEFAULT_CONFIG, load_config, load_dotenv
 from retrain.errors import RetrainError, UsageError
-from retrain.squeeze import SAFETENSORS_NAME
+from retrain.squeeze import SAFETENSORS_NAME, saved_adapters_in
 
 BASE = "base"
 
@@ -79,10 +79,7 @@ def _check_saved_adapter(path: Path, rest: list[str]) -> None:
         )
     if (path / SAFETENSORS_NAME).is_file():
         return
-    saved = sorted(
-        (d for d in path.iterdir() if (d / SAFETENSORS_NAME).is_file()),
-        key=lambda d: (d.name != "final", -(_step_of(str(d)) or 0), d.name),  # newest first
-    )
+    saved = saved_adapters_in(path)
     inside = (
         f"; it holds the saved adapters {', '.join(str(d) for d in saved[:4])}"
         f"{', ...' if len(saved) > 4 else ''}. Fix: "

@@ -4,6 +4,7 @@ adapters that plain PEFT loads."""
 from __future__ import annotations
 
 import json
+import shutil
 import math
 from pathlib import Path
 
@@ -264,6 +265,16 @@ def test_bad_inputs_raise_clear_errors(tmp_path, adapter64, monkeypatch):
     )
     with pytest.raises(SqueezeError, match="no matching"):
         analyze_adapter(half)
+    # a run's adapter_path, which holds its saved adapters: they are named, final first
+    run = tmp_path / "run"
+    for name in ("checkpoint_step_5", "checkpoint_step_10", "final"):
+        shutil.copytree(adapter64, run / name)
+    with pytest.raises(SqueezeError) as err:
+        analyze_adapter(run)
+    assert str(err.value).endswith(
+        f"adapter_config.json is missing; it holds the saved adapters {run / 'final'}, "
+        f"{run / 'checkpoint_step_10'}, {run / 'checkpoint_step_5'}"
+    )
     with pytest.raises(SqueezeError, match="adapter_path is empty"):
         squeeze_from_options("")
 
