@@ -384,8 +384,8 @@ class OptionSpec:
 _OPTION_TYPES = {"int": int, "float": (int, float), "bool": bool, "str": str}
 
 
-def check_option(name: str, spec: OptionSpec, value: Any) -> str | None:
-    """None when `value` suits `spec`, else what is wrong."""
+def check_option(spec: OptionSpec, value: Any) -> str | None:
+    """None when `value` suits `spec`, else what is wrong (the caller names the option)."""
     base, *words = spec.type.split("/")
     if words and isinstance(value, str) and value in words:
         return None
@@ -394,9 +394,9 @@ def check_option(name: str, spec: OptionSpec, value: Any) -> str | None:
         not isinstance(value, expected) or (base != "bool" and isinstance(value, bool))
     ):
         what = " or ".join([base, *(f'"{w}"' for w in words)])
-        return f"option {name!r} expects {what}, got {value!r}"
+        return f"expects {what}, got {value!r}"
     if spec.choices is not None and value not in spec.choices:
-        return f"option {name!r} must be one of {list(spec.choices)}, got {value!r}"
+        return f"must be one of {list(spec.choices)}, got {value!r}"
     if spec.validator is not None:
         return spec.validator(value)
     return None

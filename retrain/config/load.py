@@ -112,15 +112,23 @@ class _Origin:
     renamed: dict[tuple[str, str], tuple[str, str]] | None = None
 
     def of(self, table: str, key: str = "") -> str:
-        if self.flags and (table, key) in self.flags:
-            return f" (from {self.flags[(table, key)]})"
+        # a key of a sub-table (`[backend.options] dtype`) set whole by its parent's key (an
+        # inline `options = {...}`, or --backend-opt) is where that parent key was set
+        parent = (table.rpartition(".")[0], table.rpartition(".")[2]) if "." in table else None
+        for where in ((table, key), parent):
+            if self.flags and where in self.flags:
+                return f" (from {self.flags[where]})"
         if self.renamed and (table, key) in self.renamed:
             old = self.renamed[(table, key)]
             line = self.lines.get(old) if self.lines else None
             where = f"{self.source}:{line}, " if self.source and line else ""
             return f" ({where}written as {old[1]})"
         if self.source and self.lines is not None:
-            line = self.lines.get((table, key)) or self.lines.get((table, ""))
+            line = (
+                self.lines.get((table, key))
+                or self.lines.get((table, ""))
+                or (self.lines.get(parent) if parent else None)
+            )
             return f" ({self.source}:{line})" if line else f" ({self.source})"
         return ""
 

@@ -438,9 +438,9 @@ def _backend_options(config: Config) -> Problems:
             hint = registry.suggest(name, schema)
             problem = f"unknown option {name!r} for backend {entry.name!r}{hint}; valid: {valid}"
         else:
-            problem = check_option(name, spec, value)
+            problem = check_option(spec, value)
         if problem:
-            problems.append(("[backend] options", problem))
+            problems.append((f"[backend.options] {name}", problem))
     return problems
 
 

@@ -93,8 +93,18 @@ BAD_INPUTS = [
         '[backend]\nbackend = "tinker"\n[algorithm]\nuncertainty_kind = "shannon_entropy"\n',
         "[algorithm] uncertainty_kind",
     ),
-    ('[backend]\noptions = { micro_batch_tokens = "big" }\n', "[backend] options"),
-    ("[backend]\noptions = { micro_batch_size = 4 }\n", "[backend] options"),
+    (
+        '[backend]\noptions = { micro_batch_tokens = "big" }\n',
+        "[backend.options] micro_batch_tokens (",
+    ),
+    (
+        "[backend]\noptions = { micro_batch_size = 4 }\n",
+        "bad.toml:2): unknown option 'micro_batch_size'",
+    ),
+    (
+        '[backend.options]\ndtype = "bf16"\ncheckpointing = "maybe"\n',
+        "bad.toml:3): expects bool or \"auto\", got 'maybe'",
+    ),
     ("lr = 1e-4\n", "did you mean [training] lr"),
     ("[training]\ntemperature = inf\n", "[training] temperature"),
     ('[logging]\nlog_dir = ""\n', "[logging] log_dir"),

@@ -132,12 +132,12 @@ def test_the_real_nvidia_smi_runner_says_none_when_it_is_absent(monkeypatch, tmp
 def test_micro_batch_tokens_takes_a_positive_int_or_auto():
     spec = BACKENDS.entry("local").options["micro_batch_tokens"]
     assert (spec.type, spec.default) == ("int/auto", "auto")
-    assert check_option("micro_batch_tokens", spec, "auto") is None
-    assert check_option("micro_batch_tokens", spec, 4096) is None
-    assert check_option("micro_batch_tokens", spec, 0) == "must be > 0, got 0"
+    assert check_option(spec, "auto") is None
+    assert check_option(spec, 4096) is None
+    assert check_option(spec, 0) == "must be > 0, got 0"
     for bad in ("big", True, 1.5):
-        assert check_option("micro_batch_tokens", spec, bad) == (
-            f"option 'micro_batch_tokens' expects int or \"auto\", got {bad!r}"
+        assert check_option(spec, bad) == (
+            f"expects int or \"auto\", got {bad!r}"
         )
     assert LocalOptions.from_mapping({}).micro_batch_tokens == "auto"
 
