@@ -136,9 +136,7 @@ def test_micro_batch_tokens_takes_a_positive_int_or_auto():
     assert check_option(spec, 4096) is None
     assert check_option(spec, 0) == "must be > 0, got 0"
     for bad in ("big", True, 1.5):
-        assert check_option(spec, bad) == (
-            f"expects int or \"auto\", got {bad!r}"
-        )
+        assert check_option(spec, bad) == (f'expects int or "auto", got {bad!r}')
     assert LocalOptions.from_mapping({}).micro_batch_tokens == "auto"
 
 
