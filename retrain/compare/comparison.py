@@ -338,6 +338,7 @@ def compare_runs(
         horizon = _common_horizon(usable, warnings)
     else:
         usable = _reaching(usable, horizon, warnings)
+    final_window = min(final_window, horizon)  # what "final" averages: no more steps than there are
     conditions = _condition_order(usable, order)
     base = pick_baseline(conditions, baseline)
     settings = _Settings(metric, horizon, final_window, n_resamples, seed, smooth)

@@ -13,6 +13,7 @@ import pytest
 from retrain.cli.main import main
 from retrain.compare import stats
 from retrain.compare.comparison import compare_runs
+from retrain.compare.render import render_text
 from retrain.compare.runs import collect_runs, load_run
 from retrain.errors import RetrainError
 from retrain.logs.rundir import run_dir_name
@@ -314,6 +315,10 @@ def test_different_lengths_use_the_common_horizon(tmp_path):
         "b+none": 1,
     }
     assert any("b+none_s2" in w and "skipped" in w for w in comp.warnings)
+    # "final" averages the last final_window steps, or all of them where there are fewer
+    comp = compare_runs(runs, order=order, n_resamples=500, horizon=6, final_window=10)
+    assert comp.final_window == 6 and "final = mean of the last 6 steps" in render_text(comp)
+    assert all(c.final_values == c.auc_values for c in comp.conditions)  # both: all 6 steps
 
 
 # ---------------------------------------------------------------- the command
