@@ -209,7 +209,26 @@ def _condition_report(cond: Condition, runs: list[RunSpec]) -> dict[str, Any]:
         "max_steps": cfg.training.max_steps,
         "runs": [r.name for r in runs],
         "algorithm": named_algorithm(cfg),
+        "sepa": sepa_summary(cfg),
     }
+
+
+def _campaign_sepa(conds: list[dict[str, Any]]) -> str:
+    """The SEPA line of a campaign: each schedule its conditions run (with their own
+    max_steps), and which conditions do not use it."""
+    unused = [c["label"] for c in conds if not uses_sepa_text(c["sepa"])]
+    used: dict[str, list[str]] = {}
+    for c in conds:
+        if uses_sepa_text(c["sepa"]):
+            used.setdefault(c["sepa"], []).append(c["label"])
+    parts = [f"{text} ({', '.join(labels)})" for text, labels in used.items()]
+    if unused:
+        parts.append(f"not used by {', '.join(unused)}")
+    return "; ".join(parts)
+
+
+def uses_sepa_text(summary: str) -> bool:
+    return not summary.startswith("not used by ")
 
 
 def _campaign_report(config: Config, errors: list[str]) -> dict[str, Any]:
@@ -612,7 +631,8 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
         warm = f", {s['warmup_steps']} warmup" if s.get("warmup_steps") else ""
         lines.append(
             f"Training:    lr {s['lr']:g} ({s['lr_schedule']}{warm}), weight decay {s['weight_decay']:g}, "
-            f"temperature {s['temperature']:g}, top_p {s['top_p']:g}, seed {s['seed']}"
+            f"temperature {s['temperature']:g}, top_p {s['top_p']:g}, seed "
+            + ("per run ([campaign] seeds)" if report.get("campaign") else str(s["seed"]))
         )
         lines.append(
             f"Optimizer:   {o['name']} betas ({o['beta1']:g}, {o['beta2']:g}), eps {o['eps']:g}, "
@@ -722,6 +742,9 @@ def build_report(
     if config.campaign is not None:
         report["campaign"] = _campaign_report(config, errors)
         report["total_steps"] = report["campaign"]["total_steps"]
+        report["sepa"] = _campaign_sepa(report["campaign"]["condition_details"])
+        # the base config's own condition is no run's: each condition is named below
+        report["condition"] = report["algorithm"] = None
     errors += [
         f"{key}{_where(config, path, key)}: {problem}"
         for key, problem in startup_problems(config, ask, world)
@@ -799,7 +822,7 @@ def render(report: dict[str, Any]) -> str:
     ck = report["checkpoints"]
     lines = [
         f"Config:      {report['config']}",
-        f"Condition:   {report['condition']}",
+        f"Condition:   {report['condition'] or _campaign_conditions(report['campaign'])}",
         f"Backend:     {b['name']} ({b['source']}): {caps}",
     ]
     if b["ignored_sections"]:
@@ -845,6 +868,10 @@ def render(report: dict[str, Any]) -> str:
     for e in report["errors"]:
         lines.append(f"ERROR: {e}")
     return "\n".join(lines)
+
+
+def _campaign_conditions(camp: dict[str, Any]) -> str:
+    return f"one per run: {', '.join(camp['conditions'])} (Campaign, below)"
 
 
 def _steps_per_run(camp: dict[str, Any]) -> str:

@@ -148,6 +148,20 @@ def test_explain_campaign_matrix(capsys, one_gpu):
     # its runs are seeded by [campaign] seeds, so its unset [training] seed is no warning
     report = json.loads(out)
     assert not [w for w in report["warnings"] if "seed" in w]
+    # the base config's condition is no run's: the lines name the conditions instead,
+    # and SEPA's schedule the one condition that uses it
+    assert report["condition"] is None and report["algorithm"] is None
+    assert [c["sepa"].startswith("not used by") for c in camp["condition_details"]] == [
+        True, True, True, True, False
+    ]  # fmt: skip
+    text = run(["explain", str(REPO / "retrain/config/templates/campaign.toml")], capsys)[1]
+    assert "Condition:   one per run: grpo+none, maxrl+none, maxrl+gtpo, maxrl+gtpo_hicra, " in text
+    assert "Algorithm:   " not in text and "seed per run ([campaign] seeds)" in text
+    sepa = next(line for line in text.splitlines() if line.startswith("SEPA:"))
+    assert sepa.endswith(
+        "(sticky) (maxrl+gtpo_sepa); not used by grpo+none, maxrl+none, maxrl+gtpo, "
+        "maxrl+gtpo_hicra"
+    )
 
 
 def test_explain_warns_about_an_unseeded_run(tmp_path, capsys, one_gpu):
