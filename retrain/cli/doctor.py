@@ -370,7 +370,13 @@ def check_config(path: str | None, flags: list[str] | None = None) -> tuple[list
         problems = exc.problems or [str(exc)]
         fix = f"edit {p}; retrain explain {p} says the same"
         return [Check("config", FAIL, f"{p}: {problem}", fix) for problem in problems], None
-    detail = f"{p} is valid ({config.condition}, backend {config.backend.backend})"
+    what = config.condition
+    if config.campaign is not None:  # the base config's condition is no run's
+        from retrain.campaign.conditions import campaign_conditions
+
+        labels = [c.label for c in campaign_conditions(config)]
+        what = f"a campaign of {', '.join(labels)} x {len(config.campaign.seeds)} seeds"
+    detail = f"{p} is valid ({what}, backend {config.backend.backend})"
     return [Check("config", OK, detail)], config
 
 

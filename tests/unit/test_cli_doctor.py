@@ -168,6 +168,17 @@ def test_invalid_config_fails(env, capsys):
     assert line.startswith("FAIL") and "lr" in line
 
 
+def test_a_campaign_config_names_its_conditions(env, capsys):
+    """The base config's condition (maxrl+gtpo_sepa by default) is no run's."""
+    (env / "retrain.toml").write_text(
+        '[campaign]\nseeds = [1, 2]\n[[campaign.conditions]]\nadvantage_mode = "grpo"\n'
+        'transform_mode = "none"\n'
+    )
+    out = run(["doctor", "--no-network"], capsys)[1]
+    line = next(line for line in out.splitlines() if line.split()[1:2] == ["config"])
+    assert "is valid (a campaign of grpo+none x 2 seeds, backend local)" in line
+
+
 def test_a_server_engine_whose_server_is_down_fails_with_the_url_and_start_command(env, capsys):
     # nothing listens on port 9
     (env / "retrain.toml").write_text('[inference]\nengine = "vllm"\nurl = "http://127.0.0.1:9"\n')
