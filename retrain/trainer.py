@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from retrain import distributed
-from retrain.build import Components, build, check_world, world_of
+from retrain.build import Components, build, check_world, resume_problems, world_of
 from retrain.checkpoint import (
     TrainerState,
     capture_rng,
@@ -132,8 +132,8 @@ class Trainer:
         overlap = self.config.backend.options.get("overlap") is True
         self.training = step_training(c.backend, overlap=overlap)
 
-    def restore(self, resume_from: str) -> bool:
-        """Load trainer_state.json + the backend checkpoint. False when already finished."""
+    def restore(self, resume_from: str) -> None:
+        """Load trainer_state.json + the backend checkpoint."""
         state = load_state(resume_from)
         cfg, c = self.config, self.parts
         check_compatible(
@@ -157,7 +157,6 @@ class Trainer:
         self.say(
             f"Resumed from {resume_from} at step {state.step} (example {c.data.position}, correct so far {self.counters.correct_rate:.1%})"
         )
-        return state.step < cfg.training.max_steps
 
     # ------------------------------------------------------------ one step
 
@@ -422,13 +421,18 @@ class Trainer:
         if self.world.is_main:
             claim(cfg, self.launch, self.say)  # before any model loads
         distributed.barrier(self.world, "the start (rank 0 checks the run directories)")
-        self.setup()
         resume_from = cfg.resume.from_
-        if resume_from and not self.restore(resume_from):
+        # a run that cannot be resumed is refused by the build's startup checks
+        done = load_state(resume_from).step if resume_from and not resume_problems(cfg) else None
+        if done is not None and done >= cfg.training.max_steps:  # before any model loads
             self.say(
-                f"Nothing to do: the run in {resume_from} already finished {cfg.training.max_steps} steps (raise --max-steps to continue)."
+                f"Nothing to do: the run in {resume_from} has trained {done} steps and max_steps "
+                f"is {cfg.training.max_steps} (set --max-steps above {done} to continue)."
             )
             return 0
+        self.setup()
+        if resume_from:
+            self.restore(resume_from)
         if self.world.is_main:
             self.log.open(self.start_step)
         self.context = replace(self.context, started=self.log.started)

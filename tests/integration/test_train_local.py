@@ -154,6 +154,13 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_raw, tmp_path):
     resumed["resume"] = {"from": part["logging"]["log_dir"]}
     code, lines = run(resumed)
     assert code == 0 and any("Resumed from" in line for line in lines)
+    # again, with max_steps already reached: nothing to do, said before any model loads
+    code, lines = run(resumed)
+    assert code == 0 and not any("Loading train model" in line for line in lines), lines
+    assert lines[-1] == (
+        f"Nothing to do: the run in {part['logging']['log_dir']} has trained 4 steps and "
+        "max_steps is 4 (set --max-steps above 4 to continue)."
+    )
 
     a, b = Path(straight["logging"]["log_dir"]), Path(part["logging"]["log_dir"])
     assert _generations(a) == _generations(b)
