@@ -210,25 +210,22 @@ def _condition_report(cond: Condition, runs: list[RunSpec]) -> dict[str, Any]:
         "runs": [r.name for r in runs],
         "algorithm": named_algorithm(cfg),
         "sepa": sepa_summary(cfg),
+        "uses_sepa": uses_sepa(cfg),
     }
 
 
 def _campaign_sepa(conds: list[dict[str, Any]]) -> str:
     """The SEPA line of a campaign: each schedule its conditions run (with their own
     max_steps), and which conditions do not use it."""
-    unused = [c["label"] for c in conds if not uses_sepa_text(c["sepa"])]
     used: dict[str, list[str]] = {}
     for c in conds:
-        if uses_sepa_text(c["sepa"]):
+        if c["uses_sepa"]:
             used.setdefault(c["sepa"], []).append(c["label"])
     parts = [f"{text} ({', '.join(labels)})" for text, labels in used.items()]
+    unused = [c["label"] for c in conds if not c["uses_sepa"]]
     if unused:
         parts.append(f"not used by {', '.join(unused)}")
     return "; ".join(parts)
-
-
-def uses_sepa_text(summary: str) -> bool:
-    return not summary.startswith("not used by ")
 
 
 def _campaign_report(config: Config, errors: list[str]) -> dict[str, Any]:
