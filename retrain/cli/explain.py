@@ -640,7 +640,8 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
             f"modules {lora['target_modules']}"
         )
         if s["loss"]:
-            lines.append("Loss:        " + ", ".join(f"{k} {v}" for k, v in s["loss"].items()))
+            loss = ", ".join(f"{k} {v}" for k, v in s["loss"].items())
+            lines.append(f"Loss:        {loss}{_base_of_campaign(report)}")
         where = f" at {inf['url']}" if inf.get("url") else ""
         dev = f" on {s['devices']}" if s.get("devices") else ""
         decode = f", decode: {inf['decode']}" if inf.get("decode") else ""
@@ -831,7 +832,7 @@ def render(report: dict[str, Any]) -> str:
         f"Data:        {report['data']}",
         *([f"Environment: {report['environment']}"] if report.get("environment") else []),
         f"Reward:      {report['reward']}   uncertainty: {report['uncertainty_kind']}",
-        f"Objective:   {report['objective']}",
+        f"Objective:   {report['objective']}{_base_of_campaign(report)}",
         *([f"Algorithm:   {report['algorithm']['text']}"] if report.get("algorithm") else []),
         *_render_settings(report),
         *_world_line(report["world"]),
@@ -865,6 +866,14 @@ def render(report: dict[str, Any]) -> str:
     for e in report["errors"]:
         lines.append(f"ERROR: {e}")
     return "\n".join(lines)
+
+
+def _base_of_campaign(report: dict[str, Any]) -> str:
+    """A line that describes the base config, where a campaign's conditions override it."""
+    camp = report.get("campaign")
+    if camp and any(c["overrides"] for c in camp["condition_details"]):
+        return " (the base config; conditions below override parts of it)"
+    return ""
 
 
 def _campaign_conditions(camp: dict[str, Any]) -> str:

@@ -202,6 +202,10 @@ def test_init_zoo_then_explain_names_each_condition(tmp_path):
     assert "  - Dr.GRPO\n      algorithm: Dr. GRPO (TRL 1.16 loss_type=dr_grpo" in text.stdout
     # each run has its own adapter directory, not the [backend] default
     assert "-> logs/campaign_*/runs/CONDITION_sSEED/adapter" in text.stdout
+    # the base's objective is said as the base's: the conditions override its loss keys
+    base = " (the base config; conditions below override parts of it)\n"
+    assert "\nObjective:   is (importance-sampling policy gradient); " in text.stdout
+    assert text.stdout.count(base) == 2 and "Loss:        policy_loss is, " in text.stdout
 
 
 def test_zoo_runs_the_quickstart_task():
