@@ -646,7 +646,7 @@ def fit_problem(
     if need <= HEADROOM * free_bytes:
         return None
     have = f"{free_bytes / GIB:.1f} GiB free on {where}" + (
-        f" (of {total_bytes / GIB:.0f} GiB)" if total_bytes else ""
+        f" (of {total_bytes / GIB:.1f} GiB)" if total_bytes else ""
     )
     over = need > free_bytes
     amount = f"needs ~{need / GIB:.1f} GiB, " + (

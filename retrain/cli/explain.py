@@ -605,7 +605,7 @@ def _memory_text(est: dict[str, Any]) -> str:
     device = ""
     if est.get("device"):
         free, total = est.get("device_free_gib"), est.get("device_total_gib")
-        memory = f"{free:.1f} of {total:.0f} GiB free" if free is not None else "memory unknown"
+        memory = f"{free:.1f} of {total:.1f} GiB free" if free is not None else "memory unknown"
         device = f"{est['device']}: {memory}; "
     params = f"{est['model_params'] / 1e6:,.0f}M params; " if est.get("model_params") else ""
     if est.get("peak_memory_gib") is None:

@@ -690,5 +690,5 @@ def devices_problems(config: Config, count_cuda: Callable[[], int]) -> Problems:
         f"[backend] (or the flag --devices {fix})"
     )
     if spec == type(config.backend)().devices:  # why a config that never set it gets this
-        problem += f"; {spec!r} is the default when [backend] devices is not set"
+        problem += f"; {spec!r} is also what a config without [backend] devices asks for"
     return [("[backend] devices", problem)]

@@ -368,7 +368,7 @@ def test_the_run_start_check_refuses_a_micro_batch_over_the_gpu(monkeypatch):
         "[backend.options] micro_batch_tokens = 16384: the step needs ~"
     )
     assert f"the largest that fits is {largest}" in str(err.value)
-    assert "over the 79.0 GiB free on cuda:0 (of 80 GiB)" in str(err.value)
+    assert "over the 79.0 GiB free on cuda:0 (of 80.0 GiB)" in str(err.value)
     # the largest value passes; auto resolves to it and says so
     b = cuda_stand_in(largest, 79.0, monkeypatch)
     LocalBackend._size_memory(b, None, said.append)

@@ -227,7 +227,7 @@ def test_a_gpu_on_a_cpu_only_machine(project, hub, tiny_model_dir):
     write_config(project, str(tiny_model_dir), devices=None)
     explain = retrain(project, env, "explain", "c.toml")
     assert explain.returncode == 2 and problem in explain.stdout
-    assert "'gpu:0' is the default when [backend] devices is not set" in explain.stdout
+    assert "'gpu:0' is also what a config without [backend] devices asks for" in explain.stdout
     line = doctor_fail(retrain(project, env, "doctor", "c.toml", "--no-network"), "run checks")
     assert f"[backend] devices: {problem}" in line
 

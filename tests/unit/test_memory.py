@@ -408,7 +408,7 @@ def test_fit_problem_names_the_setting_and_the_largest_value_that_fits():
     over = fit_problem(qwen_peak(16384), micro_batch_tokens=16384, calibrated=False, **where)
     assert over.level == "error"
     assert over.message.startswith("[backend.options] micro_batch_tokens = 16384: the step needs ~")
-    assert "over the 79.0 GiB free on gpu:0 (of 80 GiB)" in over.message
+    assert "over the 79.0 GiB free on gpu:0 (of 80.0 GiB)" in over.message
     assert f"the largest that fits is {largest}" in over.message
     assert "not calibrated" in over.message
     # between HEADROOM and all of it: a warning
