@@ -151,11 +151,39 @@ def _advice(config: Config) -> list[str]:
             f"[eval] samples = {config.eval.samples} with temperature 0: greedy samples are identical, "
             "so pass@k equals the correct rate; raise [eval] temperature for pass@k"
         )
+    warnings += _data_keys_unread(config)
     if config.data.source == "reasoning_gym" and config.reward.type == "math":
         warnings.append(
             "reasoning-gym answers are plain strings: reward 'match' or 'gym' fits them better than 'math'"
         )
     return warnings
+
+
+# [data] keys only some built-in sources read; set for another source, they do nothing.
+_DATA_KEY_READERS = {
+    "path": ("jsonl", "math"),
+    "task": ("reasoning_gym",),
+    "args": ("reasoning_gym",),
+    "size": ("reasoning_gym",),
+    "split": ("math",),
+    "prompt_field": ("jsonl",),
+    "answer_field": ("jsonl",),
+}
+
+
+def _data_keys_unread(config: Config) -> list[str]:
+    """`[data]` keys set away from their defaults that the configured built-in source
+    does not read (a plugin source may read any; an environment brings its own data)."""
+    d = config.data
+    if config.environment.provider or d.source not in ("jsonl", "math", "reasoning_gym"):
+        return []
+    default = type(d)()
+    return [
+        f"[data] {key} is read by source {' and '.join(readers)} only; source "
+        f"{d.source!r} ignores it (remove it, or set the source that reads it)"
+        for key, readers in _DATA_KEY_READERS.items()
+        if d.source not in readers and getattr(d, key) != getattr(default, key)
+    ]
 
 
 def _per_step(config: Config) -> dict[str, Any]:
@@ -748,7 +776,10 @@ def build_report(
         for key, problem in startup_problems(config, ask, world)
     ]
     report["environment"], env_errors = environment_report(config)
-    errors += env_errors
+    examples, data_errors = data_file_report(config)
+    if examples is not None:
+        report["data"] += f"; {examples:,} example{'s' if examples != 1 else ''}"
+    errors += env_errors + [f"{key}{_where(config, path, key)}: {p}" for key, p in data_errors]
     occupied, moved = ownership.check(config, launch or ownership.launch_for(path))
     errors += occupied
     # An engine's server must answer before step 0 (the run would stop there), so its
@@ -781,6 +812,29 @@ def _world_line(w: dict[str, Any]) -> list[str]:
         f"Ranks:       {w['size']} processes (torchrun), {share} per rank per step; the "
         "memory estimate is per rank; rank 0 writes logs and checkpoints"
     ]
+
+
+def data_file_report(config: Config) -> tuple[int | None, list[tuple[str, str]]]:
+    """The JSONL files the run reads (`[data] path`, and `[eval] path` while eval is on),
+    read as its start reads them: the training file's example count, and a malformed
+    line or a missing field as the error the run would stop with."""
+    d, e = config.data, config.eval
+    if config.environment.provider or d.source != "jsonl":
+        return None, []
+    from retrain.data.jsonl import read_jsonl_examples
+    from retrain.errors import DataError
+
+    count, errors = None, []
+    files = [("[data] path", d.path)] + ([("[eval] path", e.path)] if e.every > 0 else [])
+    for key, path in files:
+        try:
+            examples = read_jsonl_examples(path, d.prompt_field, d.answer_field)
+        except DataError as exc:
+            errors.append((key, str(exc)))
+            continue
+        if key == "[data] path":
+            count = len(examples)
+    return count, errors
 
 
 def environment_report(config: Config) -> tuple[str | None, list[str]]:

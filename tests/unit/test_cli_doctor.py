@@ -295,6 +295,13 @@ def test_a_config_that_cannot_run_never_passes(env, capsys):
     assert line.startswith("FAIL") and f"[data] path ({good}:8): JSONL file 'data.jsonl'" in line
     assert f"fix: edit {good}; retrain explain {good} says the same" in out
 
+    # a file that is there but that the run's start would refuse: its line, as the run says it
+    (env / "data.jsonl").write_text('{"question": "1+1", "answer": "2"}\n{"question": "2"}\n')
+    code, out, _ = run(["doctor", str(good), "--no-network"], capsys)
+    line = next(line for line in out.splitlines() if line.split()[1:3] == ["run", "checks"])
+    assert code == 1 and line.startswith("FAIL")
+    assert f"[data] path ({good}:8): data.jsonl:2: missing field 'answer'" in line
+
     (env / "data.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
     bad_reward = env / "reward.toml"
     bad_reward.write_text(

@@ -305,6 +305,36 @@ def _tiny_model(tmp_path: Path) -> Path:
     return model
 
 
+def test_explain_reads_the_jsonl_files_as_the_run_would(tmp_path, capsys):
+    """The example count of [data] path; a line the run's start would refuse, in either
+    file, is an error naming the key, the config line and the file's line; [data] keys
+    the source does not read are a warning."""
+    (tmp_path / "d.jsonl").write_text(
+        '{"question": "1+1", "answer": "2"}\n\n{"question": "2+3", "answer": 5}\n'
+    )
+    (tmp_path / "h.jsonl").write_text('{"question": "1+2", "answer": "3"}\nnot json\n')
+    text = (
+        f'[data]\nsource = "jsonl"\npath = "{tmp_path / "d.jsonl"}"\ntask = "chain_sum"\n'
+        f'[eval]\nevery = 0\npath = "{tmp_path / "h.jsonl"}"\n'
+        f'[logging]\nlog_dir = "{tmp_path / "logs"}"\n[backend]\ndevices = "cpu"\n'
+    )
+    path = _write(tmp_path / "r.toml", text)
+    code, out, _ = run(["explain", str(path), "--json"], capsys)
+    report = json.loads(out)
+    assert code == 0 and report["errors"] == []
+    assert report["data"].endswith("; 2 examples")
+    (warning,) = [w for w in report["warnings"] if w.startswith("[data]")]
+    assert warning.startswith("[data] task is read by source reasoning_gym only; source 'jsonl'")
+
+    path.write_text(text.replace("every = 0", "every = 5").replace('task = "chain_sum"\n', ""))
+    code, out, _ = run(["explain", str(path)], capsys)
+    assert code == 2 and "WARNING: [data]" not in out
+    assert f"ERROR: [eval] path ({path}:6): {tmp_path / 'h.jsonl'}:2: malformed JSON" in out
+    (tmp_path / "d.jsonl").write_text('{"question": "1+1"}\n')
+    code, out, _ = run(["explain", str(path)], capsys)
+    assert f"ERROR: [data] path ({path}:3): {tmp_path / 'd.jsonl'}:1: missing field 'answer'" in out
+
+
 def test_explain_estimates_memory_and_step_time(tmp_path, capsys):
     model = _tiny_model(tmp_path)
     (tmp_path / "d.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
