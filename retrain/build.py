@@ -562,14 +562,25 @@ def startup_problems(
     GPU it cannot do it on (nvidia-smi's compute capability), a model that cannot be had
     (`ask`: the hub request, None to skip it), a `[resume] from` directory it cannot
     resume from, a config that cannot run on `world`'s ranks (default: torchrun's
-    environment)."""
+    environment), a judge endpoint that cannot judge."""
     return (
         devices_problems(config, hardware.cuda_device_count)
         + triton_problems(config, hardware.triton_lacks_bf16)
         + world_problems(config, world or world_of(config))
         + model_problems(config, ask)
         + resume_problems(config)
+        + reward_problems(config)
     )
+
+
+def reward_problems(config: Config) -> Problems:
+    """A judge reward's endpoint, asked once (retrain/rewards/judge.py `judge_problems`),
+    when the run scores with it (an environment scores with its own rubric)."""
+    if config.reward.type != "judge" or config.environment.provider:
+        return []
+    from retrain.rewards.judge import judge_problems
+
+    return judge_problems(config.reward)
 
 
 # ---------------------------------------------------------------- several processes

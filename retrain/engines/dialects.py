@@ -115,7 +115,7 @@ class Dialect:
     verified: str = ""  # the real server this dialect was run against, "" = wire format only
 
 
-def _is_llamacpp(models: Any) -> bool:
+def is_llamacpp(models: Any) -> bool:
     """llama.cpp's llama-server lists its models as `owned_by: "llamacpp"`."""
     data = models.get("data") if isinstance(models, dict) else None
     return isinstance(data, list) and any(
@@ -137,7 +137,7 @@ LLAMACPP = Dialect(
     honours_n=False,
     extra={"top_k": 0, "min_p": 0.0, "post_sampling_probs": True},
     checks_logprob_temperature=True,
-    recognise=_is_llamacpp,
+    recognise=is_llamacpp,
     lora_note="llama.cpp loads LoRA adapters (GGUF) only when it starts and can only rescale "
     "them while running, so it cannot serve the adapter of each optimizer step. Fix: "
     'engine = "vllm" (runs on a CPU: scripts/vllm_server/) or engine = "pytorch"',

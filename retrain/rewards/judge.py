@@ -55,6 +55,96 @@ def parse_verdict(text: str) -> float | None:
     return 1.0 if m.group(1).lower() == "yes" else 0.0
 
 
+def endpoint(judge_base_url: str) -> tuple[str, str]:
+    """(base URL, where it came from): `judge_base_url`, else $OPENAI_BASE_URL, else the
+    OpenAI API."""
+    env_url = os.environ.get("OPENAI_BASE_URL", "")
+    source = (
+        "[reward] judge_base_url"
+        if judge_base_url
+        else "$OPENAI_BASE_URL"
+        if env_url
+        else "the OpenAI API"
+    )
+    return (judge_base_url or env_url or DEFAULT_BASE_URL).rstrip("/"), source
+
+
+def judge_problems(reward: Any) -> list[tuple[str, str]]:
+    """(key, problem) for what would fail every judgement, found before anything loads
+    with one GET of the endpoint's /models (no retries, `[reward] timeout`): the OpenAI
+    API with no key, nothing answering, a refused key, a `judge_model` the server does not
+    list (llama.cpp's llama-server answers under any name; a server without /models is
+    taken as it is: only a judgement can tell)."""
+    from retrain.http import NO_RETRY, HTTPRequestError, request, sync_client
+
+    base, source = endpoint(reward.judge_base_url)
+    key = reward.judge_api_key or os.environ.get("OPENAI_API_KEY", "")
+    where = "[reward] judge_base_url"
+    src = "" if reward.judge_base_url else f" ({source})"
+    own = 'judge_base_url = "http://HOST:PORT/v1" for a server of your own'
+    if not base.startswith(("http://", "https://")):
+        return [(where, f"{base!r}{src} is not an http(s) URL. Fix: {own.split(' for')[0]}")]
+    if base == DEFAULT_BASE_URL and not key:
+        return [
+            (
+                "[reward] judge_api_key",
+                f"the judge is the OpenAI API ({base}: neither judge_base_url nor "
+                "$OPENAI_BASE_URL is set), which needs a key, and neither judge_api_key nor "
+                f"$OPENAI_API_KEY is set. Fix: export OPENAI_API_KEY, or {own}",
+            )
+        ]
+    try:
+        with sync_client(timeout=reward.timeout, max_connections=1, api_key=key) as client:
+            reply = request(client, "GET", f"{base}/models", retry=NO_RETRY, reply="response")
+    except HTTPRequestError as exc:
+        cause = exc.__cause__ or exc
+        what = "did not answer" if exc.timed_out else "nothing answers"
+        within = f" within {reward.timeout:g} s ([reward] timeout)" if exc.timed_out else ""
+        fix = (
+            f"a network that reaches it, or {own}"
+            if base == DEFAULT_BASE_URL
+            else "start the judge's server, or point judge_base_url at it"
+        )
+        return [
+            (where, f"{what} at {base}{src}{within} ({type(cause).__name__}: {cause}). Fix: {fix}")
+        ]
+    if reply.status_code in (401, 403):
+        return [
+            (
+                "[reward] judge_api_key",
+                f"{base}/models refuses the key (HTTP {reply.status_code}; the key is "
+                "judge_api_key, else $OPENAI_API_KEY). Fix: a key this endpoint takes",
+            )
+        ]
+    try:
+        models = reply.json() if reply.is_success else {}
+    except ValueError:  # not JSON: not an OpenAI-compatible /models
+        models = {}
+    return _unserved_model(reward.judge_model, base, models)
+
+
+def _unserved_model(judge_model: str, base: str, models: Any) -> list[tuple[str, str]]:
+    """`judge_model` against a /models reply that lists the models a server answers to."""
+    from retrain.engines.dialects import is_llamacpp
+
+    data = models.get("data") if isinstance(models, dict) else None
+    if not isinstance(data, list) or is_llamacpp(models):
+        return []
+    served = [str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id")]
+    model = judge_model or DEFAULT_MODEL
+    if not served or model in served:
+        return []
+    listed = ", ".join(served[:8]) + (f" and {len(served) - 8} more" if len(served) > 8 else "")
+    default = "" if judge_model else " (the default: judge_model is not set)"
+    return [
+        (
+            "[reward] judge_model",
+            f"{model!r}{default} is not among the models {base} serves ({listed}), so "
+            f'every judgement would fail. Fix: judge_model = "{served[0]}"',
+        )
+    ]
+
+
 class JudgeReward(Reward):
     name = "judge"
 
@@ -83,17 +173,10 @@ class JudgeReward(Reward):
     ) -> None:
         super().__init__()
         self.model = judge_model or DEFAULT_MODEL
-        env_url = os.environ.get("OPENAI_BASE_URL", "")
-        base = judge_base_url or env_url or DEFAULT_BASE_URL
-        # Where the URL came from, for error messages.
-        self.url_source = (
-            "[reward] judge_base_url"
-            if judge_base_url
-            else "$OPENAI_BASE_URL"
-            if env_url
-            else "the OpenAI API; set [reward] judge_base_url for another endpoint"
-        )
-        self.base_url = base.rstrip("/")
+        # the URL, and where it came from, for error messages
+        self.base_url, self.url_source = endpoint(judge_base_url)
+        if self.url_source == "the OpenAI API":
+            self.url_source += "; set [reward] judge_base_url for another endpoint"
         if not self.base_url.startswith(("http://", "https://")):
             raise RewardError(
                 f"[reward] judge base URL must start with http:// or https://, got {self.base_url!r}"

@@ -67,3 +67,21 @@ def test_the_server_renders_smollm2s_chat_template(server):
         timeout=300,
     ).json()["choices"][0]["text"]
     assert chat.strip() and chat == text
+
+
+def test_the_judge_probe_asks_for_a_model_vllm_serves(server):
+    from retrain.config.schema import RewardConfig
+    from retrain.rewards.judge import judge_problems
+
+    model, url = _model(server), f"{server}/v1"
+    assert judge_problems(RewardConfig(type="judge", judge_model=model, judge_base_url=url)) == []
+    ((key, problem),) = judge_problems(RewardConfig(type="judge", judge_base_url=url))
+    assert key == "[reward] judge_model" and problem.startswith("'gpt-4o-mini' (the default")
+    assert problem.endswith(f'Fix: judge_model = "{model}"')
+    # what the probe foresees: vLLM refuses a judgement under that name
+    reward = JudgeReward(judge_base_url=url, timeout=300, max_retries=0)
+    try:
+        out = reward.score_batch(["\\boxed{7}"], [Example("What is 3 + 4?", "7")])
+    finally:
+        reward.close()
+    assert out.errors == 1

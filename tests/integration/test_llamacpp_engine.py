@@ -150,3 +150,20 @@ def test_training_against_llamacpp_is_refused_before_step_0(server, tmp_path):
         )
         assert out.returncode != 0, out.stdout
         assert "[inference] engine" in out.stdout + out.stderr and "llama.cpp" in out.stdout
+
+
+def test_the_judge_reward_over_llamacpp_under_any_model_name(server):
+    """llama-server answers a chat under any `model` name, so the judge's probe does not
+    ask for a listed one; the judgement itself comes back as a verdict."""
+    from retrain.config.schema import RewardConfig
+    from retrain.rewards.judge import JudgeReward, judge_problems
+    from retrain.types import Example
+
+    url = f"{server}/v1"
+    assert judge_problems(RewardConfig(type="judge", judge_base_url=url)) == []
+    reward = JudgeReward(judge_base_url=url, timeout=120)  # model: the default, gpt-4o-mini
+    try:
+        out = reward.score_batch(["3 + 4 = \\boxed{7}"], [Example("What is 3 + 4?", "7")])
+    finally:
+        reward.close()
+    assert out.errors == 0 and out.timeouts == 0 and out.rewards[0] in (0.0, 1.0)

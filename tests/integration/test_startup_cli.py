@@ -137,6 +137,18 @@ def test_the_eval_file_and_a_reward_file_are_refused_before_the_run_loads(
     assert explain.returncode == 2 and where in explain.stderr
 
 
+def test_a_judge_that_nothing_serves_is_refused_before_the_run_loads(project, hub, tiny_model_dir):
+    dead = 'judge_base_url = "http://127.0.0.1:9/v1"'
+    config = write_config(project, str(tiny_model_dir), "[reward]", 'type = "judge"', dead)
+    where = f"[reward] judge_base_url (c.toml:{line_of(config, 'judge_base_url')}): nothing"
+    problem = "nothing answers at http://127.0.0.1:9/v1 (ConnectError"
+    env = machine(project, hub)
+    assert_refused_before_loading(retrain(project, env, "c.toml"), problem)
+    explain = retrain(project, env, "explain", "c.toml")
+    assert explain.returncode == 2 and f"ERROR: {where}" in explain.stdout
+    assert problem in doctor_fail(retrain(project, env, "doctor", "c.toml"), "run checks")
+
+
 # ----------------------------------------------------------------------------- the model
 
 

@@ -42,6 +42,9 @@ class JudgeServer:
         # at once, so a concurrency test does not depend on how fast the client sends.
         self.hold_until = 0
         self.filled = threading.Event()
+        # GET /v1/models: what it lists (owned_by `owner`), its status, the key it takes
+        self.models, self.owner, self.models_status, self.key = ["tiny-judge"], "vllm", 200, ""
+        self.models_delay = 0.0
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -59,6 +62,17 @@ class JudgeServer:
                 # The client may have given up already (the timeout test).
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     self.wfile.write(data)
+
+            def do_GET(self):
+                time.sleep(outer.models_delay)
+                if self.path != "/v1/models" or outer.models_status == 404:
+                    return self._reply(404, {"error": "not found"})
+                if outer.key and self.headers.get("Authorization") != f"Bearer {outer.key}":
+                    return self._reply(401, {"error": "invalid key"})
+                listed = [
+                    {"id": m, "object": "model", "owned_by": outer.owner} for m in outer.models
+                ]
+                self._reply(outer.models_status, {"object": "list", "data": listed})
 
             def do_POST(self):
                 n = int(self.headers.get("Content-Length", 0))
@@ -304,3 +318,66 @@ def test_bad_base_url_is_a_config_error():
 
     with pytest.raises(RewardError, match="http"):
         JudgeReward(judge_base_url="localhost:8000")
+
+
+def _problems(**reward):
+    from retrain.rewards.judge import judge_problems
+
+    return judge_problems(RewardConfig(type="judge", **reward))
+
+
+def test_the_probe_passes_a_judge_that_can_judge(server):
+    server.key = SECRET
+    assert (
+        _problems(judge_base_url=server.url, judge_model="tiny-judge", judge_api_key=SECRET) == []
+    )
+    server.models_status = 404  # no /models: only a judgement can tell
+    assert _problems(judge_base_url=server.url, judge_model="other") == []
+    server.models_status, server.owner = 200, "llamacpp"  # llama-server answers any name
+    assert _problems(judge_base_url=server.url, judge_model="other", judge_api_key=SECRET) == []
+
+
+def test_the_probe_names_the_key_that_would_fail_every_judgement(server, monkeypatch):
+    server.models = ["judge-a", "judge-b"]
+    ((key, problem),) = _problems(judge_base_url=server.url, judge_model="judge-c")
+    assert key == "[reward] judge_model"
+    assert problem == (
+        f"'judge-c' is not among the models {server.url} serves (judge-a, judge-b), so every "
+        'judgement would fail. Fix: judge_model = "judge-a"'
+    )
+    ((key, problem),) = _problems(judge_base_url=server.url)
+    assert problem.startswith("'gpt-4o-mini' (the default: judge_model is not set) is not among")
+
+    server.key = SECRET
+    ((key, problem),) = _problems(judge_base_url=server.url, judge_api_key="sk-wrong-one")
+    assert key == "[reward] judge_api_key" and "refuses the key (HTTP 401" in problem
+    assert "sk-wrong-one" not in problem
+
+    server.models_delay = 1.5
+    ((key, problem),) = _problems(judge_base_url=server.url, timeout=0.3)
+    assert key == "[reward] judge_base_url"
+    assert problem.startswith(f"did not answer at {server.url} within 0.3 s ([reward] timeout)")
+
+    ((key, problem),) = _problems(judge_base_url="http://127.0.0.1:9/v1")
+    assert key == "[reward] judge_base_url"
+    assert problem.startswith("nothing answers at http://127.0.0.1:9/v1 (ConnectError")
+    assert problem.endswith("Fix: start the judge's server, or point judge_base_url at it")
+
+
+def test_the_probe_of_the_openai_default_needs_a_key_before_any_request(monkeypatch):
+    import retrain.http
+
+    def no_request(**kw):
+        raise AssertionError("no request without a key")
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.setattr(retrain.http, "sync_client", no_request)
+    ((key, problem),) = _problems()
+    assert key == "[reward] judge_api_key"
+    assert problem.startswith("the judge is the OpenAI API (https://api.openai.com/v1: neither")
+    assert "Fix: export OPENAI_API_KEY, or judge_base_url = " in problem
+    monkeypatch.setenv("OPENAI_BASE_URL", "localhost:8000")
+    ((key, problem),) = _problems()
+    assert key == "[reward] judge_base_url"
+    assert problem.startswith("'localhost:8000' ($OPENAI_BASE_URL) is not an http(s) URL")
