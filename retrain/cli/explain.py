@@ -96,6 +96,22 @@ def data_summary(config: Config) -> str:
     return f"plugin {d.source}"
 
 
+def reward_summary(config: Config) -> str:
+    """The reward type, with what a judge asks and a custom reward calls."""
+    r = config.reward
+    if config.environment.provider:  # the environment scores with its own rubric
+        return f"the environment's rubric ({config.environment.id})"
+    if r.type == "judge":
+        from retrain.rewards.judge import DEFAULT_MODEL, endpoint
+
+        base, source = endpoint(r.judge_base_url)
+        where = "" if r.judge_base_url else f" ({source})"
+        return f"judge: {r.judge_model or DEFAULT_MODEL} at {base}{where}"
+    if r.type == "custom":
+        return f"custom: {r.custom_function}() of {r.custom_module}"
+    return r.type
+
+
 def _squeeze_report(config: Config, path: str) -> dict[str, Any]:
     sq = config.squeeze
     return {
@@ -742,12 +758,7 @@ def build_report(
             "lora_alpha": config.lora.alpha or 2 * config.model.lora_rank,
         },
         "data": data_summary(config),
-        # A verifiers environment scores with its own rubric; [reward] is not used.
-        "reward": (
-            f"the environment's rubric ({config.environment.id})"
-            if config.environment.provider
-            else config.reward.type
-        ),
+        "reward": reward_summary(config),
         "uncertainty_kind": config.algorithm.uncertainty_kind,
         "objective": objective_summary(config),
         "algorithm": named_algorithm(config),
@@ -775,11 +786,7 @@ def build_report(
         f"{key}{_where(config, path, key)}: {problem}"
         for key, problem in startup_problems(config, ask, world)
     ]
-    report["environment"], env_errors = environment_report(config)
-    examples, data_errors = data_file_report(config)
-    if examples is not None:
-        report["data"] += f"; {examples:,} example{'s' if examples != 1 else ''}"
-    errors += env_errors + [f"{key}{_where(config, path, key)}: {p}" for key, p in data_errors]
+    errors += _input_errors(config, path, report)
     occupied, moved = ownership.check(config, launch or ownership.launch_for(path))
     errors += occupied
     # An engine's server must answer before step 0 (the run would stop there), so its
@@ -812,6 +819,16 @@ def _world_line(w: dict[str, Any]) -> list[str]:
         f"Ranks:       {w['size']} processes (torchrun), {share} per rank per step; the "
         "memory estimate is per rank; rank 0 writes logs and checkpoints"
     ]
+
+
+def _input_errors(config: Config, path: str, report: dict[str, Any]) -> list[str]:
+    """The environment and the JSONL files, probed as the run's start loads them: their
+    summaries go into `report`, what the run would stop with is returned."""
+    report["environment"], env_errors = environment_report(config)
+    examples, data_errors = data_file_report(config)
+    if examples is not None:
+        report["data"] += f"; {examples:,} example{'s' if examples != 1 else ''}"
+    return env_errors + [f"{key}{_where(config, path, key)}: {p}" for key, p in data_errors]
 
 
 def data_file_report(config: Config) -> tuple[int | None, list[tuple[str, str]]]:

@@ -335,6 +335,25 @@ def test_explain_reads_the_jsonl_files_as_the_run_would(tmp_path, capsys):
     assert f"ERROR: [data] path ({path}:3): {tmp_path / 'd.jsonl'}:1: missing field 'answer'" in out
 
 
+def test_explain_says_what_the_reward_asks_or_calls(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    path = _write(tmp_path / "r.toml", f'[logging]\nlog_dir = "{tmp_path / "logs"}"\n')
+    judge = ["--reward-type", "judge", "--reward-judge-model", "j"]
+    flags = [*judge, "--reward-judge-base-url", "http://127.0.0.1:9/v1"]
+    report = json.loads(run(["explain", str(path), "--json", *flags], capsys)[1])
+    assert report["reward"] == "judge: j at http://127.0.0.1:9/v1"
+    report = json.loads(run(["explain", str(path), "--json", *judge], capsys)[1])
+    assert report["reward"] == "judge: j at https://api.openai.com/v1 (the OpenAI API)"
+    (tmp_path / "mine.py").write_text("def grade(response, reference):\n    return 1.0\n")
+    custom = ["--reward-type", "custom", "--reward-custom-module", str(tmp_path / "mine.py")]
+    report = json.loads(
+        run(["explain", str(path), "--json", *custom, "--reward-custom-function", "grade"], capsys)[
+            1
+        ]
+    )
+    assert report["reward"] == f"custom: grade() of {tmp_path / 'mine.py'}"
+
+
 def test_explain_estimates_memory_and_step_time(tmp_path, capsys):
     model = _tiny_model(tmp_path)
     (tmp_path / "d.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
