@@ -167,12 +167,25 @@ def _advice(config: Config) -> list[str]:
             f"[eval] samples = {config.eval.samples} with temperature 0: greedy samples are identical, "
             "so pass@k equals the correct rate; raise [eval] temperature for pass@k"
         )
-    warnings += _data_keys_unread(config)
+    warnings += _data_keys_unread(config) + _wandb_advice(config)
     if config.data.source == "reasoning_gym" and config.reward.type == "math":
         warnings.append(
             "reasoning-gym answers are plain strings: reward 'match' or 'gym' fits them better than 'math'"
         )
     return warnings
+
+
+def _wandb_advice(config: Config) -> list[str]:
+    """`[logging] wandb_project` where wandb will not take the run (doctor's check)."""
+    if not config.logging.wandb_project:
+        return []
+    from retrain.cli.doctor import check_wandb
+
+    check = check_wandb(config)
+    if check.status == "OK":
+        return []
+    detail = check.detail.removeprefix("[logging] wandb_project ")
+    return [f"[logging] wandb_project: {detail}. Fix: {check.fix}"]
 
 
 # [data] keys only some built-in sources read; set for another source, they do nothing.

@@ -233,6 +233,25 @@ def test_wandb_netrc_and_not_logged_in(env, capsys, monkeypatch):
     assert SECRET not in out
 
 
+def test_explain_warns_where_wandb_will_not_take_the_run(env, capsys, monkeypatch):
+    cfg = write_config(env / "retrain.toml", "org/x", wandb_project="proj")
+    code, out, _ = run(["explain", str(cfg), "--json"], capsys)
+    (warning,) = [w for w in json.loads(out)["warnings"] if "wandb" in w]
+    assert warning.startswith("[logging] wandb_project: not logged in: runs with wandb_project")
+    assert warning.endswith("Fix: wandb login, set WANDB_API_KEY in .env, or WANDB_MODE=offline")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    code, out, _ = run(["explain", str(cfg), "--json"], capsys)
+    assert not [w for w in json.loads(out)["warnings"] if "wandb" in w]
+    real = doctor._version
+    monkeypatch.setattr(doctor, "_version", lambda d: None if d == "wandb" else real(d))
+    code, out, _ = run(["explain", str(cfg), "--json"], capsys)
+    (warning,) = [w for w in json.loads(out)["warnings"] if "wandb" in w]
+    assert warning == (
+        "[logging] wandb_project: is set but wandb is not installed. "
+        "Fix: pip install 'retrain[wandb]'"
+    )
+
+
 def test_needed_extra_missing_fails(env, capsys, monkeypatch):
     real = doctor._version
     monkeypatch.setattr(doctor, "_version", lambda d: None if d == "wandb" else real(d))
