@@ -49,6 +49,7 @@ from retrain.types import BackendCapabilities, SamplingParams, TrainHyper
 from retrain.world import World, world_from_env
 
 if TYPE_CHECKING:  # heavy modules: imported where the components are built
+    from retrain.config.diff import Change
     from retrain.data import DataSource
     from retrain.data.prompts import PromptRenderer
     from retrain.engines.base import Engine, UnboundEngine
@@ -540,9 +541,10 @@ def resume_problems(config: Config) -> Problems:
         return []
     if config.campaign is None:
         m = config.model
-        return run_problems(
+        problems = run_problems(
             start, backend=config.backend.backend, model=m.model, lora_rank=m.lora_rank
         )
+        return problems or _sizes_kept(config)
     if (Path(start).expanduser() / "manifest.json").is_file():
         return []
     return [
@@ -551,6 +553,36 @@ def resume_problems(config: Config) -> Problems:
             f"{start!r} holds no manifest.json, so it is not a campaign directory. Fix: the "
             "directory the campaign wrote (its manifest.json), or drop --resume",
         )
+    ]
+
+
+def resume_changes(config: Config) -> list[Change]:
+    """What this config changes of the run `[resume] from` continues: its keys against
+    the run's config.resolved.toml (read before the resumed run rewrites it)."""
+    from pathlib import Path
+
+    from retrain.config.diff import config_changes
+    from retrain.logs.rundir import RunDir
+
+    if not config.resume.from_ or config.campaign is not None:
+        return []
+    return config_changes(RunDir(Path(config.resume.from_).expanduser()).config, config)
+
+
+def _sizes_kept(config: Config) -> Problems:
+    """A batch or group size the checkpoint would override: refused, not silently unused."""
+    from retrain.config.diff import KEPT_BY_CHECKPOINT
+
+    start = config.resume.from_
+    return [
+        (
+            c.name,
+            f"= {c.after} here, but the run in {start} trained with {c.key} = {c.before}, "
+            "which its checkpoint keeps on resume (batch and group sizes are restored). "
+            f"Fix: {c.key} = {c.before} (or drop the flag), or a new run without --resume",
+        )
+        for c in resume_changes(config)
+        if (c.table, c.key) in KEPT_BY_CHECKPOINT
     ]
 
 

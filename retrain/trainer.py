@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from retrain import distributed
-from retrain.build import Components, build, check_world, resume_problems, world_of
+from retrain.build import (
+    Components,
+    build,
+    check_world,
+    resume_changes,
+    resume_problems,
+    world_of,
+)
 from retrain.checkpoint import (
     TrainerState,
     capture_rng,
@@ -26,6 +33,7 @@ from retrain.checkpoint import (
     save_state,
 )
 from retrain.config import Config
+from retrain.config.diff import resumed_with
 from retrain.config.validate import device_kind
 from retrain.errors import CheckpointError, RetrainError
 from retrain.logs.console import Console, eval_line, group_line, step_line
@@ -430,6 +438,9 @@ class Trainer:
                 f"is {cfg.training.max_steps} (set --max-steps above {done} to continue)."
             )
             return 0
+        changes = resume_changes(cfg) if done is not None else []
+        if changes:  # before config.resolved.toml is rewritten with them
+            self.say(resumed_with(changes, done))
         self.setup()
         if resume_from:
             self.restore(resume_from)

@@ -175,6 +175,22 @@ def _advice(config: Config) -> list[str]:
     return warnings
 
 
+def _resume_advice(config: Config) -> list[str]:
+    """What `[resume] from` continues with changed settings (a batch or group size the
+    checkpoint would override is an error of the startup checks)."""
+    from retrain.build import resume_changes
+    from retrain.checkpoint import load_state
+    from retrain.config.diff import KEPT_BY_CHECKPOINT, resumed_with
+    from retrain.errors import CheckpointError
+
+    try:
+        state = load_state(config.resume.from_) if config.resume.from_ else None
+    except CheckpointError:  # an error of the startup checks
+        return []
+    changes = [c for c in resume_changes(config) if (c.table, c.key) not in KEPT_BY_CHECKPOINT]
+    return [resumed_with(changes, state.step)] if state is not None and changes else []
+
+
 def _wandb_advice(config: Config) -> list[str]:
     """`[logging] wandb_project` where wandb will not take the run (doctor's check)."""
     if not config.logging.wandb_project:
@@ -806,7 +822,7 @@ def build_report(
     # problems are errors; a backend's own probe (prime_rl) may find a server started later.
     errors += [f"{key}: {problem}" for key, problem in engine_problems(config)]
     probed = [f"{key}: {problem}" for key, problem in backend_problems(config)]
-    report["warnings"] = _advice(config) + probed + moved
+    report["warnings"] = _advice(config) + probed + moved + _resume_advice(config)
     memory = report["estimates"].get("memory_problem")
     if memory and config.backend.backend == "local":  # the local backend refuses it too
         (errors if memory["level"] == "error" else report["warnings"]).append(memory["message"])

@@ -209,6 +209,25 @@ def test_double_ctrl_c_after_a_checkpoint_names_it_and_its_resume_command_works(
     assert command == "retrain run.toml --max-steps 3 --resume logs/tiny"
     code, out, err = run_printed(tmp_path, command)
     assert code == 0, out + err
-    assert "Resumed from logs/tiny at step 1" in out
+    assert "Resumed from logs/tiny at step 1" in out and "Resuming with" not in out
     assert out.splitlines()[-1].startswith("Done: 3 steps")
     assert steps_in(tmp_path / "logs" / "tiny" / "metrics.jsonl") == [0, 1, 2]
+
+    # resumed with other settings: a group size the checkpoint would override is refused
+    # before anything loads; the rest is said before it loads, then recorded
+    more = ("run.toml", "--max-steps", "4", "--resume", "logs/tiny", "--lr", "0.01")
+    code, out, err = cli(tmp_path, *more, "--group-size", "2")
+    assert code == 2 and "Loading" not in out
+    assert "[training] group_size: = 2 here, but the run in logs/tiny trained with " in err
+    assert "Fix: group_size = 4 (or drop the flag), or a new run without --resume" in err
+    code, out, _ = cli(tmp_path, "explain", *more)
+    assert code == 0 and "WARNING: Resuming with 1 setting changed since the run" in out
+    code, out, err = cli(tmp_path, *more)
+    assert code == 0, out + err
+    assert out.splitlines()[0] == (
+        "Resuming with 1 setting changed since the run last started (its "
+        "config.resolved.toml): [training] lr 4e-05 -> 0.01. They apply from step 3 on; "
+        "the steps before it ran with the old values."
+    )
+    resolved = (tmp_path / "logs" / "tiny" / "config.resolved.toml").read_text()
+    assert "\nlr = 0.01\n" in resolved and "\nmax_steps = 4\n" in resolved
