@@ -25,7 +25,6 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 if TYPE_CHECKING:
     from retrain.models import HubAsk
@@ -156,15 +155,6 @@ def _loads_weights_remotely(config: Any) -> bool:
     """A built-in backend that ignores `[backend] devices` runs the model elsewhere."""
     entry = _entry("backend", config.backend.backend)
     return entry is not None and "[backend] devices" in entry.ignores
-
-
-def _netrc_has(host: str) -> bool:
-    path = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    return re.search(rf"\bmachine\s+{re.escape(host)}\b", text) is not None
 
 
 # ----------------------------------------------------------------------------- checks
@@ -526,17 +516,11 @@ def check_wandb(config: Any) -> Check:
                 "pip install 'retrain[wandb]'",
             )
         return Check("wandb", OK, "not installed (only needed with [logging] wandb_project)")
-    mode = os.environ.get("WANDB_MODE", "").lower()
-    if mode in ("offline", "disabled", "dryrun"):
-        return Check("wandb", OK, f"WANDB_MODE={mode}: no login needed")
-    host = (
-        urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
-        or "api.wandb.ai"
-    )
-    if os.environ.get("WANDB_API_KEY"):
-        return Check("wandb", OK, "logged in (WANDB_API_KEY is set)")
-    if _netrc_has(host):
-        return Check("wandb", OK, f"logged in (credentials for {host} in ~/.netrc)")
+    from retrain.logs.wandb import login
+
+    logged_in, how = login()
+    if logged_in:
+        return Check("wandb", OK, how)
     status = WARN
     detail = "not logged in" + (
         f": runs with wandb_project = {config.logging.wandb_project!r} will warn and log to JSONL only"

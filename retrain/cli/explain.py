@@ -192,16 +192,27 @@ def _resume_advice(config: Config) -> list[str]:
 
 
 def _wandb_advice(config: Config) -> list[str]:
-    """`[logging] wandb_project` where wandb will not take the run (doctor's check)."""
-    if not config.logging.wandb_project:
-        return []
-    from retrain.cli.doctor import check_wandb
+    """`[logging] wandb_project` where wandb will not take the run (doctor says it too):
+    wandb missing, or no login. The run goes on, logging to JSONL only."""
+    import importlib.util
 
-    check = check_wandb(config)
-    if check.status == "OK":
+    from retrain.logs.wandb import login
+
+    project = config.logging.wandb_project
+    if not project:
         return []
-    detail = check.detail.removeprefix("[logging] wandb_project ")
-    return [f"[logging] wandb_project: {detail}. Fix: {check.fix}"]
+    if importlib.util.find_spec("wandb") is None:
+        return [
+            "[logging] wandb_project: is set but wandb is not installed, so the run logs to "
+            "JSONL only. Fix: pip install 'retrain[wandb]'"
+        ]
+    if login()[0]:
+        return []
+    return [
+        f"[logging] wandb_project: not logged in: runs with wandb_project = {project!r} "
+        "will warn and log to JSONL only. Fix: wandb login, set WANDB_API_KEY in .env, or "
+        "WANDB_MODE=offline"
+    ]
 
 
 # [data] keys only some built-in sources read; set for another source, they do nothing.

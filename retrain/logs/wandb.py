@@ -128,6 +128,29 @@ def _cut(value: Any) -> Any:
     return value
 
 
+def login() -> tuple[bool, str]:
+    """(whether wandb can log a run without asking for a login, how): an offline mode,
+    $WANDB_API_KEY, or credentials for its host in ~/.netrc ($NETRC)."""
+    import re
+    from urllib.parse import urlparse
+
+    mode = os.environ.get("WANDB_MODE", "").lower()
+    if mode in ("offline", "disabled", "dryrun"):
+        return True, f"WANDB_MODE={mode}: no login needed"
+    if os.environ.get("WANDB_API_KEY"):
+        return True, "logged in (WANDB_API_KEY is set)"
+    url = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+    host = urlparse(url).hostname or "api.wandb.ai"
+    netrc = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
+    try:
+        text = netrc.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    if re.search(rf"\bmachine\s+{re.escape(host)}\b", text):
+        return True, f"logged in (credentials for {host} in ~/.netrc)"
+    return False, "not logged in"
+
+
 class WandbSink:
     """A wandb run mirroring the metrics (see the module docstring)."""
 

@@ -242,13 +242,17 @@ def test_explain_warns_where_wandb_will_not_take_the_run(env, capsys, monkeypatc
     monkeypatch.setenv("WANDB_MODE", "offline")
     code, out, _ = run(["explain", str(cfg), "--json"], capsys)
     assert not [w for w in json.loads(out)["warnings"] if "wandb" in w]
-    real = doctor._version
-    monkeypatch.setattr(doctor, "_version", lambda d: None if d == "wandb" else real(d))
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real(n, *a)
+    )
     code, out, _ = run(["explain", str(cfg), "--json"], capsys)
     (warning,) = [w for w in json.loads(out)["warnings"] if "wandb" in w]
     assert warning == (
-        "[logging] wandb_project: is set but wandb is not installed. "
-        "Fix: pip install 'retrain[wandb]'"
+        "[logging] wandb_project: is set but wandb is not installed, so the run logs to "
+        "JSONL only. Fix: pip install 'retrain[wandb]'"
     )
 
 
