@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from retrain.compare.runs import RunData, is_eval_metric
+from retrain.compare.setup_differences import setup_differences
 from retrain.compare.stats import (
     DEFAULT_RESAMPLES,
     Interval,
@@ -340,6 +341,7 @@ def compare_runs(
         usable = _reaching(usable, horizon, warnings)
     final_window = min(final_window, horizon)  # what "final" averages: no more steps than there are
     conditions = _condition_order(usable, order)
+    warnings += setup_differences(usable, conditions)
     base = pick_baseline(conditions, baseline)
     settings = _Settings(metric, horizon, final_window, n_resamples, seed, smooth)
     summaries: dict[str, ConditionSummary] = {}

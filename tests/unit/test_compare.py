@@ -420,3 +420,63 @@ def test_conditions_that_differ_only_by_overrides_are_compared_apart(tmp_path):
     runs, order = collect_runs([loose], [])
     assert order == ["grpo+none", "grpo+none~lr=0.0001,uncertainty_kind=surprisal"]
     assert sorted(r.label for r in runs)[-1] == "grpo+none~lr=0.0001,uncertainty_kind=surprisal_s2"
+
+
+def _recorded_run(root: Path, label: str, seed: int, **tables) -> None:
+    """A run directory whose config.resolved.toml is what retrain writes for `tables`."""
+    from retrain.config import config_from_dict
+    from retrain.config.toml_writer import config_to_toml
+
+    d = root / run_dir_name(label, seed)
+    write_run(d, label, seed, [0.2, 0.3, 0.4], resolved=False)
+    raw = {t: dict(v) for t, v in tables.items()}
+    raw.setdefault("training", {})["seed"] = seed
+    raw.setdefault("logging", {})["log_dir"] = str(d)  # per run: never a difference
+    (d / "config.resolved.toml").write_text(config_to_toml(config_from_dict(raw)))
+
+
+def _setup_warnings(root: Path) -> list[str]:
+    runs, order = collect_runs([root], [])
+    comp = compare_runs(runs, "correct_rate", order=order, n_resamples=200)
+    return [w for w in comp.warnings if "differ in" in w and "length" not in w]
+
+
+def test_runs_of_one_condition_that_differ_besides_the_seed_are_a_warning(tmp_path):
+    for seed, lr in ((1, 2e-4), (2, 2e-4), (3, 1e-3)):
+        _recorded_run(tmp_path, "grpo+none", seed, training={"lr": lr})
+    for seed in (1, 2, 3):
+        _recorded_run(tmp_path, "maxrl+gtpo", seed, training={"lr": 2e-4})
+    assert _setup_warnings(tmp_path) == [
+        "grpo+none: its runs differ in [training] lr (0.0002 in 2 runs, 0.001 in 1 run); "
+        "seeds of one condition should differ in the seed alone"
+    ]
+
+
+def test_conditions_that_differ_besides_the_algorithm_are_said(tmp_path):
+    algo = {"advantage_mode": "maxrl", "transform_mode": "gtpo"}
+    for seed in (1, 2):
+        _recorded_run(tmp_path, "grpo+none", seed, training={"group_size": 8})
+        # a named algorithm's own [training] keys are the condition, not a second variable
+        _recorded_run(
+            tmp_path,
+            "maxrl+gtpo",
+            seed,
+            algorithm=algo,
+            training={"group_size": 16, "policy_loss": "ppo_clip"},
+            gtpo={"beta": 0.3},
+        )
+    assert _setup_warnings(tmp_path) == [
+        "conditions differ in more than the algorithm: [training] group_size "
+        "(grpo+none 8; maxrl+gtpo 16)"
+    ]
+
+
+def test_a_campaigns_named_override_and_unrecorded_runs_are_not_differences(tmp_path):
+    for seed in (1, 2):
+        _recorded_run(tmp_path / "a", "grpo+none", seed)
+        _recorded_run(tmp_path / "a", "grpo+none~lr=0.0001", seed, training={"lr": 1e-4})
+    assert _setup_warnings(tmp_path / "a") == []
+    rng = np.random.default_rng(0)
+    for seed in (1, 2):  # config.resolved.toml of the seed alone: nothing to compare
+        write_run(tmp_path / "b" / f"x_s{seed}", "x", seed, curve(rng, 0.2, 0.3, steps=5))
+    assert _setup_warnings(tmp_path / "b") == []
