@@ -555,14 +555,20 @@ def startup_problems(
     )
 
 
-def _where(config: Config, path: str, key: str) -> str:
-    """ " (FILE:LINE)" of `[table] key` when the config file sets it to the value the run
-    uses. The startup checks run on the loaded Config, which keeps no origin; a value a
-    flag replaced gets no line rather than a wrong one."""
+def _where(config: Config, path: str, key: str, launch: ownership.Launch | None = None) -> str:
+    """ " (from --flag)" of `[table] key` when a flag of `launch` set it, else " (FILE:LINE)"
+    when the config file sets it to the value the run uses. The startup checks run on
+    the loaded Config, which keeps no origin; a value set otherwise gets no line rather
+    than a wrong one."""
     from retrain.config.load import locate_keys, read_toml
     from retrain.config.schema import TABLES, table_fields
 
     table, _, name = key.lstrip("[").partition("] ")
+    if launch is not None:
+        parent = ("backend", "options") if table == "backend.options" else (table, name)
+        for t, k in dict.fromkeys([(table, name), parent]):
+            if (flag := launch.origin(t, k)).startswith(" (from "):
+                return flag
     spec = (
         next((f for f in table_fields(table) if f.key == name), None) if table in TABLES else None
     )
@@ -822,12 +828,13 @@ def build_report(
         report["sepa"] = _campaign_sepa(report["campaign"]["condition_details"])
         # the base config's own condition is no run's: each condition is named below
         report["condition"] = report["algorithm"] = None
+    launch = launch or ownership.launch_for(path)
     errors += [
-        f"{key}{_where(config, path, key)}: {problem}"
+        f"{key}{_where(config, path, key, launch)}: {problem}"
         for key, problem in startup_problems(config, ask, world)
     ]
-    errors += _input_errors(config, path, report)
-    occupied, moved = ownership.check(config, launch or ownership.launch_for(path))
+    errors += _input_errors(config, path, report, launch)
+    occupied, moved = ownership.check(config, launch)
     errors += occupied
     # An engine's server must answer before step 0 (the run would stop there), so its
     # problems are errors; a backend's own probe (prime_rl) may find a server started later.
@@ -861,14 +868,16 @@ def _world_line(w: dict[str, Any]) -> list[str]:
     ]
 
 
-def _input_errors(config: Config, path: str, report: dict[str, Any]) -> list[str]:
+def _input_errors(
+    config: Config, path: str, report: dict[str, Any], launch: ownership.Launch
+) -> list[str]:
     """The environment and the JSONL files, probed as the run's start loads them: their
     summaries go into `report`, what the run would stop with is returned."""
     report["environment"], env_errors = environment_report(config)
     examples, data_errors = data_file_report(config)
     if examples is not None:
         report["data"] += f"; {examples:,} example{'s' if examples != 1 else ''}"
-    return env_errors + [f"{key}{_where(config, path, key)}: {p}" for key, p in data_errors]
+    return env_errors + [f"{key}{_where(config, path, key, launch)}: {p}" for key, p in data_errors]
 
 
 def data_file_report(config: Config) -> tuple[int | None, list[tuple[str, str]]]:

@@ -229,7 +229,10 @@ def test_a_gpu_on_a_cpu_only_machine(project, hub, tiny_model_dir):
 
     explain = retrain(project, env, "explain", "c.toml", "--devices", "gpu:0")
     assert explain.returncode == 2
-    assert f"ERROR: [backend] devices: {problem}" in explain.stdout and fix in explain.stdout
+    assert (
+        f"ERROR: [backend] devices (from --devices): {problem}" in explain.stdout
+        and fix in explain.stdout
+    )
 
     assert_refused_before_loading(
         retrain(project, env, "c.toml", "--devices", "gpu:0"), f"[backend] devices: {problem}", fix
@@ -273,7 +276,8 @@ def test_resume_from_a_directory_that_is_not_a_run(project, hub, tiny_model_dir)
     problem = "[resume] from: elsewhere/trainer_state.json not found"
 
     explain = retrain(project, env, "explain", "c.toml", "--resume", "elsewhere")
-    assert explain.returncode == 2 and f"ERROR: {problem}" in explain.stdout
+    flagged = problem.replace("from:", "from (from --resume):")
+    assert explain.returncode == 2 and f"ERROR: {flagged}" in explain.stdout
 
     config = project / "c.toml"
     config.write_text(config.read_text() + '[resume]\nfrom = "elsewhere"\n')
@@ -306,5 +310,6 @@ def test_resume_from_a_run_whose_checkpoint_is_gone(project, hub, tiny_model_dir
         f"files are gone: the checkpoint directory {gone}"
     )
     explain = retrain(project, env, "explain", "c.toml", "--resume", "logs")
-    assert explain.returncode == 2 and problem in explain.stdout
+    flagged = problem.replace("from:", "from (from --resume):")
+    assert explain.returncode == 2 and flagged in explain.stdout
     assert_refused_before_loading(retrain(project, env, "c.toml", "--resume", "logs"), problem)
