@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = ROOT / "benchmarks" / "gpu_lease.sh"
-MEASURED = ["models", "headline", "quickstart", "profile", "variants", "memory-fit", "trl"]
+MEASURED = ["models", "headline", "quickstart", "trl", "memory-fit", "variants", "profile"]
 
 
 def plan() -> dict[str, list[str]]:
