@@ -516,16 +516,16 @@ def check_wandb(config: Any) -> Check:
                 "pip install 'retrain[wandb]'",
             )
         return Check("wandb", OK, "not installed (only needed with [logging] wandb_project)")
-    from retrain.logs.wandb import login
+    from retrain.logs.wandb import LOGIN_FIX, login, not_logged_in
 
     logged_in, how = login()
     if logged_in:
         return Check("wandb", OK, how)
     status = WARN
-    detail = "not logged in" + (
-        f": runs with wandb_project = {config.logging.wandb_project!r} will warn and log to JSONL only"
+    detail = (
+        not_logged_in(config.logging.wandb_project)
         if wanted
-        else " (wandb is off unless [logging] wandb_project is set)"
+        else "not logged in (wandb is off unless [logging] wandb_project is set)"
     )
     if not wanted:
         status = OK
@@ -533,7 +533,7 @@ def check_wandb(config: Any) -> Check:
         "wandb",
         status,
         detail,
-        "wandb login, set WANDB_API_KEY in .env, or WANDB_MODE=offline" if wanted else "",
+        LOGIN_FIX if wanted else "",
     )
 
 

@@ -196,7 +196,7 @@ def _wandb_advice(config: Config) -> list[str]:
     wandb missing, or no login. The run goes on, logging to JSONL only."""
     import importlib.util
 
-    from retrain.logs.wandb import login
+    from retrain.logs.wandb import LOGIN_FIX, login, not_logged_in
 
     project = config.logging.wandb_project
     if not project:
@@ -208,11 +208,7 @@ def _wandb_advice(config: Config) -> list[str]:
         ]
     if login()[0]:
         return []
-    return [
-        f"[logging] wandb_project: not logged in: runs with wandb_project = {project!r} "
-        "will warn and log to JSONL only. Fix: wandb login, set WANDB_API_KEY in .env, or "
-        "WANDB_MODE=offline"
-    ]
+    return [f"[logging] wandb_project: {not_logged_in(project)}. Fix: {LOGIN_FIX}"]
 
 
 # [data] keys only some built-in sources read; set for another source, they do nothing.

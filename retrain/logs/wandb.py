@@ -128,6 +128,14 @@ def _cut(value: Any) -> Any:
     return value
 
 
+# What doctor and explain say where wandb has no login for a run that asks for it.
+LOGIN_FIX = "wandb login, set WANDB_API_KEY in .env, or WANDB_MODE=offline"
+
+
+def not_logged_in(project: str) -> str:
+    return f"not logged in: runs with wandb_project = {project!r} will warn and log to JSONL only"
+
+
 def login() -> tuple[bool, str]:
     """(whether wandb can log a run without asking for a login, how): an offline mode,
     $WANDB_API_KEY, or credentials for its host in ~/.netrc ($NETRC)."""

@@ -81,9 +81,10 @@ def judge_problems(reward: Any) -> list[tuple[str, str]]:
     key = reward.judge_api_key or os.environ.get("OPENAI_API_KEY", "")
     where = "[reward] judge_base_url"
     src = "" if reward.judge_base_url else f" ({source})"
-    own = 'judge_base_url = "http://HOST:PORT/v1" for a server of your own'
+    url = 'judge_base_url = "http://HOST:PORT/v1"'
+    own = f"{url} for a server of your own"
     if not base.startswith(("http://", "https://")):
-        return [(where, f"{base!r}{src} is not an http(s) URL. Fix: {own.split(' for')[0]}")]
+        return [(where, f"{base!r}{src} is not an http(s) URL. Fix: {url}")]
     if base == DEFAULT_BASE_URL and not key:
         return [
             (
