@@ -27,6 +27,7 @@ failed and goes on.
     python benchmarks/gpu.py --what headline --only retrain,retrain-dense   # flex vs dense
     python benchmarks/gpu.py --what headline --only retrain,retrain-compiled   # decode compiled
     python benchmarks/gpu.py --what headline --only retrain,retrain-whole-cache   # key spans
+    python benchmarks/gpu.py --what headline --only retrain,retrain-mb4k,retrain-mb8k   # memory
 
 On an offline CUDA machine see ../shared/gpu/README.md (the bundle) and docs/performance.md.
 """
@@ -252,8 +253,16 @@ def child_generate(setup: dict, steps: int, seed: int) -> dict:
 # retrain's variants: one [backend.options] entry added to the run's table (not replacing
 # it). dense: packed rows through the L x L mask, not FlexAttention (what "auto" picks on
 # CUDA for rows of 2048+ positions); compiled: the decode step compiled by inductor, then
-# captured as a CUDA graph, instead of captured uncompiled (auto).
-VARIANTS = {"retrain-dense": "attention=dense", "retrain-compiled": "decode=compiled"}
+# captured as a CUDA graph, instead of captured uncompiled (auto); mb4k and mb8k: training
+# micro-batches of one and of two headline groups (a prompt of up to 256 tokens and 16
+# completions of 256) instead of the largest that fits the free memory (auto): the
+# peak memory a smaller micro-batch saves, against the training time it costs.
+VARIANTS = {
+    "retrain-dense": "attention=dense",
+    "retrain-compiled": "decode=compiled",
+    "retrain-mb4k": "micro_batch_tokens=4352",
+    "retrain-mb8k": "micro_batch_tokens=8704",
+}
 
 
 def child_retrain_variant(kind: str, setup: dict, steps: int, seed: int, extra: list[str]):
@@ -414,7 +423,8 @@ def parse(argv):
         default="retrain,trl,generate",
         help="which kinds to run: retrain, retrain-dense (packed rows through the dense "
         "mask, not FlexAttention), retrain-compiled (the decode step compiled), "
-        "retrain-whole-cache (decode steps read the whole KV cache), trl, generate",
+        "retrain-whole-cache (decode steps read the whole KV cache), retrain-mb4k and "
+        "retrain-mb8k (training micro-batches of one and two headline groups), trl, generate",
     )
     p.add_argument(
         "--child-timeout",

@@ -21,9 +21,10 @@
 # setup installs the bundle's wheels and this checkout into /tmp/site (the image has torch,
 # transformers, peft, pytest), then runs the -m gpu tests that build their own tiny models.
 # measure joins and converts SmolLM2, builds the random Qwen3-4B-shaped model, then runs
-# while time is left: the headline benchmark (retrain), the quickstart on gpu:0 against
-# TRL (per-step and held-out correct rates), TRL at the headline, the memory-model fit,
-# the decode variants, and the kernel profile of a headline step;
+# while time is left: the headline benchmark (retrain), the parts and kernel profile of a
+# headline step, the quickstart on gpu:0 against TRL (per-step and held-out correct
+# rates), the headline with smaller training micro-batches, TRL at the headline, the
+# memory-model fit, and the decode variants;
 # last, benchmarks/lease_report.py's table of issue 27's targets against what was measured.
 # An item that would not get its minimum is skipped and said so; a running one is stopped
 # at its cap (SIGINT first: benchmarks/gpu.py keeps the runs it finished in its JSON).
@@ -96,25 +97,26 @@ measure() {
   item models 150 60 bash .gpu/bin/model_offline.sh
   item headline 160 90 python3 benchmarks/gpu.py --what headline --only retrain --steps 4 \
     --rounds 1 --model-dir $RAND --child-timeout 150 --json "$OUT/headline.json"
+  # the parts of a headline step timed (sampling right after training and again; a step of
+  # one tiny datum: what any step costs), then a training step and a short eager sampling
+  # call profiled (the whole eager call ran past 192 s on the H200 of 2026-11-27)
+  item profile 150 80 python3 benchmarks/profile_step.py --model $RAND --json "$OUT/profile.json"
   item quickstart 150 80 python3 benchmarks/gpu.py --what quickstart --only retrain,trl --steps 15 \
     --rounds 1 --child-timeout 110 --json "$OUT/quickstart.json"
-  # TRL's steps at the headline, for the step ratio (the H200 lease of 2026-11-27 had time
-  # for none of the items below in measure; TRL and the fit ran in calls of their own)
+  # training micro-batches of one and of two headline groups against auto's largest that
+  # fits: the peak memory they save (the target is TRL's 41 GB) against the time they cost
+  item micro-batches 170 100 python3 benchmarks/gpu.py --what headline \
+    --only retrain-mb4k,retrain-mb8k --steps 3 --rounds 1 --model-dir $RAND \
+    --child-timeout 80 --json "$OUT/micro_batches.json"
+  # TRL's steps at the headline, for the step ratio (on the H200 of 2026-11-27 it ran in a
+  # call of its own, after measure)
   item trl 200 120 python3 benchmarks/gpu.py --what headline --only trl --steps 3 --rounds 1 \
     --model-dir $RAND --child-timeout 190 --json "$OUT/trl.json"
-  # one headline group (16 completions) per micro-batch against two: what auto's choice of
-  # two (its memory model's pick on 80 GB) buys in speed, and costs in peak memory
   item memory-fit 120 60 python3 benchmarks/memory_fit.py --model $RAND --completions 16 \
     --groups 1,2 --json "$OUT/memory_fit.json"
   item variants 220 110 python3 benchmarks/gpu.py --what headline \
     --only retrain-whole-cache,retrain-compiled --steps 3 --rounds 1 --model-dir $RAND \
     --child-timeout 105 --json "$OUT/variants.json"
-  # last: on the H200 it ran past its 192 s without a result
-  # eager decode steps: the same kernels as the graph's, each seen by the profiler; at
-  # retrain's default top_p 0.95 (the headline samples at 1.0, TRL's default), so the
-  # nucleus's sort of every 152k-entry row at each decode step shows in softmax_sample
-  item profile 200 100 python3 benchmarks/profile_step.py --model $RAND --json "$OUT/profile.json" \
-    -- --backend-opt decode=static --top-p 0.95
   # last, so a call's output ends with it: the targets, met or not, and where time went
   [ "$phase" = plan ] || python3 benchmarks/lease_report.py "$OUT" | tee -a "$log"
 }

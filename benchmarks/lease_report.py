@@ -36,7 +36,7 @@ STEP_CHECKS = (
     ("train_oom_retries", "training out of memory, redone"),
     ("checkpointing", "activation checkpointing on (its recompute inside training s)"),
 )
-ITEMS = ("headline", "quickstart", "variants", "trl", "profile", "memory_fit")
+ITEMS = ("headline", "quickstart", "variants", "micro_batches", "trl", "profile", "memory_fit")
 # TRL 1.16 at the headline as ../shared/gpu/README.md recorded it (an H100, the same
 # bundle), for when this lease's TRL item did not run (it comes last): s/step, median and
 # best. Not this invocation, so never the target's verdict.
@@ -147,14 +147,28 @@ def report(results: dict[str, Any]) -> str:
     for kind in ("retrain-whole-cache", "retrain-compiled"):
         if rate := _summary(results, "variants", kind).get("sampling_tokens_per_s"):
             lines.append(f"{kind}: {rate:,.0f} sampled tok/s")
+    for kind in ("retrain-mb4k", "retrain-mb8k"):  # smaller micro-batches than auto's
+        if step := _summary(results, "micro_batches", kind).get("step_s"):
+            row = _summary(results, "micro_batches", kind)
+            lines.append(
+                f"{kind}: {step:.2f} s/step, training {row.get('training_s') or 0:.2f} s, "
+                f"peak {row.get('peak_gpu_gb') or 0:.1f} GB"
+            )
     profile = results.get("profile", {})
+    if t := profile.get("timings"):
+        lines.append(
+            f"profile, parts: sampling {t['sample_s']:.2f} s ({t['sample_after_train_s']:.2f} s "
+            f"right after training), training {t['train_s']:.2f} s in {t['micro_batches']} "
+            f"micro-batches, a one-datum step {t['tiny_train_s']:.2f} s"
+        )
     flags = " ".join(profile.get("args", {}).get("flags") or [])  # what it ran beyond the shape
     for phase, summary in profile.get("summaries", {}).items():
         kinds = sorted(summary["categories"].items(), key=lambda kv: -kv[1]["us"])
         shares = ", ".join(f"{k} {100 * v['share']:.0f}%" for k, v in kinds if v["kernels"])
+        busy = summary.get("device_busy_share")
         lines.append(
             f"profile, {phase}{f' ({flags})' if flags else ''}: {summary['kernels']} kernels; "
-            f"{shares}"
+            f"{shares}" + ("" if busy is None else f"; device busy {100 * busy:.0f}%")
         )
     for row in results.get("memory_fit", {}).get("rows", []):
         peak = row.get("peak_gib")

@@ -1,18 +1,28 @@
-"""Where the device time of one training step goes: one warm sampling call and one warm
-training step through the real local backend, each under torch.profiler, broken down by
-kernel and by kind of kernel (matmul, attention, norm, sampling, copies, elementwise).
+"""Where the time of one headline step goes: its parts timed through the real local
+backend, then one training step and one short sampling call under torch.profiler, broken
+down by kernel and by kind of kernel (matmul, attention, norm, sampling, copies,
+elementwise).
 
 The headline shape by default: the random-weight Qwen3-4B-shaped model that
 benchmarks/gpu.py builds (`--model-dir /tmp/rand4b`), LoRA r32, 8 prompts of 55 random
 tokens x 16 completions of 256 tokens (random weights never emit end-of-sequence, so every
 completion runs to `--max-tokens`: fixed work), the training datums built from those
-completions with advantages +-0.5. Each phase runs once to warm up (CUDA graphs captured,
-FlexAttention compiled, optimizer state allocated), once timed without the profiler, and
-once profiled. A table per phase goes to stdout, everything to `--json`; `--trace-dir`
-also writes the Chrome traces (large). Extra retrain config flags go after `--`.
+completions with advantages +-0.5. After a warm-up (CUDA graphs captured, FlexAttention
+compiled, optimizer state allocated) the parts are timed without the profiler:
+
+- sampling right after a training step (which may have given the sampler's caches back,
+  so its graphs are captured again) and sampling again at once (graphs kept);
+- the training step, its micro-batches, and a training step of one tiny datum: what a
+  step costs whatever its size (optimizer, clipping, the sampler's refresh, syncs).
+
+Then the training step is profiled (device kernels, the share of the wall time the device
+was busy, and the host's busiest ops) and a sampling call of `--profile-tokens` tokens run
+eagerly (the graphs set aside for it: the same kernels, each seen by the profiler; a
+whole headline call is ~350k kernels, which the profiler took minutes to process). A
+table per phase goes to stdout, everything to `--json`; `--trace-dir` also writes the
+Chrome traces (large). Extra retrain config flags go after `--`.
 
     python benchmarks/profile_step.py                      # the headline, on gpu:0
-    python benchmarks/profile_step.py -- --backend-opt decode=static   # eager decode steps
     python benchmarks/profile_step.py --smoke              # the plumbing, on the CPU
 """
 
@@ -28,6 +38,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -117,10 +128,38 @@ def records_from(prof: Any) -> list[Record]:
         return device
     # self time, so nested ops are not counted twice; per call (not key_averages' per
     # name), so the counts stay those of the calls; async events have no self time
+    return host_records(prof)
+
+
+def covered_us(spans: list[tuple[float, float]]) -> float:
+    """The time the union of (start, end) spans covers: how long the device ran at least
+    one kernel (overlapping kernels, on several streams, counted once)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
+def kernel_spans(prof: Any) -> list[tuple[float, float]]:
+    """(start, end) microseconds of each device kernel of a finished profile."""
+    return [
+        (float(e.time_range.start), float(e.time_range.end))
+        for e in prof.events()
+        if str(getattr(getattr(e, "device_type", None), "name", "")).upper().endswith("CUDA")
+        and not getattr(e, "is_user_annotation", False)
+    ]
+
+
+def host_records(prof: Any) -> list[Record]:
+    """Every CPU op call's self time (where the host spent a profiled phase)."""
     return [
         (e.name, float(e.self_cpu_time_total), False)
-        for e in events
-        if not on_device(e) and not getattr(e, "is_async", False)
+        for e in prof.events()
+        if str(getattr(getattr(e, "device_type", None), "name", "CPU")).upper() == "CPU"
+        and not getattr(e, "is_async", False)
     ]
 
 
@@ -177,6 +216,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--group", type=int, default=16, help="completions per prompt")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=55)
+    p.add_argument(
+        "--profile-tokens", type=int, default=24, help="tokens of the profiled sampling call"
+    )
     p.add_argument("--top", type=int, default=30, help="kernels listed per phase")
     p.add_argument("--smoke", action="store_true", help="a tiny model on the CPU (plumbing)")
     p.add_argument("--json", default="benchmarks/results/profile_step.json")
@@ -234,22 +276,60 @@ def profiled(
     gpus: list[Any],
     tokens: int | None,
     args: argparse.Namespace,
+    host: bool = False,
 ) -> dict[str, Any]:
-    """One more `call()` under torch.profiler: its summary (and Chrome trace if asked)."""
+    """One more `call()` under torch.profiler: its summary (and Chrome trace if asked).
+    `host`: the CPU ops too, for the host's busiest ops and the device's busy share (a
+    training step is ~50k of them; a sampling call's would triple what the profiler
+    processes, so it records the device's kernels only)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = bool(gpus)
-    # on CUDA the device's kernels only: a headline sampling call is ~350k of them, and the
-    # CPU ops and launches beside would triple what the profiler then has to process
     activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    if host and cuda:
+        activities.append(ProfilerActivity.CPU)
     with profile(activities=activities) as prof:
         _, seconds = timed(call, gpus)
     summary = {"profiled_s": seconds, **summarise(records_from(prof), args.top, tokens)}
+    if cuda:  # how much of the wall time the device ran a kernel: the rest is the host's
+        summary["device_busy_s"] = covered_us(kernel_spans(prof)) / 1e6
+        summary["device_busy_share"] = summary["device_busy_s"] / seconds
+    if host and cuda:
+        ops = summarise(host_records(prof), args.top)
+        summary["host_top"] = ops["top"][: min(args.top, 15)]
     if args.trace_dir:
         Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(Path(args.trace_dir) / f"{phase}.json"))
     print(table(phase, summary, cuda), flush=True)
+    if "device_busy_share" in summary:
+        print(
+            f"device busy {summary['device_busy_s']:.3f} s of {seconds:.3f} s "
+            f"({100 * summary['device_busy_share']:.0f}%)",
+            flush=True,
+        )
+    for t in summary.get("host_top", []):
+        print(f"  host {t['total_us'] / 1e3:8.1f} ms {t['count']:6d}x {t['name'][:80]}")
     return summary
+
+
+def eager(backend: Any) -> Any:
+    """A context in which the sampler decodes without its CUDA graphs (nor keeps caches
+    for them): the same step's kernels, each one seen by the profiler."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def context():
+        static = getattr(backend.engine, "static", None)
+        if static is None or not static.graphs:
+            yield
+            return
+        static.graphs = static.keep = False
+        try:
+            yield
+        finally:
+            static.graphs = static.keep = True
+
+    return context()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,19 +359,26 @@ def main(argv: list[str] | None = None) -> int:
 
     # warm-up: CUDA graphs captured, FlexAttention compiled, the optimizer's state allocated
     batch = datums(sample())
-    backend.train_step(batch, hyper)
-    groups, sample_s = timed(sample, gpus)
+    warm = backend.train_step(batch, hyper)
+    groups, after_train_s = timed(sample, gpus)  # graphs captured again if training released them
+    groups, sample_s = timed(sample, gpus)  # at once: the graphs kept
     batch = datums(groups)  # the timed sampling's completions: exactly the headline's shapes
     result, train_s = timed(lambda: backend.train_step(batch, hyper), gpus)
+    first = batch[0]  # its first 8 tokens alone: a step with next to nothing to train
+    tiny = [
+        Datum(
+            first.prompt_ids,
+            first.completion_ids[:8],
+            first.sampler_logprobs[:8],
+            first.advantages[:8],
+        )
+    ]
+    backend.train_step(tiny, hyper)  # its shapes compiled
+    _, tiny_s = timed(lambda: backend.train_step(tiny, hyper), gpus)
     sampled = sum(len(s) for g in groups for s in g)
     trained = sum(d.num_trained_tokens for d in batch)
-    summaries = {
-        "sampling": profiled("sampling", sample, gpus, args.max_tokens, args),
-        "training": profiled(
-            "training", lambda: backend.train_step(batch, hyper), gpus, None, args
-        ),
-    }
     timings = {
+        "sample_after_train_s": after_train_s,
         "sample_s": sample_s,
         "sampled_tokens": sampled,
         "sample_tokens_per_s": sampled / sample_s,
@@ -299,13 +386,32 @@ def main(argv: list[str] | None = None) -> int:
         "train_s": train_s,
         "trained_tokens": trained,
         "train_tokens_per_s": trained / train_s,
+        "micro_batches": len(backend._micro_batches(batch)),
+        "tiny_train_s": tiny_s,  # a step of one 8-token completion: what any step costs
+        "warm_extra": dict(warm.extra),  # did training release the sampler's caches
         "train_extra": dict(result.extra),  # the engine's metrics too (CUDA graphs or not)
     }
     print(
         f"\nunprofiled: sampling {sample_s:.3f} s ({sampled / sample_s:.0f} tok/s, "
-        f"{timings['ms_per_decode_step']:.1f} ms a decode step), "
-        f"training {train_s:.3f} s ({trained / train_s:.0f} tok/s)"
+        f"{timings['ms_per_decode_step']:.1f} ms a decode step; {after_train_s:.3f} s right "
+        f"after a training step), training {train_s:.3f} s ({trained / train_s:.0f} tok/s, "
+        f"{timings['micro_batches']} micro-batches), a one-datum step {tiny_s:.3f} s",
+        flush=True,
     )
+    short = replace(params, max_tokens=min(args.profile_tokens, args.max_tokens))
+    with eager(backend):
+        summaries = {
+            "training": profiled(
+                "training", lambda: backend.train_step(batch, hyper), gpus, None, args, host=True
+            ),
+            "sampling": profiled(
+                "sampling",
+                lambda: backend.sample(prompts, args.group, short),
+                gpus,
+                short.max_tokens,
+                args,
+            ),
+        }
     machine = {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

@@ -1,6 +1,6 @@
 """The lease's benchmark scripts end to end on this CPU (their `--smoke`: a tiny random
 model with the headline's code paths), then the lease's report over what they wrote: the
-contract between benchmarks/gpu.py's and benchmarks/memory_fit.py's JSON and
+contract between benchmarks/gpu.py's, memory_fit.py's and profile_step.py's JSON and
 benchmarks/lease_report.py's figures, which a GPU lease (rare, 15 minutes) would otherwise
 be the first to test. test_lease_report.py checks the report on hand-made JSON; this one
 on the scripts' own."""
@@ -37,6 +37,7 @@ def test_the_lease_scripts_write_what_its_report_reads(tmp_path):
         "--json", str(out / "headline.json"),
     )  # fmt: skip
     run("memory_fit.py", "--smoke", "--groups", "1,2", "--json", str(out / "memory_fit.json"))
+    run("profile_step.py", "--smoke", "--json", str(out / "profile.json"))
     headline = json.loads((out / "headline.json").read_text())
     assert headline["finished"] and "failed" not in headline["summary"]["headline/retrain"]
     steps = headline["runs"]["headline/retrain"][0]["steps"]
@@ -56,3 +57,8 @@ def test_the_lease_scripts_write_what_its_report_reads(tmp_path):
     assert text.splitlines()[0].startswith("measured on: no GPU (torch ")
     fits = [line for line in text.splitlines() if line.startswith("memory fit, ")]
     assert len(fits) == 2 and all("trained tok/s" in line for line in fits)
+    parts = [line for line in text.splitlines() if line.startswith("profile, parts: ")]
+    assert len(parts) == 1 and "micro-batches, a one-datum step" in parts[0]
+    phases = [line.split(":")[0] for line in text.splitlines() if line.startswith("profile, t")]
+    assert phases == ["profile, training"]  # the sampling phase's line follows it
+    assert any(line.startswith("profile, sampling: ") for line in text.splitlines())

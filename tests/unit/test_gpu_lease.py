@@ -13,7 +13,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = ROOT / "benchmarks" / "gpu_lease.sh"
-MEASURED = ["models", "headline", "quickstart", "trl", "memory-fit", "variants", "profile"]
+MEASURED = [
+    "models",
+    "headline",
+    "profile",
+    "quickstart",
+    "micro-batches",
+    "trl",
+    "memory-fit",
+    "variants",
+]
 
 
 def plan() -> dict[str, list[str]]:
@@ -63,7 +72,7 @@ def test_the_test_selections_and_benchmark_kinds_exist():
     picked = [t for t in tests if "quickstart" not in t and "headline" not in t]
     assert len(picked) == len(tests) - 2  # all but the two that need the model files
     gpu = (ROOT / "benchmarks" / "gpu.py").read_text()
-    for name in ("headline", "quickstart", "variants", "trl"):
+    for name in ("headline", "quickstart", "micro-batches", "variants", "trl"):
         what = items[name][items[name].index("--what") + 1]
         assert f'what == "{what}"' in gpu, f"{name}: benchmarks/gpu.py has no setup {what}"
         kinds = items[name][items[name].index("--only") + 1].split(",")

@@ -160,3 +160,38 @@ def test_the_quickstarts_speed_up_over_trl_of_the_same_invocation():
     quick = {"quickstart/retrain": {"step_s": 0.4}, "quickstart/trl": {"step_s": 3.0}}
     text = lease_report.report({"quickstart": {"summary": quick}})
     assert "quickstart speed-up over TRL: 7.5x" in text
+
+
+def test_smaller_micro_batches_and_the_profiles_parts_are_said():
+    results = {
+        "micro_batches": {
+            "summary": {
+                "headline/retrain-mb4k": {"step_s": 7.5, "training_s": 3.9, "peak_gpu_gb": 35.2},
+                "headline/retrain-mb8k": {"failed": "124: timed out"},
+            }
+        },
+        "profile": {
+            "timings": {
+                "sample_s": 3.1,
+                "sample_after_train_s": 3.6,
+                "train_s": 2.0,
+                "micro_batches": 2,
+                "tiny_train_s": 0.41,
+            },
+            "summaries": {
+                "training": {
+                    "kernels": 10,
+                    "categories": {"matmul": {"us": 5.0, "kernels": 10, "share": 1.0}},
+                    "device_busy_share": 0.62,
+                }
+            },
+        },
+    }
+    text = lease_report.report(results)
+    assert "retrain-mb4k: 7.50 s/step, training 3.90 s, peak 35.2 GB" in text
+    assert "retrain-mb8k" not in text  # failed: nothing to say but the log
+    assert (
+        "profile, parts: sampling 3.10 s (3.60 s right after training), training 2.00 s in 2 "
+        "micro-batches, a one-datum step 0.41 s"
+    ) in text
+    assert "profile, training: 10 kernels; matmul 100%; device busy 62%" in text

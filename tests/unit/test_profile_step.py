@@ -13,6 +13,7 @@ profile_step = load("profile_step")
 CATEGORIES, category, finite = profile_step.CATEGORIES, profile_step.category, profile_step.finite
 summarise, table = profile_step.summarise, profile_step.table
 records_from = profile_step.records_from
+covered_us, kernel_spans = profile_step.covered_us, profile_step.kernel_spans
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_cublas"
 FMHA = "fmha_cutlassF_bf16_aligned_64x64_rf_sm80"
@@ -178,3 +179,37 @@ def test_records_from_falls_back_to_cpu_self_time():
         ]
     )
     assert records_from(prof) == [("aten::mm", 7.0, False), ("aten::add", 1.0, False)]
+
+
+@pytest.mark.parametrize(
+    ("spans", "covered"),
+    [
+        ([], 0.0),
+        ([(0.0, 10.0)], 10.0),
+        ([(0.0, 10.0), (20.0, 25.0)], 15.0),  # a gap: the device idle for 10
+        ([(0.0, 10.0), (5.0, 12.0)], 12.0),  # overlapping streams count once
+        ([(5.0, 12.0), (0.0, 10.0), (1.0, 2.0)], 12.0),  # any order; one inside another
+        ([(0.0, 4.0), (4.0, 6.0)], 6.0),  # back to back
+    ],
+)
+def test_covered_us_is_the_union_of_the_kernels_spans(spans, covered):
+    assert covered_us(spans) == covered
+
+
+def test_kernel_spans_are_the_device_kernels_without_annotations():
+    def event(name, kind, start, end, **extra):
+        span = SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
+        return SimpleNamespace(
+            name=name, device_type=SimpleNamespace(name=kind), time_range=span, **extra
+        )
+
+    prof = _Prof(
+        [
+            event("aten::mm", "CPU", 0, 50),
+            event(GEMM, "CUDA", 10, 30, is_user_annotation=False),
+            event("Optimizer.step#AdamW.step", "CUDA", 0, 100, is_user_annotation=True),
+            event(ADD, "CUDA", 40, 45),
+        ]
+    )
+    assert kernel_spans(prof) == [(10.0, 30.0), (40.0, 45.0)]
+    assert covered_us(kernel_spans(prof)) == 25.0
