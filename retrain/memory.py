@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from retrain.errors import BackendError
-from retrain.hardware import f32_out_matmul, sums_in_f32, whole_model_bf16
+from retrain.hardware import f32_out_matmul, whole_model_bf16
 
 # Completions decoded at once with `prompt_batch = 0` (retrain/engines/pytorch.py) on a
 # CPU; a GPU's decoder may take more (`decode_row_budget`).
@@ -377,9 +377,8 @@ def sampler_copy_bytes(shape: ModelShape, sizing: Sizing) -> int:
 
 def copy_adapter_bytes(shape: ModelShape, sizing: Sizing) -> int:
     """The sampler's own A and B beside bf16 weights (bf16 mode, or a bf16 copy of its
-    own: `own_bf16_copy`; float32 merges them into the weights instead), in the dtypes the
-    trainer computes them in: A in bf16 on a wholly bf16 model (a GPU), else float32; B
-    float32 where the sum is rounded once (`hardware.sums_in_f32`), else as A. A set of
+    own: `own_bf16_copy`; float32 merges them into the weights instead), in the dtype the
+    trainer computes them in: bf16 on a wholly bf16 model (a GPU), else float32. A set of
     `SIBLINGS`, all adapted, runs as one: its A's stacked and its B's set
     block-diagonally, so its B holds (sum of outs) x (members x rank) values. Per layer:
 
@@ -390,8 +389,7 @@ def copy_adapter_bytes(shape: ModelShape, sizing: Sizing) -> int:
     if block_bytes(sizing.dtype) != 2 and not own_bf16_copy(sizing):
         return 0
     whole = whole_model_bf16(sizing.dtype, sizing.device_kind)
-    a = 2 if whole else 4
-    b = 4 if whole and sums_in_f32(sizing.device_kind) else a
+    a = b = 2 if whole else 4
     adapted = shape.adapted(sizing.target_modules)
     sets = [names for names in SIBLINGS if all(n in adapted for n in names)]
     sets += [(n,) for n in adapted if not any(n in names for names in sets)]

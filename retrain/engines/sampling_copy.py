@@ -72,13 +72,15 @@ def add_beside(flat: torch.Tensor, x: torch.Tensor, a, b, scaling: float) -> Non
         flat.copy_(torch.addmm(flat.to(h.dtype), h, b.t(), alpha=scaling))
 
 
-def beside(base: torch.nn.Linear, x: torch.Tensor, a, b, scaling: float) -> torch.Tensor:
-    """base(x) + scaling * (x @ A^T) @ B^T as (rows, out). With a float32 B beside a
-    bf16 A (a wholly bf16 model: `rounds_once`) the sum is the trainer's: in float32,
-    rounded to bf16 once (retrain/kernels/lora_layers.py `lora_sum_f32`); otherwise the
-    base output, then the adapter added (`add_beside`)."""
+def beside(
+    base: torch.nn.Linear, x: torch.Tensor, a, b, scaling: float, once: bool = False
+) -> torch.Tensor:
+    """base(x) + scaling * (x @ A^T) @ B^T as (rows, out). `once` (a wholly bf16 model:
+    `rounds_once`): the sum is the trainer's, in float32, rounded to bf16 once
+    (retrain/kernels/lora_layers.py `lora_sum_f32`); otherwise the base output, then the
+    adapter added (`add_beside`)."""
     flat = x.reshape(-1, x.shape[-1])
-    if b.dtype != a.dtype:
+    if once:
         return lora_sum_f32(flat, base.weight, base.bias, a, b, scaling).to(x.dtype)
     y = base(flat).contiguous()
     add_beside(y, flat, a, b, scaling)
@@ -94,17 +96,19 @@ class LoraBeside(torch.nn.Module):
     rounded differently and sampled no faster). A and B are this layer's copies, refreshed in
     place (`SamplingCopy.refresh`), so a captured CUDA graph reads the new values."""
 
-    def __init__(self, base: torch.nn.Module, rank: int, dtype: torch.dtype, b_dtype: torch.dtype):
-        """A in `dtype`; B in `b_dtype`: float32 where the sum is rounded once (`beside`)."""
+    def __init__(self, base: torch.nn.Module, rank: int, dtype: torch.dtype, once: bool):
+        """A and B in `dtype` (the trainer's float32 B is read in bf16 where the sum is
+        rounded once, so the copy holds it so); `once`: the sum rounded once (`beside`)."""
         super().__init__()
         self.base = base
         w = base.weight
         self.register_buffer("a", torch.zeros(rank, w.shape[1], dtype=dtype, device=w.device))
-        self.register_buffer("b", torch.zeros(w.shape[0], rank, dtype=b_dtype, device=w.device))
+        self.register_buffer("b", torch.zeros(w.shape[0], rank, dtype=dtype, device=w.device))
         self.scaling = 0.0
+        self.once = once
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = beside(self.base, x, self.a, self.b, self.scaling)
+        y = beside(self.base, x, self.a, self.b, self.scaling, self.once)
         return y.view(*x.shape[:-1], y.shape[-1])
 
 
@@ -149,7 +153,8 @@ class Siblings(torch.nn.Module):
         changed in between); a member called with another input gets them recomputed."""
         if self._input is not x or i not in self._pending:
             if self.sides:  # the members share one scaling (_fuse_siblings checks)
-                flat = beside(self.base, x, self.a, self.b, self.sides[0].scaling)
+                side = self.sides[0]  # one scaling and one `once` for all
+                flat = beside(self.base, x, self.a, self.b, side.scaling, side.once)
             else:
                 flat = self.base(x).reshape(-1, self.bounds[-1])
             lead = x.shape[:-1]
@@ -266,9 +271,9 @@ class SamplingCopy:
             if not merge:  # A and B in the dtype the trained layer computes them in
                 rank = lora_a(layer).weight.shape[0]
                 dtype_ = adapter_dtype(layer, stream)
-                # the trainer's lean forward rounds once there: keep B float32 to match
+                # the trainer's lean forward rounds once there: so does the copy
                 once = runs_lean(layer) and rounds_once(layer, stream, embeddings.device.type)
-                inner = LoraBeside(inner, rank, dtype_, torch.float32 if once else dtype_)
+                inner = LoraBeside(inner, rank, dtype_, once)
                 setattr(parent, attr, inner)
             pairs.append((layer, inner))
         _fuse_siblings(copy_, pairs)
@@ -311,7 +316,7 @@ def _fuse_siblings(model, pairs: list) -> None:
         if len({lora_scaling(layer) for layer in layers}) != 1:
             continue
         beside = {isinstance(m, LoraBeside) for m in members}
-        if len(beside) != 1:
+        if len(beside) != 1 or len({getattr(m, "once", False) for m in members}) != 1:
             continue
         linears = [m.base for m in members] if beside == {True} else members
         if beside == {False}:  # merged: the copy's own fresh weights, so stack them

@@ -42,7 +42,7 @@ from __future__ import annotations
 import torch
 
 from retrain.hardware import sums_in_f32
-from retrain.kernels.precision import mm_f32
+from retrain.kernels.precision import addmm_f32, mm_f32
 
 
 def plain_lora_layers(model) -> list:
@@ -134,20 +134,25 @@ def rounds_once(layer, input_dtype: torch.dtype, device_type: str) -> bool:
 
 def lora_sum_f32(x, weight, bias, a, b, scaling: float) -> torch.Tensor:
     """x W^T + bias + scaling (x A^T) B^T in float32, as (rows, out), from the bf16 rows
-    `x` (rows, in), the bf16 weight and A, and the float32 B: the two products of bf16
-    operands with float32 results (`precision.mm_f32`), then B's product added in
-    float32 (its inner size is the rank: a small float32 matmul). The caller rounds it
-    to bf16 once; the trainer (`_RoundOnce`) and the sampling copy run it alike."""
+    `x` (rows, in), the bf16 weight and A, and B (float32, the trainer's, or bf16, the
+    sampling copy's): three products of bf16 operands with float32 results
+    (`precision.mm_f32`, `addmm_f32`), x A^T and B read in bf16 for the last, which adds
+    into the base output in its epilogue. The caller rounds it to bf16 once; the trainer
+    (`_RoundOnce`) and the sampling copy run it alike. (B's product took float32
+    operands before, and with them the CUDA cores' float32 GEMM, at ~20% of an H100's
+    decode step; in bf16 it moves the adapter's term by ~2^-8 of itself, a fraction of a
+    bf16 step of the sum where the term is a few per cent of the base output.)"""
     return _sum_and_mid(x, weight, bias, a, b, scaling)[0]
 
 
 def _sum_and_mid(x, weight, bias, a, b, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """`lora_sum_f32`'s sum, and x A^T (float32) on the way."""
-    mid = mm_f32(x, a.t())
+    """`lora_sum_f32`'s sum, and x A^T in bf16 on the way (what B's product reads, and
+    what B's gradient multiplies)."""
+    mid = mm_f32(x, a.t()).to(x.dtype)
     out = mm_f32(x, weight.t())
     if bias is not None:
         out += bias.float()
-    return out.addmm_(mid, b.t(), alpha=scaling), mid
+    return addmm_f32(out, mid, b.to(x.dtype).t(), scaling), mid
 
 
 class _RoundOnce(torch.autograd.Function):
@@ -160,7 +165,7 @@ class _RoundOnce(torch.autograd.Function):
         ab = a.to(x.dtype)
         out, mid = _sum_and_mid(x, weight, bias, ab, b, scaling)
         # x A^T kept in bf16, what B's gradient multiplies (as the bf16 x A^T was before)
-        ctx.save_for_backward(x, weight, ab, b, mid.to(x.dtype))
+        ctx.save_for_backward(x, weight, ab, b, mid)
         ctx.scaling = scaling
         return out.to(x.dtype)
 

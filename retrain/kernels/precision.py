@@ -100,6 +100,20 @@ def mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.mm(a.float(), b.float())
 
 
+def addmm_f32(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
+    """c + alpha * a @ b in float32, for a float32 `c` and two bf16 (or fp16) operands,
+    as a new tensor. On CUDA the product runs on the tensor cores with `c` added in its
+    epilogue (`torch.addmm(..., out_dtype=torch.float32)`): a float32 operand instead
+    sent it to the CUDA cores' float32 GEMM, which for the adapter's product beside each
+    adapted linear took more of an H100's decode step than the layers' own bf16 weights
+    (docs/performance.md, the lease of 2026-11-27). Elsewhere of float32 copies: the
+    same values."""
+    narrow = a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
+    if narrow and f32_out_matmul(a.device.type):
+        return torch.addmm(c, a, b, alpha=alpha, out_dtype=torch.float32)
+    return torch.addmm(c, a.float(), b.float(), alpha=alpha)
+
+
 def linear_f32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
     """float32 `x @ weight^T + bias` over x's last dimension, by `mm_f32`: float32 logits
     from a bf16 model's hidden states and output layer without a float32 copy of it."""

@@ -248,20 +248,27 @@ def test_a_young_adapters_update_reaches_the_bf16_output():
 
 def test_rounded_once_the_output_is_the_float32_sum_rounded():
     """The lean forward's output on a wholly bf16 model is the float32 (here float64) sum
-    of the base output and the adapter's, rounded to bf16 once: within half a bf16 step
-    of the exact value, and the same bf16 number wherever the exact value is not within
-    float32 noise of a rounding boundary."""
+    of the base output and the adapter's product of bf16 operands (x A^T rounded to bf16,
+    B read in bf16: the tensor cores' operands), rounded to bf16 once: within half a
+    bf16 step of the exact value, and the same bf16 number wherever the exact value is
+    not within float32 noise of a rounding boundary. The adapter's term with float32
+    operands differs from it by ~2^-8 of itself: for an adapter whose term is a few per
+    cent of the base output (here it is as large as it), a fraction of a bf16 step."""
     layer = one_layer(True, b_std=0.05)
     x = torch.randn(64, 96, generator=torch.Generator().manual_seed(3)).bfloat16()
     with torch.no_grad():
         out = layer(x).double()
         w = layer.base_layer.weight.double()
         a = layer.lora_A["default"].weight.bfloat16().double()  # A is read in bf16
-        h = (x.double() @ a.t()).float().double()  # x A^T, a float32 result
-        exact = x.double() @ w.t() + h @ layer.lora_B["default"].weight.double().t() * 1.5
+        h = (x.double() @ a.t()).float()  # x A^T, a float32 result
+        b = layer.lora_B["default"].weight
+        term = h.bfloat16().double() @ b.bfloat16().double().t() * 1.5
+        exact = x.double() @ w.t() + term
+        wide = h.double() @ b.double().t() * 1.5  # float32 operands: the term before
     assert torch.all((out - exact).abs() <= exact.abs() * 2.0**-8)  # half a step at most
     agree = (out == exact.bfloat16().double()).float().mean()
     assert agree > 0.99, agree
+    assert (term - wide).norm() < 2.0**-7 * wide.norm()  # bf16 operands: ~2^-8 of the term
 
 
 def test_rounded_once_the_gradients_are_the_plain_lora_gradients():
@@ -306,15 +313,20 @@ def test_rounded_once_on_cuda_the_products_take_the_float32_result_path(monkeypa
     import retrain.kernels.precision as precision
     from retrain.kernels.lora_layers import _RoundOnce, lora_sum_f32
 
-    calls = []
-    real_mm = torch.mm
+    calls, added = [], []
+    real_mm, real_addmm = torch.mm, torch.addmm
 
     def mm(a, b, **kwargs):
         calls.append(kwargs.get("out_dtype"))
         return real_mm(a, b, **kwargs)
 
+    def addmm(c, a, b, **kwargs):
+        added.append((c.dtype, a.dtype, b.dtype, kwargs.get("out_dtype")))
+        return real_addmm(c, a, b, **kwargs)
+
     monkeypatch.setattr(precision, "f32_out_matmul", lambda device_type: True)
     monkeypatch.setattr(torch, "mm", mm)
+    monkeypatch.setattr(torch, "addmm", addmm)
     meta = {"device": "meta"}
     x = torch.empty(40, 96, dtype=torch.bfloat16, **meta).requires_grad_()
     w = torch.empty(64, 96, dtype=torch.bfloat16, **meta)
@@ -322,9 +334,12 @@ def test_rounded_once_on_cuda_the_products_take_the_float32_result_path(monkeypa
     b = torch.empty(64, 8, **meta).requires_grad_()
     out = _RoundOnce.apply(x, w, None, a, b, 1.5)
     assert (out.dtype, out.shape) == (torch.bfloat16, (40, 64))
-    # x A^T and x W^T with float32 results, no float32 copies (the meta device runs the
-    # float32 addmm that follows through a plain mm of its own)
-    assert calls.count(torch.float32) == 2
+    # x A^T and x W^T with float32 results, no float32 copies; then B's product of bf16
+    # operands added into the float32 sum, on the tensor cores (not float32 operands,
+    # which went to the CUDA cores' float32 GEMM)
+    assert calls[:2] == [torch.float32, torch.float32]
+    bf16, f32 = torch.bfloat16, torch.float32
+    assert added == [(f32, bf16, bf16, f32)]
     out.float().sum().backward()
     assert (x.grad.dtype, x.grad.shape) == (torch.bfloat16, x.shape)
     assert (a.grad.dtype, a.grad.shape) == (torch.float32, a.shape)

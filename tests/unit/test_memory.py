@@ -189,22 +189,17 @@ def test_weights_at_the_dtype_the_device_holds(monkeypatch):
     )
 
 
-def test_the_sampling_copys_own_adapter_is_counted_in_bf16(monkeypatch):
-    import retrain.memory as memory
-
+def test_the_sampling_copys_own_adapter_is_counted_in_bf16():
     s = QWEN3_4B
-    # a GPU, rounded once: A bf16, B float32; q/k/v one set (outs 4096 + 1024 + 1024 by
-    # 3 ranks), gate/up another (2 x 9728 by 2 ranks), o and down alone; per layer
-    # 32 x (3 x (2560 x 2 + 6144 x 4) + 2 x (2560 x 2 + 19456 x 4) + (4096 x 2 + 2560 x 4)
-    # + (9728 x 2 + 2560 x 4)) = 9,699,328 bytes, 0.33 GiB over 36 layers
-    monkeypatch.setattr(memory, "sums_in_f32", lambda kind: True)
-    assert copy_adapter_bytes(s, at("bf16", "cuda", 32)) == 36 * 9_699_328
-    want = weight_bytes(s, at("bf16", "cuda")) + 36 * 9_699_328
-    assert weight_bytes(s, at("bf16", "cuda", 32)) == want
-    # rounded twice (torch < 2.8 on CUDA): B bf16 too
-    monkeypatch.setattr(memory, "sums_in_f32", lambda kind: False)
+    # a GPU: A and B bf16 (rounded once or twice); q/k/v one set (outs 4096 + 1024 +
+    # 1024 by 3 ranks), gate/up another (2 x 9728 by 2 ranks), o and down alone; per
+    # layer 32 x (3 x 8704 x 2 + 2 x 22016 x 2 + 6656 x 2 + 12288 x 2) = 5,701,632 bytes,
+    # 0.19 GiB over 36 layers
     per_layer = 32 * (3 * 8704 * 2 + 2 * 22_016 * 2 + 6656 * 2 + 12_288 * 2)
+    assert per_layer == 5_701_632
     assert copy_adapter_bytes(s, at("bf16", "cuda", 32)) == 36 * per_layer
+    want = weight_bytes(s, at("bf16", "cuda")) + 36 * per_layer
+    assert weight_bytes(s, at("bf16", "cuda", 32)) == want
     # a CPU's bf16 mode (float32 stream): A and B float32
     assert copy_adapter_bytes(s, at("bf16", "cpu", 32)) == 36 * per_layer * 2
     # a set with a member left unadapted runs apart: q and v alone, no block-diagonal B
