@@ -534,8 +534,10 @@ BACKENDS = Registry(
                     "Positions per packed forward/backward micro-batch (rows x longest row; a row "
                     "is a prompt, then its completions); bounds training memory. auto = 512 on "
                     "a CPU; on a GPU the largest multiple of 256 whose estimated peak fits 90% "
-                    "of its free memory (chosen at start, shown in the ready line and the "
-                    "micro_batch_tokens metric)",
+                    "of its free memory, at most 8192 (past a few thousand positions a larger "
+                    "one trains no faster, only holds more memory) or, when longer, a ~256-token "
+                    "prompt and a completion of max_tokens (chosen at start, shown in the ready "
+                    "line and the micro_batch_tokens metric)",
                     validator=_positive,
                 ),
                 "threads": OptionSpec(

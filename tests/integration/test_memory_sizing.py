@@ -20,6 +20,7 @@ from retrain.config import config_from_dict
 from retrain.errors import BackendError, TrainingError
 from retrain.kernels.packing import padded_area, split
 from retrain.memory import (
+    AUTO_MOST,
     GIB,
     Sizing,
     copy_adapter_bytes,
@@ -369,14 +370,19 @@ def test_the_run_start_check_refuses_a_micro_batch_over_the_gpu(monkeypatch):
     )
     assert f"the largest that fits is {largest}" in str(err.value)
     assert "over the 79.0 GiB free on cuda:0 (of 80.0 GiB)" in str(err.value)
-    # the largest value passes; auto resolves to it and says so
+    # the largest value passes; auto resolves to AUTO_MOST below it and says so
     b = cuda_stand_in(largest, 79.0, monkeypatch)
     LocalBackend._size_memory(b, None, said.append)
     assert b.options.micro_batch_tokens == largest and not said
     b = cuda_stand_in("auto", 79.0, monkeypatch)
     LocalBackend._size_memory(b, None, said.append)
-    assert b.options.micro_batch_tokens == largest
-    assert said == [f"micro_batch_tokens = auto: {largest} positions (79.0 GiB free on cuda:0)"]
+    assert b.options.micro_batch_tokens == AUTO_MOST < largest
+    assert said == [f"micro_batch_tokens = auto: {AUTO_MOST} positions (79.0 GiB free on cuda:0)"]
+    # a completion longer than AUTO_MOST: auto holds it whole (its budget is what the
+    # memory check sized), up to the largest that fits
+    b = cuda_stand_in("auto", 79.0, monkeypatch, max_tokens=9000)
+    LocalBackend._size_memory(b, None, lambda s: None)
+    assert b.options.micro_batch_tokens == 9472  # 256 + 9000, up to a multiple of 256
     # a GPU the weights alone fill: auto refuses too, naming the key
     b = cuda_stand_in("auto", 9.0, monkeypatch)  # (12 GiB fits a few with checkpointing)
     with pytest.raises(BackendError, match=r"\[backend.options\] micro_batch_tokens: not even 256"):
@@ -394,7 +400,8 @@ def test_auto_checkpointing_at_the_run_start(monkeypatch):
     LocalBackend._size_memory(b, None, said.append)
     assert b.options.checkpointing is True and b.sizing.checkpointing is True
     with_it = largest_micro_batch(shape, dataclasses.replace(ON_CUDA, checkpointing=True), 23 * GIB)
-    assert b.options.micro_batch_tokens == with_it > without
+    assert with_it > AUTO_MOST > without  # checkpointing makes room; auto takes AUTO_MOST
+    assert b.options.micro_batch_tokens == AUTO_MOST
     assert said[0] == (
         f"checkpointing = auto: on (a completion of {without - 256 + 1} tokens after a prompt "
         "would not fit the largest micro-batch without it; 23.0 GiB free on cuda:0)"

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from retrain.errors import BackendError
 from retrain.memory import (
+    AUTO_MOST,
     CPU_MICRO_BATCH,
     GIB,
     HEADROOM,
@@ -339,21 +340,27 @@ def test_auto_is_512_on_a_cpu_whatever_its_memory():
     assert auto_micro_batch_tokens(None, at("fp32", "mps", 8), None) == CPU_MICRO_BATCH
 
 
-def test_auto_on_an_80_gib_gpu_is_the_largest_that_fits():
-    free = 79 * GIB
-    n = auto_micro_batch_tokens(QWEN3_4B, SIZING, free)
-    assert n % MICRO_BATCH_STEP == 0 and MICRO_BATCH_STEP <= n <= MICRO_BATCH_MAX
-
+def test_auto_on_a_gpu_is_the_largest_that_fits_up_to_auto_most():
     def peak(positions):
         return training_memory(QWEN3_4B, SIZING, positions).total
 
+    # 16 GiB free: fewer than AUTO_MOST positions fit, and auto is the largest that does
+    free = 16 * GIB
+    n = auto_micro_batch_tokens(QWEN3_4B, SIZING, free)
+    assert n % MICRO_BATCH_STEP == 0 and MICRO_BATCH_STEP <= n < AUTO_MOST
+    assert n == largest_micro_batch(QWEN3_4B, SIZING, free)
     assert peak(n) <= HEADROOM * free < peak(n + MICRO_BATCH_STEP)
-    # the one GPU data point (H100 80GB, these shapes, LoRA r32): 4096 ran, 16384 did not
-    assert 2048 <= n < 16384
-    # a smaller model on the same GPU gets more positions; a tiny one the cap
-    assert auto_micro_batch_tokens(SMOLLM2, SIZING, free) > n
+    # an 80 GiB GPU: the largest that fits is more (the one GPU data point, H100 80GB,
+    # these shapes, LoRA r32: 4096 ran, 16384 did not), and auto stops at AUTO_MOST,
+    # where the H100 lease's headline trained as fast as with more
+    largest = largest_micro_batch(QWEN3_4B, SIZING, 79 * GIB)
+    assert AUTO_MOST < largest < 16384
+    assert auto_micro_batch_tokens(QWEN3_4B, SIZING, 79 * GIB) == AUTO_MOST
+    # so does any model with room for more; none gets more than AUTO_MOST
     tiny = shape_from_config({**SMOLLM2_CONFIG, "hidden_size": 64, "num_hidden_layers": 2})
-    assert auto_micro_batch_tokens(tiny, SIZING, free) == MICRO_BATCH_MAX
+    assert largest_micro_batch(tiny, SIZING, 79 * GIB) == MICRO_BATCH_MAX
+    assert auto_micro_batch_tokens(tiny, SIZING, 79 * GIB) == AUTO_MOST
+    assert auto_micro_batch_tokens(SMOLLM2, SIZING, 1000 * GIB) == AUTO_MOST
 
 
 @given(st.floats(1, 200), st.floats(1, 200))

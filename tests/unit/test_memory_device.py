@@ -23,6 +23,7 @@ from retrain.hardware import (
     parse_meminfo,
     visible_gpu,
 )
+from retrain.memory import AUTO_MOST
 from retrain.registry import BACKENDS
 from retrain.settings import LocalOptions
 from retrain.types import check_option
@@ -255,6 +256,13 @@ def test_explain_counts_a_bf16_sampling_copy_of_its_own(tmp_path, capsys, monkey
     assert "(of which the sampler's copy" not in split
 
 
+def largest_fitting(tmp_path, capsys) -> int:
+    """The largest micro_batch_tokens that fits, as explain's error over the GPU names it
+    (auto stops below it, at AUTO_MOST)."""
+    error = explain(qwen_config(tmp_path, "micro_batch_tokens = 65536"), capsys)[2]["errors"][0]
+    return int(error.split("the largest that fits is ")[1].split(" ")[0])
+
+
 def test_explain_refuses_a_micro_batch_over_the_gpu(tmp_path, capsys, monkeypatch, no_caches):
     simulate(monkeypatch, cuda0=(79.1, 79.6))
     auto = explain(qwen_config(tmp_path), capsys)[2]["estimates"]["micro_batch_tokens"]
@@ -263,7 +271,10 @@ def test_explain_refuses_a_micro_batch_over_the_gpu(tmp_path, capsys, monkeypatc
     (error,) = report["errors"]
     assert error.startswith("[backend.options] micro_batch_tokens = 16384: the step needs ~")
     assert "over the 79.1 GiB free on gpu:0 (of 79.6 GiB)" in error
-    assert error.endswith(f'the largest that fits is {auto} (or "auto")')
+    assert error.endswith(
+        f'the largest that fits is {largest_fitting(tmp_path, capsys)} (or "auto")'
+    )
+    assert auto == AUTO_MOST < largest_fitting(tmp_path, capsys) < 16384  # auto fits, lower
     assert f"ERROR: {error}" in text and ", OVER the free memory" in memory_line(text)
     # the same value on an idle 141 GiB GPU is no error
     simulate(monkeypatch, cuda0=(300, 300))
@@ -272,13 +283,13 @@ def test_explain_refuses_a_micro_batch_over_the_gpu(tmp_path, capsys, monkeypatc
 
 def test_explain_warns_close_to_the_free_memory(tmp_path, capsys, monkeypatch, no_caches):
     simulate(monkeypatch, cuda0=(79.1, 79.6))
-    auto = explain(qwen_config(tmp_path), capsys)[2]["estimates"]["micro_batch_tokens"]
+    largest = largest_fitting(tmp_path, capsys)
     code, text, report = explain(
-        qwen_config(tmp_path, f"micro_batch_tokens = {auto + 256}"), capsys
+        qwen_config(tmp_path, f"micro_batch_tokens = {largest + 256}"), capsys
     )
     assert code == 0 and not report["errors"]
     (warning,) = [w for w in report["warnings"] if "micro_batch_tokens" in w]
-    assert "close to running out" in warning and f"leaving a margin: {auto}" in warning
+    assert "close to running out" in warning and f"leaving a margin: {largest}" in warning
     assert ", close to the free memory" in memory_line(text)
 
 
@@ -336,7 +347,7 @@ def test_a_completion_longer_than_the_largest_micro_batch(tmp_path, capsys, monk
     assert code == 0 and not report["errors"] and not report["warnings"]
     assert report["estimates"]["checkpointing"] is True
     assert "activation checkpointing: on (auto: a completion of max_tokens needs it)" in text
-    assert report["estimates"]["micro_batch_tokens"] > 10240 + 256  # fits with it
+    assert report["estimates"]["micro_batch_tokens"] == 10240 + 256  # fits with it, whole
     # the rough time counts the blocks' second forward: training 8 x params a token, not 6
     on_s = report["estimates"]["step_time_s"]
     assert "training ~" in report["estimates"]["step_time_source"]
