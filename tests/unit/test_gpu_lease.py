@@ -18,10 +18,10 @@ MEASURED = [
     "headline",
     "profile",
     "quickstart",
-    "micro-batches",
     "trl",
-    "memory-fit",
     "variants",
+    "micro-batches",
+    "memory-fit",
 ]
 
 
