@@ -110,6 +110,10 @@ def addmm_f32(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float) -
     same values."""
     narrow = a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
     if narrow and f32_out_matmul(a.device.type):
+        if torch.compiler.is_compiling():  # torch 2.11's fake tensors take addmm's
+            # out_dtype for its beta (TypeError: dtype * FakeTensor), which failed the
+            # compiled decode step; the product, then one add that inductor fuses
+            return torch.add(c, torch.mm(a, b, out_dtype=torch.float32), alpha=alpha)
         return torch.addmm(c, a, b, alpha=alpha, out_dtype=torch.float32)
     return torch.addmm(c, a.float(), b.float(), alpha=alpha)
 

@@ -346,3 +346,36 @@ def test_rounded_once_on_cuda_the_products_take_the_float32_result_path(monkeypa
     assert (b.grad.dtype, b.grad.shape) == (torch.float32, b.shape)
     y = lora_sum_f32(x.detach(), w, None, a.detach().bfloat16(), b.detach(), 1.5)
     assert (y.dtype, y.shape) == (torch.float32, (40, 64))
+
+
+def test_compiled_the_adapters_product_is_added_apart(monkeypatch):
+    """Inside torch.compile (the compiled decode step) B's product of bf16 operands is a
+    float32-result mm and one add, not addmm's out_dtype overload, whose fake-tensor
+    rule in torch 2.11 takes out_dtype for beta and failed the whole step's compile; it
+    is the same sum. Traced on the meta device as the CUDA branch is above; the value
+    on this CPU's float32 path."""
+    import retrain.kernels.precision as precision
+
+    calls = []
+    real_mm, real_addmm = torch.mm, torch.addmm
+    monkeypatch.setattr(precision, "f32_out_matmul", lambda device_type: True)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(
+        torch, "mm", lambda a, b, **k: calls.append(("mm", k)) or real_mm(a, b, **k)
+    )
+    monkeypatch.setattr(
+        torch, "addmm", lambda *a, **k: calls.append(("addmm", k)) or real_addmm(*a, **k)
+    )
+    meta = {"device": "meta"}
+    c = torch.empty(5, 7, **meta)
+    a = torch.empty(5, 3, dtype=torch.bfloat16, **meta)
+    b = torch.empty(3, 7, dtype=torch.bfloat16, **meta)
+    out = precision.addmm_f32(c, a, b, 1.5)
+    assert (out.dtype, out.shape) == (torch.float32, (5, 7))
+    assert calls == [("mm", {"out_dtype": torch.float32})]
+    monkeypatch.setattr(precision, "f32_out_matmul", lambda device_type: False)
+    gen = torch.Generator().manual_seed(5)
+    c = torch.randn(5, 7, generator=gen)
+    a, b = (torch.randn(*s, generator=gen).bfloat16() for s in ((5, 3), (3, 7)))
+    want = c.double() + 1.5 * (a.double() @ b.double())
+    torch.testing.assert_close(precision.addmm_f32(c, a, b, 1.5).double(), want)
