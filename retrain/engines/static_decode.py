@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -151,6 +152,20 @@ def compiled_step(step: Callable) -> Callable:
     dynamo = torch._dynamo.config
     dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILES)
     return torch.compile(step, fullgraph=True, options={"emulate_precision_casts": True})
+
+
+def failed_at(message: str) -> str:
+    """Where in the traced code a Dynamo error `message` stopped, from the last frame of
+    its "from user code:" trace: " at file:line (function): code", or "" without one.
+    The first 200 characters of such a message name the failing operation, not the line
+    that reached it (on the H200 of 2026-11-27: "does not know how to trace method
+    `update` of class `<unknown type>`", with nothing to say where)."""
+    _, found, trace = message.partition("from user code:")
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace) if found else []
+    if not frames:
+        return ""
+    path, line, function, code = frames[-1]
+    return f" at {path}:{line} ({function}): {code.strip()[:120]}"
 
 
 def _round_up(x: int, step: int) -> int:
@@ -485,9 +500,9 @@ class StaticDecoder:
                 self.compile_failures += 1
                 self.say(
                     f"warning: could not compile the decode step ({type(exc).__name__}: "
-                    f"{str(exc).strip()[:200]}); decoding with the uncompiled step "
-                    f'(slower). Set [backend.options] decode = "graphs" (or "static" off '
-                    "CUDA) to skip the attempt"
+                    f"{str(exc).strip()[:200]}{failed_at(str(exc))}); decoding with the "
+                    f'uncompiled step (slower). Set [backend.options] decode = "graphs" (or '
+                    '"static" off CUDA) to skip the attempt'
                 )
         self._step(model, cache, step, params, span)
 

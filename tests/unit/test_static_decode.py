@@ -799,3 +799,23 @@ def test_a_capture_that_runs_out_of_memory_raises_it_and_keeps_the_graphs(monkey
     with pytest.raises(torch.OutOfMemoryError):
         decoder.decode(model, PROMPTS, params, u)
     assert streams == [mine] and decoder.graph_failures == 0 and not decoder._captured
+
+
+def test_a_compile_failure_says_the_line_that_reached_it():
+    """A Dynamo error's first 200 characters name the operation it could not trace; the
+    warning adds the last frame of its "from user code:" trace."""
+    from retrain.engines.static_decode import failed_at
+
+    message = (
+        "Dynamo does not know how to trace method `update` of class `<unknown type>`\n"
+        "  Hint: avoid calling it\n\nfrom user code:\n"
+        '   File "/x/retrain/engines/static_decode.py", line 454, in _step\n    out = model(\n'
+        '  File "/x/transformers/models/qwen3/modeling_qwen3.py", line 252, in forward\n'
+        "    query_states = self.q_norm(self.q_proj(hidden_states))\n"
+    )
+    assert failed_at(message) == (
+        " at /x/transformers/models/qwen3/modeling_qwen3.py:252 (forward): "
+        "query_states = self.q_norm(self.q_proj(hidden_states))"
+    )
+    assert failed_at("RuntimeError: no C++ compiler") == ""  # no trace: nothing added
+    assert failed_at("from user code:\n  nothing parseable") == ""
