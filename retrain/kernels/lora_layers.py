@@ -123,7 +123,7 @@ def rounds_once(layer, input_dtype: torch.dtype, device_type: str) -> bool:
     is one that adds its adapter to the base output in float32 and rounds once: a
     wholly bf16 layer (bf16 input, base weight and adapter computation) with a plain
     linear base, where `sums_in_f32`. Its lean forward then does (unless its LoRA
-    dropout is active), and the sampling copy of it keeps B in float32 to do the same."""
+    dropout is active), and so does the sampling copy of it (`lora_sum_f32`)."""
     base = layer.base_layer
     return (
         input_dtype == base.weight.dtype == adapter_dtype(layer, input_dtype) == torch.bfloat16
