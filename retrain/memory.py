@@ -217,20 +217,19 @@ _GPU_GUESS = DeviceMemoryModel(
     calibrated="",
 )
 _CUDA_BF16 = DeviceMemoryModel(
-    # The whole model in bf16 (retrain/hardware.py WHOLE_BF16), LoRA r32 on all
-    # seven projections: 92-100 bytes per position, hidden unit and layer (FlexAttention
-    # and dense mask) at Qwen3-4B's shapes on an H100 (docs/performance.md), when PEFT
-    # kept a float32 copy of each adapted layer's input for the backward and the norms
-    # and gated MLPs kept their float32 and intermediate copies. Since then the adapter
-    # computes in bf16 from the inputs themselves (retrain/kernels/lora_layers.py: 89 ->
-    # 64 counted on a CPU at the same shapes) and the norms and gated products keep
-    # their inputs only (retrain/kernels/recompute.py: 64 -> 48): 100 - 25 - 16, rounded
-    # up. NOT YET MEASURED on a GPU: benchmarks/memory_fit.py re-calibrates.
-    activation_bytes=60,
+    # The whole model in bf16 (retrain/hardware.py WHOLE_BF16), LoRA r32 on all seven
+    # projections, the adapter computing in bf16 from the layers' inputs
+    # (retrain/kernels/lora_layers.py), the norms and gated products keeping their
+    # inputs only (retrain/kernels/recompute.py), FlexAttention: benchmarks/memory_fit.py
+    # measured 43.5 bytes per position, hidden unit and layer at Qwen3-4B's shapes
+    # (peaks of 24.0 and 39.5 GiB at 4,166 and 8,332 positions, to the byte alike on an
+    # H100 and an H200, 2026-11-27); 46 keeps the estimate ~10% over those peaks (60
+    # before, counted from the H100's 92-100 of an older code on a CPU, was 32-38% over).
+    activation_bytes=46,
     runtime_bytes=0.5 * GIB,  # cuBLAS workspaces, compiled kernels' buffers
     slack=1.05,  # the caching allocator reserved 1.035x its peak
-    calibrated="Qwen3-4B shapes, LoRA r32, H100 80GB, torch 2.11 (docs/performance.md);"
-    " the bf16 adapter's and the recomputed parts' savings counted on a CPU",
+    calibrated="Qwen3-4B shapes, LoRA r32, H100 80GB and H200, torch 2.11, 2026-11-27 "
+    "(docs/performance.md)",
 )
 MEMORY_MODELS: dict[tuple[str, str], DeviceMemoryModel] = {
     ("cpu", "fp32"): _CPU,

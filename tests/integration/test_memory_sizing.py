@@ -361,12 +361,12 @@ def cuda_stand_in(
 
 def test_the_run_start_check_refuses_a_micro_batch_over_the_gpu(monkeypatch):
     said: list[str] = []
-    b = cuda_stand_in(16384, 79.0, monkeypatch)
+    b = cuda_stand_in(20480, 79.0, monkeypatch)
     largest = largest_micro_batch(shape_from_config(QWEN3_4B), ON_CUDA, 79 * GIB)
     with pytest.raises(BackendError) as err:
         LocalBackend._size_memory(b, None, said.append)
     assert str(err.value).startswith(
-        "[backend.options] micro_batch_tokens = 16384: the step needs ~"
+        "[backend.options] micro_batch_tokens = 20480: the step needs ~"
     )
     assert f"the largest that fits is {largest}" in str(err.value)
     assert "over the 79.0 GiB free on cuda:0 (of 80.0 GiB)" in str(err.value)

@@ -266,19 +266,19 @@ def largest_fitting(tmp_path, capsys) -> int:
 def test_explain_refuses_a_micro_batch_over_the_gpu(tmp_path, capsys, monkeypatch, no_caches):
     simulate(monkeypatch, cuda0=(79.1, 79.6))
     auto = explain(qwen_config(tmp_path), capsys)[2]["estimates"]["micro_batch_tokens"]
-    code, text, report = explain(qwen_config(tmp_path, "micro_batch_tokens = 16384"), capsys)
+    code, text, report = explain(qwen_config(tmp_path, "micro_batch_tokens = 20480"), capsys)
     assert code == 2
     (error,) = report["errors"]
-    assert error.startswith("[backend.options] micro_batch_tokens = 16384: the step needs ~")
+    assert error.startswith("[backend.options] micro_batch_tokens = 20480: the step needs ~")
     assert "over the 79.1 GiB free on gpu:0 (of 79.6 GiB)" in error
     assert error.endswith(
         f'the largest that fits is {largest_fitting(tmp_path, capsys)} (or "auto")'
     )
-    assert auto == AUTO_MOST < largest_fitting(tmp_path, capsys) < 16384  # auto fits, lower
+    assert auto == AUTO_MOST < largest_fitting(tmp_path, capsys) < 20480  # auto fits, lower
     assert f"ERROR: {error}" in text and ", OVER the free memory" in memory_line(text)
     # the same value on an idle 141 GiB GPU is no error
     simulate(monkeypatch, cuda0=(300, 300))
-    assert explain(qwen_config(tmp_path, "micro_batch_tokens = 16384"), capsys)[0] == 0
+    assert explain(qwen_config(tmp_path, "micro_batch_tokens = 20480"), capsys)[0] == 0
 
 
 def test_explain_warns_close_to_the_free_memory(tmp_path, capsys, monkeypatch, no_caches):
@@ -471,12 +471,12 @@ def test_doctor_reports_each_devices_memory(tmp_path, monkeypatch, no_caches):
 
 def test_doctor_warns_about_a_run_near_or_over_the_device(tmp_path, monkeypatch, no_caches):
     simulate(monkeypatch, cuda0=(79.1, 79.6), cpu=(19.0, 23.5))
-    config = doctor.check_config(str(qwen_config(tmp_path, "micro_batch_tokens = 16384")))[1]
+    config = doctor.check_config(str(qwen_config(tmp_path, "micro_batch_tokens = 20480")))[1]
     first = doctor.check_memory(config)[0]
     assert first.status == "WARN" and first.detail.endswith(", over it")
-    assert first.fix.startswith("[backend.options] micro_batch_tokens = 16384")
+    assert first.fix.startswith("[backend.options] micro_batch_tokens = 20480")
     run = doctor.check_run(config, "r.toml")
-    assert run[0].status == "FAIL" and "micro_batch_tokens = 16384" in run[0].detail
+    assert run[0].status == "FAIL" and "micro_batch_tokens = 20480" in run[0].detail
 
 
 def test_explain_names_the_bf16_layout_of_each_device(tmp_path, capsys, monkeypatch, no_caches):
