@@ -36,7 +36,16 @@ STEP_CHECKS = (
     ("train_oom_retries", "training out of memory, redone"),
     ("checkpointing", "activation checkpointing on (its recompute inside training s)"),
 )
-ITEMS = ("headline", "quickstart", "variants", "micro_batches", "trl", "profile", "memory_fit")
+ITEMS = (
+    "headline",
+    "quickstart",
+    "variants",
+    "micro_batches",
+    "trl",
+    "profile",
+    "profile_quickstart",
+    "memory_fit",
+)
 # TRL 1.16 at the headline as ../shared/gpu/README.md recorded it (an H100, the same
 # bundle), for when this lease's TRL item did not run (it comes last): s/step, median and
 # best. Not this invocation, so never the target's verdict.
@@ -154,22 +163,23 @@ def report(results: dict[str, Any]) -> str:
                 f"{kind}: {step:.2f} s/step, training {row.get('training_s') or 0:.2f} s, "
                 f"peak {row.get('peak_gpu_gb') or 0:.1f} GB"
             )
-    profile = results.get("profile", {})
-    if t := profile.get("timings"):
-        lines.append(
-            f"profile, parts: sampling {t['sample_s']:.2f} s ({t['sample_after_train_s']:.2f} s "
-            f"right after training), training {t['train_s']:.2f} s in {t['micro_batches']} "
-            f"micro-batches, a one-datum step {t['tiny_train_s']:.2f} s"
-        )
-    flags = " ".join(profile.get("args", {}).get("flags") or [])  # what it ran beyond the shape
-    for phase, summary in profile.get("summaries", {}).items():
-        kinds = sorted(summary["categories"].items(), key=lambda kv: -kv[1]["us"])
-        shares = ", ".join(f"{k} {100 * v['share']:.0f}%" for k, v in kinds if v["kernels"])
-        busy = summary.get("device_busy_share")
-        lines.append(
-            f"profile, {phase}{f' ({flags})' if flags else ''}: {summary['kernels']} kernels; "
-            f"{shares}" + ("" if busy is None else f"; device busy {100 * busy:.0f}%")
-        )
+    for item, label in (("profile", "profile"), ("profile_quickstart", "quickstart profile")):
+        profile = results.get(item, {})
+        if t := profile.get("timings"):
+            lines.append(
+                f"{label}, parts: sampling {t['sample_s']:.2f} s ({t['sample_after_train_s']:.2f}"
+                f" s right after training), training {t['train_s']:.2f} s in "
+                f"{t['micro_batches']} micro-batches, a one-datum step {t['tiny_train_s']:.2f} s"
+            )
+        flags = " ".join(profile.get("args", {}).get("flags") or [])  # beyond the shape
+        for phase, summary in profile.get("summaries", {}).items():
+            kinds = sorted(summary["categories"].items(), key=lambda kv: -kv[1]["us"])
+            shares = ", ".join(f"{k} {100 * v['share']:.0f}%" for k, v in kinds if v["kernels"])
+            busy = summary.get("device_busy_share")
+            lines.append(
+                f"{label}, {phase}{f' ({flags})' if flags else ''}: {summary['kernels']} "
+                f"kernels; {shares}" + ("" if busy is None else f"; device busy {100 * busy:.0f}%")
+            )
     for row in results.get("memory_fit", {}).get("rows", []):
         peak = row.get("peak_gib")
         lines.append(

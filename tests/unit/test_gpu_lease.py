@@ -19,9 +19,9 @@ MEASURED = [
     "profile",
     "quickstart",
     "trl",
+    "profile-quickstart",
     "variants",
     "micro-batches",
-    "memory-fit",
 ]
 
 

@@ -195,3 +195,9 @@ def test_smaller_micro_batches_and_the_profiles_parts_are_said():
         "micro-batches, a one-datum step 0.41 s"
     ) in text
     assert "profile, training: 10 kernels; matmul 100%; device busy 62%" in text
+    # the quickstart's profile, said apart under its own label
+    results["profile_quickstart"] = results.pop("profile")
+    text = lease_report.report(results)
+    assert "quickstart profile, parts: sampling 3.10 s" in text
+    assert "quickstart profile, training: 10 kernels" in text
+    assert "\nprofile, " not in text
