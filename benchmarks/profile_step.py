@@ -106,24 +106,26 @@ def summarise(records: list[Record], top: int, tokens: int | None = None) -> dic
     }
 
 
-def records_from(prof: Any) -> list[Record]:
-    """The device kernels of a finished profile, or, when it saw none (a CPU, where the
-    profile records CPU ops only), every CPU op call's self time. A device
-    event is told by its `device_type` (DeviceType.CUDA; read by name, defensively). Its
-    user annotations (`record_function` ranges mirrored onto the GPU timeline, e.g.
-    "Optimizer.step#AdamW.step") span kernels already counted: left out, as torch's own
-    tables do."""
-    events = list(prof.events())
+def on_device(event: Any) -> bool:
+    """Whether a profiler event ran on the device: told by its `device_type`
+    (DeviceType.CUDA; read by name, defensively)."""
+    kind = getattr(event, "device_type", None)
+    return str(getattr(kind, "name", kind)).upper().endswith("CUDA")
 
-    def on_device(event: Any) -> bool:
-        kind = getattr(event, "device_type", None)
-        return str(getattr(kind, "name", kind)).upper().endswith("CUDA")
 
-    device = [
-        (e.name, float(e.time_range.elapsed_us()), True)
-        for e in events
-        if on_device(e) and not getattr(e, "is_user_annotation", False)
+def kernels(prof: Any) -> list[Any]:
+    """The device kernels of a finished profile. Its user annotations (`record_function`
+    ranges mirrored onto the GPU timeline, e.g. "Optimizer.step#AdamW.step") span
+    kernels already counted: left out, as torch's own tables do."""
+    return [
+        e for e in prof.events() if on_device(e) and not getattr(e, "is_user_annotation", False)
     ]
+
+
+def records_from(prof: Any) -> list[Record]:
+    """The device kernels of a finished profile (`kernels`), or, when it saw none (a
+    CPU, where the profile records CPU ops only), every CPU op call's self time."""
+    device = [(e.name, float(e.time_range.elapsed_us()), True) for e in kernels(prof)]
     if device:
         return device
     # self time, so nested ops are not counted twice; per call (not key_averages' per
@@ -145,12 +147,7 @@ def covered_us(spans: list[tuple[float, float]]) -> float:
 
 def kernel_spans(prof: Any) -> list[tuple[float, float]]:
     """(start, end) microseconds of each device kernel of a finished profile."""
-    return [
-        (float(e.time_range.start), float(e.time_range.end))
-        for e in prof.events()
-        if str(getattr(getattr(e, "device_type", None), "name", "")).upper().endswith("CUDA")
-        and not getattr(e, "is_user_annotation", False)
-    ]
+    return [(float(e.time_range.start), float(e.time_range.end)) for e in kernels(prof)]
 
 
 def host_records(prof: Any) -> list[Record]:
@@ -158,8 +155,7 @@ def host_records(prof: Any) -> list[Record]:
     return [
         (e.name, float(e.self_cpu_time_total), False)
         for e in prof.events()
-        if str(getattr(getattr(e, "device_type", None), "name", "CPU")).upper() == "CPU"
-        and not getattr(e, "is_async", False)
+        if not on_device(e) and not getattr(e, "is_async", False)
     ]
 
 

@@ -543,12 +543,13 @@ def largest_micro_batch(shape: ModelShape, sizing: Sizing, free_bytes: float) ->
 
 
 def auto_micro_batch_tokens(
-    shape: ModelShape | None, sizing: Sizing, free_bytes: float | None, longest: int = 0
+    shape: ModelShape | None, sizing: Sizing, free_bytes: float | None, max_tokens: int = 0
 ) -> int:
     """`[backend.options] micro_batch_tokens = "auto"`: CPU_MICRO_BATCH (512) on a CPU or
     MPS, so their runs do not change; on CUDA `largest_micro_batch` of the free memory,
-    at most AUTO_MOST or, when more, `longest` (a prompt and a completion of max_tokens,
-    rounded up to MICRO_BATCH_STEP): a completion is trained whole, alone in a
+    at most AUTO_MOST or, when more, a completion of `max_tokens` after a prompt of
+    PROMPT_TOKENS_GUESS tokens (as `needs_checkpointing` counts it), rounded up to
+    MICRO_BATCH_STEP: a completion is trained whole, alone in a
     micro-batch over the budget if need be, so the budget, which the memory estimate
     sizes, covers it. Refuses (BackendError) on CUDA without the model's shape or when
     nothing fits."""
@@ -570,7 +571,7 @@ def auto_micro_batch_tokens(
             f"~{fixed:.1f} GiB). Fix: free the device, {lighter}a "
             "smaller [model] model or [model] lora_rank, or a device with more memory"
         )
-    whole = -(-longest // MICRO_BATCH_STEP) * MICRO_BATCH_STEP
+    whole = -(-(PROMPT_TOKENS_GUESS + max_tokens) // MICRO_BATCH_STEP) * MICRO_BATCH_STEP
     return min(n, max(AUTO_MOST, whole))
 
 

@@ -74,7 +74,6 @@ from retrain.loss import (
 from retrain.loss.records import read_numbers
 from retrain.memory import (
     HEADROOM,
-    PROMPT_TOKENS_GUESS,
     ModelShape,
     Sizing,
     auto_micro_batch_tokens,
@@ -287,7 +286,7 @@ class LocalBackend:
                 self.options = replace(opts, micro_batch_tokens=n)
             return
         if opts.micro_batch_tokens == "auto":
-            n = auto_micro_batch_tokens(shape, sizing, free, PROMPT_TOKENS_GUESS + max_tokens)
+            n = auto_micro_batch_tokens(shape, sizing, free, max_tokens)
             say(
                 f"micro_batch_tokens = auto: {n} positions ({free / 2**30:.1f} GiB free on {device})"
             )

@@ -136,8 +136,7 @@ def _micro_batch(opts: dict[str, Any], shape: ModelShape, plan: dict[str, Any]) 
     if plan["sizing"].device_kind == "cuda" and plan["free"] is None:
         return None
     try:
-        longest = PROMPT_TOKENS_GUESS + plan["step"].max_tokens
-        return auto_micro_batch_tokens(shape, plan["sizing"], plan["free"], longest)
+        return auto_micro_batch_tokens(shape, plan["sizing"], plan["free"], plan["step"].max_tokens)
     except BackendError as exc:
         plan["errors"].append(str(exc))
         return 0
