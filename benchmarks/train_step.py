@@ -8,6 +8,18 @@ settings on this machine's default device. Each checkout runs in its own child p
 which times `train_step` `--steps` times (the first is warm-up, left out of the median).
 
     python benchmarks/train_step.py --checkouts before=/tmp/old-checkout,now=. --rounds 3
+
+`--layout gpu` runs the GPU's layout on this CPU: the whole model in bf16, the adapter's
+sum rounded once (retrain/hardware.py `WHOLE_BF16`), and CUDA's bf16 matmuls with float32
+results (`torch.mm(..., out_dtype=torch.float32)`, which torch has for CUDA only) given a
+CPU kernel, so the step runs the operators it runs on a GPU. `--narrow` trains a
+random-weight model of SmolLM2's depth (30 blocks, hidden 64) instead, whose arithmetic
+is negligible: its step time is the host's part, what a small model's step costs on a
+GPU, where the quickstart's training is host-bound (docs/performance.md). `--ops` also
+counts the operators one step dispatches (views apart: they launch no kernel), the same
+number on any machine for a given torch.
+
+    python benchmarks/train_step.py --layout gpu --narrow --ops --checkouts before=/tmp/old,now=.
 """
 
 from __future__ import annotations
@@ -26,8 +38,28 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 CHILD = r"""
 import json, sys, tempfile, time
+from collections import Counter
 from pathlib import Path
 import numpy as np
+import torch
+
+opts = json.loads(sys.argv[1])
+if opts["layout"] == "gpu":  # before anything reads the layout
+    import retrain.hardware as hardware
+
+    hardware.WHOLE_BF16 = frozenset({*hardware.WHOLE_BF16, "cpu"})
+    hardware.f32_out_matmul = lambda device_type: True
+    for module in ("retrain.kernels.precision", "retrain.engines.sampling_copy"):
+        __import__(module, fromlist=["_"]).f32_out_matmul = hardware.f32_out_matmul
+    lib = torch.library.Library("aten", "IMPL")  # CUDA's float32-out bf16 matmuls, on a CPU
+    lib.impl("mm.dtype", lambda a, b, out_dtype: torch.mm(a.float(), b.float()), "CPU")
+    lib.impl(
+        "addmm.dtype",
+        lambda c, a, b, out_dtype, beta=1, alpha=1: torch.addmm(
+            c.float(), a.float(), b.float(), beta=beta, alpha=alpha
+        ),
+        "CPU",
+    )
 from transformers import AutoTokenizer
 from retrain.build import build_backend
 from retrain.cli.init import templates
@@ -38,9 +70,23 @@ from retrain.types import Datum, TrainHyper
 work = Path(tempfile.mkdtemp())
 (work / "r.toml").write_text(templates()["quickstart"])
 flags = ["--log-dir", str(work / "logs"), "--adapter-path", str(work / "adapter")]
+if opts["layout"] == "gpu":  # what `auto` picks for this batch on a GPU: one micro-batch
+    flags += ["--backend-options", '{"micro_batch_tokens": 8192}']
 config = load_config(work / "r.toml", flags)
 tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.model.model).path)
+if opts["narrow"]:  # SmolLM2's depth and vocabulary, arithmetic negligible
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=30, head_dim=16)
+    shape.update(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    cfg = AutoConfig.for_model("llama", vocab_size=49152, bos_token_id=1, eos_token_id=2, **shape)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(work / "narrow")
+    config = load_config(work / "r.toml", [*flags, "--model", str(work / "narrow")])
 backend = build_backend(config, tokenizer, say=lambda s: None)
+if opts["layout"] == "gpu":  # AdamW's default on CUDA (a loop over the tensors on a CPU)
+    for group in backend.optimizer.param_groups:
+        group["foreach"] = True
 rng = np.random.default_rng(0)
 prompts = [rng.integers(100, 40000, 40).tolist() for _ in range(4)]
 datums = [
@@ -50,18 +96,36 @@ datums = [
 ]
 hyper = TrainHyper(lr=1e-5, weight_decay=0.0, beta1=0.9, beta2=0.99, eps=1e-8)
 times = []
-for _ in range(int(sys.argv[1])):
+for _ in range(opts["steps"]):
     start = time.perf_counter()
     backend.train_step(datums, hyper)
     times.append(time.perf_counter() - start)
-print(json.dumps(times))
+ops = None
+if opts["ops"]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    VIEWS = {"view", "_unsafe_view", "t", "transpose", "expand", "slice", "unsqueeze",
+             "squeeze", "alias", "as_strided", "select", "permute", "detach", "split",
+             "split_with_sizes", "unbind", "_reshape_alias", "view_as", "lift_fresh"}
+
+    class Count(TorchDispatchMode):
+        seen = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        backend.train_step(datums, hyper)
+    ops = {k: n for k, n in Count.seen.items() if k not in VIEWS}
+print(json.dumps({"times": times, "ops": ops}))
 """
 
 
-def run_child(checkout: Path, steps: int) -> list[float]:
+def run_child(checkout: Path, opts: dict) -> dict:
     env = dict(os.environ, PYTHONPATH=str(checkout))
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(steps)],
+        [sys.executable, "-c", CHILD, json.dumps(opts)],
         env=env,
         cwd=checkout,
         capture_output=True,
@@ -84,8 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=6, help="train steps per run (1 warm-up)")
+    parser.add_argument("--layout", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--narrow", action="store_true", help="SmolLM2's depth, hidden 64")
+    parser.add_argument("--ops", action="store_true", help="count one step's operators")
     parser.add_argument("--json", default="benchmarks/results/train_step.json")
     args = parser.parse_args(argv)
+    opts = dict(steps=args.steps, layout=args.layout, narrow=args.narrow, ops=args.ops)
     checkouts = {}
     for item in args.checkouts.split(","):
         name, _, path = item.partition("=")
@@ -96,9 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     for round_ in range(args.rounds):
         for name, path in checkouts.items():
             load = os.getloadavg()[0]
-            times = run_child(path, args.steps)
+            child = run_child(path, opts)
+            times, ops = child["times"], child["ops"]
             median = statistics.median(times[1:])
-            runs.append(dict(name=name, round=round_, times=times, median=median, load=load))
+            runs.append(
+                dict(name=name, round=round_, times=times, median=median, load=load, ops=ops)
+            )
             print(f"round {round_} {name:>10}: median {median:.3f} s (load {load:.2f})", flush=True)
     print(f"\n{'checkout':>10} {'median s':>9} {'runs':>30}")
     summary = {}
@@ -107,6 +178,21 @@ def main(argv: list[str] | None = None) -> int:
         summary[name] = statistics.median(medians)
         listed = " ".join(f"{m:.2f}" for m in medians)
         print(f"{name:>10} {summary[name]:>9.3f} {listed:>30}")
+    if args.ops:  # the same in every round: the last run's
+        counts = {
+            name: next(r["ops"] for r in reversed(runs) if r["name"] == name) for name in checkouts
+        }
+        names = sorted(
+            {op for c in counts.values() for op in c},
+            key=lambda op: -max(c.get(op, 0) for c in counts.values()),
+        )
+        print(
+            f"\noperators one step dispatches (views apart)\n{'operator':>24} "
+            + " ".join(f"{n:>10}" for n in checkouts)
+        )
+        print(f"{'all':>24} " + " ".join(f"{sum(counts[n].values()):>10}" for n in checkouts))
+        for op in names[:15]:
+            print(f"{op:>24} " + " ".join(f"{counts[n].get(op, 0):>10}" for n in checkouts))
     record = dict(
         summary=summary,
         runs=runs,

@@ -47,7 +47,11 @@ from retrain.errors import (
 from retrain.hardware import cuda_free_bytes, whole_model_bf16
 from retrain.kernels import flex
 from retrain.kernels.logprobs import linear_head
-from retrain.kernels.lora_layers import adapter_in_input_dtype, lean_lora_forward
+from retrain.kernels.lora_layers import (
+    adapter_in_input_dtype,
+    fuse_sibling_loras,
+    lean_lora_forward,
+)
 from retrain.kernels.packing import (
     MASK_STYLES,
     Group,
@@ -369,6 +373,9 @@ class LocalBackend:
             adapter_in_input_dtype(peft_model)
             # norms and gated products keep their bf16 inputs only (retrain/kernels/recompute.py)
             recompute_elementwise(peft_model)
+        # q/k/v and gate/up each one matmul, as the sampler runs them (not on a sharded
+        # base: FSDP holds the weights in shards, not stacked)
+        self._siblings = fuse_sibling_loras(peft_model) if whole and not self.world.shard else []
         if self.options.checkpointing:
             _checkpoint_activations(peft_model)
         device, dtype = self.train_device, "bf16" if self.bf16 else "fp32"
@@ -460,6 +467,8 @@ class LocalBackend:
         """(completions, longest) logprobs of several prompts' completions, packed into one
         forward pass (retrain/kernels/packing.py)."""
         style = mask_style(groups, self._mask_style, self._flex_from)
+        for group in self._siblings:  # what a failed pass left (an out-of-memory retry)
+            group.forget()
         return completion_logprobs(
             self.model, groups, temperature, style, self.train_device, self.head, self._windows
         )

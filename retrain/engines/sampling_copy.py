@@ -291,15 +291,18 @@ class SamplingCopy:
         )
         if seen == self._seen:
             return
+        copies, sources = [], []
         with torch.no_grad():
             for layer, inner in self.pairs:
                 a, b, scaling = lora_a(layer).weight, lora_b(layer).weight, lora_scaling(layer)
                 if isinstance(inner, LoraBeside):
-                    inner.a.copy_(a)
-                    inner.b.copy_(b)
+                    copies += [inner.a, inner.b]
+                    sources += [a, b]
                     inner.scaling = scaling
                 else:
                     torch.addmm(layer.base_layer.weight, b, a, alpha=scaling, out=inner.weight)
+            if copies:  # in one call: on a GPU a few kernels, not two per adapted layer
+                torch._foreach_copy_(copies, sources)
         self._seen = seen
 
 

@@ -42,7 +42,13 @@ from __future__ import annotations
 import torch
 
 from retrain.hardware import sums_in_f32
-from retrain.kernels.precision import addmm_f32, mm_f32
+from retrain.kernels.precision import (
+    addmm_f32,
+    mm_f32,
+    share_sibling_storage,
+    sibling_sets,
+    stacked,
+)
 
 
 def plain_lora_layers(model) -> list:
@@ -158,32 +164,143 @@ def _sum_and_mid(x, weight, bias, a, b, scaling: float) -> tuple[torch.Tensor, t
 class _RoundOnce(torch.autograd.Function):
     """bf16(lora_sum_f32(...)) with the plain LoRA backward: the rounding counts as the
     identity, as it does for any bf16 layer, and every matmul of the backward takes bf16
-    operands (A's and B's gradients come out float32, their weights' dtype)."""
+    operands (A's and B's gradients come out float32, their weights' dtype).
+
+    `factors` are the A's, then the B's (float32 parameters) of one LoRA linear, or of
+    sibling ones reading the same input (`fuse_sibling_loras`), whose base weights
+    `weight` stacks: their A's are stacked and their B's set block-diagonally, the
+    operands the sampling copy holds for the same siblings (retrain/engines/
+    sampling_copy.py `Siblings`), so the two compute the same sum by the same matmuls.
+    The output is then one tensor per member."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, a, b, scaling):
-        ab = a.to(x.dtype)
-        out, mid = _sum_and_mid(x, weight, bias, ab, b, scaling)
-        # x A^T kept in bf16, what B's gradient multiplies (as the bf16 x A^T was before)
-        ctx.save_for_backward(x, weight, ab, b, mid)
-        ctx.scaling = scaling
-        return out.to(x.dtype)
+    def forward(ctx, x, weight, bias, scaling, *factors):
+        parts = len(factors) // 2
+        a = _stacked(factors[:parts], x.dtype)
+        b = _block_diagonal(factors[parts:], x.dtype)
+        out, mid = _sum_and_mid(x, weight, bias, a, b, scaling)
+        # x A^T kept in bf16, what B's gradient multiplies; A and B as the products read
+        # them (bf16, a few MB a block at Qwen3-4B's shapes, whatever the rows)
+        ctx.save_for_backward(x, weight, a, b, mid)
+        ctx.scaling, ctx.ranks = scaling, [f.shape[0] for f in factors[:parts]]
+        if parts == 1:
+            return out.to(x.dtype)
+        # each member's output rounded into a tensor of its own, not a view of one: a view
+        # kept by the next layer (Qwen3's q and k norms keep their inputs) would keep its
+        # siblings' columns too
+        widths = [f.shape[0] for f in factors[parts:]]
+        return tuple(o.to(x.dtype) for o in out.split(widths, dim=1))
 
     @staticmethod
-    def backward(ctx, grad):
-        x, weight, ab, b, h = ctx.saved_tensors
-        need_x, _, _, need_a, need_b, _ = ctx.needs_input_grad
-        grad = grad.contiguous()
-        gx = ga = gb = None
-        if need_b:
-            gb = mm_f32(grad.t(), h).mul_(ctx.scaling)
-        if need_a or need_x:
-            gh = mm_f32(grad, b.to(grad.dtype)).mul_(ctx.scaling).to(grad.dtype)
-            if need_a:
-                ga = mm_f32(gh.t(), x)
+    def backward(ctx, *grads):
+        x, weight, a, b, h = ctx.saved_tensors
+        need_x, _, _, _, *need = ctx.needs_input_grad
+        parts = len(ctx.ranks)
+        grads = [g.contiguous() for g in grads]
+        grad = grads[0] if parts == 1 else torch.cat(grads, dim=1)
+        gx, gas, gbs = None, [None] * parts, [None] * parts
+        if any(need[parts:]):  # each member's block of grad^T h
+            mids = h.split(ctx.ranks, dim=1)
+            gbs = [mm_f32(g.t(), mid).mul_(ctx.scaling) for g, mid in zip(grads, mids)]
+        if any(need[:parts]) or need_x:
+            gh = mm_f32(grad, b).mul_(ctx.scaling).to(grad.dtype)
+            if any(need[:parts]):
+                gas = list(mm_f32(gh.t(), x).split(ctx.ranks))
             if need_x:
-                gx = torch.addmm(torch.mm(grad, weight), gh, ab)
-        return gx, None, None, ga, gb, None
+                gx = torch.addmm(torch.mm(grad, weight), gh, a)
+        return gx, None, None, None, *gas, *gbs
+
+
+def _stacked(factors, dtype: torch.dtype) -> torch.Tensor:
+    """The A's in `dtype`, one on top of the other (one A: itself, cast)."""
+    if len(factors) == 1:
+        return factors[0].to(dtype)
+    return torch.cat(factors).to(dtype)
+
+
+def _block_diagonal(factors, dtype: torch.dtype) -> torch.Tensor:
+    """The B's in `dtype` on the diagonal of one matrix, zeros elsewhere (one B: itself,
+    cast): each member's output reads its own x A^T only."""
+    if len(factors) == 1:
+        return factors[0].to(dtype)
+    rows, cols = sum(b.shape[0] for b in factors), sum(b.shape[1] for b in factors)
+    out = factors[0].new_zeros(rows, cols, dtype=dtype)
+    r = c = 0
+    for b in factors:
+        out[r : r + b.shape[0], c : c + b.shape[1]].copy_(b)
+        r, c = r + b.shape[0], c + b.shape[1]
+    return out
+
+
+class SiblingLoras:
+    """Sibling LoRA linears reading one input (q/k/v, gate/up: `precision.SIBLINGS`) on a
+    wholly bf16 model, trained as one: one `_RoundOnce` over their stacked base weights
+    (laid out so in place by `precision.share_sibling_storage`), their A's stacked and
+    their B's block-diagonal. Three matmuls forward where q/k/v took nine, and about half
+    the operators either way; a small model's step on a GPU is the host's launching them
+    (docs/performance.md). Each member asks for its columns; the first to ask with a new
+    input computes them all (identity, not value, says whether it is the same input: a
+    model calls the siblings with one tensor, unchanged in between)."""
+
+    def __init__(self, layers: list):
+        self.layers = layers
+        self._input = None  # the input whose outputs wait in _pending
+        self._pending: dict[int, torch.Tensor] = {}
+
+    def output(self, x: torch.Tensor, i: int) -> torch.Tensor | None:
+        """Member i's output for `x`; None when the base weights are not stacked (then
+        the member computes its own)."""
+        if self._input is not x or i not in self._pending:
+            base = [layer.base_layer for layer in self.layers]
+            weight = stacked([m.weight for m in base])
+            if weight is None:
+                return None
+            bias = None if base[0].bias is None else torch.cat([m.bias for m in base])
+            flat = x.reshape(-1, x.shape[-1])
+            factors = [lora_a(m).weight for m in self.layers]
+            factors += [lora_b(m).weight for m in self.layers]
+            outs = _RoundOnce.apply(flat, weight, bias, lora_scaling(self.layers[0]), *factors)
+            lead = x.shape[:-1]
+            self._pending = {j: o.view(*lead, o.shape[-1]) for j, o in enumerate(outs)}
+            self._input = x
+        out = self._pending.pop(i)
+        if not self._pending:
+            self._input = None  # hold nothing between forward passes
+        return out
+
+    def forget(self) -> None:
+        """Drop outputs computed and not yet asked for (a forward pass that failed between
+        two members: they hold its activations)."""
+        self._input, self._pending = None, {}
+
+
+def fuse_sibling_loras(model) -> list[SiblingLoras]:
+    """Every set of sibling plain LoRA linears of `model` (a PEFT model, wholly bf16, lean
+    forward) with one scaling, no dropout and biases alike trained as one (`SiblingLoras`),
+    in place; the base weights laid out stacked. Returns the groups (`forget` them before
+    a forward pass that may follow a failed one). Where the layers do not qualify,
+    nothing changes."""
+    plain = {id(layer) for _, layer in plain_lora_layers(model)}
+    share_sibling_storage(model.get_base_model())
+    groups = []
+    for parent, names in sibling_sets(model):
+        layers = [getattr(parent, n) for n in names]
+        if not all(id(m) in plain and runs_lean(m) for m in layers):
+            continue
+        adapter = layers[0].active_adapters[0]
+        if (
+            len({lora_scaling(m) for m in layers}) != 1
+            or len({m.base_layer.bias is None for m in layers}) != 1
+            or not all(isinstance(m.lora_dropout[adapter], torch.nn.Identity) for m in layers)
+            or not all(isinstance(lora_a(m), InputDtypeLinear) for m in layers)
+            or stacked([m.base_layer.weight for m in layers]) is None
+        ):
+            continue
+        group = SiblingLoras(layers)
+        for i, layer in enumerate(layers):
+            layer.sibling_of = (group, i)
+        groups.append(group)
+    return groups
 
 
 def _lean_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
@@ -198,9 +315,12 @@ def _lean_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     if rounds_once(self, x.dtype, x.device.type) and (
         isinstance(dropout, torch.nn.Identity) or not self.training
     ):  # a wholly bf16 model: the sum in float32, rounded once (module docstring)
+        group = self.__dict__.get("sibling_of")
+        if group is not None and (out := group[0].output(x, group[1])) is not None:
+            return out
         flat, base = x.reshape(-1, x.shape[-1]), self.base_layer
         out = _RoundOnce.apply(
-            flat, base.weight, base.bias, a.weight, b.weight, self.scaling[adapter]
+            flat, base.weight, base.bias, self.scaling[adapter], a.weight, b.weight
         )
         return out.view(*x.shape[:-1], out.shape[-1])
     result = self.base_layer(x)

@@ -17,6 +17,7 @@
 - torch's fused RMS norm passes the sampler's probe (retrain/kernels/norms.py);
 - a training micro-batch is queued without one synchronising CUDA call (torch's sync
   debug mode);
+- q/k/v and gate/up trained as one give the layers' own gradients on the tensor cores;
 - activation checkpointing on the whole-bf16 model gives the plain gradient, and
   `checkpointing = "auto"` turns it on at a completion that runs out of memory;
 - bf16 matmuls into float32 on the tensor cores (the trainer's and the sampler's logits)
@@ -235,6 +236,32 @@ def test_recomputed_norms_and_gated_products_give_the_models_gradients_on_cuda()
         )
     rel = (grads[1] - grads[0]).norm() / grads[0].norm()
     assert grads[0].norm() > 0 and rel < 0.02, rel
+
+
+def test_fused_sibling_loras_give_each_layers_gradients_on_cuda():
+    """q/k/v and gate/up trained as one (stacked weights, stacked A's, block-diagonal
+    B's: retrain/kernels/lora_layers.py `fuse_sibling_loras`) on the tensor cores: the
+    logits and every LoRA factor's gradient as the layers alone give them, to bf16
+    rounding (cuBLAS may pick other kernels for the wider matmuls)."""
+    sys.path.insert(0, str(ROOT / "tests" / "unit"))
+    from tiny_qwen3 import VOCAB, qwen3_lora
+
+    from retrain.kernels.lora_layers import fuse_sibling_loras
+
+    ids = torch.arange(1, 60, device="cuda")[None] % VOCAB
+    results = []
+    for fuse in (False, True):
+        model = qwen3_lora(bf16=True, switch=True, recompute=True, lean=True).cuda()
+        groups = fuse_sibling_loras(model) if fuse else []
+        assert len(groups) == (4 if fuse else 0)
+        logits = model(input_ids=ids).logits.float()
+        (logits * torch.linspace(-1, 1, logits.shape[-1], device="cuda")).sum().backward()
+        grads = [p.grad.float().flatten() for p in model.parameters() if p.requires_grad]
+        results.append((logits.detach(), torch.cat(grads)))
+    (logits, grads), (fused_logits, fused_grads) = results
+    assert (fused_logits - logits).norm() < 2.0**-7 * logits.norm()
+    rel = (fused_grads - grads).norm() / grads.norm()
+    assert grads.norm() > 0 and rel < 2.0**-6, rel
 
 
 def test_a_training_micro_batch_never_waits_for_the_gpu(tiny_raw, tmp_path):

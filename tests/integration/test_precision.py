@@ -203,6 +203,8 @@ def test_on_a_gpu_bf16_mode_holds_the_whole_model_in_bf16(whole_bf16, tiny_raw, 
     layers = base.config.num_hidden_layers
     assert sum(isinstance(m, GatedMlp) for m in base.modules()) == layers
     assert sum(isinstance(m, RecomputedRmsNorm) for m in base.modules()) == 2 * layers + 1
+    # its q/k/v and gate/up run as one each, as the sampler's copy runs them
+    assert sorted(len(g.layers) for g in b._siblings) == [2] * layers + [3] * layers
     # the sampler's copy computes float32 logits from its bf16 hidden states and the
     # shared bf16 output weight, as the trainer's split head does
     copy_ = b.engine.copy.model
