@@ -35,6 +35,11 @@ GPU's layout (benchmarks/gpu_layout_learning.py, docs/performance.md "Learning i
 GPU's layout"), the quickstart's held-out rate after 5 steps was 55.7% (seeds 0-2) with
 the rounding twice and 75.5% once (the CPU's layout: 72.9%). The backward is the plain
 LoRA backward, its matmuls on bf16 operands, as before.
+
+`fuse_sibling_loras` then has each set of sibling LoRA linears reading one input (q/k/v,
+gate/up) compute as one, with the matmuls the sampling copy runs for them: fewer
+operators, which is what a small model's training step on a GPU costs (its host
+launching them).
 """
 
 from __future__ import annotations

@@ -160,3 +160,26 @@ def test_a_pass_that_failed_between_siblings_leaves_nothing_held():
         assert not group._pending and group._input is None
         assert torch.equal(k(y), twin(y))
         assert set(group._pending) == {0, 2} and group._input is y  # q's and v's, for y
+
+
+def test_on_cuda_fused_siblings_take_the_float32_result_path(monkeypatch):
+    """The CUDA branch (bf16 operands into float32 results, which this CPU cannot run)
+    of three siblings, traced on the meta device: one product each for x A^T, x W^T and
+    B's (added into the float32 sum), each member's output bf16 of its own width, and
+    the gradients of x in bf16 and of every A and B in float32 of its shape."""
+    import retrain.kernels.precision as precision
+    from retrain.kernels.lora_layers import _RoundOnce
+
+    monkeypatch.setattr(precision, "f32_out_matmul", lambda device_type: True)
+    meta = {"device": "meta"}
+    widths, rank = (64, 32, 32), 8
+    x = torch.empty(40, 96, dtype=torch.bfloat16, **meta).requires_grad_()
+    w = torch.empty(sum(widths), 96, dtype=torch.bfloat16, **meta)
+    a = [torch.empty(rank, 96, **meta).requires_grad_() for _ in widths]
+    b = [torch.empty(n, rank, **meta).requires_grad_() for n in widths]
+    outs = _RoundOnce.apply(x, w, None, 1.5, *a, *b)
+    assert [(o.dtype, tuple(o.shape)) for o in outs] == [(torch.bfloat16, (40, n)) for n in widths]
+    sum(o.float().sum() for o in outs).backward()
+    assert (x.grad.dtype, x.grad.shape) == (torch.bfloat16, x.shape)
+    for factor in (*a, *b):
+        assert (factor.grad.dtype, factor.grad.shape) == (torch.float32, factor.shape)
