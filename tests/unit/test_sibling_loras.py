@@ -183,3 +183,29 @@ def test_on_cuda_fused_siblings_take_the_float32_result_path(monkeypatch):
     assert (x.grad.dtype, x.grad.shape) == (torch.bfloat16, x.shape)
     for factor in (*a, *b):
         assert (factor.grad.dtype, factor.grad.shape) == (torch.float32, factor.shape)
+
+
+def test_with_activation_checkpointing_fused_siblings_give_the_same_gradients(monkeypatch):
+    """Each block recomputed in the backward (`checkpointing = true`, non-reentrant): the
+    siblings run again on the recomputed input (twice the computations) and the
+    gradients are the ones without checkpointing, to the bit."""
+    from retrain.backends.local import _checkpoint_activations
+    from retrain.kernels.lora_layers import _RoundOnce
+
+    runs = []
+    real = _RoundOnce.forward
+    monkeypatch.setattr(_RoundOnce, "forward", lambda *a: runs.append(1) or real(*a))
+    plain, _ = wholly_bf16(fuse=True)
+    checkpointed, _ = wholly_bf16(fuse=True)
+    _checkpoint_activations(checkpointed)
+    checkpointed.train()
+    plain.train()
+    runs.clear()  # building ran some (the recomputed parts' probes)
+    want_logits, want = forward_backward(plain)
+    once = len(runs)
+    got_logits, got = forward_backward(checkpointed)
+    assert once == 4 * LAYERS and len(runs) - once == 2 * once  # 2 sets and 2 singles a block
+    assert torch.equal(got_logits, want_logits)
+    assert want.keys() == got.keys()
+    for name, grad in want.items():
+        assert torch.equal(got[name], grad), name
