@@ -40,6 +40,7 @@ ITEMS = (
     "headline",
     "quickstart",
     "variants",
+    "quickstart_variants",
     "micro_batches",
     "trl",
     "profile",
@@ -156,6 +157,12 @@ def report(results: dict[str, Any]) -> str:
     for kind in ("retrain-whole-cache", "retrain-compiled"):
         if rate := _summary(results, "variants", kind).get("sampling_tokens_per_s"):
             lines.append(f"{kind}: {rate:,.0f} sampled tok/s")
+    compiled = _summary(results, "quickstart_variants", "retrain-compiled", "quickstart")
+    if step := compiled.get("step_s"):
+        lines.append(
+            f"quickstart retrain-compiled: {step:.2f} s/step, sampling "
+            f"{compiled.get('sampling_s') or 0:.3f} s, training {compiled.get('training_s') or 0:.3f} s"
+        )
     for kind in ("retrain-mb4k", "retrain-mb8k"):  # smaller micro-batches than auto's
         if step := _summary(results, "micro_batches", kind).get("step_s"):
             row = _summary(results, "micro_batches", kind)

@@ -201,3 +201,14 @@ def test_smaller_micro_batches_and_the_profiles_parts_are_said():
     assert "quickstart profile, parts: sampling 3.10 s" in text
     assert "quickstart profile, training: 10 kernels" in text
     assert "\nprofile, " not in text
+
+
+def test_the_quickstarts_compiled_decode_is_said():
+    compiled = {"step_s": 0.41, "sampling_s": 0.052, "training_s": 0.33}
+    results = {"quickstart_variants": {"summary": {"quickstart/retrain-compiled": compiled}}}
+    text = lease_report.report(results)
+    assert "quickstart retrain-compiled: 0.41 s/step, sampling 0.052 s, training 0.330 s" in text
+    failed = {"quickstart/retrain-compiled": {"failed": "124: timed out"}}
+    assert "retrain-compiled" not in lease_report.report(
+        {"quickstart_variants": {"summary": failed}}
+    )
