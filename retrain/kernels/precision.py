@@ -86,6 +86,16 @@ class Bf16Linear(torch.nn.Linear):
         return out.reshape(*x.shape[:-1], w.shape[0])
 
 
+@torch.compiler.assume_constant_result
+def f32_out_here(device_type: str) -> bool:
+    """`hardware.f32_out_matmul`, a constant to torch.compile, which runs it as it traces
+    rather than tracing it: it reads torch's version from the installed package's
+    metadata, and torch 2.11's Dynamo cannot trace importlib.metadata ("does not know how
+    to trace method `update` of class `<unknown type>`": the compiled decode step on the
+    H200 of 2026-11-27 failed so). A device kind's answer never changes in a process."""
+    return f32_out_matmul(device_type)
+
+
 def mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b (2-D) in float32. Two bf16 (or fp16) operands on CUDA go to the tensor cores
     with a float32 result (`hardware.f32_out_matmul`): each product of two bf16 numbers
@@ -95,7 +105,7 @@ def mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     float32 copy of either operand. Elsewhere both are taken to float32 (the same
     values)."""
     narrow = a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
-    if narrow and f32_out_matmul(a.device.type):
+    if narrow and f32_out_here(a.device.type):
         return torch.mm(a, b, out_dtype=torch.float32)
     return torch.mm(a.float(), b.float())
 
@@ -109,7 +119,7 @@ def addmm_f32(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float) -
     (docs/performance.md, the lease of 2026-11-27). Elsewhere of float32 copies: the
     same values."""
     narrow = a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
-    if narrow and f32_out_matmul(a.device.type):
+    if narrow and f32_out_here(a.device.type):
         if torch.compiler.is_compiling():  # torch 2.11's fake tensors take addmm's
             # out_dtype for its beta (TypeError: dtype * FakeTensor), which failed the
             # compiled decode step; the product, then one add that inductor fuses

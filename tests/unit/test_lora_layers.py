@@ -379,3 +379,32 @@ def test_compiled_the_adapters_product_is_added_apart(monkeypatch):
     a, b = (torch.randn(*s, generator=gen).bfloat16() for s in ((5, 3), (3, 7)))
     want = c.double() + 1.5 * (a.double() @ b.double())
     torch.testing.assert_close(precision.addmm_f32(c, a, b, 1.5).double(), want)
+
+
+def test_the_device_query_is_a_constant_to_torch_compile(monkeypatch):
+    """The products ask `hardware.f32_out_matmul` about the device, which reads torch's
+    version from the package's metadata: torch 2.11's Dynamo cannot trace that (the
+    compiled decode step failed on the H200 of 2026-11-27 with "does not know how to trace
+    method `update` of class `<unknown type>`"; reproduced on this CPU with torch 2.11).
+    torch.compile runs the query instead of tracing it: one whose body Dynamo cannot trace
+    (here a graph break) still compiles whole (`fullgraph`), giving eager's values."""
+    import retrain.kernels.precision as precision
+
+    asked = []
+
+    def untraceable(device_type: str) -> bool:
+        torch._dynamo.graph_break()
+        asked.append(device_type)
+        return False
+
+    monkeypatch.setattr(precision, "f32_out_matmul", untraceable)
+
+    def products(c, a, b):
+        return precision.mm_f32(a, b) + precision.addmm_f32(c, a, b, 1.5)
+
+    gen = torch.Generator().manual_seed(6)
+    a, b = (torch.randn(4, 4, generator=gen).bfloat16() for _ in range(2))
+    c = torch.randn(4, 4, generator=gen)
+    compiled = torch.compile(products, fullgraph=True, backend="eager")
+    assert torch.equal(compiled(c, a, b), products(c, a, b))
+    assert asked and set(asked) == {"cpu"}
