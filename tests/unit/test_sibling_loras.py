@@ -16,10 +16,12 @@ from tiny_qwen3 import HIDDEN, LAYERS, VOCAB, per_position, qwen3_lora  # noqa: 
 from retrain.kernels.lora_layers import fuse_sibling_loras, plain_lora_layers  # noqa: E402
 
 
-def wholly_bf16(fuse: bool, **lora):
+def wholly_bf16(fuse: bool, attention_bias: bool = False, **lora):
     """The tiny Qwen3 as the local backend trains it on a GPU: bf16, the adapter in the
     input's dtype, lean forward, element-wise parts recomputed; its siblings fused or not."""
-    model = qwen3_lora(bf16=True, switch=True, recompute=True, lean=True, **lora)
+    model = qwen3_lora(
+        bf16=True, switch=True, recompute=True, lean=True, attention_bias=attention_bias, **lora
+    )
     groups = fuse_sibling_loras(model) if fuse else []
     return model, groups
 
@@ -46,18 +48,21 @@ def test_every_set_of_siblings_becomes_one_group():
     assert {n.rsplit(".", 1)[1] for n in alone} == {"o_proj", "down_proj"}
 
 
-@pytest.mark.parametrize("alpha", [16, 12])  # scaling 2 (exact) and 1.5
-def test_fused_siblings_give_each_layers_output_and_gradients(alpha):
+@pytest.mark.parametrize(
+    "alpha, bias", [(16, False), (12, False), (12, True)]
+)  # scaling 2 (exact) and 1.5; q/k/v with biases (Qwen2's)
+def test_fused_siblings_give_each_layers_output_and_gradients(alpha, bias):
     """Stacked base weights, stacked A's and block-diagonal B's compute what each layer
     computes alone: the same logits to the bit, and every factor's gradient to the
     rounding of the bf16 backward (the input's gradient is one matmul over the members
     where it was three bf16 results added), as close to a float32 reference as the
     layers alone are. A B's block swapped, or a member's A read for another, moves a
     gradient by its whole size."""
-    alone, _ = wholly_bf16(fuse=False, lora_alpha=alpha)
-    fused, groups = wholly_bf16(fuse=True, lora_alpha=alpha)
+    alone, _ = wholly_bf16(fuse=False, lora_alpha=alpha, attention_bias=bias)
+    fused, groups = wholly_bf16(fuse=True, lora_alpha=alpha, attention_bias=bias)
     assert groups
-    reference = qwen3_lora(bf16=False, lora_alpha=alpha)  # the same values in float32
+    # the same values in float32
+    reference = qwen3_lora(bf16=False, lora_alpha=alpha, attention_bias=bias)
     want_logits, want = forward_backward(alone)
     got_logits, got = forward_backward(fused)
     _, exact = forward_backward(reference)

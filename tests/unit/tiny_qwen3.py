@@ -15,13 +15,19 @@ HIDDEN, INTER, HEADS, KV, HEAD_DIM, LAYERS, RANK, VOCAB = 64, 160, 4, 2, 16, 2, 
 
 
 def qwen3_lora(
-    bf16: bool, switch: bool = False, recompute: bool = False, lean: bool = False, **lora
+    bf16: bool,
+    switch: bool = False,
+    recompute: bool = False,
+    lean: bool = False,
+    attention_bias: bool = False,
+    **lora,
 ):
     """The model wrapped in a LoRA adapter on every linear with B drawn (not zero): its
     weights bf16 (`bf16`) or the same values in float32; `switch`: the adapter computed
     in the input's dtype; `recompute`: norms and gated MLPs recomputed in the backward;
     `lean`: the LoRA linears' lean forward; with norm weights away from one, so a norm's
-    weight matters. `lora`: more LoraConfig fields (lora_alpha: 2 x the rank)."""
+    weight matters; `attention_bias`: q/k/v/o with biases (drawn, as Qwen2's). `lora`:
+    more LoraConfig fields (lora_alpha: 2 x the rank)."""
     from peft import LoraConfig, get_peft_model
 
     cfg = transformers.Qwen3Config(
@@ -34,6 +40,7 @@ def qwen3_lora(
         vocab_size=VOCAB,
         tie_word_embeddings=True,
         attn_implementation="sdpa",
+        attention_bias=attention_bias,
     )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
@@ -41,6 +48,8 @@ def qwen3_lora(
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.normal_(1.0, 0.3, generator=torch.Generator().manual_seed(len(name)))
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(len(name)))
     bf16_weights(model)
     if not bf16:  # the bf16 model's values, held in float32: the reference
         model.float()
