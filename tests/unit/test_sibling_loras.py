@@ -116,24 +116,13 @@ def test_fused_siblings_keep_the_same_bytes_for_the_backward():
 def test_fused_siblings_dispatch_fewer_operators():
     """A forward and backward of the model: q/k/v's nine forward matmuls become three,
     gate/up's six three, and the operators over all (views too) drop by a tenth."""
-    from collections import Counter
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.seen[func.overloadpacket.__name__] += 1
-            return func(*args, **(kwargs or {}))
+    from op_count import OpCount
 
     counts = {}
     for fuse in (False, True):
         model, _ = wholly_bf16(fuse=fuse)
         ids = torch.arange(12)[None] % VOCAB
-        with Count() as mode:
+        with OpCount() as mode:
             model(input_ids=ids).logits.float().sum().backward()
         counts[fuse] = mode.seen
     products = {f: counts[f]["mm"] + counts[f]["addmm"] for f in (False, True)}

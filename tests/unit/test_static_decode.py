@@ -126,18 +126,7 @@ def test_rows_padded_to_a_bucket_decode_the_same():
 def ops_a_layer_adds() -> dict[str, int]:
     """The operators (each a kernel on a GPU) one more layer adds to a decode step, by
     name: a step of a 3-layer model's counts less a 2-layer model's."""
-    from collections import Counter
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.seen[func.overloadpacket.__name__] += 1
-            return func(*args, **(kwargs or {}))
+    from op_count import OpCount
 
     params = SamplingParams(max_tokens=4, temperature=1.0)
     counted = []
@@ -146,7 +135,7 @@ def ops_a_layer_adds() -> dict[str, int]:
         decoder = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
         cache, step = decoder._buffers(model, len(PROMPTS), 12)
         decoder._prefill(model, cache, step, PROMPTS, 7, 12)
-        with torch.no_grad(), Ops() as ops:
+        with torch.no_grad(), OpCount() as ops:
             decoder._step(model, cache, step, params, 12)
         counted.append(ops.seen)
     return counted[1] - counted[0]
