@@ -808,3 +808,29 @@ def test_a_compile_failure_says_the_line_that_reached_it():
     )
     assert failed_at("RuntimeError: no C++ compiler") == ""  # no trace: nothing added
     assert failed_at("from user code:\n  nothing parseable") == ""
+
+
+def test_the_whole_bf16_step_traces_whole_with_the_branches_only_cuda_takes():
+    """The GPU's whole-bf16 sampler's decode step with CUDA's branches (float32-result
+    bf16 matmuls, fused norms, the device query's own body), run on this CPU in a process
+    of its own (tests/cuda_branch_rig.py): torch.compile traces it whole and it draws what
+    the eager step draws, to the bit. The same rig on torch 2.11 failed at the old device
+    query exactly as the H200 of 2026-11-27 did, and traces whole now."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, str(tests / "cuda_branch_rig.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tests.parent,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["compile_failures"] == 0 and got["compiled"], got["said"]
+    assert got["asked"] == 1 and got["fused_norms"] > 0  # the CUDA branches were taken
+    assert got["same_tokens"] and got["same_logprobs"]

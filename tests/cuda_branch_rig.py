@@ -1,0 +1,116 @@
+"""The GPU's whole-bf16 sampler's decode step, with the branches only CUDA takes, traced by
+torch.compile on a CPU: the products' float32-result bf16 matmuls (given CPU kernels
+here), the fused norms, and the device query's own body (`hardware.f32_out_matmul` past
+its CUDA test: it reads torch's version from the package's metadata). A CPU never runs
+these branches otherwise, and one of them is what failed the compiled step on the H200
+of 2026-11-27 (torch 2.11's Dynamo traced into importlib.metadata). Inductor cannot lower
+CUDA's float32-result matmuls for a CPU, so the step compiles with AOT autograd's eager
+backend: Dynamo's trace and the graph, not the kernels.
+
+Run as its own process (the CPU kernels it registers stay for the process's life):
+`python tests/cuda_branch_rig.py` prints one JSON line; tests/unit/test_static_decode.py
+runs it."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+LIB = torch.library.Library("aten", "IMPL")
+LIB.impl("mm.dtype", lambda a, b, out_dtype: torch.mm(a.float(), b.float()), "CPU")
+LIB.impl(
+    "addmm.dtype",
+    lambda c, a, b, out_dtype, beta=1, alpha=1: torch.addmm(
+        c.float(), a.float(), b.float(), beta=beta, alpha=alpha
+    ),
+    "CPU",
+)
+
+
+@functools.cache
+def f32_out_matmul(device_type: str) -> bool:
+    """`hardware.f32_out_matmul`'s body past its CUDA test."""
+    from importlib.metadata import version
+
+    major, minor = (int(part) for part in version("torch").split(".")[:2])
+    return (major, minor) >= (2, 8)
+
+
+def main() -> None:
+    import retrain.engines.sampling_copy as sampling_copy
+    import retrain.engines.static_decode as static_decode
+    import retrain.hardware as hardware
+    import retrain.kernels.norms as norms
+    import retrain.kernels.precision as precision
+
+    hardware.WHOLE_BF16 = frozenset({*hardware.WHOLE_BF16, "cpu"})
+    precision.f32_out_matmul = sampling_copy.f32_out_matmul = f32_out_matmul
+    norms.FUSED_NORM_DEVICES = sampling_copy.FUSED_NORM_DEVICES = frozenset({"cpu", "cuda"})
+    static_decode.compiled_step = lambda step: torch.compile(
+        step, fullgraph=True, backend="aot_eager"
+    )
+
+    from decode_cases import _qwen3_config
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from retrain.engines.draw import uniforms
+    from retrain.engines.sampling_copy import SamplingCopy
+    from retrain.engines.static_decode import StaticDecoder
+    from retrain.kernels import flex
+    from retrain.kernels.lora_layers import adapter_in_input_dtype, lean_lora_forward
+    from retrain.kernels.precision import bf16_weights
+    from retrain.kernels.recompute import recompute_elementwise
+    from retrain.types import SamplingParams
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(_qwen3_config(attn_implementation="sdpa"))
+    bf16_weights(base)
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    model = get_peft_model(base, lora)
+    lean_lora_forward(model)
+    adapter_in_input_dtype(model)
+    recompute_elementwise(model)
+    flex.use_flex(model.get_base_model())
+    model.eval()
+    with torch.no_grad():  # a trained adapter: B not zero
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2, generator=torch.Generator().manual_seed(1))
+    copy = SamplingCopy.build(model, None)
+    copy.refresh()
+    fused = sum(type(m).__name__ == "RmsNorm" for m in copy.model.modules())
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]] * 3
+    params = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, seed=3)
+    u = uniforms(len(prompts), 8, torch.Generator().manual_seed(3))
+    said: list[str] = []
+    cpu = torch.device("cpu")
+    eager = StaticDecoder(eos_ids=[2], pad_id=0, device=cpu)
+    compiled = StaticDecoder(eos_ids=[2], pad_id=0, device=cpu, compiled=True, say=said.append)
+    with torch.inference_mode():
+        a = eager.decode(copy.model, prompts, params, u)
+        b = compiled.decode(copy.model, prompts, params, u)
+    print(
+        json.dumps(
+            {
+                "compile_failures": compiled.compile_failures,
+                "compiled": compiled._compiled_step is not None,
+                "asked": f32_out_matmul.cache_info().currsize,
+                "fused_norms": fused,
+                "same_tokens": torch.equal(a.tokens, b.tokens)
+                and torch.equal(a.lengths, b.lengths),
+                "same_logprobs": torch.equal(a.logprobs, b.logprobs),
+                "said": said,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
