@@ -7,6 +7,12 @@ of 2026-11-27 (torch 2.11's Dynamo traced into importlib.metadata). Inductor can
 CUDA's float32-result matmuls for a CPU, so the step compiles with AOT autograd's eager
 backend: Dynamo's trace and the graph, not the kernels.
 
+The trainer's side too: a forward and backward of the wholly bf16 LoRA model, its
+siblings fused, once through CUDA's branch and once through the CPU's. The CPU kernels
+given to CUDA's float32-result matmuls compute what the CPU's branch computes (float32
+copies of the operands), so the two must agree to the bit: CUDA's branch multiplies the
+same operands, in the same places.
+
 Run as its own process (the CPU kernels it registers stay for the process's life):
 `python tests/cuda_branch_rig.py` prints one JSON line; tests/unit/test_static_decode.py
 runs it."""
@@ -40,6 +46,31 @@ def f32_out_matmul(device_type: str) -> bool:
 
     major, minor = (int(part) for part in version("torch").split(".")[:2])
     return (major, minor) >= (2, 8)
+
+
+def training(precision) -> dict[str, bool]:
+    """The tiny Qwen3's logits and LoRA gradients through CUDA's branch and the CPU's."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "unit"))
+    from tiny_qwen3 import VOCAB, qwen3_lora
+
+    from retrain.kernels.lora_layers import fuse_sibling_loras
+
+    results = []
+    for query in (f32_out_matmul, lambda device_type: False):
+        precision.f32_out_matmul = query
+        model = qwen3_lora(bf16=True, switch=True, recompute=True, lean=True, lora_alpha=12)
+        assert fuse_sibling_loras(model)
+        ids = torch.arange(1, 30)[None] % VOCAB
+        logits = model(input_ids=ids).logits.float()
+        (logits * torch.linspace(-1, 1, logits.shape[-1])).sum().backward()
+        grads = [p.grad for p in model.parameters() if p.requires_grad]
+        results.append((logits.detach(), grads))
+    (cuda_logits, cuda_grads), (cpu_logits, cpu_grads) = results
+    precision.f32_out_matmul = f32_out_matmul
+    return {
+        "train_same_logits": torch.equal(cuda_logits, cpu_logits),
+        "train_same_grads": all(torch.equal(a, b) for a, b in zip(cuda_grads, cpu_grads)),
+    }
 
 
 def main() -> None:
@@ -99,6 +130,7 @@ def main() -> None:
     print(
         json.dumps(
             {
+                **training(precision),
                 "compile_failures": compiled.compile_failures,
                 "compiled": compiled._compiled_step is not None,
                 "asked": f32_out_matmul.cache_info().currsize,

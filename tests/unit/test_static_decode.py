@@ -815,7 +815,8 @@ def test_the_whole_bf16_step_traces_whole_with_the_branches_only_cuda_takes():
     bf16 matmuls, fused norms, the device query's own body), run on this CPU in a process
     of its own (tests/cuda_branch_rig.py): torch.compile traces it whole and it draws what
     the eager step draws, to the bit. The same rig on torch 2.11 failed at the old device
-    query exactly as the H200 of 2026-11-27 did, and traces whole now."""
+    query exactly as the H200 of 2026-11-27 did, and traces whole now. The trainer's
+    forward and backward through CUDA's branch equal the CPU branch's."""
     import json
     import subprocess
     import sys
@@ -834,3 +835,5 @@ def test_the_whole_bf16_step_traces_whole_with_the_branches_only_cuda_takes():
     assert got["compile_failures"] == 0 and got["compiled"], got["said"]
     assert got["asked"] == 1 and got["fused_norms"] > 0  # the CUDA branches were taken
     assert got["same_tokens"] and got["same_logprobs"]
+    # the trainer, siblings fused: CUDA's branch multiplies what the CPU's does, to the bit
+    assert got["train_same_logits"] and got["train_same_grads"]
