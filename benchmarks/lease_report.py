@@ -187,6 +187,12 @@ def report(results: dict[str, Any]) -> str:
                 f"{label}, {phase}{f' ({flags})' if flags else ''}: {summary['kernels']} "
                 f"kernels; {shares}" + ("" if busy is None else f"; device busy {100 * busy:.0f}%")
             )
+            if threads := summary.get("host_threads"):  # a host-bound step: where it went
+                busiest = ", ".join(f"{row['busy_ms']:.0f} ms" for row in threads[:2])
+                lines.append(
+                    f"{label}, {phase}, host: threads {busiest} (busiest first; on CUDA the "
+                    f"backward has its own), optimizer {summary.get('optimizer_ms') or 0:.0f} ms"
+                )
     for row in results.get("memory_fit", {}).get("rows", []):
         peak = row.get("peak_gib")
         lines.append(

@@ -159,6 +159,40 @@ def host_records(prof: Any) -> list[Record]:
     ]
 
 
+def host_threads(events: list[tuple[int, float, float]]) -> list[dict[str, float]]:
+    """The host's time by thread from a phase's top-level CPU events (thread, start us,
+    end us): per thread, the time its events cover and their count, busiest first. On
+    CUDA autograd runs the backward on a thread of its own, so a host-bound step splits
+    into the main thread's (forward, loss, optimizer, the sums read back) and the
+    backward's."""
+    spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for thread, start, end in events:
+        spans[thread].append((start, end))
+    rows = [
+        {"thread": thread, "busy_ms": covered_us(s) / 1e3, "events": len(s)}
+        for thread, s in spans.items()
+    ]
+    return sorted(rows, key=lambda row: -row["busy_ms"])
+
+
+def host_events(prof: Any) -> list[tuple[int, float, float]]:
+    """(thread, start us, end us) of a finished profile's top-level CPU events."""
+    return [
+        (int(e.thread), float(e.time_range.start), float(e.time_range.end))
+        for e in prof.events()
+        if not on_device(e) and getattr(e, "cpu_parent", None) is None
+    ]
+
+
+def optimizer_ms(prof: Any) -> float:
+    """The host time of the optimizer's steps (torch annotates them "Optimizer.step#...")."""
+    return sum(
+        e.time_range.elapsed_us() / 1e3
+        for e in prof.events()
+        if not on_device(e) and e.name.startswith("Optimizer.step#")
+    )
+
+
 def table(phase: str, summary: dict[str, Any], cuda: bool) -> str:
     """A short markdown breakdown of one phase: kinds by share, then the top kernels."""
     what = "device kernels" if summary["device_kernels_seen"] else "CPU ops (self time)"
@@ -275,9 +309,10 @@ def profiled(
     host: bool = False,
 ) -> dict[str, Any]:
     """One more `call()` under torch.profiler: its summary (and Chrome trace if asked).
-    `host`: the CPU ops too, for the host's busiest ops and the device's busy share (a
-    training step is ~50k of them; a sampling call's would triple what the profiler
-    processes, so it records the device's kernels only)."""
+    `host`: the CPU ops too, for the host's busiest ops, its time by thread and in the
+    optimizer, and the device's busy share (a training step is ~50k of them; a sampling
+    call's would triple what the profiler processes, so it records the device's kernels
+    only)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = bool(gpus)
@@ -290,6 +325,9 @@ def profiled(
     if cuda:  # how much of the wall time the device ran a kernel: the rest is the host's
         summary["device_busy_s"] = covered_us(kernel_spans(prof)) / 1e6
         summary["device_busy_share"] = summary["device_busy_s"] / seconds
+    if host:  # by thread (on CUDA the backward's own), and the optimizer's step
+        summary["host_threads"] = host_threads(host_events(prof))
+        summary["optimizer_ms"] = optimizer_ms(prof)
     if host and cuda:
         ops = summarise(host_records(prof), args.top)
         summary["host_top"] = ops["top"][: min(args.top, 15)]
@@ -303,6 +341,10 @@ def profiled(
             f"({100 * summary['device_busy_share']:.0f}%)",
             flush=True,
         )
+    for row in summary.get("host_threads", []):
+        print(f"  host thread {row['thread']}: {row['busy_ms']:.1f} ms in {row['events']} calls")
+    if "optimizer_ms" in summary:
+        print(f"  host optimizer step: {summary['optimizer_ms']:.1f} ms")
     for t in summary.get("host_top", []):
         print(f"  host {t['total_us'] / 1e3:8.1f} ms {t['count']:6d}x {t['name'][:80]}")
     return summary

@@ -60,5 +60,6 @@ def test_the_lease_scripts_write_what_its_report_reads(tmp_path):
     parts = [line for line in text.splitlines() if line.startswith("profile, parts: ")]
     assert len(parts) == 1 and "micro-batches, a one-datum step" in parts[0]
     phases = [line.split(":")[0] for line in text.splitlines() if line.startswith("profile, t")]
-    assert phases == ["profile, training"]  # the sampling phase's line follows it
+    # the training phase's kernels, then its host time by thread; the sampling phase's after
+    assert phases == ["profile, training", "profile, training, host"]
     assert any(line.startswith("profile, sampling: ") for line in text.splitlines())

@@ -212,3 +212,20 @@ def test_the_quickstarts_compiled_decode_is_said():
     assert "retrain-compiled" not in lease_report.report(
         {"quickstart_variants": {"summary": failed}}
     )
+
+
+def test_the_quickstart_profiles_host_time_is_said_by_thread():
+    training = {
+        "kernels": 10,
+        "categories": {"matmul": {"us": 5.0, "kernels": 10, "share": 1.0}},
+        "host_threads": [
+            {"thread": 2, "busy_ms": 201.4, "events": 900},
+            {"thread": 1, "busy_ms": 150.2, "events": 700},
+        ],
+        "optimizer_ms": 4.6,
+    }
+    text = lease_report.report({"profile_quickstart": {"summaries": {"training": training}}})
+    assert (
+        "quickstart profile, training, host: threads 201 ms, 150 ms (busiest first; on CUDA "
+        "the backward has its own), optimizer 5 ms"
+    ) in text

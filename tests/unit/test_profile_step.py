@@ -213,3 +213,15 @@ def test_kernel_spans_are_the_device_kernels_without_annotations():
     )
     assert kernel_spans(prof) == [(10.0, 30.0), (40.0, 45.0)]
     assert covered_us(kernel_spans(prof)) == 25.0
+
+
+def test_the_hosts_time_is_split_by_thread_busiest_first():
+    """Top-level CPU events (thread, start, end): per thread the time they cover (an
+    overlap counted once), busiest first; on CUDA the backward runs on a thread of its
+    own."""
+    rows = profile_step.host_threads([(1, 0, 10), (1, 5, 20), (7, 0, 30), (1, 40, 41)])
+    assert rows == [
+        {"thread": 7, "busy_ms": 0.03, "events": 1},
+        {"thread": 1, "busy_ms": 0.021, "events": 3},
+    ]
+    assert profile_step.host_threads([]) == []
