@@ -12,7 +12,8 @@ which times `train_step` `--steps` times (the first is warm-up, left out of the 
 `--layout gpu` runs the GPU's layout on this CPU: the whole model in bf16, the adapter's
 sum rounded once (retrain/hardware.py `WHOLE_BF16`), and CUDA's bf16 matmuls with float32
 results (`torch.mm(..., out_dtype=torch.float32)`, which torch has for CUDA only) given a
-CPU kernel, so the step runs the operators it runs on a GPU. `--narrow` trains a
+CPU kernel (tests/cuda_branch_rig.py `cuda_branches`), so the step runs the operators it
+runs on a GPU. `--narrow` trains a
 random-weight model of SmolLM2's depth (30 blocks, hidden 64) instead, whose arithmetic
 is negligible: its step time is the host's part, what a small model's step costs on a
 GPU, where the quickstart's training is host-bound (docs/performance.md). `--ops` also
@@ -44,22 +45,11 @@ import numpy as np
 import torch
 
 opts = json.loads(sys.argv[1])
-if opts["layout"] == "gpu":  # before anything reads the layout
-    import retrain.hardware as hardware
+if opts["layout"] == "gpu":  # before anything reads the layout: this repository's rig
+    sys.path.insert(0, opts["rig"])
+    import cuda_branch_rig
 
-    hardware.WHOLE_BF16 = frozenset({*hardware.WHOLE_BF16, "cpu"})
-    hardware.f32_out_matmul = lambda device_type: True
-    for module in ("retrain.kernels.precision", "retrain.engines.sampling_copy"):
-        __import__(module, fromlist=["_"]).f32_out_matmul = hardware.f32_out_matmul
-    lib = torch.library.Library("aten", "IMPL")  # CUDA's float32-out bf16 matmuls, on a CPU
-    lib.impl("mm.dtype", lambda a, b, out_dtype: torch.mm(a.float(), b.float()), "CPU")
-    lib.impl(
-        "addmm.dtype",
-        lambda c, a, b, out_dtype, beta=1, alpha=1: torch.addmm(
-            c.float(), a.float(), b.float(), beta=beta, alpha=alpha
-        ),
-        "CPU",
-    )
+    cuda_branch_rig.cuda_branches()
 from transformers import AutoTokenizer
 from retrain.build import build_backend
 from retrain.cli.init import templates
@@ -154,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="benchmarks/results/train_step.json")
     args = parser.parse_args(argv)
     opts = dict(steps=args.steps, layout=args.layout, narrow=args.narrow, ops=args.ops)
+    opts["rig"] = str(Path(__file__).resolve().parent.parent / "tests")  # cuda_branch_rig.py
     checkouts = {}
     for item in args.checkouts.split(","):
         name, _, path = item.partition("=")

@@ -28,15 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-LIB = torch.library.Library("aten", "IMPL")
-LIB.impl("mm.dtype", lambda a, b, out_dtype: torch.mm(a.float(), b.float()), "CPU")
-LIB.impl(
-    "addmm.dtype",
-    lambda c, a, b, out_dtype, beta=1, alpha=1: torch.addmm(
-        c.float(), a.float(), b.float(), beta=beta, alpha=alpha
-    ),
-    "CPU",
-)
+_LIBS: list = []  # the registrations, kept for the process's life
 
 
 @functools.cache
@@ -46,6 +38,31 @@ def f32_out_matmul(device_type: str) -> bool:
 
     major, minor = (int(part) for part in version("torch").split(".")[:2])
     return (major, minor) >= (2, 8)
+
+
+def cuda_branches() -> None:
+    """This process takes the branches a GPU's whole-bf16 layout takes, on the CPU: the
+    whole model in bf16 (`hardware.WHOLE_BF16`), and the products' float32-result bf16
+    matmuls (`mm.dtype`, `addmm.dtype`: CUDA's only) given CPU kernels that multiply
+    float32 copies of the operands, chosen by the device query's own body. Once per
+    process (benchmarks/train_step.py's `--layout gpu` uses it too)."""
+    import retrain.engines.sampling_copy as sampling_copy
+    import retrain.hardware as hardware
+    import retrain.kernels.precision as precision
+
+    if not _LIBS:
+        lib = torch.library.Library("aten", "IMPL")
+        lib.impl("mm.dtype", lambda a, b, out_dtype: torch.mm(a.float(), b.float()), "CPU")
+        lib.impl(
+            "addmm.dtype",
+            lambda c, a, b, out_dtype, beta=1, alpha=1: torch.addmm(
+                c.float(), a.float(), b.float(), beta=beta, alpha=alpha
+            ),
+            "CPU",
+        )
+        _LIBS.append(lib)
+    hardware.WHOLE_BF16 = frozenset({*hardware.WHOLE_BF16, "cpu"})
+    precision.f32_out_matmul = sampling_copy.f32_out_matmul = f32_out_matmul
 
 
 def training(precision) -> dict[str, bool]:
@@ -76,12 +93,10 @@ def training(precision) -> dict[str, bool]:
 def main() -> None:
     import retrain.engines.sampling_copy as sampling_copy
     import retrain.engines.static_decode as static_decode
-    import retrain.hardware as hardware
     import retrain.kernels.norms as norms
     import retrain.kernels.precision as precision
 
-    hardware.WHOLE_BF16 = frozenset({*hardware.WHOLE_BF16, "cpu"})
-    precision.f32_out_matmul = sampling_copy.f32_out_matmul = f32_out_matmul
+    cuda_branches()
     norms.FUSED_NORM_DEVICES = sampling_copy.FUSED_NORM_DEVICES = frozenset({"cpu", "cuda"})
     static_decode.compiled_step = lambda step: torch.compile(
         step, fullgraph=True, backend="aot_eager"
