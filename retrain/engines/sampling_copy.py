@@ -40,6 +40,7 @@ import torch
 
 from retrain.hardware import f32_out_matmul
 from retrain.kernels.lora_layers import (
+    OneInput,
     adapter_dtype,
     lora_a,
     lora_b,
@@ -144,29 +145,21 @@ class Siblings(torch.nn.Module):
             for i, side in enumerate(sides):
                 side.a = self.a[ranks[i] : ranks[i + 1]]
                 side.b = self.b[bounds[i] : bounds[i + 1], ranks[i] : ranks[i + 1]]
-        self._input = None  # the input whose outputs wait in _pending
-        self._pending: dict[int, torch.Tensor] = {}
+        self.waiting = OneInput()  # the members' outputs, computed by the first to ask
 
     def output(self, x: torch.Tensor, i: int) -> torch.Tensor:
-        """Member i's output for `x`. Identity, not value, says whether `x` is the input
-        the others were computed from (a model calls the siblings with one tensor, not
-        changed in between); a member called with another input gets them recomputed."""
-        if self._input is not x or i not in self._pending:
-            if self.sides:  # the members share one scaling (_fuse_siblings checks)
-                side = self.sides[0]  # one scaling and one `once` for all
-                flat = beside(self.base, x, self.a, self.b, side.scaling, side.once)
-            else:
-                flat = self.base(x).reshape(-1, self.bounds[-1])
-            lead = x.shape[:-1]
-            self._pending = {
-                j: flat[:, lo:hi].view(*lead, hi - lo)
-                for j, (lo, hi) in enumerate(zip(self.bounds, self.bounds[1:]))
-            }
-            self._input = x
-        out = self._pending.pop(i)
-        if not self._pending:
-            self._input = None  # hold nothing between forward passes
-        return out
+        """Member i's output for `x` (`OneInput`: the first member to ask with a new
+        input computes them all)."""
+        return self.waiting.take(x, i, self._outputs)
+
+    def _outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if self.sides:  # the members share one scaling (_fuse_siblings checks)
+            side = self.sides[0]  # one scaling and one `once` for all
+            flat = beside(self.base, x, self.a, self.b, side.scaling, side.once)
+        else:
+            flat = self.base(x).reshape(-1, self.bounds[-1])
+        lead = x.shape[:-1]
+        return [flat[:, lo:hi].view(*lead, hi - lo) for lo, hi in zip(self.bounds, self.bounds[1:])]
 
 
 class Sibling(torch.nn.Module):

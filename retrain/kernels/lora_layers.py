@@ -237,37 +237,25 @@ def _block_diagonal(factors, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
-class SiblingLoras:
-    """Sibling LoRA linears reading one input (q/k/v, gate/up: `precision.SIBLINGS`) on a
-    wholly bf16 model, trained as one: one `_RoundOnce` over their stacked base weights
-    (laid out so in place by `precision.share_sibling_storage`), their A's stacked and
-    their B's block-diagonal. Three matmuls forward where q/k/v took nine, and about half
-    the operators either way; a small model's step on a GPU is the host's launching them
-    (docs/performance.md). Each member asks for its columns; the first to ask with a new
-    input computes them all (identity, not value, says whether it is the same input: a
-    model calls the siblings with one tensor, unchanged in between)."""
+class OneInput:
+    """Outputs of layers that read one input (sibling projections), computed together by
+    the first layer to ask with a new input and handed out one by one. Identity, not
+    value, says whether it is the same input: a model calls such layers with one tensor,
+    unchanged in between; a layer called with another input gets them recomputed. The
+    trainer's `SiblingLoras` and the sampling copy's `Siblings` keep their outputs so."""
 
-    def __init__(self, layers: list):
-        self.layers = layers
+    def __init__(self):
         self._input = None  # the input whose outputs wait in _pending
         self._pending: dict[int, torch.Tensor] = {}
 
-    def output(self, x: torch.Tensor, i: int) -> torch.Tensor | None:
-        """Member i's output for `x`; None when the base weights are not stacked (then
-        the member computes its own)."""
+    def take(self, x: torch.Tensor, i: int, compute) -> torch.Tensor | None:
+        """Member i's output for `x`; `compute(x)` gives every member's in order (None: it
+        cannot, and nothing is kept)."""
         if self._input is not x or i not in self._pending:
-            base = [layer.base_layer for layer in self.layers]
-            weight = stacked([m.weight for m in base])
-            if weight is None:
+            outs = compute(x)
+            if outs is None:
                 return None
-            bias = None if base[0].bias is None else torch.cat([m.bias for m in base])
-            flat = x.reshape(-1, x.shape[-1])
-            factors = [lora_a(m).weight for m in self.layers]
-            factors += [lora_b(m).weight for m in self.layers]
-            outs = _RoundOnce.apply(flat, weight, bias, lora_scaling(self.layers[0]), *factors)
-            lead = x.shape[:-1]
-            self._pending = {j: o.view(*lead, o.shape[-1]) for j, o in enumerate(outs)}
-            self._input = x
+            self._input, self._pending = x, dict(enumerate(outs))
         out = self._pending.pop(i)
         if not self._pending:
             self._input = None  # hold nothing between forward passes
@@ -277,6 +265,36 @@ class SiblingLoras:
         """Drop outputs computed and not yet asked for (a forward pass that failed between
         two members: they hold its activations)."""
         self._input, self._pending = None, {}
+
+
+class SiblingLoras(OneInput):
+    """Sibling LoRA linears reading one input (q/k/v, gate/up: `precision.SIBLINGS`) on a
+    wholly bf16 model, trained as one: one `_RoundOnce` over their stacked base weights
+    (laid out so in place by `precision.share_sibling_storage`), their A's stacked and
+    their B's block-diagonal. Three matmuls forward where q/k/v took nine, and about half
+    the operators either way; a small model's step on a GPU is the host's launching them
+    (docs/performance.md). Each member asks for its output (`OneInput`)."""
+
+    def __init__(self, layers: list):
+        super().__init__()
+        self.layers = layers
+
+    def output(self, x: torch.Tensor, i: int) -> torch.Tensor | None:
+        """Member i's output for `x`; None when the base weights are not stacked (then
+        the member computes its own)."""
+        return self.take(x, i, self._outputs)
+
+    def _outputs(self, x: torch.Tensor) -> list[torch.Tensor] | None:
+        base = [layer.base_layer for layer in self.layers]
+        weight = stacked([m.weight for m in base])
+        if weight is None:
+            return None
+        bias = None if base[0].bias is None else torch.cat([m.bias for m in base])
+        factors = [lora_a(m).weight for m in self.layers]
+        factors += [lora_b(m).weight for m in self.layers]
+        flat = x.reshape(-1, x.shape[-1])
+        outs = _RoundOnce.apply(flat, weight, bias, lora_scaling(self.layers[0]), *factors)
+        return [o.view(*x.shape[:-1], o.shape[-1]) for o in outs]
 
 
 def fuse_sibling_loras(model) -> list[SiblingLoras]:

@@ -96,6 +96,13 @@ def f32_out_here(device_type: str) -> bool:
     return f32_out_matmul(device_type)
 
 
+def _f32_result(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two operands of one narrow dtype (bf16, fp16) multiply into a float32
+    result as they are, on the device's tensor cores (`f32_out_here`)."""
+    narrow = a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
+    return narrow and f32_out_here(a.device.type)
+
+
 def mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b (2-D) in float32. Two bf16 (or fp16) operands on CUDA go to the tensor cores
     with a float32 result (`hardware.f32_out_matmul`): each product of two bf16 numbers
@@ -104,8 +111,7 @@ def mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     than float32 throughput (an H100's peak figures; not measured here) and with no
     float32 copy of either operand. Elsewhere both are taken to float32 (the same
     values)."""
-    narrow = a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
-    if narrow and f32_out_here(a.device.type):
+    if _f32_result(a, b):
         return torch.mm(a, b, out_dtype=torch.float32)
     return torch.mm(a.float(), b.float())
 
@@ -118,8 +124,7 @@ def addmm_f32(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float) -
     adapted linear took more of an H100's decode step than the layers' own bf16 weights
     (docs/performance.md, the lease of 2026-11-27). Elsewhere of float32 copies: the
     same values."""
-    narrow = a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
-    if narrow and f32_out_here(a.device.type):
+    if _f32_result(a, b):
         if torch.compiler.is_compiling():  # torch 2.11's fake tensors take addmm's
             # out_dtype for its beta (TypeError: dtype * FakeTensor), which failed the
             # compiled decode step; the product, then one add that inductor fuses
