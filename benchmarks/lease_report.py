@@ -164,8 +164,8 @@ def report(results: dict[str, Any]) -> str:
             f"{compiled.get('sampling_s') or 0:.3f} s, training {compiled.get('training_s') or 0:.3f} s"
         )
     for kind in ("retrain-mb4k", "retrain-mb8k"):  # smaller micro-batches than auto's
-        if step := _summary(results, "micro_batches", kind).get("step_s"):
-            row = _summary(results, "micro_batches", kind)
+        row = _summary(results, "micro_batches", kind)
+        if step := row.get("step_s"):
             lines.append(
                 f"{kind}: {step:.2f} s/step, training {row.get('training_s') or 0:.2f} s, "
                 f"peak {row.get('peak_gpu_gb') or 0:.1f} GB"

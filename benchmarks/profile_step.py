@@ -29,6 +29,7 @@ Chrome traces (large). Extra retrain config flags go after `--`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import platform
@@ -37,7 +38,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -350,24 +351,19 @@ def profiled(
     return summary
 
 
-def eager(backend: Any) -> Any:
+@contextlib.contextmanager
+def eager(backend: Any) -> Iterator[None]:
     """A context in which the sampler decodes without its CUDA graphs (nor keeps caches
     for them): the same step's kernels, each one seen by the profiler."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def context():
-        static = getattr(backend.engine, "static", None)
-        if static is None or not static.graphs:
-            yield
-            return
-        static.graphs = static.keep = False
-        try:
-            yield
-        finally:
-            static.graphs = static.keep = True
-
-    return context()
+    static = getattr(backend.engine, "static", None)
+    if static is None or not static.graphs:
+        yield
+        return
+    static.graphs = static.keep = False
+    try:
+        yield
+    finally:
+        static.graphs = static.keep = True
 
 
 def main(argv: list[str] | None = None) -> int:
