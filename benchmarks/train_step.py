@@ -39,14 +39,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 CHILD = r"""
 import json, sys, tempfile, time
-from collections import Counter
 from pathlib import Path
 import numpy as np
 import torch
 
 opts = json.loads(sys.argv[1])
-if opts["layout"] == "gpu":  # before anything reads the layout: this repository's rig
-    sys.path.insert(0, opts["rig"])
+sys.path.insert(0, opts["tests"])  # this repository's rig and operator count
+if opts["layout"] == "gpu":  # before anything reads the layout
     import cuda_branch_rig
 
     cuda_branch_rig.cuda_branches()
@@ -92,22 +91,14 @@ for _ in range(opts["steps"]):
     times.append(time.perf_counter() - start)
 ops = None
 if opts["ops"]:
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from op_count import OpCount
 
     VIEWS = {"view", "_unsafe_view", "t", "transpose", "expand", "slice", "unsqueeze",
              "squeeze", "alias", "as_strided", "select", "permute", "detach", "split",
              "split_with_sizes", "unbind", "_reshape_alias", "view_as", "lift_fresh"}
-
-    class Count(TorchDispatchMode):
-        seen = Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.seen[func.overloadpacket.__name__] += 1
-            return func(*args, **(kwargs or {}))
-
-    with Count():
+    with OpCount() as counted:
         backend.train_step(datums, hyper)
-    ops = {k: n for k, n in Count.seen.items() if k not in VIEWS}
+    ops = {k: n for k, n in counted.seen.items() if k not in VIEWS}
 print(json.dumps({"times": times, "ops": ops}))
 """
 
@@ -144,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="benchmarks/results/train_step.json")
     args = parser.parse_args(argv)
     opts = dict(steps=args.steps, layout=args.layout, narrow=args.narrow, ops=args.ops)
-    opts["rig"] = str(Path(__file__).resolve().parent.parent / "tests")  # cuda_branch_rig.py
+    opts["tests"] = str(Path(__file__).resolve().parent.parent / "tests")  # the rig, OpCount
     checkouts = {}
     for item in args.checkouts.split(","):
         name, _, path = item.partition("=")
