@@ -19,11 +19,12 @@
 #   benchmarks/results/ as gpu_*.json, with the lease's log and report, to commit.
 #
 # setup installs the bundle's wheels and this checkout into /tmp/site (the image has torch,
-# transformers, peft, pytest), then runs the -m gpu tests that build their own tiny models.
+# transformers, peft, pytest), then runs the -m gpu tests that build their own tiny models,
+# then times one attention layer each way over a headline micro-batch.
 # measure joins and converts SmolLM2, builds the random Qwen3-4B-shaped model, then runs
 # while time is left: the headline benchmark (retrain), the quickstart on gpu:0 against
-# TRL (per-step and held-out correct rates), the decode step compiled at the headline and
-# at the quickstart, the quickstart's step profiled, TRL at the headline, the parts and
+# TRL (per-step and held-out correct rates), the headline through flash attention's
+# variable-length kernel and with the decode step compiled, the quickstart's compiled, the quickstart's step profiled, TRL at the headline, the parts and
 # kernel profile of a headline step (benchmarks/memory_fit.py and the micro-batch
 # comparison, each measured on two cards, are no longer in the plan: at most 8 files come
 # back); last, benchmarks/lease_report.py's table of issue 27's targets against what was
@@ -94,6 +95,10 @@ torch.cuda.get_device_name())" 2>&1 | tee -a "$log"
   fi
   item gpu-tests 170 60 python3 -m pytest -m gpu $TESTS -k "not quickstart and not headline" \
     -p no:cacheprovider -q -rA
+  # one attention layer over a headline micro-batch: the dense mask, FlexAttention and
+  # flash attention's variable-length kernel (~40 s, FlexAttention's compile included);
+  # here, not in measure, whose call already brings 8 files back
+  item attention 60 25 python3 benchmarks/attention.py --json "$OUT/attention.json"
 }
 
 measure() {
@@ -107,14 +112,18 @@ measure() {
     --rounds 1 --model-dir $RAND --child-timeout 150 --json "$OUT/headline.json"
   item quickstart 150 80 python3 benchmarks/gpu.py --what quickstart --only retrain,trl --steps 15 \
     --rounds 1 --child-timeout 110 --json "$OUT/quickstart.json"
-  # the decode step compiled, at the headline and the quickstart: inductor fuses the ~1.8k
+  # the headline's packed rows through flash attention's variable-length kernel instead of
+  # FlexAttention (setup's attention item times one layer both ways); then the decode
+  # step compiled, at the headline and the quickstart: inductor fuses the ~1.8k
   # (headline) and ~1.4k (quickstart) small kernels of a decode step. On the H200 of
   # 2026-11-27 the whole-bf16 step did not compile (Dynamo traced into importlib.metadata;
-  # fixed since): setup's -m gpu run says whether it compiles now; if not, skip these two
-  # (LEASE_SKIP="variants quickstart-variants"). The quickstart's compile, at its first
-  # sampling and eval's, falls in steps 0 and 5, outside the median.
-  item variants 200 110 python3 benchmarks/gpu.py --what headline --only retrain-compiled \
-    --steps 3 --rounds 1 --model-dir $RAND --child-timeout 190 --json "$OUT/variants.json"
+  # fixed since): setup's -m gpu run says whether it compiles now; if not, skip
+  # quickstart-variants and run the varlen headline alone (LEASE_SKIP="quickstart-variants"
+  # and LEASE_VARIANTS=retrain-varlen). The quickstart's compile, at its first sampling
+  # and eval's, falls in steps 0 and 5, outside the median.
+  item variants 300 110 python3 benchmarks/gpu.py --what headline \
+    --only "${LEASE_VARIANTS:-retrain-varlen,retrain-compiled}" --steps 3 --rounds 1 \
+    --model-dir $RAND --child-timeout 150 --json "$OUT/variants.json"
   item quickstart-variants 200 150 python3 benchmarks/gpu.py --what quickstart \
     --only retrain-compiled --steps 10 --rounds 1 --child-timeout 190 \
     --json "$OUT/quickstart_variants.json"

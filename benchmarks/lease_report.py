@@ -37,6 +37,7 @@ STEP_CHECKS = (
     ("checkpointing", "activation checkpointing on (its recompute inside training s)"),
 )
 ITEMS = (
+    "attention",
     "headline",
     "quickstart",
     "variants",
@@ -157,6 +158,19 @@ def report(results: dict[str, Any]) -> str:
     for kind in ("retrain-whole-cache", "retrain-compiled"):
         if rate := _summary(results, "variants", kind).get("sampling_tokens_per_s"):
             lines.append(f"{kind}: {rate:,.0f} sampled tok/s")
+    varlen = _summary(results, "variants", "retrain-varlen")
+    if step := varlen.get("step_s"):  # against the headline item's FlexAttention
+        lines.append(
+            f"retrain-varlen: {step:.2f} s/step, training {varlen.get('training_s') or 0:.2f} s"
+        )
+    attention = results.get("attention", {})
+    if parts := attention.get("summary"):  # one layer over a headline micro-batch
+        each = ", ".join(
+            f"{name} {row['fwd_bwd_ms']:.2f} ms (forward {row['fwd_ms']:.2f}, mask "
+            f"{row['mask_ms']:.2f})"
+            for name, row in parts.items()
+        )
+        lines.append(f"attention, one layer forward+backward at {attention['positions']} positions: {each}")
     compiled = _summary(results, "quickstart_variants", "retrain-compiled", "quickstart")
     if step := compiled.get("step_s"):
         lines.append(

@@ -26,8 +26,8 @@ from retrain.config import Config
 from retrain.config.validate import (
     devices_problems,
     flow_problems,
+    kernel_problems,
     samples_through_engine,
-    triton_problems,
 )
 from retrain.errors import ConfigError, TrainingError
 from retrain.kernels.windows import refusal
@@ -590,14 +590,14 @@ def startup_problems(
     config: Config, ask: HubAsk | None = ask_hub, world: World | None = None
 ) -> Problems:
     """What the run refuses before anything loads: `[backend] devices` this machine does
-    not have (nvidia-smi counts them; torch is not imported), triton's work asked of a
-    GPU it cannot do it on (nvidia-smi's compute capability), a model that cannot be had
+    not have (nvidia-smi counts them; torch is not imported), kernels asked of a GPU
+    that has none (nvidia-smi's compute capability), a model that cannot be had
     (`ask`: the hub request, None to skip it), a `[resume] from` directory it cannot
     resume from, a config that cannot run on `world`'s ranks (default: torchrun's
     environment), a judge endpoint that cannot judge."""
     return (
         devices_problems(config, hardware.cuda_device_count)
-        + triton_problems(config, hardware.triton_lacks_bf16)
+        + kernel_problems(config, hardware.triton_lacks_bf16)
         + world_problems(config, world or world_of(config))
         + model_problems(config, ask)
         + resume_problems(config)

@@ -608,9 +608,12 @@ BACKENDS = Registry(
                     "micro-batches whose longest row reaches 2048 positions, where that saving "
                     "outweighs a compile; dense otherwise, and always for a model whose "
                     "soft-capped logits, attention sinks or attention dropout FlexAttention "
-                    "does not apply here, or with bf16 on a GPU without native bf16). Both "
-                    "apply a model's sliding windows",
-                    validator=_one_of("auto", "dense", "flex"),
+                    "does not apply here, or with bf16 on a GPU without native bf16), or "
+                    "varlen (flash attention's variable-length kernel: each completion over "
+                    "its prompt and itself, no mask and no compile; CUDA only, bf16, "
+                    "checked against the rule on the device at the run's start). All apply "
+                    "a model's sliding windows",
+                    validator=_one_of("auto", "dense", "flex", "varlen"),
                 ),
                 "collective_timeout_s": OptionSpec(
                     "int",

@@ -242,7 +242,7 @@ class LocalBackend:
             self.sampler_model.requires_grad_(False)
         self.engine, self.server = self._attach(engine, tokenizer)
         say(
-            f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'}, micro_batch_tokens={self.options.micro_batch_tokens}{', activation checkpointing' if self.options.checkpointing else ''}, attention={flex.label(self._flex_from)})."
+            f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'}, micro_batch_tokens={self.options.micro_batch_tokens}{', activation checkpointing' if self.options.checkpointing else ''}, attention={flex.label(self._flex_from, self._varlen)})."
         )
 
     def _size_memory(self, model, say: Callable[[str], None], sampler: str | None = "auto") -> None:
@@ -384,16 +384,25 @@ class LocalBackend:
         if self.options.checkpointing:
             _checkpoint_activations(peft_model)
         device, dtype = self.train_device, "bf16" if self.bf16 else "fp32"
-        blocked = flex.blockers(peft_model.get_base_model())
-        blocked += flex.bf16_blocked(dtype, device.type, device.index or 0)
-        self._flex_from = flex.flex_from(
-            self.options.attention, device.type, attention, name, blocked
-        )
+        option, blocked = self.options.attention, flex.blockers(peft_model.get_base_model())
+        self._varlen = flex.varlen_chosen(option, device.type, attention, name, blocked, dtype)
+        blocked = blocked + flex.bf16_blocked(dtype, device.type, device.index or 0)
+        self._flex_from = flex.flex_from(option, device.type, attention, name, blocked)
         # on CUDA an SDPA model takes retrain's attention for its decode steps too
-        if self._flex_from is not None or (
-            attention == "sdpa" and self.infer_device.type == "cuda"
+        if (
+            self._flex_from is not None
+            or self._varlen
+            or (attention == "sdpa" and self.infer_device.type == "cuda")
         ):
             flex.use_flex(peft_model.get_base_model())
+        if self._varlen:  # this GPU's kernel, against the rule, before any step
+            from retrain.kernels import varlen
+
+            text = peft_model.get_base_model().config.get_text_config()
+            heads = text.num_attention_heads
+            dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+            kv_heads = getattr(text, "num_key_value_heads", None) or heads
+            varlen.check(device, heads, kv_heads, dim, torch.bfloat16)
         return peft_model
 
     def _shard(self, say: Callable[[str], None]) -> None:
@@ -471,7 +480,7 @@ class LocalBackend:
     def _logprobs(self, groups: list[Group], temperature: float) -> torch.Tensor:
         """(completions, longest) logprobs of several prompts' completions, packed into one
         forward pass (retrain/kernels/packing.py)."""
-        style = mask_style(groups, self._mask_style, self._flex_from)
+        style = "varlen" if self._varlen else mask_style(groups, self._mask_style, self._flex_from)
         for group in self._siblings:  # what a failed pass left (an out-of-memory retry)
             group.forget()
         return completion_logprobs(

@@ -521,18 +521,35 @@ def _decode(config: Config) -> Problems:
 
 
 def _attention(config: Config) -> Problems:
-    """FlexAttention for training on a device that is not a GPU (the last of `[backend]
-    devices` trains): torch has no FlexAttention backward there."""
-    if config.backend.options.get("attention") != "flex" or "attention" not in _options_of(config):
+    """FlexAttention or flash attention's variable-length kernel for training on a device
+    that is not a GPU (the last of `[backend] devices` trains): torch has no FlexAttention
+    backward there, and the variable-length kernel is CUDA's; the latter also with fp32
+    matmuls asked for (flash attention has no float32 kernel; `dtype = "auto"` on a GPU
+    without native bf16 is the startup's check, retrain/build.py)."""
+    option = config.backend.options.get("attention")
+    if option not in ("flex", "varlen") or "attention" not in _options_of(config):
+        return []
+    key = "[backend.options] attention"
+    if device_kind(config, last=True) == "cuda":
+        if option == "varlen" and config.backend.options.get("dtype") == "fp32":
+            return [
+                (
+                    key,
+                    '= "varlen" runs flash attention, which has no float32 kernel, but '
+                    '[backend.options] dtype = "fp32". Fix: dtype = "bf16" (or "auto"), or '
+                    'attention = "auto"',
+                )
+            ]
         return []
     trainer = device_part(config, last=True)
-    if device_kind(config, last=True) == "cuda":
-        return []
+    what = {
+        "flex": "trains through FlexAttention, which torch runs backward on CUDA only",
+        "varlen": "trains through flash attention's variable-length kernel, which is CUDA's",
+    }[option]
     return [
         (
-            "[backend.options] attention",
-            f'= "flex" trains through FlexAttention, which torch runs backward on CUDA only, '
-            f"but training runs on {trainer!r} ([backend] devices = "
+            key,
+            f'= "{option}" {what}, but training runs on {trainer!r} ([backend] devices = '
             f'{config.backend.devices!r}). Fix: attention = "auto" (flex on a GPU, dense '
             'elsewhere) or "dense", or a gpu device',
         )
@@ -636,13 +653,15 @@ def cross_checks(config: Config) -> Problems:
 # checks (retrain/build.py) compare it with the machine.
 
 
-def triton_problems(config: Config, lacks: Callable[[str, str, int], str | None]) -> Problems:
-    """What triton compiles, asked for where it cannot (`lacks(dtype, device kind,
-    index)`: retrain.hardware.triton_lacks_bf16, nvidia-smi's compute capability):
-    `attention = "flex"` on the training GPU or `decode = "compiled"` on the sampling one
-    with `dtype = "bf16"` (for the decode step also a bf16 sampler, `[inference] dtype =
-    "bf16"`), on a GPU without native bf16. ("auto" is fp32 there, and `attention =
-    "auto"` keeps the dense mask with bf16.)"""
+def kernel_problems(config: Config, lacks: Callable[[str, str, int], str | None]) -> Problems:
+    """Kernels asked of a GPU that has none (`lacks(dtype, device kind, index)`:
+    retrain.hardware.triton_lacks_bf16, nvidia-smi's compute capability): triton's in
+    bf16, `attention = "flex"` on the training GPU or `decode = "compiled"` on the
+    sampling one with `dtype = "bf16"` (for the decode step also a bf16 sampler,
+    `[inference] dtype = "bf16"`), on a GPU without native bf16 ("auto" is fp32 there, and
+    `attention = "auto"` keeps the dense mask with bf16); flash attention's, `attention =
+    "varlen"`, on such a GPU whatever the dtype (flash attention needs bf16 matmuls and a
+    GPU from Ampere on: the same GPUs)."""
     opts = config.backend.options
     trainer = opts.get("dtype") == "bf16" and "dtype" in _options_of(config)
     sampler = trainer or config.inference.dtype == "bf16"
@@ -650,20 +669,28 @@ def triton_problems(config: Config, lacks: Callable[[str, str, int], str | None]
     for key, value, last, what, instead, bf16 in (
         ("attention", "flex", True, "trains packed rows through FlexAttention", "auto", trainer),
         ("decode", "compiled", False, "compiles the decode step", "graphs", sampler),
+        ("attention", "varlen", True, "trains packed rows through flash attention", "auto", True),
     ):
         if not bf16 or opts.get(key) != value or device_kind(config, last) != "cuda":
             continue
-        asked, fix = '[backend.options] dtype = "bf16"', 'dtype = "auto" (fp32 there)'
-        if not trainer:  # the sampler's own bf16 copy
-            asked, fix = '[inference] dtype = "bf16"', '[inference] dtype = "auto"'
         part = device_part(config, last)
         why = lacks("bf16", "cuda", int(part.split(":")[1]) if ":" in part else 0)
-        if why:
+        if not why:
+            continue
+        if value == "varlen":
+            problem = (
+                f'= "varlen" {what}, which needs native bf16, and {part!r} has none '
+                f'({why}). Fix: attention = "{instead}"'
+            )
+        else:
+            asked, fix = '[backend.options] dtype = "bf16"', 'dtype = "auto" (fp32 there)'
+            if not trainer:  # the sampler's own bf16 copy
+                asked, fix = '[inference] dtype = "bf16"', '[inference] dtype = "auto"'
             problem = (
                 f'= "{value}" {what} with triton, which has no bf16 on {part!r} ({why}), '
                 f'and {asked}. Fix: {fix}, or {key} = "{instead}"'
             )
-            found.append((f"[backend.options] {key}", problem))
+        found.append((f"[backend.options] {key}", problem))
     return found
 
 

@@ -45,6 +45,8 @@ PROMPT, PAD = 0, -1
 # positions (the headline's rows) FlexAttention trained in 0.53 s, the dense mask 0.60 s.
 AUTO_FROM = 2048
 
+VARLEN_LABEL = "flash attention's variable-length kernel (each completion over its prompt)"
+
 _compiled: list = []  # the compiled FlexAttention, built on the first CUDA call
 
 
@@ -82,11 +84,16 @@ def describe(option: str, device_kind: str, blocked: list[str] | None = None) ->
     flex off CUDA and where blocked)."""
     if option == "flex" and blocked:
         return "FlexAttention, refused: " + ", ".join(blocked)
+    if option == "varlen":
+        return VARLEN_LABEL
     return label(flex_from(option, device_kind, "sdpa", "the model", blocked))
 
 
-def label(start: int | None) -> str:
-    """`flex_from`'s answer in words (explain, the backend's ready line)."""
+def label(start: int | None, varlen: bool = False) -> str:
+    """`flex_from`'s answer in words, or `varlen_chosen`'s (explain, the backend's ready
+    line)."""
+    if varlen:
+        return VARLEN_LABEL
     if start is None:
         return "dense mask"
     if start == 0:
@@ -125,7 +132,9 @@ def flex_from(
     from which a micro-batch runs through FlexAttention (0: always), or None (always the
     dense mask)."""
     cuda = device_type == "cuda"
-    if option == "dense" or (option == "auto" and (not cuda or attention != "sdpa" or blocked)):
+    if option in ("dense", "varlen") or (
+        option == "auto" and (not cuda or attention != "sdpa" or blocked)
+    ):
         return None
     if not cuda:
         raise BackendError(
@@ -143,6 +152,41 @@ def flex_from(
             f'{model}. Fix: attention = "dense" (or "auto")'
         )
     return 0 if option == "flex" else AUTO_FROM
+
+
+def varlen_chosen(
+    option: str, device_type: str, attention: str, model: str, blocked: list[str], dtype: str
+) -> bool:
+    """Whether `[backend.options] attention = option` trains through flash attention's
+    variable-length kernel (retrain/kernels/varlen.py) a model with the `attention`
+    implementation on `device_type` in `dtype` ("bf16"/"fp32", resolved), `blocked` as
+    in `blockers`; BackendError where it cannot. (Whether this GPU's kernel computes the
+    rule, `varlen.check` asks the device once the model is there.)"""
+    if option != "varlen":
+        return False
+    fix = 'Fix: attention = "auto"'
+    if device_type != "cuda":
+        raise BackendError(
+            f'[backend.options] attention = "varlen" trains on {device_type}, but flash '
+            f'attention\'s variable-length kernel is CUDA only. {fix} or "dense"'
+        )
+    if attention not in ("sdpa", NAME):
+        raise BackendError(
+            f'[backend.options] attention = "varlen" replaces SDPA attention, but {model} '
+            f'uses {attention!r}. Fix: attention = "dense"'
+        )
+    if blocked:
+        raise BackendError(
+            f'[backend.options] attention = "varlen" cannot apply the {", ".join(blocked)} '
+            f'of {model}. Fix: attention = "dense" (or "auto")'
+        )
+    if dtype != "bf16":
+        raise BackendError(
+            '[backend.options] attention = "varlen" runs flash attention, which has no '
+            'float32 kernel, but the matmuls are fp32. Fix: [backend.options] dtype = "bf16", '
+            'or attention = "auto"'
+        )
+    return True
 
 
 def _flex(query, key, value, mask: BlockMask, scale: float | None) -> torch.Tensor:
@@ -177,14 +221,20 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
     # A sliding layer's window is in its block mask already (the masks are built per
-    # layer type, retrain/kernels/windows.py); the rest `flex_from` refused beforehand.
+    # layer type, retrain/kernels/windows.py); the rest `flex_from` or `varlen_chosen`
+    # refused beforehand.
+    from retrain.kernels import varlen
+
+    option = "varlen" if isinstance(attention_mask, varlen.Mask) else "flex"
     unsupported = [k for k in ("softcap", "s_aux") if kwargs.get(k) is not None]
     if dropout or unsupported:
         what = ", ".join(unsupported + (["attention dropout"] if dropout else []))
         raise ValueError(
-            f"[backend.options] attention = flex does not apply this model's {what}. "
+            f"[backend.options] attention = {option} does not apply this model's {what}. "
             'Fix: attention = "dense"'
         )
+    if option == "varlen":
+        return varlen.attend(query, key, value, attention_mask, scaling), None
     out = _flex(query, key, value, attention_mask, scaling)
     return out.transpose(1, 2).contiguous(), None
 

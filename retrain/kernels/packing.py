@@ -13,10 +13,11 @@ model split at its output layer (retrain/kernels/logprobs.py) never kept whole.
 (One row for the whole micro-batch would also work, but attention then costs the square
 of the micro-batch's length instead of the sum of its groups' squares.)
 
-The mask goes to the model in one of three styles: a bool L x L mask per row (SDPA), an
-additive one (eager attention), or, for FlexAttention (retrain/kernels/flex.py), no
-L x L mask at all: each position's segment (the prompt, its completion, or padding), from
-which a block mask is built on the device. A model with sliding-window layers gets the
+The mask goes to the model in one of four styles: a bool L x L mask per row (SDPA), an
+additive one (eager attention), or no L x L mask at all, each position's segment (the
+prompt, its completion, or padding) instead, from which FlexAttention's block mask is
+built on the device (retrain/kernels/flex.py) or flash attention's variable-length
+sequences are cut (retrain/kernels/varlen.py). A model with sliding-window layers gets the
 window in its masks too (retrain/kernels/windows.py), measured in positions: a completion
 token's distance to its prompt is what it would be in its own `prompt + completion` row.
 """
@@ -39,7 +40,7 @@ from retrain.kernels.windows import NO_WINDOW, Windows, within
 # attend), eager an additive one (0 = attend, -inf = blocked); retrain's FlexAttention
 # implementation passes tensor masks on to SDPA.
 MASK_STYLES = {"sdpa": "bool", "eager": "additive", flex.NAME: "bool"}
-STYLES = ("bool", "additive", "flex")
+STYLES = ("bool", "additive", "flex", "varlen")
 
 Group = tuple[Sequence[int], Sequence[np.ndarray]]  # (prompt ids, its completions)
 
@@ -105,7 +106,7 @@ class Packed:
     ids: torch.Tensor  # (B, L)
     positions: torch.Tensor  # (B, L)
     segments: torch.Tensor  # (B, L) flex.PROMPT, i for the i-th completion, flex.PAD
-    mask: torch.Tensor | None  # (B, 1, L, L) bool: who may attend to whom; None in style "flex"
+    mask: torch.Tensor | None  # (B, 1, L, L) bool: who may attend to whom; None: flex, varlen
     keep: torch.Tensor  # (B, L) bool: the positions whose logits are needed (R in all)
     row: torch.Tensor  # (T,) for each completion token, the kept row (row-major) predicting it
     targets: torch.Tensor  # (T,) the completion tokens
@@ -158,7 +159,7 @@ def pack(groups: Sequence[Group], style: str) -> Packed:
     for a mask of `style` (one of STYLES)."""
     if style not in STYLES:
         raise ValueError(f"unknown attention mask style {style!r}")
-    dense = style != "flex"
+    dense = style not in ("flex", "varlen")
     rows = [_row(prompt, completions, dense) for prompt, completions in groups]
     b, width = len(rows), max(len(r.ids) for r in rows)
     ids = torch.zeros((b, width), dtype=torch.long)
@@ -217,7 +218,8 @@ def completion_logprobs(
     `temperature`, in the order of `groups`, right-padded with 0. With `head` (the model
     split at its output layer, retrain/kernels/logprobs.py) the logits are never kept
     whole: their memory no longer grows with the completion tokens of the micro-batch.
-    Style "flex" needs the model on retrain's FlexAttention implementation (flex.use_flex).
+    Styles "flex" and "varlen" need the model on retrain's attention implementation
+    (flex.use_flex).
     `windows`: the model's sliding windows (retrain/kernels/windows.py `windows_of`)."""
     packed = pack(groups, style)
     # Every host tensor goes up queued (retrain/kernels/transfer.py), and the kept rows are
@@ -227,6 +229,11 @@ def completion_logprobs(
     if style == "flex":
         segments = to_device(packed.segments, device)
         mask = windows.masks(lambda w: flex.block_mask(segments, positions, w))
+    elif style == "varlen":
+        from retrain.kernels import varlen
+
+        cut = varlen.layout(packed.segments).to(device)
+        mask = windows.masks(lambda w: varlen.Mask(cut, w))
     else:
         allowed = to_device(packed.mask, device)
         mask = windows.masks(lambda w: dense_mask(allowed, positions, w, style))

@@ -8,7 +8,8 @@
   kernels captured in the graph);
 - packed rows through FlexAttention (compiled) give the dense mask's logprobs and
   gradients (a CPU checks the forward pass only: torch has no FlexAttention backward
-  there);
+  there); so do they through flash attention's variable-length kernel in bf16, which
+  passes the run start's check at SmolLM2's and Qwen3-4B's head shapes;
 - the GPU's whole-bf16 sampler (bf16 adapter beside the shared weights, grouped decode
   attention, fused norms, float32 logits from the bf16 head) replays its captured step,
   and its compiled captured step, to the bit of the same step run uncaptured, before and
@@ -164,6 +165,44 @@ def test_flex_attention_gives_the_dense_masks_gradients():
         torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-3)
 
 
+def test_varlen_attention_gives_the_dense_masks_logprobs_and_gradients():
+    """Flash attention's variable-length kernel on a bf16 model: the dense mask's
+    logprobs and gradients (through SDPA in bf16) within bf16 rounding, and the start's
+    check passes at the quickstart's and the headline's head shapes."""
+    import numpy as np
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from retrain.kernels import flex, varlen
+    from retrain.kernels.packing import completion_logprobs
+
+    for heads, kv_heads, dim in ((9, 3, 64), (32, 8, 128)):  # SmolLM2-135M, Qwen3-4B
+        varlen.check(torch.device("cuda"), heads, kv_heads, dim, torch.bfloat16)
+    cfg = AutoConfig.for_model(
+        "qwen3", vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, attn_implementation="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).cuda().bfloat16()
+    flex.use_flex(model)
+    rng = np.random.default_rng(0)
+    groups = [
+        (rng.integers(0, 512, 40).tolist(), [rng.integers(0, 512, k) for k in (90, 1, 130, 57)]),
+        (rng.integers(0, 512, 7).tolist(), [rng.integers(0, 512, k) for k in (200, 3)]),
+    ]
+    weights = torch.from_numpy(rng.normal(size=(6, 200))).float().cuda()
+    results = {}
+    for style in ("varlen", "bool"):
+        model.zero_grad()
+        logp = completion_logprobs(model, groups, 1.0, style, torch.device("cuda"), None)
+        (logp * weights[:, : logp.shape[1]]).sum().backward()
+        grads = torch.cat([p.grad.float().flatten() for p in model.parameters()])
+        results[style] = (logp.detach(), grads)
+    (a, ga), (b, gb) = results["varlen"], results["bool"]
+    assert (a - b).norm() < 2.0**-6 * b.norm()
+    rel = (ga - gb).norm() / gb.norm()
+    assert gb.norm() > 0 and rel < 2.0**-5, rel
+
+
 def test_bf16_matmuls_into_float32_are_the_float32_products():
     from retrain.engines.sampling_copy import Float32Head
     from retrain.kernels.precision import linear_f32, mm_f32
@@ -264,11 +303,13 @@ def test_fused_sibling_loras_give_each_layers_gradients_on_cuda():
     assert grads.norm() > 0 and rel < 2.0**-6, rel
 
 
-def test_a_training_micro_batch_never_waits_for_the_gpu(tiny_raw, tmp_path):
+@pytest.mark.parametrize("attention", ["flex", "varlen"])
+def test_a_training_micro_batch_never_waits_for_the_gpu(tiny_raw, tmp_path, attention):
     """What tests/integration/test_queued_training.py checks on a CPU, under torch's sync
     debug mode (which also sees copies from pageable host memory): every micro-batch's
-    uploads, forward (FlexAttention's block mask included), loss with its statistics and
-    the KL term, and backward are queued without one synchronising CUDA call."""
+    uploads, forward (FlexAttention's block mask or the variable-length kernel's layout
+    included), loss with its statistics and the KL term, and backward are queued without
+    one synchronising CUDA call."""
     import copy
     from dataclasses import replace
 
@@ -279,7 +320,7 @@ def test_a_training_micro_batch_never_waits_for_the_gpu(tiny_raw, tmp_path):
     raw = copy.deepcopy(tiny_raw)
     raw["model"]["model"] = str(model)
     raw["backend"]["devices"] = "gpu:0"
-    raw["backend"]["options"] = {"attention": "flex", "micro_batch_tokens": 24}
+    raw["backend"]["options"] = {"attention": attention, "micro_batch_tokens": 24}
     backend = make_backend(raw, model)
     datums = datums_of(backend)
     hyper = replace(HYPER, policy_loss="ppo_clip", tis_cap=1.5, kl_coef=0.1)

@@ -38,6 +38,7 @@ def test_the_lease_scripts_write_what_its_report_reads(tmp_path):
     )  # fmt: skip
     run("memory_fit.py", "--smoke", "--groups", "1,2", "--json", str(out / "memory_fit.json"))
     run("profile_step.py", "--smoke", "--json", str(out / "profile.json"))
+    run("attention.py", "--smoke", "--json", str(out / "attention.json"))
     headline = json.loads((out / "headline.json").read_text())
     assert headline["finished"] and "failed" not in headline["summary"]["headline/retrain"]
     steps = headline["runs"]["headline/retrain"][0]["steps"]
@@ -63,3 +64,7 @@ def test_the_lease_scripts_write_what_its_report_reads(tmp_path):
     # the training phase's kernels, then its host time by thread; the sampling phase's after
     assert phases == ["profile, training", "profile, training, host"]
     assert any(line.startswith("profile, sampling: ") for line in text.splitlines())
+    # the attention layer's variants on this CPU: the dense mask, the varlen layout through
+    # its reference (the kernel is CUDA's)
+    attention = [line for line in text.splitlines() if line.startswith("attention, ")]
+    assert len(attention) == 1 and "dense " in attention[0] and "varlen " in attention[0]

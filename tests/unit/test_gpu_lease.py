@@ -38,7 +38,7 @@ def plan() -> dict[str, list[str]]:
 
 
 def test_the_plan_lists_setups_tests_then_the_measurements_in_order():
-    assert list(plan()) == ["gpu-tests", *MEASURED]
+    assert list(plan()) == ["gpu-tests", "attention", *MEASURED]
 
 
 def test_every_script_and_option_the_plan_names_exists(tmp_path):

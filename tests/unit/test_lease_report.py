@@ -229,3 +229,24 @@ def test_the_quickstart_profiles_host_time_is_said_by_thread():
         "quickstart profile, training, host: threads 201 ms, 150 ms (busiest first; on CUDA "
         "the backward has its own), optimizer 5 ms"
     ) in text
+
+
+def test_the_varlen_headline_and_the_attention_layer_are_said():
+    varlen = {"step_s": 5.31, "training_s": 2.02}
+    attention = {
+        "positions": 8302,
+        "summary": {
+            "flex": {"fwd_bwd_ms": 3.24, "fwd_ms": 0.37, "mask_ms": 1.5},
+            "varlen": {"fwd_bwd_ms": 1.1, "fwd_ms": 0.3, "mask_ms": 0.4},
+        },
+    }
+    text = lease_report.report(
+        {"variants": {"summary": {"headline/retrain-varlen": varlen}}, "attention": attention}
+    )
+    assert "retrain-varlen: 5.31 s/step, training 2.02 s" in text
+    assert (
+        "attention, one layer forward+backward at 8302 positions: flex 3.24 ms (forward 0.37, "
+        "mask 1.50), varlen 1.10 ms (forward 0.30, mask 0.40)"
+    ) in text
+    failed = {"headline/retrain-varlen": {"failed": "124: timed out"}}
+    assert "retrain-varlen" not in lease_report.report({"variants": {"summary": failed}})

@@ -1,0 +1,191 @@
+"""Time one attention layer's forward and backward over a training micro-batch's packed
+rows, in each way `[backend.options] attention` offers, alternating run by run in one
+invocation: the dense L x L mask through SDPA, FlexAttention (compiled) with its block
+mask, and flash attention's variable-length kernel over the rows cut into sequences
+(retrain/kernels/varlen.py). Each also times packing the rows and building its mask on
+the device, which a micro-batch pays once for all its layers.
+
+The default layout is a headline micro-batch on a GPU: 2 rows of a 55-token prompt and
+16 completions of 255 fed tokens (256 new tokens, the last predicts nothing), Qwen3-4B's
+heads (32 query, 8 key/value, 128 wide), bf16. An H100 lease of 2026-11-27 measured
+FlexAttention's backward at ~2.9 ms a call there, ~8x its forward: this says whether the
+variable-length kernel does better, before `attention = "auto"` is pointed at it.
+
+    python benchmarks/attention.py                      # on a GPU: all three
+    python benchmarks/attention.py --smoke              # the plumbing, on the CPU
+
+On a CPU only the dense mask and the variable-length layout through `varlen.reference`
+(one SDPA call per sequence: not the kernel, so not a speed) run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def groups_of(rows: int, prompt: int, group: int, fed: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    # pack() feeds a completion all but its last token
+    return [
+        (rng.integers(0, 1000, prompt).tolist(), [rng.integers(0, 1000, fed + 1)] * group)
+        for _ in range(rows)
+    ]
+
+
+def variants(device, available: set[str]):
+    """name -> (packing style, build(packed) -> mask, attend(q, k, v, mask) -> (B, L,
+    heads, dim))."""
+    import torch
+
+    from retrain.kernels import flex, varlen
+    from retrain.kernels.packing import dense_mask
+
+    def dense_build(packed):
+        allowed = packed.mask.to(device)
+        return dense_mask(allowed, packed.positions.to(device), None, "bool")
+
+    def dense_attend(q, k, v, mask):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True)
+        return out.transpose(1, 2)
+
+    out = {
+        "dense": ("bool", dense_build, dense_attend),
+        "varlen": (
+            "varlen",
+            lambda packed: varlen.Mask(varlen.layout(packed.segments).to(device)),
+            lambda q, k, v, mask: varlen.attend(q, k, v, mask),
+        ),
+        "flex": (
+            "flex",
+            lambda packed: flex.block_mask(packed.segments.to(device), packed.positions.to(device)),
+            lambda q, k, v, mask: flex._flex(q, k, v, mask, None).transpose(1, 2),
+        ),
+    }
+    return {name: out[name] for name in out if name in available}
+
+
+def timed(fn, device) -> float:
+    """Seconds `fn()` takes, the device's queue drained before and after."""
+    import torch
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--rows", type=int, default=2)
+    p.add_argument("--prompt", type=int, default=55)
+    p.add_argument("--group", type=int, default=16)
+    p.add_argument("--fed", type=int, default=255, help="fed tokens per completion")
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--calls", type=int, default=10, help="layer calls timed per round")
+    p.add_argument("--only", default="dense,flex,varlen")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
+    p.add_argument("--json", default="benchmarks/results/attention.json")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.rows, args.prompt, args.group, args.fed = 2, 7, 3, 9
+        args.heads, args.kv_heads, args.dim, args.rounds, args.calls = 4, 2, 16, 2, 2
+
+    import torch
+
+    from retrain.kernels.packing import pack
+
+    cuda = torch.cuda.is_available() and not args.smoke
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    available = {"dense", "flex", "varlen"} if cuda else {"dense", "varlen"}
+    asked = [n for n in args.only.split(",") if n in available]
+    groups = groups_of(args.rows, args.prompt, args.group, args.fed)
+    length = pack(groups, "varlen").segments.shape[1]
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def tensor(heads):
+        t = torch.randn(args.rows, heads, length, args.dim, generator=g).to(device, dtype)
+        return t.requires_grad_()
+
+    q, k, v = tensor(args.heads), tensor(args.kv_heads), tensor(args.kv_heads)
+    grad = torch.randn(args.rows, length, args.heads, args.dim, generator=g).to(device, dtype)
+    table = variants(device, set(asked))
+    masks = {name: build(pack(groups, style)) for name, (style, build, _) in table.items()}
+
+    def layer(name):
+        def once():
+            q.grad = k.grad = v.grad = None
+            table[name][2](q, k, v, masks[name]).backward(grad)
+
+        return once
+
+    def forward_only(name):
+        def once():
+            with torch.no_grad():
+                table[name][2](q, k, v, masks[name])
+
+        return once
+
+    for name in table:  # warm-up: FlexAttention compiles here
+        layer(name)()
+    times: dict[str, dict[str, list[float]]] = {
+        n: {"fwd_bwd": [], "fwd": [], "mask": []} for n in table
+    }
+
+    def repeated(fn, calls):
+        return lambda: [fn() for _ in range(calls)]
+
+    for _ in range(args.rounds):
+        for name, (style, build, _) in table.items():
+            for part, fn, calls in (
+                ("fwd_bwd", layer(name), args.calls),
+                ("fwd", forward_only(name), args.calls),
+                ("mask", lambda b=build, s=style: b(pack(groups, s)), 1),
+            ):
+                times[name][part].append(timed(repeated(fn, calls), device) / calls)
+    summary = {
+        name: {f"{part}_ms": 1e3 * statistics.median(t) for part, t in parts.items()}
+        for name, parts in times.items()
+    }
+    print(
+        f"attention at {args.rows} rows x {length} positions, heads {args.heads}/{args.kv_heads} x {args.dim}, {dtype}, {device}"
+    )
+    print(f"{'variant':8} {'fwd+bwd ms':>11} {'fwd ms':>8} {'mask ms':>8}")
+    for name, s in summary.items():
+        print(f"{name:8} {s['fwd_bwd_ms']:11.3f} {s['fwd_ms']:8.3f} {s['mask_ms']:8.3f}")
+    result = {
+        "summary": summary,
+        "runs": times,
+        "args": vars(args),
+        "positions": length,
+        "machine": {
+            "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name() if cuda else None,
+            "python": platform.python_version(),
+        },
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
