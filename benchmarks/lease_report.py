@@ -170,7 +170,9 @@ def report(results: dict[str, Any]) -> str:
             f"{row['mask_ms']:.2f})"
             for name, row in parts.items()
         )
-        lines.append(f"attention, one layer forward+backward at {attention['positions']} positions: {each}")
+        lines.append(
+            f"attention, one layer forward+backward at {attention['positions']} positions: {each}"
+        )
     compiled = _summary(results, "quickstart_variants", "retrain-compiled", "quickstart")
     if step := compiled.get("step_s"):
         lines.append(
