@@ -28,8 +28,9 @@
 # kernel profile of a headline step (benchmarks/memory_fit.py and the micro-batch
 # comparison, each measured on two cards, are no longer in the plan: at most 8 files come
 # back); last, benchmarks/lease_report.py's table of issue 27's targets against what was
-# measured. LEASE_SKIP="name ..." skips the items named (say, the compiled ones when
-# setup's -m gpu run shows the step does not compile).
+# measured. LEASE_SKIP="name ..." skips the items named, LEASE_VARIANTS the kinds the
+# variants item runs (say, without the compiled ones when setup's -m gpu run shows the
+# step does not compile).
 # An item that would not get its minimum is skipped and said so; a running one is stopped
 # at its cap (SIGINT first: benchmarks/gpu.py keeps the runs it finished in its JSON).
 # `bash benchmarks/gpu_lease.sh plan` lists the items without running anything.
