@@ -2,7 +2,8 @@
 on the tiny random model on this CPU. The option is CUDA's (the config refuses it here),
 so the backend is built with the choice made for it: its packed rows then go through the
 variable-length layout and `varlen.reference` (the kernel's rule, one SDPA call per
-sequence), and its step must be the dense mask's step. tests/integration/test_gpu.py
+sequence), and its step must be the dense mask's step, on a model with a sliding layer
+too. tests/integration/test_gpu.py
 runs the kernel itself."""
 
 from __future__ import annotations
@@ -11,14 +12,27 @@ import pytest
 import torch
 from grad_recorder import step_gradients
 from test_memory_sizing import HYPER, datums_of, make_backend
+from tiny_model import make_tiny_model
 
 from retrain.kernels import flex
 
 
+@pytest.fixture(scope="module")
+def sliding_dir(tmp_path_factory):
+    """A tiny Qwen2 with layer 1 sliding over 4 positions (every prompt outgrows it): its
+    masks come per layer type, each with its window."""
+    return make_tiny_model(tmp_path_factory.mktemp("sliding") / "model", sliding_window=4)
+
+
+@pytest.mark.parametrize("sliding", [False, True])
 def test_a_step_through_the_varlen_layout_is_the_dense_masks_step(
-    tiny_raw, tiny_model_dir, monkeypatch
+    tiny_raw, tiny_model_dir, sliding_dir, monkeypatch, sliding
 ):
+    model_dir = sliding_dir if sliding else tiny_model_dir
+    tiny_raw["model"]["model"] = str(model_dir)
+    tiny_model_dir = model_dir
     dense = make_backend(tiny_raw, tiny_model_dir)
+    assert (dense._windows.sliding == 4) == sliding
     assert not dense._varlen
     datums = datums_of(dense)
     want_result, want = step_gradients(dense, datums, HYPER, 512)
