@@ -8,8 +8,8 @@ from the bottom right: a sequence of q queries over k >= q keys lets query i see
 to i + k - q. So a packed row becomes these sequences: the prompt over itself, each
 completion over its prompt then itself (exactly its own `prompt + completion` row), and
 the padding over itself. The queries are the row's positions in their own order, so the
-packed layout goes in as it is, without a copy; the keys and values are gathered, the
-prompt's once per sequence of its row. Every score computed is one the rule allows: no
+packed layout goes in as it is; the keys and values are gathered, the prompt's once per
+sequence of its row. Every score computed is one the rule allows: no
 L x L mask is built, no wholly masked block is visited, and no partly masked one either
 (FlexAttention evaluates its rule in those), in flash attention's own kernel. A window
 (retrain/kernels/windows.py) is the kernel's left window, measured in the same positions.
@@ -61,20 +61,20 @@ class Layout:
     prompts: tuple[tuple[torch.Tensor, int, int], ...]
 
     def to(self, device: torch.device) -> Layout:
+        """This layout's index tensors on `device`, queued (kernels/transfer.py)."""
         from retrain.kernels.transfer import to_device
 
-        move = lambda t: to_device(t, device)  # noqa: E731
         return Layout(
             self.rows,
             self.length,
-            move(self.cu_q),
-            move(self.cu_k),
+            to_device(self.cu_q, device),
+            to_device(self.cu_k, device),
             self.max_q,
             self.max_k,
-            move(self.gather),
-            move(self.once_src),
-            move(self.once_dst),
-            tuple((move(idx), start, p) for idx, start, p in self.prompts),
+            to_device(self.gather, device),
+            to_device(self.once_src, device),
+            to_device(self.once_dst, device),
+            tuple((to_device(idx, device), start, p) for idx, start, p in self.prompts),
         )
 
     def bounds(self) -> list[tuple[int, int, int, int]]:
@@ -123,21 +123,29 @@ def layout(segments: torch.Tensor) -> Layout:
             k_sizes.append(len(keys))
             gather.append(keys)
             taken += len(keys)
-        prompts.append((torch.from_numpy(np.concatenate(copies)), base, p))
-    cu = lambda sizes: torch.from_numpy(np.cumsum([0, *sizes]).astype(np.int32))  # noqa: E731
-    flat = lambda parts: torch.from_numpy(np.concatenate(parts or [np.zeros(0)]).astype(np.int64))  # noqa: E731
+        prompts.append((_index(copies), base, p))
     return Layout(
         rows=rows,
         length=length,
-        cu_q=cu(q_sizes),
-        cu_k=cu(k_sizes),
+        cu_q=_starts(q_sizes),
+        cu_k=_starts(k_sizes),
         max_q=max(q_sizes),
         max_k=max(k_sizes),
-        gather=flat(gather),
-        once_src=flat(once_src),
-        once_dst=flat(once_dst),
+        gather=_index(gather),
+        once_src=_index(once_src),
+        once_dst=_index(once_dst),
         prompts=tuple(prompts),
     )
+
+
+def _starts(sizes: list[int]) -> torch.Tensor:
+    """Where each of consecutive runs of `sizes` starts, and where the last ends (int32:
+    the kernel's cumulative lengths)."""
+    return torch.from_numpy(np.cumsum([0, *sizes]).astype(np.int32))
+
+
+def _index(parts: list[np.ndarray]) -> torch.Tensor:
+    return torch.from_numpy(np.concatenate(parts or [np.zeros(0)]).astype(np.int64))
 
 
 class Mask(BlockMask):
@@ -146,7 +154,7 @@ class Mask(BlockMask):
     that transformers passes it to the attention function untouched, as it does a
     4-D mask; nothing of BlockMask's own is set, so any other use of it fails."""
 
-    def __init__(self, layout: Layout, window: int | None = None):  # noqa: D107
+    def __init__(self, layout: Layout, window: int | None = None):
         self.layout = layout
         self.window = window
 
@@ -256,8 +264,10 @@ def check(device: torch.device, heads: int, kv_heads: int, dim: int, dtype: torc
     lay = layout(segments).to(device)
     length = segments.shape[1]
     g = torch.Generator(device="cpu").manual_seed(0)
-    make = lambda h: torch.randn(2, h, length, dim, generator=g).to(device, dtype)  # noqa: E731
-    inputs = (make(heads), make(kv_heads), make(kv_heads))
+    inputs = tuple(
+        torch.randn(2, h, length, dim, generator=g).to(device, dtype)
+        for h in (heads, kv_heads, kv_heads)
+    )
     grad = torch.randn(2, length, heads, dim, generator=g).to(device, dtype)
     try:
         for window in (None, 3):
@@ -283,11 +293,11 @@ def check(device: torch.device, heads: int, kv_heads: int, dim: int, dtype: torc
 def _reference_attend(query, key, value, mask: Mask, scaling=None) -> torch.Tensor:
     """`attend` through `reference` on any device, in float32."""
     rows, heads, length, dim = query.shape
-    flat = lambda t: t.float().transpose(1, 2).reshape(rows * length, t.shape[1], dim)  # noqa: E731
-    lay = mask.layout
-    k, v = (_Gathered.apply(flat(t), lay) for t in (key, value))
-    out = reference(flat(query), k, v, lay, scaling, mask.window)
-    return out.view(rows, length, heads, dim)
+    q, k, v = (
+        t.float().transpose(1, 2).reshape(rows * length, -1, dim) for t in (query, key, value)
+    )
+    k, v = (_Gathered.apply(t, mask.layout) for t in (k, v))
+    return reference(q, k, v, mask.layout, scaling, mask.window).view(rows, length, heads, dim)
 
 
 def _probe(inputs, grad, mask: Mask, fn) -> list[torch.Tensor]:
