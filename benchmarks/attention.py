@@ -14,6 +14,11 @@ variable-length kernel does better, before `attention = "auto"` is pointed at it
     python benchmarks/attention.py                      # on a GPU: all three
     python benchmarks/attention.py --smoke              # the plumbing, on the CPU
 
+Then the decode step's attention (one query position per row over the cache's filled
+keys, an additive mask: `flex.grouped_decode`, SDPA, which takes cuDNN's kernel on an
+H100) against the same by explicit products (`decode_matmul`), at the headline's 128 rows
+and three key spans, each captured in a CUDA graph as the decode step is.
+
 On a CPU only the dense mask and the variable-length layout through `varlen.reference`
 (one SDPA call per sequence: not the kernel, so not a speed) run.
 """
@@ -75,6 +80,76 @@ def variants(device, available: set[str]):
     return {name: out[name] for name in out if name in available}
 
 
+def decode_matmul(query, key, value, mask, scaling=None):
+    """`flex.grouped_decode` (one query position per row, grouped heads, an additive mask
+    over the keys) by explicit products: the scores in float32, their softmax, the
+    values. A candidate for the decode step's attention, where the H100's profile of
+    2026-11-27 put cuDNN's kernel for it at ~74 us a layer (~20% of a step): tested
+    against `grouped_decode` (tests/integration/test_lease_benchmarks.py), timed here."""
+    import torch
+
+    rows, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    q = query.reshape(rows * kv_heads, heads // kv_heads, dim)
+    k = key.reshape(rows * kv_heads, -1, dim)
+    if q.is_cuda:  # bf16 operands, float32 scores (the tensor cores' accumulation)
+        scores = torch.bmm(q, k.transpose(1, 2), out_dtype=torch.float32)
+    else:
+        scores = torch.bmm(q.float(), k.float().transpose(1, 2))
+    scores = scores.view(rows, kv_heads, -1, k.shape[1])
+    scores = scores.mul_(scaling or dim**-0.5).add_(mask[:, :, :, : k.shape[1]])
+    probs = scores.softmax(-1).to(value.dtype).view(rows * kv_heads, -1, k.shape[1])
+    out = torch.bmm(probs, value.reshape(rows * kv_heads, -1, dim))
+    return out.view(rows, heads, 1, dim).transpose(1, 2)
+
+
+def decode_times(rows, heads, kv_heads, dim, spans, device, dtype, calls) -> dict:
+    """ms per call of the decode step's attention at each key span, `grouped_decode`
+    (SDPA) against `decode_matmul`, on CUDA each captured in a CUDA graph as the decode
+    step is (so launches cost what they cost there)."""
+    import torch
+
+    from retrain.kernels import flex
+
+    g = torch.Generator(device="cpu").manual_seed(1)
+    out: dict[str, dict[str, float]] = {}
+    for span in spans:
+        q = torch.randn(rows, heads, 1, dim, generator=g).to(device, dtype)
+        k, v = (torch.randn(rows, kv_heads, span, dim, generator=g).to(device, dtype) for _ in "kv")
+        mask = torch.zeros(rows, 1, 1, span, dtype=dtype, device=device)
+        mask[: rows // 2, :, :, : span // 8] = float("-inf")  # left-padded rows
+        for name, fn in (("sdpa", flex.grouped_decode), ("matmul", decode_matmul)):
+            ms = per_call(lambda f=fn: f(q, k, v, mask, None), device, calls)  # noqa: B023
+            out.setdefault(name, {})[str(span)] = ms
+    return out
+
+
+def per_call(step, device, calls: int) -> float:
+    """ms per call of `step()`, `calls` of them captured in one CUDA graph on CUDA (the
+    best of three replays), run eagerly elsewhere."""
+    import torch
+
+    if device.type == "cuda":
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()  # warm-up off the capture
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                step()
+        run = graph.replay
+    else:
+
+        def run():
+            for _ in range(calls):
+                step()
+
+    run()
+    return 1e3 * min(timed(run, device) for _ in range(3)) / calls
+
+
 def timed(fn, device) -> float:
     """Seconds `fn()` takes, the device's queue drained before and after."""
     import torch
@@ -101,12 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=10, help="layer calls timed per round")
     p.add_argument("--only", default="dense,flex,varlen")
+    p.add_argument("--decode-rows", type=int, default=128, help="rows a decode step runs")
+    p.add_argument("--decode-spans", default="64,192,320", help="key spans ('' : none)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
     p.add_argument("--json", default="benchmarks/results/attention.json")
     args = p.parse_args(argv)
     if args.smoke:
         args.rows, args.prompt, args.group, args.fed = 2, 7, 3, 9
         args.heads, args.kv_heads, args.dim, args.rounds, args.calls = 4, 2, 16, 2, 2
+        args.decode_rows, args.decode_spans = 4, "16,48"
 
     import torch
 
@@ -165,14 +243,22 @@ def main(argv: list[str] | None = None) -> int:
         name: {f"{part}_ms": 1e3 * statistics.median(t) for part, t in parts.items()}
         for name, parts in times.items()
     }
+    spans = [int(x) for x in args.decode_spans.split(",") if x]
+    decode = decode_times(
+        args.decode_rows, args.heads, args.kv_heads, args.dim, spans, device, dtype, args.calls
+    )
     print(
         f"attention at {args.rows} rows x {length} positions, heads {args.heads}/{args.kv_heads} x {args.dim}, {dtype}, {device}"
     )
     print(f"{'variant':8} {'fwd+bwd ms':>11} {'fwd ms':>8} {'mask ms':>8}")
     for name, s in summary.items():
         print(f"{name:8} {s['fwd_bwd_ms']:11.3f} {s['fwd_ms']:8.3f} {s['mask_ms']:8.3f}")
+    print(f"decode step's attention, {args.decode_rows} rows, ms per layer call by key span")
+    for name, row in decode.items():
+        print(f"{name:8} " + "  ".join(f"{span}: {ms:.4f}" for span, ms in row.items()))
     result = {
         "summary": summary,
+        "decode": decode,
         "runs": times,
         "args": vars(args),
         "positions": length,

@@ -173,6 +173,9 @@ def report(results: dict[str, Any]) -> str:
         lines.append(
             f"attention, one layer forward+backward at {attention['positions']} positions: {each}"
         )
+    for name, row in attention.get("decode", {}).items():  # the decode step's, by key span
+        spans = ", ".join(f"{span} keys {ms * 1e3:.0f} us" for span, ms in row.items())
+        lines.append(f"decode attention {name}, a layer: {spans}")
     compiled = _summary(results, "quickstart_variants", "retrain-compiled", "quickstart")
     if step := compiled.get("step_s"):
         lines.append(

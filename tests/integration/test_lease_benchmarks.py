@@ -68,3 +68,8 @@ def test_the_lease_scripts_write_what_its_report_reads(tmp_path):
     # its reference (the kernel is CUDA's)
     attention = [line for line in text.splitlines() if line.startswith("attention, ")]
     assert len(attention) == 1 and "dense " in attention[0] and "varlen " in attention[0]
+    decode = [line for line in text.splitlines() if line.startswith("decode attention ")]
+    assert [line.split(",")[0] for line in decode] == [
+        "decode attention sdpa",
+        "decode attention matmul",
+    ]

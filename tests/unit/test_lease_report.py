@@ -239,6 +239,7 @@ def test_the_varlen_headline_and_the_attention_layer_are_said():
             "flex": {"fwd_bwd_ms": 3.24, "fwd_ms": 0.37, "mask_ms": 1.5},
             "varlen": {"fwd_bwd_ms": 1.1, "fwd_ms": 0.3, "mask_ms": 0.4},
         },
+        "decode": {"sdpa": {"64": 0.074, "320": 0.15}, "matmul": {"64": 0.021, "320": 0.06}},
     }
     text = lease_report.report(
         {"variants": {"summary": {"headline/retrain-varlen": varlen}}, "attention": attention}
@@ -248,5 +249,7 @@ def test_the_varlen_headline_and_the_attention_layer_are_said():
         "attention, one layer forward+backward at 8302 positions: flex 3.24 ms (forward 0.37, "
         "mask 1.50), varlen 1.10 ms (forward 0.30, mask 0.40)"
     ) in text
+    assert "decode attention sdpa, a layer: 64 keys 74 us, 320 keys 150 us" in text
+    assert "decode attention matmul, a layer: 64 keys 21 us, 320 keys 60 us" in text
     failed = {"headline/retrain-varlen": {"failed": "124: timed out"}}
     assert "retrain-varlen" not in lease_report.report({"variants": {"summary": failed}})
