@@ -132,7 +132,10 @@ def test_a_checkpoint_saved_on_the_gpu_resumes_there(tiny_raw, tmp_path):
             assert torch.equal(p, saved[name]), name
 
 
-def test_flex_attention_gives_the_dense_masks_gradients():
+def _packed_styles(styles, dtype):
+    """{style: (logprobs, [each parameter's gradient])} of a tiny Qwen3 in `dtype` on
+    retrain's attention, the same packed rows through each mask style: rows longer than
+    a 128-position block (FlexAttention skips whole blocks), a completion fed nothing."""
     import numpy as np
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -144,21 +147,25 @@ def test_flex_attention_gives_the_dense_masks_gradients():
         num_attention_heads=4, num_key_value_heads=2, head_dim=64, attn_implementation="sdpa",
     )  # fmt: skip
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg).cuda()
+    model = AutoModelForCausalLM.from_config(cfg).cuda().to(dtype)
     flex.use_flex(model)
     rng = np.random.default_rng(0)
-    # rows longer than a 128-position block, so whole blocks are skipped
     groups = [
         (rng.integers(0, 512, 40).tolist(), [rng.integers(0, 512, k) for k in (90, 1, 130, 57)]),
         (rng.integers(0, 512, 7).tolist(), [rng.integers(0, 512, k) for k in (200, 3)]),
     ]
     weights = torch.from_numpy(rng.normal(size=(6, 200))).float().cuda()
-    grads = {}
-    for style in ("flex", "bool"):
+    out = {}
+    for style in styles:
         model.zero_grad()
         logp = completion_logprobs(model, groups, 1.0, style, torch.device("cuda"), None)
         (logp * weights[:, : logp.shape[1]]).sum().backward()
-        grads[style] = (logp.detach(), [p.grad.clone() for p in model.parameters()])
+        out[style] = (logp.detach(), [p.grad.clone() for p in model.parameters()])
+    return out
+
+
+def test_flex_attention_gives_the_dense_masks_gradients():
+    grads = _packed_styles(("flex", "bool"), torch.float32)
     (a, ga), (b, gb) = grads["flex"], grads["bool"]
     torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
     for x, y in zip(ga, gb):
@@ -169,35 +176,13 @@ def test_varlen_attention_gives_the_dense_masks_logprobs_and_gradients():
     """Flash attention's variable-length kernel on a bf16 model: the dense mask's
     logprobs and gradients (through SDPA in bf16) within bf16 rounding, and the start's
     check passes at the quickstart's and the headline's head shapes."""
-    import numpy as np
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from retrain.kernels import flex, varlen
-    from retrain.kernels.packing import completion_logprobs
+    from retrain.kernels import varlen
 
     for heads, kv_heads, dim in ((9, 3, 64), (32, 8, 128)):  # SmolLM2-135M, Qwen3-4B
         varlen.check(torch.device("cuda"), heads, kv_heads, dim, torch.bfloat16)
-    cfg = AutoConfig.for_model(
-        "qwen3", vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, attn_implementation="sdpa",
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg).cuda().bfloat16()
-    flex.use_flex(model)
-    rng = np.random.default_rng(0)
-    groups = [
-        (rng.integers(0, 512, 40).tolist(), [rng.integers(0, 512, k) for k in (90, 1, 130, 57)]),
-        (rng.integers(0, 512, 7).tolist(), [rng.integers(0, 512, k) for k in (200, 3)]),
-    ]
-    weights = torch.from_numpy(rng.normal(size=(6, 200))).float().cuda()
-    results = {}
-    for style in ("varlen", "bool"):
-        model.zero_grad()
-        logp = completion_logprobs(model, groups, 1.0, style, torch.device("cuda"), None)
-        (logp * weights[:, : logp.shape[1]]).sum().backward()
-        grads = torch.cat([p.grad.float().flatten() for p in model.parameters()])
-        results[style] = (logp.detach(), grads)
+    results = _packed_styles(("varlen", "bool"), torch.bfloat16)
     (a, ga), (b, gb) = results["varlen"], results["bool"]
+    ga, gb = (torch.cat([g.float().flatten() for g in grads]) for grads in (ga, gb))
     assert (a - b).norm() < 2.0**-6 * b.norm()
     rel = (ga - gb).norm() / gb.norm()
     assert gb.norm() > 0 and rel < 2.0**-5, rel
