@@ -71,5 +71,6 @@ def test_the_lease_scripts_write_what_its_report_reads(tmp_path):
     decode = [line for line in text.splitlines() if line.startswith("decode attention ")]
     assert [line.split(",")[0] for line in decode] == [
         "decode attention sdpa",
+        "decode attention sdpa-efficient",
         "decode attention matmul",
     ]

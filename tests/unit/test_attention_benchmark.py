@@ -23,6 +23,7 @@ def test_the_decode_candidate_is_grouped_decode(span):
     mask[:2, :, :, : span // 2] = float("-inf")
     for scaling in (None, 0.3):
         want = flex.grouped_decode(q, k, v, mask, scaling)
-        got = attention.decode_matmul(q, k, v, mask, scaling)
-        assert got.shape == want.shape == (rows, 1, heads, dim)
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        for candidate in (attention.decode_matmul, attention.decode_efficient):
+            got = candidate(q, k, v, mask, scaling)
+            assert got.shape == want.shape == (rows, 1, heads, dim)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
