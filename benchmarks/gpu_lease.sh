@@ -99,7 +99,8 @@ torch.cuda.get_device_name())" 2>&1 | tee -a "$log"
   # one attention layer over a headline micro-batch: the dense mask, FlexAttention and
   # flash attention's variable-length kernel (~40 s, FlexAttention's compile included);
   # then the decode step's attention, SDPA (cuDNN's kernel, ~74 us a layer in the H100's
-  # profile) against explicit products, captured as the decode step is. Here, not in
+  # profile) against its memory-efficient kernel and explicit products, captured as the
+  # decode step is. Here, not in
   # measure, whose call already brings 8 files back
   item attention 60 25 python3 benchmarks/attention.py --json "$OUT/attention.json"
 }
