@@ -15,7 +15,10 @@ weights, set the pace (59 ms per decode step at 64 rows, where the weights alone
   beside them), and the next call allocates and captures again;
 - prefills every row's prompt (left-padded) in one forward pass with an explicit 4-D
   mask: a real token attends to the real tokens at or before it; a pad attends only to
-  itself (so no attention row is empty) and no real token ever attends to a pad;
+  itself (so no attention row is empty) and no real token ever attends to a pad. Rows
+  that share a prompt (a group's completions) have it fed once and its keys and values
+  copied to each (retrain/kernels/static_cache.py), as the dynamic decoder repeats a
+  prompt's cache;
 - for a model with sliding-window layers (retrain/kernels/windows.py), keeps every
   layer's cache at full length and hands the sliding layers a second mask that also
   drops the keys that fell out of the window (a row's real tokens are contiguous, so
@@ -212,6 +215,26 @@ def prefill_mask(key_valid: torch.Tensor, width: int, window: int | None = None)
     return allowed[:, None]
 
 
+def distinct_rows(prompts: list[list[int]]) -> tuple[list[int], list[int]] | tuple[None, None]:
+    """(the first row of each distinct prompt, for every row the index of its prompt
+    among those), or (None, None) when every row's prompt is its own."""
+    first: dict[tuple[int, ...], int] = {}
+    fan = [first.setdefault(tuple(p), len(first)) for p in prompts]
+    if len(first) == len(prompts):
+        return None, None
+    fed = [0] * len(first)
+    for row, i in reversed(list(enumerate(fan))):
+        fed[i] = row
+    return fed, fan
+
+
+def copies_rows(cache) -> bool:
+    """Whether every layer of `cache` can copy a fed row to many (`WrittenAt`)."""
+    from retrain.kernels.static_cache import WrittenAt
+
+    return all(isinstance(layer, WrittenAt) for layer in cache.layers)
+
+
 def styled(mask: torch.Tensor, style: str, dtype: torch.dtype) -> torch.Tensor:
     """A bool attention mask as the model's attention takes it, in `dtype` (the residual
     stream's): additive for SDPA ("bool" style), 0 where allowed and -inf elsewhere, which
@@ -364,7 +387,10 @@ class StaticDecoder:
     def _prefill(self, model, cache, step: _Step, prompts: list[list[int]], width: int, span: int):
         """Every row's prompt, left-padded to `width`, into the reset cache, its attention
         reading the first `span` cache positions; returns the next-token logits (R, V) and
-        leaves the step's position, key mask and cache write position set."""
+        leaves the step's position, key mask and cache write position set. Rows with
+        the same prompt (a group's completions, the filler rows) are fed once and their
+        keys and values copied to each (`distinct_rows`): at the headline's 8 prompts x 16
+        completions, a sixteenth of the prefill's work."""
         rows = len(prompts)
         ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
         real = torch.zeros((rows, width), dtype=torch.bool)
@@ -380,22 +406,29 @@ class StaticDecoder:
             step.key_window[:, : max(0, width - self.windows.sliding)] = False
         cache.reset()
         step.writes.at = torch.arange(width, device=self.device)  # the prompts' positions
+        fed, fan = distinct_rows(prompts) if copies_rows(cache) else (None, None)
+        keys, feed, copies = step.key_valid[:, :span], slice(None), None
+        if fan is not None:  # the fed rows' keys only: `width` of them (static_cache.py)
+            feed = torch.tensor(fed, device=self.device)
+            copies = step.writes.fan = torch.tensor(fan, device=self.device)
+            keys = step.key_valid[feed, :width]
         try:
             out = model(
-                input_ids=ids,
+                input_ids=ids[feed],
                 attention_mask=self.windows.masks(
-                    lambda w: self._mask(prefill_mask(step.key_valid[:, :span], width, w), model)
+                    lambda w: self._mask(prefill_mask(keys, width, w), model)
                 ),
-                position_ids=positions,
+                position_ids=positions[feed],
                 **cache_kwargs(model, cache),
                 use_cache=True,
                 logits_to_keep=1,
             )
         finally:  # the steps (and the graphs captured on them) write at write_at
-            step.writes.at = step.write_at
+            step.writes.at, step.writes.fan = step.write_at, None
         step.position.copy_(positions[:, -1:])
         step.write_at.fill_(width)
-        return out.logits[:, -1, :]
+        logits = out.logits[:, -1, :]
+        return logits if copies is None else logits.index_select(0, copies)
 
     def _decode_steps(
         self, model, cache, step: _Step, logits, params, u, width: int, rows: int, span, replays

@@ -12,6 +12,11 @@ layer does only its two index copies: the same cache contents, to the bit.
 
 Sliding-window layers are full length too: the masks, not the cache, apply the window,
 so every layer's keys sit at the same cache positions.
+
+A prefill may feed each distinct prompt once (a group's completions share one): then
+`Writes.fan` says which fed row each cache row copies, every cache row is written, and
+the layer hands the attention the fed rows' own keys and values, all a prefill into an
+emptied cache reads.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ class Writes:
 
     def __init__(self, at: torch.Tensor):
         self.at = at
+        # during a prefill of distinct prompts only: (cache rows,) the fed row each copies
+        self.fan: torch.Tensor | None = None
 
 
 class WrittenAt(StaticLayer):
@@ -41,11 +48,17 @@ class WrittenAt(StaticLayer):
         self.writes = writes
 
     def update(self, key_states, value_states, *args, **kwargs):
+        fan = self.writes.fan
+        keys, values = key_states, value_states
+        if fan is not None:  # each cache row gets its fed row's (module docstring)
+            keys, values = keys.index_select(0, fan), values.index_select(0, fan)
         if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+            self.lazy_initialization(keys, values)
         at = self.writes.at
-        self.keys.index_copy_(2, at, key_states)
-        self.values.index_copy_(2, at, value_states)
+        self.keys.index_copy_(2, at, keys)
+        self.values.index_copy_(2, at, values)
+        if fan is not None:
+            return key_states, value_states
         return self.keys, self.values
 
     def get_seq_length(self):

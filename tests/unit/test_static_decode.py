@@ -585,6 +585,13 @@ def _rows_over(model, limit: int, seen: list[int]):
 
     def limited(*args, **kwargs):
         rows = kwargs["input_ids"].shape[0]
+        # a static prefill feeding each distinct prompt once fills every row of the cache:
+        # those rows are what the decoder holds at once
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        layers = getattr(cache, "layers", None) or [None]
+        writes = getattr(layers[0], "writes", None)
+        if writes is not None and writes.fan is not None:
+            rows = len(writes.fan)
         seen.append(rows)
         if rows > limit:
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
@@ -837,3 +844,46 @@ def test_the_whole_bf16_step_traces_whole_with_the_branches_only_cuda_takes():
     assert got["same_tokens"] and got["same_logprobs"]
     # the trainer, siblings fused: CUDA's branch multiplies what the CPU's does, to the bit
     assert got["train_same_logits"] and got["train_same_grads"]
+
+
+def test_distinct_rows_worked_by_hand():
+    from retrain.engines.static_decode import distinct_rows
+
+    assert distinct_rows([[1, 2], [3], [1, 2], [3], [5]]) == ([0, 1, 4], [0, 1, 0, 1, 2])
+    assert distinct_rows([[1, 2], [3], [5]]) == (None, None)  # nothing to share
+
+
+def test_a_prefill_feeds_each_distinct_prompt_once_and_fills_every_row(monkeypatch):
+    """A group's completions share a prompt: the prefill feeds it once (3 prompts and a
+    filler row, not 16 rows) and copies its keys and values to every row, so the cache
+    holds what a prefill of every row writes and the same tokens come out."""
+    from retrain.engines import static_decode
+
+    model = tiny_model(seed=5)
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=2)
+    rows = [p for p in PROMPTS for _ in range(4)] + [[0]] * 4  # as a bucket of 16 pads them
+    u = uniforms(len(rows), params.max_tokens, torch.Generator().manual_seed(2))
+    forward, fed = model.forward, []
+
+    def counted(*args, **kwargs):
+        fed.append(kwargs["input_ids"].shape[0])
+        return forward(*args, **kwargs)
+
+    model.forward = counted
+    out, caches = [], []
+    for share in (True, False):
+        if not share:  # every row fed, as before
+            monkeypatch.setattr(static_decode, "distinct_rows", lambda prompts: (None, None))
+        decoder = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
+        decoder.keep = True
+        fed.clear()
+        out.append(decoder.decode(model, rows, params, u))
+        assert fed[0] == (4 if share else 16) and set(fed[1:]) == {16}  # prefill, then steps
+        ((cache, _),) = decoder._shapes.values()
+        caches.append(cache)
+    shared, every = out
+    assert torch.equal(shared.tokens, every.tokens)
+    torch.testing.assert_close(shared.logprobs, every.logprobs, atol=1e-6, rtol=0)
+    for a, b in zip(caches[0].layers, caches[1].layers, strict=True):
+        torch.testing.assert_close(a.keys, b.keys, atol=1e-6, rtol=0)
+        torch.testing.assert_close(a.values, b.values, atol=1e-6, rtol=0)
