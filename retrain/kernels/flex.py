@@ -10,7 +10,8 @@ from it, and skips the 128 x 128 blocks that are wholly masked, so attention cos
 the sum of the segments' squares instead of the row's square, and no mask is stored.
 
 The model keeps one attention implementation, `NAME`, registered with transformers: a
-BlockMask goes to FlexAttention, a decode step of one query position to `grouped_decode`
+BlockMask goes to FlexAttention (a `varlen.Mask`, one too, to flash attention's
+variable-length kernel: retrain/kernels/varlen.py), a decode step of one query position to `grouped_decode`
 (SDPA over the grouped heads, no copies of the cache), any other mask to transformers'
 own SDPA function. A tensor mask narrower than the keys means "read the first that many
 keys": the static decoder's steps read only the cache's filled prefix that way. The
