@@ -18,7 +18,9 @@ projections as one matmul), blocks_unfused (each projection its own matmul), blo
 (the engine on the PEFT model as is), blocks_folded (the adapter folded into the bf16
 weights, rounded: the faster copy retrain does not use, because it rounds a small update
 away), blocks_static (the engine through the static decoder: a preallocated cache, one
-fixed-shape step), blocks_compiled (that step compiled by torch.compile: `decode =
+fixed-shape step), blocks_static_rows (the same prefilling every row's prompt, a group's
+copies each, as it did before 2026-11-27: each distinct prompt is fed once now),
+blocks_compiled (that step compiled by torch.compile: `decode =
 "compiled"`; its compile falls in the warm-up round, timed apart). `--mismatch` prints each
 variant's trainer-minus-sampler logprobs instead.
 """
@@ -163,6 +165,18 @@ def mismatch(model, tokenizer, prompts_B, engines: dict) -> dict:
     return out
 
 
+def every_row_prefilled(run, seed: int) -> int:
+    """`run(seed)` with the static decoder feeding every row's prompt to its prefill."""
+    from retrain.engines import static_decode
+
+    shared = static_decode.distinct_rows
+    static_decode.distinct_rows = lambda prompts: (None, None)
+    try:
+        return run(seed)
+    finally:
+        static_decode.distinct_rows = shared
+
+
 def _params(seed: int):
     from retrain.types import SamplingParams
 
@@ -200,6 +214,7 @@ def main(argv=None) -> int:
         engines["blocks_unfused"] = make_engine(blocks, tokenizer)
         unfuse(engines["blocks_unfused"])
         engines["blocks_static"] = make_engine(blocks, tokenizer, decode="static")
+        engines["blocks_static_rows"] = make_engine(blocks, tokenizer, decode="static")
         engines["blocks_compiled"] = make_engine(blocks, tokenizer, decode="compiled")
     engines = {k: e for k, e in engines.items() if k in variants}
     if args.mismatch:
@@ -212,6 +227,9 @@ def main(argv=None) -> int:
     runners = {"generate": lambda s: run_generate(model, tokenizer, prompts_B, s)}
     for name, engine in engines.items():
         runners[name] = lambda s, e=engine: run_engine(e, prompts_B, s)
+    if "blocks_static_rows" in runners:
+        rows = runners["blocks_static_rows"]
+        runners["blocks_static_rows"] = lambda s: every_row_prefilled(rows, s)
     variants = [(v, int(t)) for v in variants for t in args.threads.split(",")]
     runs: dict[str, list[dict]] = {f"{v}/t{t}": [] for v, t in variants}
     warmup: dict[str, float] = {}  # round 0's seconds: a compile, when there is one
