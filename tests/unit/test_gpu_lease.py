@@ -17,10 +17,10 @@ MEASURED = [
     "models",
     "headline",
     "quickstart",
+    "trl",
     "variants",
     "quickstart-variants",
     "profile-quickstart",
-    "trl",
     "profile",
 ]
 
