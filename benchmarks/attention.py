@@ -116,9 +116,22 @@ def decode_efficient(query, key, value, mask, scaling=None):
         return flex.grouped_decode(query, key, value, mask, scaling)
 
 
+def decode_unmasked(query, key, value, mask, scaling=None):
+    """`flex.grouped_decode` without its mask: not the rule (a left-padded row would read
+    its pads), a bound on what the mask costs the decode step (SDPA then takes the flash
+    kernel)."""
+    import torch
+
+    rows, heads, _, dim = query.shape
+    q = query.reshape(rows, key.shape[1], heads // key.shape[1], dim)  # as grouped_decode
+    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, scale=scaling)
+    return out.reshape(rows, heads, 1, dim).transpose(1, 2)
+
+
 def decode_times(rows, heads, kv_heads, dim, spans, device, dtype, calls) -> dict:
     """ms per call of the decode step's attention at each key span, `grouped_decode`
     (SDPA, as it picks and held to its memory-efficient kernel) against `decode_matmul`,
+    and SDPA without the mask (`decode_unmasked`: a bound, not the rule),
     on CUDA each captured in a CUDA graph as the decode step is (so launches cost what
     they cost there)."""
     import torch
@@ -136,6 +149,7 @@ def decode_times(rows, heads, kv_heads, dim, spans, device, dtype, calls) -> dic
             ("sdpa", flex.grouped_decode),
             ("sdpa-efficient", decode_efficient),
             ("matmul", decode_matmul),
+            ("unmasked-bound", decode_unmasked),
         ):
             ms = per_call(lambda f=fn: f(q, k, v, mask, None), device, calls)  # noqa: B023
             out.setdefault(name, {})[str(span)] = ms

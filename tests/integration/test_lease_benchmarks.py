@@ -73,4 +73,5 @@ def test_the_lease_scripts_write_what_its_report_reads(tmp_path):
         "decode attention sdpa",
         "decode attention sdpa-efficient",
         "decode attention matmul",
+        "decode attention unmasked-bound",
     ]

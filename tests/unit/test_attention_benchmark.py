@@ -27,3 +27,11 @@ def test_the_decode_candidate_is_grouped_decode(span):
             got = candidate(q, k, v, mask, scaling)
             assert got.shape == want.shape == (rows, 1, heads, dim)
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # the bound reads every key: on rows with nothing masked it is the same attention
+    unmasked = torch.zeros(rows, 1, 1, span)
+    torch.testing.assert_close(
+        attention.decode_unmasked(q, k, v, unmasked, None),
+        flex.grouped_decode(q, k, v, unmasked, None),
+        atol=1e-5,
+        rtol=1e-5,
+    )
