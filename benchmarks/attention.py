@@ -26,6 +26,7 @@ On a CPU only the dense mask and the variable-length layout through `varlen.refe
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -151,7 +152,7 @@ def decode_times(rows, heads, kv_heads, dim, spans, device, dtype, calls) -> dic
             ("matmul", decode_matmul),
             ("unmasked-bound", decode_unmasked),
         ):
-            ms = per_call(lambda f=fn: f(q, k, v, mask, None), device, calls)  # noqa: B023
+            ms = per_call(functools.partial(fn, q, k, v, mask, None), device, calls)
             out.setdefault(name, {})[str(span)] = ms
     return out
 

@@ -480,7 +480,7 @@ class LocalBackend:
     def _logprobs(self, groups: list[Group], temperature: float) -> torch.Tensor:
         """(completions, longest) logprobs of several prompts' completions, packed into one
         forward pass (retrain/kernels/packing.py)."""
-        style = "varlen" if self._varlen else mask_style(groups, self._mask_style, self._flex_from)
+        style = mask_style(groups, self._mask_style, self._flex_from, self._varlen)
         for group in self._siblings:  # what a failed pass left (an out-of-memory retry)
             group.forget()
         return completion_logprobs(

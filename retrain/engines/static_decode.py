@@ -67,7 +67,7 @@ import torch
 from retrain.engines.draw import draw
 from retrain.errors import BackendError
 from retrain.kernels.cache_arg import cache_kwargs
-from retrain.kernels.static_cache import Writes, full_length_cache
+from retrain.kernels.static_cache import Writes, WrittenAt, full_length_cache
 from retrain.kernels.windows import NO_WINDOW, Windows, within
 from retrain.types import SamplingParams
 
@@ -218,20 +218,17 @@ def prefill_mask(key_valid: torch.Tensor, width: int, window: int | None = None)
 def distinct_rows(prompts: list[list[int]]) -> tuple[list[int], list[int]] | tuple[None, None]:
     """(the first row of each distinct prompt, for every row the index of its prompt
     among those), or (None, None) when every row's prompt is its own."""
-    first: dict[tuple[int, ...], int] = {}
-    fan = [first.setdefault(tuple(p), len(first)) for p in prompts]
+    first: dict[tuple[int, ...], int] = {}  # each distinct prompt's first row
+    for row, p in enumerate(prompts):
+        first.setdefault(tuple(p), row)
     if len(first) == len(prompts):
         return None, None
-    fed = [0] * len(first)
-    for row, i in reversed(list(enumerate(fan))):
-        fed[i] = row
-    return fed, fan
+    index = {p: i for i, p in enumerate(first)}
+    return list(first.values()), [index[tuple(p)] for p in prompts]
 
 
 def copies_rows(cache) -> bool:
     """Whether every layer of `cache` can copy a fed row to many (`WrittenAt`)."""
-    from retrain.kernels.static_cache import WrittenAt
-
     return all(isinstance(layer, WrittenAt) for layer in cache.layers)
 
 

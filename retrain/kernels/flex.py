@@ -142,17 +142,25 @@ def flex_from(
             f'[backend.options] attention = "flex" trains on {device_type}, but torch has no '
             'FlexAttention backward there (CUDA only). Fix: attention = "auto" or "dense"'
         )
+    _refuse_for_the_model(option, attention, model, blocked)
+    return 0 if option == "flex" else AUTO_FROM
+
+
+def _refuse_for_the_model(
+    option: str, attention: str, model: str, blocked: list[str] | None
+) -> None:
+    """BackendError when `attention = option` (flex or varlen: either replaces the SDPA
+    attention) cannot run `model`: another attention implementation, or `blocked`."""
     if attention not in ("sdpa", NAME):
         raise BackendError(
-            f'[backend.options] attention = "flex" replaces SDPA attention, but {model} uses '
-            f'{attention!r}. Fix: attention = "dense"'
+            f'[backend.options] attention = "{option}" replaces SDPA attention, but {model} '
+            f'uses {attention!r}. Fix: attention = "dense"'
         )
     if blocked:
         raise BackendError(
-            f'[backend.options] attention = "flex" cannot apply the {", ".join(blocked)} of '
-            f'{model}. Fix: attention = "dense" (or "auto")'
+            f'[backend.options] attention = "{option}" cannot apply the {", ".join(blocked)} '
+            f'of {model}. Fix: attention = "dense" (or "auto")'
         )
-    return 0 if option == "flex" else AUTO_FROM
 
 
 def varlen_chosen(
@@ -171,16 +179,7 @@ def varlen_chosen(
             f'[backend.options] attention = "varlen" trains on {device_type}, but flash '
             f'attention\'s variable-length kernel is CUDA only. {fix} or "dense"'
         )
-    if attention not in ("sdpa", NAME):
-        raise BackendError(
-            f'[backend.options] attention = "varlen" replaces SDPA attention, but {model} '
-            f'uses {attention!r}. Fix: attention = "dense"'
-        )
-    if blocked:
-        raise BackendError(
-            f'[backend.options] attention = "varlen" cannot apply the {", ".join(blocked)} '
-            f'of {model}. Fix: attention = "dense" (or "auto")'
-        )
+    _refuse_for_the_model(option, attention, model, blocked)
     if dtype != "bf16":
         raise BackendError(
             '[backend.options] attention = "varlen" runs flash attention, which has no '

@@ -78,9 +78,13 @@ def row_width(groups: Sequence[Group]) -> int:
     return max(len(p) + sum(len(c) - 1 for c in cs) for p, cs in groups)
 
 
-def mask_style(groups: Sequence[Group], dense: str, flex_from: int | None) -> str:
-    """ "flex" when the micro-batch's longest row reaches `flex_from` positions (None:
-    never), else the `dense` style."""
+def mask_style(
+    groups: Sequence[Group], dense: str, flex_from: int | None, varlen: bool = False
+) -> str:
+    """ "varlen" with `varlen` (`flex.varlen_chosen`), "flex" when the micro-batch's
+    longest row reaches `flex_from` positions (None: never), else the `dense` style."""
+    if varlen:
+        return "varlen"
     if flex_from is not None and row_width(groups) >= flex_from:
         return "flex"
     return dense

@@ -238,15 +238,16 @@ def attend(query, key, value, mask: Mask, scaling: float | None = None) -> torch
     """transformers' attention arguments (batch, heads, L, dim) in, (batch, L, heads,
     dim) out: `mask`'s sequences through flash attention's variable-length kernel on
     CUDA, `reference` elsewhere."""
+    return _attend(query, key, value, mask, scaling, _flash if query.is_cuda else reference)
+
+
+def _attend(query, key, value, mask: Mask, scaling: float | None, kernel) -> torch.Tensor:
+    """`attend` through `kernel` (`_flash` or `reference`)."""
     rows, heads, length, dim = query.shape
-    lay = mask.layout
-    q = query.transpose(1, 2).reshape(rows * length, heads, dim)
-    k, v = (
-        _Gathered.apply(t.transpose(1, 2).reshape(rows * length, t.shape[1], dim), lay)
-        for t in (key, value)
-    )
-    run = _flash if q.is_cuda else reference
-    return run(q, k, v, lay, scaling, mask.window).view(rows, length, heads, dim)
+    q, k, v = (t.transpose(1, 2).reshape(rows * length, -1, dim) for t in (query, key, value))
+    k, v = (_Gathered.apply(t, mask.layout) for t in (k, v))
+    out = kernel(q, k, v, mask.layout, scaling, mask.window)
+    return out.view(rows, length, heads, dim)
 
 
 # How far from `reference` (relative, in norm) a bf16 kernel's output and gradients may be
@@ -292,12 +293,7 @@ def check(device: torch.device, heads: int, kv_heads: int, dim: int, dtype: torc
 
 def _reference_attend(query, key, value, mask: Mask, scaling=None) -> torch.Tensor:
     """`attend` through `reference` on any device, in float32."""
-    rows, heads, length, dim = query.shape
-    q, k, v = (
-        t.float().transpose(1, 2).reshape(rows * length, -1, dim) for t in (query, key, value)
-    )
-    k, v = (_Gathered.apply(t, mask.layout) for t in (k, v))
-    return reference(q, k, v, mask.layout, scaling, mask.window).view(rows, length, heads, dim)
+    return _attend(query.float(), key.float(), value.float(), mask, scaling, reference)
 
 
 def _probe(inputs, grad, mask: Mask, fn) -> list[torch.Tensor]:

@@ -22,7 +22,12 @@ from retrain.config.validate import kernel_problems  # noqa: E402
 from retrain.errors import BackendError, ConfigError  # noqa: E402
 from retrain.kernels import flex, varlen  # noqa: E402
 from retrain.kernels.logprobs import linear_head  # noqa: E402
-from retrain.kernels.packing import completion_logprobs, dense_mask, pack  # noqa: E402
+from retrain.kernels.packing import (  # noqa: E402
+    completion_logprobs,
+    dense_mask,
+    mask_style,
+    pack,
+)
 
 
 def test_the_layout_worked_by_hand():
@@ -161,6 +166,8 @@ def test_varlen_chosen_and_its_refusals():
     assert flex.varlen_chosen("varlen", "cuda", "sdpa", "m", [], "bf16")
     assert not flex.varlen_chosen("auto", "cuda", "sdpa", "m", [], "bf16")
     assert flex.flex_from("varlen", "cuda", "sdpa", "m") is None  # no FlexAttention then
+    groups = [([1] * 10, [np.array([2] * 6)])]
+    assert mask_style(groups, "bool", None, varlen=True) == "varlen"
     refusals = [
         (("cpu", "sdpa", [], "bf16"), "trains on cpu.*CUDA only"),
         (("cuda", "eager", [], "bf16"), "m uses 'eager'"),
