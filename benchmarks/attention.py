@@ -16,8 +16,10 @@ variable-length kernel does better, before `attention = "auto"` is pointed at it
 
 Then the decode step's attention (one query position per row over the cache's filled
 keys, an additive mask: `flex.grouped_decode`, SDPA, which takes cuDNN's kernel on an
-H100) against the same by explicit products (`decode_matmul`), at the headline's 128 rows
-and three key spans, each captured in a CUDA graph as the decode step is.
+H100) against SDPA held to its memory-efficient kernel (`decode_efficient`) and the same
+by explicit products (`decode_matmul`), with SDPA unmasked as a bound on what the mask
+costs (`decode_unmasked`), at the headline's 128 rows and three key spans, each captured
+in a CUDA graph as the decode step is.
 
 On a CPU only the dense mask and the variable-length layout through `varlen.reference`
 (one SDPA call per sequence: not the kernel, so not a speed) run.
@@ -70,7 +72,7 @@ def variants(device, available: set[str]):
         "varlen": (
             "varlen",
             lambda packed: varlen.Mask(varlen.layout(packed.segments).to(device)),
-            lambda q, k, v, mask: varlen.attend(q, k, v, mask),
+            varlen.attend,
         ),
         "flex": (
             "flex",
@@ -86,7 +88,7 @@ def decode_matmul(query, key, value, mask, scaling=None):
     over the keys) by explicit products: the scores in float32, their softmax, the
     values. A candidate for the decode step's attention, where the H100's profile of
     2026-11-27 put cuDNN's kernel for it at ~74 us a layer (~20% of a step): tested
-    against `grouped_decode` (tests/integration/test_lease_benchmarks.py), timed here."""
+    against `grouped_decode` (tests/unit/test_attention_benchmark.py), timed here."""
     import torch
 
     rows, heads, _, dim = query.shape

@@ -253,11 +253,12 @@ def child_generate(setup: dict, steps: int, seed: int) -> dict:
 # retrain's variants: one [backend.options] entry added to the run's table (not replacing
 # it). dense: packed rows through the L x L mask, not FlexAttention (what "auto" picks on
 # CUDA for rows of 2048+ positions); varlen: through flash attention's variable-length
-# kernel instead (retrain/kernels/varlen.py); compiled: the decode step compiled by inductor, then
-# captured as a CUDA graph, instead of captured uncompiled (auto); mb4k and mb8k: training
-# micro-batches of one and of two headline groups (a prompt of up to 256 tokens and 16
-# completions of 256) instead of the largest that fits the free memory (auto): the
-# peak memory a smaller micro-batch saves, against the training time it costs.
+# kernel instead (retrain/kernels/varlen.py); compiled: the decode step compiled by
+# inductor, then captured as a CUDA graph, instead of captured uncompiled (auto); mb4k
+# and mb8k: training micro-batches of one and of two headline groups (a prompt of up to
+# 256 tokens and 16 completions of 256) instead of the largest that fits the free memory
+# (auto): the peak memory a smaller micro-batch saves, against the training time it
+# costs.
 VARIANTS = {
     "retrain-dense": "attention=dense",
     "retrain-varlen": "attention=varlen",

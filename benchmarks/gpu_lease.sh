@@ -26,9 +26,8 @@
 # TRL (per-step and held-out correct rates), TRL at the headline, the headline through
 # flash attention's variable-length kernel and with the decode step compiled, the
 # quickstart's compiled, the quickstart's step profiled, the parts and kernel profile of
-# a headline step (benchmarks/memory_fit.py and the micro-batch
-# comparison, each measured on two cards, are no longer in the plan: at most 8 files come
-# back); last, benchmarks/lease_report.py's table of issue 27's targets against what was
+# a headline step (benchmarks/memory_fit.py and the micro-batch comparison, each
+# measured on two cards, are no longer in the plan: at most 8 files come back); last, benchmarks/lease_report.py's table of issue 27's targets against what was
 # measured. LEASE_SKIP="name ..." skips the items named, LEASE_VARIANTS the kinds the
 # variants item runs (say, without the compiled ones when setup's -m gpu run shows the
 # step does not compile).
@@ -101,8 +100,7 @@ torch.cuda.get_device_name())" 2>&1 | tee -a "$log"
   # flash attention's variable-length kernel (~40 s, FlexAttention's compile included);
   # then the decode step's attention, SDPA (cuDNN's kernel, ~74 us a layer in the H100's
   # profile) against its memory-efficient kernel and explicit products, captured as the
-  # decode step is. Here, not in
-  # measure, whose call already brings 8 files back
+  # decode step is. Here, not in measure, whose call already brings 8 files back
   item attention 60 25 python3 benchmarks/attention.py --json "$OUT/attention.json"
 }
 
