@@ -91,13 +91,12 @@ def training(precision) -> dict[str, bool]:
 
 
 def main() -> None:
-    import retrain.engines.sampling_copy as sampling_copy
     import retrain.engines.static_decode as static_decode
     import retrain.kernels.norms as norms
     import retrain.kernels.precision as precision
 
     cuda_branches()
-    norms.FUSED_NORM_DEVICES = sampling_copy.FUSED_NORM_DEVICES = frozenset({"cpu", "cuda"})
+    norms.FUSED_NORM_DEVICES = frozenset({"cpu", "cuda"})
     static_decode.compiled_step = lambda step: torch.compile(
         step, fullgraph=True, backend="aot_eager"
     )

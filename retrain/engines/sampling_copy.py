@@ -50,7 +50,7 @@ from retrain.kernels.lora_layers import (
     rounds_once,
     runs_lean,
 )
-from retrain.kernels.norms import FUSED_NORM_DEVICES, fuse_rms_norms
+from retrain.kernels.norms import fuse_rms_norms, fused_norms
 from retrain.kernels.precision import (
     bf16_linears,
     bf16_weights,
@@ -255,7 +255,7 @@ class SamplingCopy:
         if type(head) is torch.nn.Linear and head.weight.dtype != torch.float32:
             copy_.set_output_embeddings(Float32Head(head))
         embeddings = copy_.get_input_embeddings().weight
-        if embeddings.device.type in FUSED_NORM_DEVICES:  # one kernel per norm, not eight
+        if fused_norms(embeddings.device.type):  # one kernel per norm, not eight
             fuse_rms_norms(copy_)
         pairs = []
         stream = embeddings.dtype  # what each layer is given

@@ -1,4 +1,4 @@
-"""The sampler's RMS norms as one kernel each on CUDA.
+"""RMS norms as one kernel each on CUDA, for the sampler and the trainer.
 
 transformers' Llama-family RMSNorm (Llama, Qwen2/3, Mistral, ...) runs about eight
 operators: cast to float32, square, mean, add epsilon, reciprocal square root, multiply,
@@ -6,28 +6,35 @@ cast back, multiply by the weight. A decode step of one token per row is hundred
 small kernels (a Qwen3 block has four norms: before attention, before the MLP, and on
 each head's queries and keys), and on a GPU their count, not their work, sets the step's
 time: even replayed from a CUDA graph each kernel costs a few microseconds. torch's
-`rms_norm` is one fused kernel on CUDA (float32 inside, the result rounded once to the
-input's dtype), so `RmsNorm` computes the same thing in two: the normalisation, then the
-weight, in the order transformers rounds them. On a CPU torch's `rms_norm` is the same
-eight operators, so nothing is replaced there (FUSED_NORM_DEVICES).
+`rms_norm` with the weight is one fused kernel on CUDA (torch >= 2.9; float32 inside,
+the weight applied there, the result rounded once to the input's dtype) and one for its
+backward, which keeps only the input and each vector's reciprocal RMS. `RmsNorm` is that
+kernel. transformers rounds twice (the normalised vector to the input's dtype, then its
+product with the weight): the two differ by at most one rounding step of the dtype, and
+the sampler and the trainer both run `RmsNorm`, so they round alike. On a CPU torch's
+`rms_norm` is the same eight operators, so nothing is replaced there (`fused_norms`).
 
-The trainer's norms take the same form on a GPU, recomputed in the backward
-(retrain/kernels/recompute.py). Only norms whose output equals `RmsNorm`'s on a probe
-(to the rounding of their dtype) are replaced: Gemma's (1 + weight), a norm with a bias
-or another formula keeps its own.
+Only norms whose output equals `RmsNorm`'s on a probe (to the rounding of their dtype)
+are replaced: Gemma's (1 + weight), a norm with a bias or another formula keeps its own.
 """
 
 from __future__ import annotations
 
 import torch
 
-# Device kinds where torch's rms_norm is one fused kernel (CUDA, torch >= 2.9).
+# Device kinds where torch's rms_norm is one fused kernel, from torch 2.9 (`fused_norms`).
 FUSED_NORM_DEVICES = frozenset({"cuda"})
 
 
+def fused_norms(device_type: str) -> bool:
+    """Whether torch's rms_norm is one kernel (and one for its backward) on `device_type`
+    with the installed torch."""
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    return device_type in FUSED_NORM_DEVICES and (major, minor) >= (2, 9)
+
+
 class RmsNorm(torch.nn.Module):
-    """weight * rms_norm(x), normalised in float32 and rounded to x's dtype before the
-    weight multiplies it, as transformers' Llama-family RMSNorm does."""
+    """rms_norm(x) * weight in float32, rounded once to x's dtype (module docstring)."""
 
     def __init__(self, weight: torch.nn.Parameter, eps: float):
         super().__init__()
@@ -38,7 +45,15 @@ class RmsNorm(torch.nn.Module):
         return self._normed(x, self.weight)
 
     def _normed(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return weight * torch.nn.functional.rms_norm(x, (x.shape[-1],), eps=self.eps)
+        if weight.dtype != x.dtype:  # torch's kernel takes one dtype
+            return rounded_twice(x, weight, self.eps)
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, self.eps)
+
+
+def rounded_twice(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' formula: x normalised in float32, rounded to x's dtype, times the
+    weight."""
+    return weight * torch.nn.functional.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
 def probe(

@@ -1,5 +1,5 @@
-"""The trained model's cheap element-wise parts recomputed in the backward instead of
-kept for it, on a wholly bf16 model (a GPU's bf16 mode).
+"""The trained model's cheap element-wise parts keeping only their inputs for the
+backward, on a wholly bf16 model (a GPU's bf16 mode).
 
 Autograd keeps what each operator's backward needs, and two cheap parts of a
 Llama-family block keep more than their inputs:
@@ -14,15 +14,22 @@ Llama-family block keep more than their inputs:
 
 At Qwen3-4B's block shapes these are ~16 of the 64 bytes a trained position keeps per
 hidden unit and layer (counted on a CPU; tests/unit/test_recompute.py counts them on a
-small model). `recompute_elementwise` has each such part keep its inputs only and run
-its forward again in the backward (a few element-wise kernels per block; the matmuls
-are not recomputed). A norm becomes `weight * torch.rms_norm(x)` (retrain/kernels/
-norms.py), one fused kernel on CUDA, only where a probe finds it computing the same; an
-MLP only where a probe finds `down(act(gate(x)) * up(x))` its output to the bit. The
-gradients are the part's own: bit-identical on a CPU (where torch's rms_norm is
-transformers' operators), to bf16 rounding on CUDA (its fused kernels sum in their own
-order). The price is CPU-side: each part adds an autograd call to the backward (~0.15
-ms a part on this project's CPU), which a GPU busy with large micro-batches hides.
+small model). `recompute_elementwise` has each such part keep its inputs only:
+
+- a norm becomes torch's `rms_norm` with the weight (retrain/kernels/norms.py
+  `RmsNorm`) where that is one kernel with one for its backward (`fused_norms`: CUDA):
+  it keeps the input and each vector's reciprocal RMS, so nothing is recomputed and
+  the backward runs one kernel per norm. Elsewhere (a CPU, torch < 2.9) the norm runs
+  its forward again in the backward (`RecomputedRmsNorm`): torch's rms_norm is
+  transformers' operators there, and the gradients are the model's own to the bit;
+- a gated MLP keeps gate and up and runs act(gate) * up again in the backward (the
+  matmuls are not recomputed), only where a probe finds `down(act(gate(x)) * up(x))`
+  its output to the bit.
+
+Norms are replaced only where a probe finds `RmsNorm` computing the same (to one
+rounding step of the dtype). The price of a recomputed part is CPU-side: an autograd
+call in the backward (~0.15 ms a part on this project's CPU), which a GPU busy with
+large micro-batches hides and a small model's step, bound by the host, does not.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from collections.abc import Callable
 
 import torch
 
-from retrain.kernels.norms import RmsNorm, probe, rms_norm_candidate
+from retrain.kernels.norms import RmsNorm, fused_norms, probe, rms_norm_candidate, rounded_twice
 
 
 class _Recompute(torch.autograd.Function):
@@ -63,10 +70,14 @@ def recomputed(fn: Callable, *inputs: torch.Tensor) -> torch.Tensor:
 
 
 class RecomputedRmsNorm(RmsNorm):
-    """`RmsNorm` keeping only its input (and the weight it shares) for the backward."""
+    """transformers' norm (`norms.rounded_twice`: the same operators on a CPU) keeping
+    only its input (and the weight it shares) for the backward."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return recomputed(self._normed, x, self.weight)
+
+    def _normed(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return rounded_twice(x, weight, self.eps)
 
 
 class GatedMlp(torch.nn.Module):
@@ -104,16 +115,23 @@ def _mlp_candidate(module: torch.nn.Module) -> GatedMlp | None:
 
 def recompute_elementwise(model: torch.nn.Module) -> tuple[int, int]:
     """Every RMS norm and gated MLP of `model` that qualifies (module docstring) replaced,
-    in place, by one recomputing its element-wise part in the backward; returns (norms,
-    MLPs) replaced. The replacements hold the same parameters under the same names."""
+    in place, by one keeping its inputs only; returns (norms, MLPs) replaced. The
+    replacements hold the same parameters under the same names."""
     norms = mlps = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             ours = _mlp_candidate(child)
             if ours is None:
-                ours = rms_norm_candidate(child, RecomputedRmsNorm)
+                ours = rms_norm_candidate(child, _norm_kind(child))
             if ours is not None:
                 setattr(parent, name, ours)
                 mlps += isinstance(ours, GatedMlp)
-                norms += isinstance(ours, RecomputedRmsNorm)
+                norms += isinstance(ours, RmsNorm)
     return norms, mlps
+
+
+def _norm_kind(module: torch.nn.Module) -> type[RmsNorm]:
+    """The norm that keeps only its input for `module`'s device (module docstring)."""
+    weight = getattr(module, "weight", None)
+    device = weight.device.type if isinstance(weight, torch.Tensor) else "cpu"
+    return RmsNorm if fused_norms(device) else RecomputedRmsNorm

@@ -230,11 +230,13 @@ def test_torchs_fused_rms_norm_passes_the_probe_on_cuda():
     torch.testing.assert_close(after, before, rtol=0, atol=0.1)  # bf16 logits, summed otherwise
 
 
-def test_recomputed_norms_and_gated_products_give_the_models_gradients_on_cuda():
-    """On CUDA the recomputed norm runs torch's fused rms_norm forward and backward, so
-    the gradients match the model's own to bf16 rounding, not to the bit as on a CPU."""
+def test_fused_norms_and_gated_products_give_the_models_gradients_on_cuda():
+    """On CUDA the norm is torch's fused rms_norm with the weight (one kernel forward,
+    one backward, nothing recomputed) and the gated product is recomputed, so the
+    gradients match the model's own to bf16 rounding, not to the bit as on a CPU."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from retrain.kernels.norms import RmsNorm
     from retrain.kernels.precision import bf16_weights
     from retrain.kernels.recompute import recompute_elementwise
 
@@ -253,6 +255,7 @@ def test_recomputed_norms_and_gated_products_give_the_models_gradients_on_cuda()
             p.requires_grad_("mlp" in name or "norm" in name)
         if recompute:
             assert recompute_elementwise(model) == (9, 2)
+            assert [type(m) for m in model.modules() if isinstance(m, RmsNorm)] == [RmsNorm] * 9
         out = model.model(input_ids=ids).last_hidden_state.float()
         (out * torch.linspace(-1, 1, out.shape[-1], device="cuda")).sum().backward()
         grads.append(

@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from tiny_qwen3 import HEAD_DIM, HEADS, HIDDEN, INTER, KV, LAYERS, per_position, qwen3_lora  # noqa: E402
 
+import retrain.kernels.norms as norms  # noqa: E402
 from retrain.kernels.norms import RmsNorm, fuse_rms_norms  # noqa: E402
 from retrain.kernels.recompute import (  # noqa: E402
     GatedMlp,
@@ -65,6 +66,33 @@ def test_gradients_are_the_models_own(checkpointing):
     assert any(g.abs().sum() > 0 for g in g1.values())
 
 
+def test_where_the_norm_is_one_kernel_it_is_not_recomputed(monkeypatch):
+    # where torch's rms_norm is one kernel keeping its input and reciprocal RMS (CUDA),
+    # the norm is that kernel: nothing to recompute. It rounds once where transformers
+    # rounds twice: against the same model in float32, its output and gradients are as
+    # close as transformers' bf16 ones (a wrong weight or a dropped gradient is not)
+    ids = torch.arange(24)[None] % 97
+    probe = torch.randn(1, 24, HIDDEN, generator=torch.Generator().manual_seed(1))
+    exact, g_exact = _grads(qwen3_lora(bf16=False, switch=True), ids, probe)
+    theirs, g_theirs = _grads(qwen3_lora(bf16=True, switch=True), ids, probe)
+    monkeypatch.setattr(norms, "FUSED_NORM_DEVICES", frozenset({"cpu"}))
+    model = qwen3_lora(bf16=True, switch=True, recompute=True)
+    kinds = [type(m) for m in model.modules() if isinstance(m, RmsNorm)]
+    assert kinds == [RmsNorm] * (4 * LAYERS + 1)
+    assert sum(isinstance(m, GatedMlp) for m in model.modules()) == LAYERS
+    ours, g_ours = _grads(model, ids, probe)
+
+    def error(a, b):
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+    assert 0 < error(ours, exact) < 1.5 * error(theirs, exact)
+    assert list(g_ours) == list(g_exact)
+    for name in g_exact:
+        assert (
+            error(g_ours[name], g_exact[name]) < 1.5 * error(g_theirs[name], g_exact[name]) + 1e-3
+        ), name
+
+
 def test_a_part_gets_the_gradients_of_its_forward():
     gate = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
     up = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
@@ -90,12 +118,12 @@ def test_the_same_parameters_under_the_same_names():
 def test_the_sampling_copy_takes_plain_fused_norms(monkeypatch):
     import retrain.engines.sampling_copy as sampling_copy
 
-    monkeypatch.setattr(sampling_copy, "FUSED_NORM_DEVICES", frozenset({"cpu"}))
+    monkeypatch.setattr(norms, "FUSED_NORM_DEVICES", frozenset({"cpu"}))
     model = qwen3_lora(bf16=True, switch=True, recompute=True)
     copy = sampling_copy.SamplingCopy.build(model, None)
     copy.refresh()
-    norms = [m for m in copy.model.modules() if isinstance(m, RmsNorm)]
-    assert norms and all(type(m) is RmsNorm for m in norms)
+    fused = [m for m in copy.model.modules() if isinstance(m, RmsNorm)]
+    assert fused and all(type(m) is RmsNorm for m in fused)
     ids = torch.arange(12)[None] % 97
     with torch.no_grad():
         want = model(input_ids=ids).logits.float()
