@@ -42,12 +42,15 @@ def f32_out_matmul(device_type: str) -> bool:
 
 def cuda_branches() -> None:
     """This process takes the branches a GPU's whole-bf16 layout takes, on the CPU: the
-    whole model in bf16 (`hardware.WHOLE_BF16`), and the products' float32-result bf16
+    whole model in bf16 (`hardware.WHOLE_BF16`), the products' float32-result bf16
     matmuls (`mm.dtype`, `addmm.dtype`: CUDA's only) given CPU kernels that multiply
-    float32 copies of the operands, chosen by the device query's own body. Once per
-    process (benchmarks/train_step.py's `--layout gpu` uses it too)."""
+    float32 copies of the operands, chosen by the device query's own body, and the norms
+    as torch's rms_norm with the weight (`norms.FUSED_NORM_DEVICES`: one kernel on CUDA,
+    its eight operators here). Once per process (benchmarks/train_step.py's `--layout
+    gpu` uses it too)."""
     import retrain.engines.sampling_copy as sampling_copy
     import retrain.hardware as hardware
+    import retrain.kernels.norms as norms
     import retrain.kernels.precision as precision
 
     if not _LIBS:
@@ -62,6 +65,7 @@ def cuda_branches() -> None:
         )
         _LIBS.append(lib)
     hardware.WHOLE_BF16 = frozenset({*hardware.WHOLE_BF16, "cpu"})
+    norms.FUSED_NORM_DEVICES = frozenset({*norms.FUSED_NORM_DEVICES, "cpu"})
     precision.f32_out_matmul = sampling_copy.f32_out_matmul = f32_out_matmul
 
 
@@ -92,11 +96,9 @@ def training(precision) -> dict[str, bool]:
 
 def main() -> None:
     import retrain.engines.static_decode as static_decode
-    import retrain.kernels.norms as norms
     import retrain.kernels.precision as precision
 
     cuda_branches()
-    norms.FUSED_NORM_DEVICES = frozenset({"cpu", "cuda"})
     static_decode.compiled_step = lambda step: torch.compile(
         step, fullgraph=True, backend="aot_eager"
     )
