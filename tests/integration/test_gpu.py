@@ -329,8 +329,8 @@ def test_a_training_micro_batch_never_waits_for_the_gpu(tiny_raw, tmp_path, atte
 
 
 def test_checkpointing_on_cuda_gives_the_plain_gradient_and_auto_turns_it_on(tiny_raw, tmp_path):
-    """Activation checkpointing on the GPU's whole-bf16 model (recomputed norms and gated
-    products inside the recomputed blocks) gives the plain backward's gradient, to bf16
+    """Activation checkpointing on the GPU's whole-bf16 model (fused norms and recomputed
+    gated products inside the recomputed blocks) gives the plain backward's gradient, to bf16
     rounding; and checkpointing = "auto" turns it on at a completion that runs out of
     memory (injected while it is off) and trains that step."""
     import copy
