@@ -615,6 +615,17 @@ BACKENDS = Registry(
                     "a model's sliding windows",
                     validator=_one_of("auto", "dense", "flex", "varlen"),
                 ),
+                "compile": OptionSpec(
+                    "bool",
+                    False,
+                    "Compile each transformer block of the trained model with torch.compile "
+                    "(inductor) for training: rotary, residual adds, the gated activation and "
+                    "casts fused into few kernels around the matmuls, far fewer operators "
+                    "launched a step. One graph serves every block, compiled at the first "
+                    "training step (dynamic shapes). Sibling LoRA linears then run one by one "
+                    "and the compiler chooses what the backward recomputes. CUDA only, needs "
+                    "triton; not with shard = true or attention = varlen",
+                ),
                 "collective_timeout_s": OptionSpec(
                     "int",
                     600,

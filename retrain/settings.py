@@ -73,6 +73,7 @@ class LocalOptions(_BackendOptions):
     decode: str
     checkpointing: bool | str  # True, False, or "auto" (resolved by the backend at start)
     attention: str
+    compile: bool
     collective_timeout_s: int
     shard: bool
 

@@ -46,6 +46,7 @@ from retrain.errors import (
 )
 from retrain.hardware import cuda_free_bytes, whole_model_bf16
 from retrain.kernels import flex
+from retrain.kernels.compiled_blocks import compile_blocks, compile_errors
 from retrain.kernels.logprobs import linear_head
 from retrain.kernels.lora_layers import (
     adapter_in_input_dtype,
@@ -241,8 +242,10 @@ class LocalBackend:
             self.sampler_model = copy.deepcopy(self.model).to(self.infer_device)
             self.sampler_model.requires_grad_(False)
         self.engine, self.server = self._attach(engine, tokenizer)
+        if self.options.compile:  # after the sampling copy is made: its blocks stay eager
+            self._compile_blocks(say)
         say(
-            f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'}, micro_batch_tokens={self.options.micro_batch_tokens}{', activation checkpointing' if self.options.checkpointing else ''}, attention={flex.label(self._flex_from, self._varlen)})."
+            f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'}, micro_batch_tokens={self.options.micro_batch_tokens}{', activation checkpointing' if self.options.checkpointing else ''}{', compiled blocks' if self.options.compile else ''}, attention={flex.label(self._flex_from, self._varlen)})."
         )
 
     def _size_memory(self, model, say: Callable[[str], None], sampler: str | None = "auto") -> None:
@@ -374,13 +377,16 @@ class LocalBackend:
         )
         peft_model = get_peft_model(model, peft_config)  # PEFT keeps the adapter in float32
         lean_lora_forward(peft_model)  # each LoRA linear adds its adapter inside one addmm
+        compiling = self.options.compile  # blocks compiled once the sampler is bound
         if whole:  # computed in bf16 from the bf16 stream, not from float32 copies of it
             adapter_in_input_dtype(peft_model)
             # norms and gated products keep their bf16 inputs only (retrain/kernels/recompute.py)
-            recompute_elementwise(peft_model)
+            recompute_elementwise(peft_model, mlps=not compiling)
         # q/k/v and gate/up each one matmul, as the sampler runs them (not on a sharded
-        # base: FSDP holds the weights in shards, not stacked)
-        self._siblings = fuse_sibling_loras(peft_model) if whole and not self.world.shard else []
+        # base: FSDP holds the weights in shards, not stacked; nor in compiled blocks,
+        # retrain/kernels/compiled_blocks.py)
+        fuse = whole and not self.world.shard and not compiling
+        self._siblings = fuse_sibling_loras(peft_model) if fuse else []
         if self.options.checkpointing:
             _checkpoint_activations(peft_model)
         device, dtype = self.train_device, "bf16" if self.bf16 else "fp32"
@@ -416,6 +422,26 @@ class LocalBackend:
             f"Sharded the frozen base's {blocks} transformer blocks over {self.world.size} "
             "ranks (FSDP2); the LoRA adapter stays whole on every rank."
         )
+
+    def _compile_blocks(self, say: Callable[[str], None]) -> None:
+        """`compile = true`: the trained model's blocks compiled (retrain/kernels/
+        compiled_blocks.py), refused where the engine samples from the trained model
+        itself (its decode steps would run the compiled blocks)."""
+        copy_ = getattr(self.engine, "copy", None)
+        if self.server is None and not self.split_mode and copy_ is None:
+            raise BackendError(
+                "[backend.options] compile = true compiles the trained model's blocks, but "
+                "the pytorch engine samples from that model itself (no sampling copy: an "
+                "adapter it cannot copy, or shard = true). Fix: compile = false"
+            )
+        count = compile_blocks(self.model)
+        if not count:
+            raise BackendError(
+                "[backend.options] compile = true compiles the transformer blocks that "
+                f"transformers names for {self.settings.model!r} (_no_split_modules), and it "
+                "names none. Fix: compile = false"
+            )
+        say(f"{count} transformer blocks compiled for training (at the first step)")
 
     def _attach(self, engine, tokenizer) -> tuple[Engine, ServerEngine | None]:
         """(the sampling engine, the server engine or None): an in-process engine is bound
@@ -475,7 +501,8 @@ class LocalBackend:
     ) -> torch.Tensor:
         """Logprobs (n, Cmax) of each completion's tokens given the prompt, at the sampling
         temperature; pads are 0."""
-        return self._logprobs([(prompt_ids, completions)], temperature)
+        with compile_errors(self.options.compile):
+            return self._logprobs([(prompt_ids, completions)], temperature)
 
     def _logprobs(self, groups: list[Group], temperature: float) -> torch.Tensor:
         """(completions, longest) logprobs of several prompts' completions, packed into one
@@ -569,7 +596,8 @@ class LocalBackend:
         if self.world.shard and self._full:  # training holds the shards only
             distributed.sharded_weights(self.model)
             self._full = False
-        return self._train_step(datums, hyper)
+        with compile_errors(self.options.compile):
+            return self._train_step(datums, hyper)
 
     def _train_step(self, datums: list[Datum], hyper: TrainHyper) -> TrainResult:
         for group in self.optimizer.param_groups:

@@ -556,6 +556,41 @@ def _attention(config: Config) -> Problems:
     ]
 
 
+def _compile(config: Config) -> Problems:
+    """Compiled training blocks (`compile = true`) where they cannot run: a trainer that
+    is not a GPU, a machine without the compiler's triton, the blocks sharded over ranks
+    (FSDP gathers them inside the block's call) or flash attention's variable-length
+    kernel (its layout is not traced)."""
+    opts = config.backend.options
+    if opts.get("compile") is not True or "compile" not in _options_of(config):
+        return []
+    trainer, missing = device_part(config, last=True), compiler_missing("cuda")
+    if device_kind(config, last=True) != "cuda":
+        problem = (
+            f"= true compiles the trained blocks for a GPU, but training runs on {trainer!r} "
+            f"([backend] devices = {config.backend.devices!r}). Fix: compile = false, or a "
+            "gpu device"
+        )
+    elif opts.get("shard") is True:
+        problem = (
+            "= true compiles each block, but shard = true gathers the blocks' weights inside "
+            "their calls. Fix: compile = false, or shard = false"
+        )
+    elif opts.get("attention") == "varlen":
+        problem = (
+            '= true is not built for attention = "varlen" (its layout is not traced). Fix: '
+            'attention = "auto", or compile = false'
+        )
+    elif missing:
+        problem = (
+            f"= true compiles the trained blocks with triton, but {missing}. Fix: install "
+            "it, or compile = false"
+        )
+    else:
+        return []
+    return [("[backend.options] compile", problem)]
+
+
 def _engine_settings(config: Config) -> Problems:
     """The spec's engine-tuning keys that no built-in engine acts on yet: a value other
     than the default is an error, not a silent no-op. (A server engine's dtype and
@@ -638,6 +673,7 @@ CROSS_CHECKS: tuple[Callable[[Config], Problems], ...] = (
     _overlap,
     _decode,
     _attention,
+    _compile,
     _inference,
     _squeeze,
 )
@@ -661,7 +697,7 @@ def kernel_problems(config: Config, lacks: Callable[[str, str, int], str | None]
     `[inference] dtype = "bf16"`), on a GPU without native bf16 ("auto" is fp32 there, and
     `attention = "auto"` keeps the dense mask with bf16); flash attention's, `attention =
     "varlen"`, on such a GPU whatever the dtype (flash attention needs bf16 matmuls and a
-    GPU from Ampere on: the same GPUs)."""
+    GPU from Ampere on: the same GPUs); and `compile = true` with bf16 (triton's too)."""
     opts = config.backend.options
     trainer = opts.get("dtype") == "bf16" and "dtype" in _options_of(config)
     sampler = trainer or config.inference.dtype == "bf16"
@@ -670,6 +706,7 @@ def kernel_problems(config: Config, lacks: Callable[[str, str, int], str | None]
         ("attention", "flex", True, "trains packed rows through FlexAttention", "auto", trainer),
         ("decode", "compiled", False, "compiles the decode step", "graphs", sampler),
         ("attention", "varlen", True, "trains packed rows through flash attention", "auto", True),
+        ("compile", True, True, "compiles the trained blocks", False, trainer),
     ):
         if not bf16 or opts.get(key) != value or device_kind(config, last) != "cuda":
             continue
@@ -687,11 +724,16 @@ def kernel_problems(config: Config, lacks: Callable[[str, str, int], str | None]
             if not trainer:  # the sampler's own bf16 copy
                 asked, fix = '[inference] dtype = "bf16"', '[inference] dtype = "auto"'
             problem = (
-                f'= "{value}" {what} with triton, which has no bf16 on {part!r} ({why}), '
-                f'and {asked}. Fix: {fix}, or {key} = "{instead}"'
+                f"= {_toml(value)} {what} with triton, which has no bf16 on {part!r} "
+                f"({why}), and {asked}. Fix: {fix}, or {key} = {_toml(instead)}"
             )
         found.append((f"[backend.options] {key}", problem))
     return found
+
+
+def _toml(value: str | bool) -> str:
+    """An option's value as a TOML file spells it."""
+    return str(value).lower() if isinstance(value, bool) else f'"{value}"'
 
 
 def devices_problems(config: Config, count_cuda: Callable[[], int]) -> Problems:

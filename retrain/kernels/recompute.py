@@ -113,21 +113,23 @@ def _mlp_candidate(module: torch.nn.Module) -> GatedMlp | None:
     return ours if outputs is not None and torch.equal(*outputs) else None
 
 
-def recompute_elementwise(model: torch.nn.Module) -> tuple[int, int]:
-    """Every RMS norm and gated MLP of `model` that qualifies (module docstring) replaced,
-    in place, by one keeping its inputs only; returns (norms, MLPs) replaced. The
-    replacements hold the same parameters under the same names."""
-    norms = mlps = 0
+def recompute_elementwise(model: torch.nn.Module, mlps: bool = True) -> tuple[int, int]:
+    """Every RMS norm and (with `mlps`) gated MLP of `model` that qualifies (module
+    docstring) replaced, in place, by one keeping its inputs only; returns (norms, MLPs)
+    replaced. The replacements hold the same parameters under the same names. Compiled
+    blocks (retrain/kernels/compiled_blocks.py) take no MLP's: its backward calls
+    autograd, which a compiled graph cannot hold, and the compiler recomputes itself."""
+    norms = replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            ours = _mlp_candidate(child)
+            ours = _mlp_candidate(child) if mlps else None
             if ours is None:
                 ours = rms_norm_candidate(child, _norm_kind(child))
             if ours is not None:
                 setattr(parent, name, ours)
-                mlps += isinstance(ours, GatedMlp)
+                replaced += isinstance(ours, GatedMlp)
                 norms += isinstance(ours, RmsNorm)
-    return norms, mlps
+    return norms, replaced
 
 
 def _norm_kind(module: torch.nn.Module) -> type[RmsNorm]:

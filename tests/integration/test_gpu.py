@@ -365,6 +365,48 @@ def test_checkpointing_on_cuda_gives_the_plain_gradient_and_auto_turns_it_on(tin
         torch.testing.assert_close(b, a, rtol=0.02, atol=1e-4)
 
 
+@pytest.mark.parametrize("attention", ["dense", "flex"])
+def test_compiled_blocks_train_as_the_eager_blocks_on_cuda(tiny_raw, attention):
+    """`compile = true` through inductor and triton: a step's loss and gradients are the
+    eager blocks' to bf16 rounding (the eager ones fuse siblings and recompute the gated
+    product; the compiled ones do neither), a second step compiles nothing new, and the
+    sampling copy stays eager."""
+    import copy
+
+    from grad_recorder import step_gradients
+    from test_memory_sizing import HYPER, datums_of, make_backend
+    from torch._dynamo.utils import counters
+
+    from retrain.kernels.compiled_blocks import blocks, compiled
+
+    def backend(compile_):
+        raw = copy.deepcopy(tiny_raw)
+        raw["backend"]["devices"] = "gpu:0"
+        raw["backend"]["options"] = {"compile": compile_, "attention": attention}
+        return make_backend(raw, raw["model"]["model"])
+
+    eager, ours = backend(False), backend(True)
+    with torch.no_grad():  # one trained-looking adapter for both
+        for (_, p), (_, q) in zip(
+            eager.model.named_parameters(), ours.model.named_parameters(), strict=True
+        ):
+            if p.requires_grad:
+                p.normal_(0, 0.1)
+                q.copy_(p)
+    assert all(compiled(m) for m in blocks(ours.model))
+    assert not any(compiled(m) for m in ours.engine.copy.model.modules())
+    datums = datums_of(eager)
+    want_result, want = step_gradients(eager, datums, HYPER, 10_000)
+    result, got = step_gradients(ours, datums, HYPER, 10_000)
+    assert result.loss == pytest.approx(want_result.loss, rel=0.02, abs=1e-4)
+    flat = torch.cat([g.flatten() for g in got])
+    ref = torch.cat([g.flatten() for g in want])
+    assert ref.norm() > 0 and (flat - ref).norm() / ref.norm() < 0.03
+    counters.clear()
+    ours.train_step(datums_of(ours), HYPER)
+    assert counters["stats"]["unique_graphs"] == 0  # the graphs were reused
+
+
 def _run(tmp_path: Path, flags: list[str]) -> tuple[list[dict], list[dict]]:
     from retrain.cli.init import templates
     from retrain.config import load_config

@@ -1,0 +1,121 @@
+"""The local backend training through compiled blocks (`[backend.options] compile = true`,
+retrain/kernels/compiled_blocks.py) on this CPU, in the GPU's layout (the whole model in
+bf16, the norms as torch's fused rms_norm). The option is CUDA's (the config refuses it
+here), so the config's check is lifted for the build, and the blocks compile with
+dynamo's trace and AOT autograd's graphs (`aot_eager`: inductor has no CPU kernel for
+the GPU layout's float32-result matmuls). The compiled step must be the eager step to
+bf16's rounding, the sampling copy must stay eager, and a failed compile must stop the
+step with the option named. tests/integration/test_gpu.py compiles with inductor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from grad_recorder import step_gradients
+from test_memory_sizing import HYPER, datums_of, make_backend
+
+from retrain.errors import BackendError
+from retrain.kernels import compiled_blocks
+from retrain.kernels.compiled_blocks import blocks, compiled
+
+
+@pytest.fixture
+def gpu_layout(monkeypatch):
+    """bf16 mode as a GPU runs it, `compile = true` let through, blocks by aot_eager."""
+    import retrain.config.validate as validate
+    import retrain.hardware as hardware
+    import retrain.kernels.norms as norms
+
+    monkeypatch.setattr(hardware, "WHOLE_BF16", frozenset({"cpu", "cuda"}))
+    monkeypatch.setattr(norms, "FUSED_NORM_DEVICES", frozenset({"cpu", "cuda"}))
+    checks = tuple(c for c in validate.CROSS_CHECKS if c is not validate._compile)
+    monkeypatch.setattr(validate, "CROSS_CHECKS", checks)
+    monkeypatch.setattr(compiled_blocks, "BACKEND", "aot_eager")
+
+
+def _backend(tiny_raw, tiny_model_dir, compile_: bool, said=None):
+    tiny_raw["backend"]["options"].update(dtype="bf16", compile=compile_)
+    backend = make_backend(tiny_raw, tiny_model_dir, said)
+    with torch.no_grad():  # a trained adapter: B not zero, so A's gradient is too
+        for name, p in backend.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2, generator=torch.Generator().manual_seed(len(name)))
+    return backend
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def test_a_step_through_compiled_blocks_is_the_eager_step(gpu_layout, tiny_raw, tiny_model_dir):
+    from retrain.kernels.recompute import GatedMlp
+
+    eager = _backend(tiny_raw, tiny_model_dir, False)
+    assert eager._siblings and not any(compiled(m) for m in eager.model.modules())
+    datums = datums_of(eager)
+    want_result, want = step_gradients(eager, datums, HYPER, 512)
+
+    said: list[str] = []
+    ours = _backend(tiny_raw, tiny_model_dir, True, said)
+    layers = ours.model.get_base_model().config.num_hidden_layers
+    found = blocks(ours.model)
+    assert len(found) == layers and all(compiled(m) for m in found)
+    assert any(f"{layers} transformer blocks compiled" in line for line in said)
+    assert any("compiled blocks" in line for line in said if "ready" in line)
+    # what the blocks cannot trace is left out: siblings run one by one, the gated
+    # product is the model's own (the compiler recomputes what it chooses)
+    assert ours._siblings == []
+    assert not any(isinstance(m, GatedMlp) for m in ours.model.modules())
+    # the sampling copy's blocks stay eager, and none of them is the trained model's
+    trained = {id(m) for m in ours.model.modules()}
+    copy_ = ours.engine.copy.model
+    assert not any(compiled(m) for m in copy_.modules())
+    assert not any(id(m) in trained for m in blocks(copy_))
+
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    result, got = step_gradients(ours, datums, HYPER, 512)
+    assert counters["stats"]["unique_graphs"] >= 1  # the blocks ran compiled
+    assert result.loss == pytest.approx(want_result.loss, rel=0.02, abs=1e-4)
+    assert len(got) == len(want) > 0
+    scale = max(g.abs().max() for g in want)
+    assert scale > 0
+    for grad, expected in zip(got, want, strict=True):  # bf16 rounding apart
+        torch.testing.assert_close(grad, expected, rtol=0.05, atol=0.02 * scale)
+    total = torch.cat([g.flatten() for g in got])
+    assert _relative(total, torch.cat([g.flatten() for g in want])) < 0.02
+    # the next step reuses the graphs: sampling (eager copy) and training again
+    counters.clear()
+    ours.train_step(datums_of(ours), HYPER)
+    assert counters["stats"]["unique_graphs"] == 0
+
+
+def test_a_failed_compile_names_the_option(gpu_layout, tiny_raw, tiny_model_dir, monkeypatch):
+    ours = _backend(tiny_raw, tiny_model_dir, True)
+    datums = datums_of(ours)
+    before = [p.detach().clone() for p in ours.params]
+
+    def fails(gm, example_inputs):
+        raise RuntimeError("no kernel for this")
+
+    for block in blocks(ours.model):  # a compiler that fails on the block's graph
+        block._compiled_call_impl = None
+        block.compile(backend=fails, fullgraph=True, dynamic=True)
+    with pytest.raises(BackendError, match=r"compile = true.*Fix: compile = false"):
+        ours.train_step(datums, HYPER)
+    for p, q in zip(ours.params, before, strict=True):  # the weights were not updated
+        assert torch.equal(p, q)
+
+
+def test_compile_is_refused_where_it_cannot_run(tiny_raw):
+    from retrain.config import config_from_dict
+    from retrain.errors import ConfigError
+
+    tiny_raw["backend"]["options"]["compile"] = True
+    with pytest.raises(ConfigError, match=r"compile.*GPU.*'cpu'"):
+        config_from_dict(tiny_raw)
+    tiny_raw["backend"]["devices"] = "gpu:0"
+    tiny_raw["backend"]["options"]["attention"] = "varlen"
+    with pytest.raises(ConfigError, match=r'compile.*attention = "varlen"'):
+        config_from_dict(tiny_raw)
