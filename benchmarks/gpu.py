@@ -263,6 +263,7 @@ VARIANTS = {
     "retrain-dense": "attention=dense",
     "retrain-varlen": "attention=varlen",
     "retrain-compiled": "decode=compiled",
+    "retrain-compiled-train": "compile=true",
     "retrain-mb4k": "micro_batch_tokens=4352",
     "retrain-mb8k": "micro_batch_tokens=8704",
 }

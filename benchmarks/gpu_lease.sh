@@ -24,13 +24,14 @@
 # measure joins and converts SmolLM2, builds the random Qwen3-4B-shaped model, then runs
 # while time is left: the headline benchmark (retrain), the quickstart on gpu:0 against
 # TRL (per-step and held-out correct rates), TRL at the headline, the headline through
-# flash attention's variable-length kernel and with the decode step compiled, the
-# quickstart's compiled, the quickstart's step profiled, the parts and kernel profile of
+# flash attention's variable-length kernel and with its blocks compiled for training, the
+# quickstart with those blocks and with its decode step compiled, the quickstart's step
+# profiled, the parts and kernel profile of
 # a headline step (benchmarks/memory_fit.py and the micro-batch comparison, each
 # measured on two cards, are no longer in the plan: at most 8 files come back); last, benchmarks/lease_report.py's table of issue 27's targets against what was
-# measured. LEASE_SKIP="name ..." skips the items named, LEASE_VARIANTS the kinds the
-# variants item runs (say, without the compiled ones when setup's -m gpu run shows the
-# step does not compile).
+# measured. LEASE_SKIP="name ..." skips the items named, LEASE_VARIANTS and
+# LEASE_QUICK_VARIANTS the kinds the variants and quickstart-variants items run (say,
+# without a compiled one when setup's -m gpu run shows it does not compile).
 # An item that would not get its minimum is skipped and said so; a running one is stopped
 # at its cap (SIGINT first: benchmarks/gpu.py keeps the runs it finished in its JSON).
 # `bash benchmarks/gpu_lease.sh plan` lists the items without running anything.
@@ -122,20 +123,23 @@ measure() {
   item trl 200 120 python3 benchmarks/gpu.py --what headline --only trl --steps 3 --rounds 1 \
     --model-dir $RAND --child-timeout 190 --json "$OUT/trl.json"
   # the headline's packed rows through flash attention's variable-length kernel instead of
-  # FlexAttention (setup's attention item times one layer both ways); then the decode
-  # step compiled, at the headline and the quickstart: inductor fuses the ~1.8k
-  # (headline) and ~1.4k (quickstart) small kernels of a decode step. On the H200 of
-  # 2026-11-27 the whole-bf16 step did not compile (Dynamo traced into importlib.metadata;
-  # fixed since): setup's -m gpu run says whether it compiles now; if not, skip
-  # quickstart-variants and run the varlen headline alone (LEASE_SKIP="quickstart-variants"
-  # and LEASE_VARIANTS=retrain-varlen). The quickstart's compile, at its first sampling
-  # and eval's, falls in steps 0 and 5, outside the median.
+  # FlexAttention (setup's attention item times one layer both ways), then its blocks
+  # compiled for training (compile = true: inductor fuses a block's element-wise passes;
+  # its compile falls in step 0, outside the median). The decode step compiled (inductor
+  # fuses the ~1.8k (headline) and ~1.4k (quickstart) small kernels of a decode step) is
+  # the quickstart's variant, with the compiled training blocks: the quickstart's training
+  # is host-bound. On the H200 of 2026-11-27 the whole-bf16 decode step did not compile
+  # (Dynamo traced into importlib.metadata; fixed since): setup's -m gpu run says whether
+  # each compiles now; drop what does not (LEASE_VARIANTS=retrain-varlen,
+  # LEASE_QUICK_VARIANTS=retrain-compiled-train, or LEASE_SKIP="quickstart-variants").
+  # The quickstart's compiles, at its first sampling, training and eval, fall in steps 0
+  # and 5, outside the median.
   item variants 300 110 python3 benchmarks/gpu.py --what headline \
-    --only "${LEASE_VARIANTS:-retrain-varlen,retrain-compiled}" --steps 3 --rounds 1 \
+    --only "${LEASE_VARIANTS:-retrain-varlen,retrain-compiled-train}" --steps 3 --rounds 1 \
     --model-dir $RAND --child-timeout 150 --json "$OUT/variants.json"
-  item quickstart-variants 200 150 python3 benchmarks/gpu.py --what quickstart \
-    --only retrain-compiled --steps 10 --rounds 1 --child-timeout 190 \
-    --json "$OUT/quickstart_variants.json"
+  item quickstart-variants 240 150 python3 benchmarks/gpu.py --what quickstart \
+    --only "${LEASE_QUICK_VARIANTS:-retrain-compiled-train,retrain-compiled}" --steps 10 \
+    --rounds 1 --child-timeout 120 --json "$OUT/quickstart_variants.json"
   # the quickstart's step on SmolLM2: what its training (0.21-0.47 s on the H100 of
   # 2026-11-27 for a few hundred tokens: host-bound) spends on the host, never profiled yet
   item profile-quickstart 100 50 python3 benchmarks/profile_step.py --model $SMOL \

@@ -158,11 +158,14 @@ def report(results: dict[str, Any]) -> str:
     for kind in ("retrain-whole-cache", "retrain-compiled"):
         if rate := _summary(results, "variants", kind).get("sampling_tokens_per_s"):
             lines.append(f"{kind}: {rate:,.0f} sampled tok/s")
-    varlen = _summary(results, "variants", "retrain-varlen")
-    if step := varlen.get("step_s"):  # against the headline item's FlexAttention
-        lines.append(
-            f"retrain-varlen: {step:.2f} s/step, training {varlen.get('training_s') or 0:.2f} s"
-        )
+    # training variants, against the headline item's (FlexAttention, eager blocks)
+    for kind in ("retrain-varlen", "retrain-compiled-train"):
+        row = _summary(results, "variants", kind)
+        if step := row.get("step_s"):
+            lines.append(
+                f"{kind}: {step:.2f} s/step, training {row.get('training_s') or 0:.2f} s, "
+                f"peak {row.get('peak_gpu_gb') or 0:.1f} GB"
+            )
     attention = results.get("attention", {})
     if parts := attention.get("summary"):  # one layer over a headline micro-batch
         each = ", ".join(
@@ -176,12 +179,13 @@ def report(results: dict[str, Any]) -> str:
     for name, row in attention.get("decode", {}).items():  # the decode step's, by key span
         spans = ", ".join(f"{span} keys {ms * 1e3:.0f} us" for span, ms in row.items())
         lines.append(f"decode attention {name}, a layer: {spans}")
-    compiled = _summary(results, "quickstart_variants", "retrain-compiled", "quickstart")
-    if step := compiled.get("step_s"):
-        lines.append(
-            f"quickstart retrain-compiled: {step:.2f} s/step, sampling "
-            f"{compiled.get('sampling_s') or 0:.3f} s, training {compiled.get('training_s') or 0:.3f} s"
-        )
+    for kind in ("retrain-compiled", "retrain-compiled-train"):  # decode, then training
+        row = _summary(results, "quickstart_variants", kind, "quickstart")
+        if step := row.get("step_s"):
+            lines.append(
+                f"quickstart {kind}: {step:.2f} s/step, sampling "
+                f"{row.get('sampling_s') or 0:.3f} s, training {row.get('training_s') or 0:.3f} s"
+            )
     for kind in ("retrain-mb4k", "retrain-mb8k"):  # smaller micro-batches than auto's
         row = _summary(results, "micro_batches", kind)
         if step := row.get("step_s"):

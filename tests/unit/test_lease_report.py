@@ -206,8 +206,13 @@ def test_smaller_micro_batches_and_the_profiles_parts_are_said():
 def test_the_quickstarts_compiled_decode_is_said():
     compiled = {"step_s": 0.41, "sampling_s": 0.052, "training_s": 0.33}
     results = {"quickstart_variants": {"summary": {"quickstart/retrain-compiled": compiled}}}
+    trained = {"step_s": 0.3, "sampling_s": 0.12, "training_s": 0.17}
+    results["quickstart_variants"]["summary"]["quickstart/retrain-compiled-train"] = trained
     text = lease_report.report(results)
     assert "quickstart retrain-compiled: 0.41 s/step, sampling 0.052 s, training 0.330 s" in text
+    assert (
+        "quickstart retrain-compiled-train: 0.30 s/step, sampling 0.120 s, training 0.170 s" in text
+    )
     failed = {"quickstart/retrain-compiled": {"failed": "124: timed out"}}
     assert "retrain-compiled" not in lease_report.report(
         {"quickstart_variants": {"summary": failed}}
@@ -241,10 +246,11 @@ def test_the_varlen_headline_and_the_attention_layer_are_said():
         },
         "decode": {"sdpa": {"64": 0.074, "320": 0.15}, "matmul": {"64": 0.021, "320": 0.06}},
     }
-    text = lease_report.report(
-        {"variants": {"summary": {"headline/retrain-varlen": varlen}}, "attention": attention}
-    )
+    trained = {"step_s": 5.02, "training_s": 1.71, "peak_gpu_gb": 30.5}
+    variants = {"headline/retrain-varlen": varlen, "headline/retrain-compiled-train": trained}
+    text = lease_report.report({"variants": {"summary": variants}, "attention": attention})
     assert "retrain-varlen: 5.31 s/step, training 2.02 s" in text
+    assert "retrain-compiled-train: 5.02 s/step, training 1.71 s, peak 30.5 GB" in text
     assert (
         "attention, one layer forward+backward at 8302 positions: flex 3.24 ms (forward 0.37, "
         "mask 1.50), varlen 1.10 ms (forward 0.30, mask 0.40)"
