@@ -119,3 +119,20 @@ def test_compile_is_refused_where_it_cannot_run(tiny_raw):
     tiny_raw["backend"]["options"]["attention"] = "varlen"
     with pytest.raises(ConfigError, match=r'compile.*attention = "varlen"'):
         config_from_dict(tiny_raw)
+
+
+def test_compiled_blocks_under_activation_checkpointing(gpu_layout, tiny_raw, tiny_model_dir):
+    # checkpointing = "auto" can turn on mid-run (a completion that runs out of memory):
+    # each compiled block then runs inside the checkpoint and again in the backward
+    eager = _backend(tiny_raw, tiny_model_dir, False)
+    datums = datums_of(eager)
+    want_result, want = step_gradients(eager, datums, HYPER, 512)
+    tiny_raw["backend"]["options"]["checkpointing"] = True
+    ours = _backend(tiny_raw, tiny_model_dir, True)
+    assert ours.options.checkpointing is True
+    assert all(compiled(m) for m in blocks(ours.model))
+    result, got = step_gradients(ours, datums, HYPER, 512)
+    assert result.extra["checkpointing"] == 1.0
+    assert result.loss == pytest.approx(want_result.loss, rel=0.02, abs=1e-4)
+    total = torch.cat([g.flatten() for g in got])
+    assert _relative(total, torch.cat([g.flatten() for g in want])) < 0.02
