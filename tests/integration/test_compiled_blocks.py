@@ -151,3 +151,34 @@ def test_compiled_blocks_under_activation_checkpointing(gpu_layout, tiny_raw, ti
     assert result.loss == pytest.approx(want_result.loss, rel=0.02, abs=1e-4)
     total = torch.cat([g.flatten() for g in got])
     assert _relative(total, torch.cat([g.flatten() for g in want])) < 0.02
+
+
+def test_compiled_float32_blocks_are_the_eager_ones(tiny_raw, tiny_model_dir, monkeypatch):
+    # dtype = "fp32" on a GPU: no bf16 layout, PEFT's LoRA linears with the lean forward
+    import retrain.config.validate as validate
+
+    checks = tuple(c for c in validate.CROSS_CHECKS if c is not validate._compile)
+    monkeypatch.setattr(validate, "CROSS_CHECKS", checks)
+    monkeypatch.setattr(compiled_blocks, "BACKEND", "aot_eager")
+    tiny_raw["backend"]["options"]["compile"] = False
+    eager = make_backend(tiny_raw, tiny_model_dir)
+    datums = datums_of(eager)
+    want_result, want = step_gradients(eager, datums, HYPER, 512)
+    tiny_raw["backend"]["options"]["compile"] = True
+    ours = make_backend(tiny_raw, tiny_model_dir)
+    assert all(compiled(m) for m in blocks(ours.model))
+    result, got = step_gradients(ours, datums, HYPER, 512)
+    assert result.loss == pytest.approx(want_result.loss, rel=1e-5, abs=1e-7)
+    for grad, expected in zip(got, want, strict=True):
+        torch.testing.assert_close(grad, expected, atol=1e-6, rtol=1e-4)
+
+
+def test_compiled_blocks_train_with_lora_dropout(gpu_layout, tiny_raw, tiny_model_dir):
+    # PEFT's own forward (dropout on the adapter's input) inside the compiled block; its
+    # random draws are the compiler's, so the step is checked to train, not for values
+    tiny_raw["lora"] = {"dropout": 0.1}
+    ours = _backend(tiny_raw, tiny_model_dir, True)
+    assert all(compiled(m) for m in blocks(ours.model))
+    result, got = step_gradients(ours, datums_of(ours), HYPER, 512)
+    assert result.loss == result.loss and result.grad_norm > 0
+    assert all(torch.isfinite(g).all() for g in got) and any(g.abs().max() > 0 for g in got)
