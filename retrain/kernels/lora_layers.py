@@ -180,21 +180,12 @@ class _RoundOnce(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, scaling, *factors):
-        parts = len(factors) // 2
-        a = _stacked(factors[:parts], x.dtype)
-        b = _block_diagonal(factors[parts:], x.dtype)
-        out, mid = _sum_and_mid(x, weight, bias, a, b, scaling)
+        outs, kept = _rounded_sums(x, weight, bias, scaling, factors)
         # x A^T kept in bf16, what B's gradient multiplies; A and B as the products read
         # them (bf16, a few MB a block at Qwen3-4B's shapes, whatever the rows)
-        ctx.save_for_backward(x, weight, a, b, mid)
-        ctx.scaling, ctx.ranks = scaling, [f.shape[0] for f in factors[:parts]]
-        if parts == 1:
-            return out.to(x.dtype)
-        # each member's output rounded into a tensor of its own, not a view of one: a view
-        # kept by the next layer (Qwen3's q and k norms keep their inputs) would keep its
-        # siblings' columns too
-        widths = [f.shape[0] for f in factors[parts:]]
-        return tuple(o.to(x.dtype) for o in out.split(widths, dim=1))
+        ctx.save_for_backward(x, weight, *kept)
+        ctx.scaling, ctx.ranks = scaling, [f.shape[0] for f in factors[: len(factors) // 2]]
+        return outs
 
     @staticmethod
     def backward(ctx, *grads):
@@ -214,6 +205,31 @@ class _RoundOnce(torch.autograd.Function):
             if need_x:
                 gx = torch.addmm(torch.mm(grad, weight), gh, a)
         return gx, None, None, None, *gas, *gbs
+
+
+def _rounded_sums(x, weight, bias, scaling: float, factors):
+    """`_RoundOnce`'s outputs, and (A, B, x A^T) for its backward (module docstring)."""
+    parts = len(factors) // 2
+    a = _stacked(factors[:parts], x.dtype)
+    b = _block_diagonal(factors[parts:], x.dtype)
+    out, mid = _sum_and_mid(x, weight, bias, a, b, scaling)
+    if parts == 1:
+        return out.to(x.dtype), (a, b, mid)
+    # each member's output rounded into a tensor of its own, not a view of one: a view
+    # kept by the next layer (Qwen3's q and k norms keep their inputs) would keep its
+    # siblings' columns too
+    widths = [f.shape[0] for f in factors[parts:]]
+    return tuple(o.to(x.dtype) for o in out.split(widths, dim=1)), (a, b, mid)
+
+
+def round_once(x, weight, bias, scaling: float, *factors):
+    """`_RoundOnce` where a gradient will be asked of it; its outputs alone otherwise
+    (sampling, a step's logprobs without gradients, the reference model's): no autograd
+    call, which dynamo failed to trace in a compiled block without gradients (the call's
+    trailing factors arrived empty; torch 2.11 and 2.13)."""
+    if torch.is_grad_enabled():
+        return _RoundOnce.apply(x, weight, bias, scaling, *factors)
+    return _rounded_sums(x, weight, bias, scaling, factors)[0]
 
 
 def _stacked(factors, dtype: torch.dtype) -> torch.Tensor:
@@ -293,7 +309,7 @@ class SiblingLoras(OneInput):
         factors = [lora_a(m).weight for m in self.layers]
         factors += [lora_b(m).weight for m in self.layers]
         flat = x.reshape(-1, x.shape[-1])
-        outs = _RoundOnce.apply(flat, weight, bias, lora_scaling(self.layers[0]), *factors)
+        outs = round_once(flat, weight, bias, lora_scaling(self.layers[0]), *factors)
         return [o.view(*x.shape[:-1], o.shape[-1]) for o in outs]
 
 
@@ -342,9 +358,7 @@ def _lean_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if group is not None and (out := group[0].output(x, group[1])) is not None:
             return out
         flat, base = x.reshape(-1, x.shape[-1]), self.base_layer
-        out = _RoundOnce.apply(
-            flat, base.weight, base.bias, self.scaling[adapter], a.weight, b.weight
-        )
+        out = round_once(flat, base.weight, base.bias, self.scaling[adapter], a.weight, b.weight)
         return out.view(*x.shape[:-1], out.shape[-1])
     result = self.base_layer(x)
     if result.dtype != dtype:
