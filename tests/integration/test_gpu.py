@@ -368,10 +368,10 @@ def test_checkpointing_on_cuda_gives_the_plain_gradient_and_auto_turns_it_on(tin
 def test_compiled_blocks_train_as_the_eager_blocks_on_cuda(tiny_raw):
     """`compile = true` through inductor and triton, FlexAttention inside the compiled
     blocks (the headline's path; the quickstart's dense mask is the lease's quickstart
-    variant): a step's loss and gradients are the eager blocks' to bf16 rounding (the
-    eager ones fuse siblings and recompute the gated product; the compiled ones do
-    neither), a second step compiles nothing new, and the sampling copy stays eager."""
-    attention = "flex"
+    variant): against the same step in float32, a step's loss and gradients are as close
+    as the eager bf16 blocks' (inductor rounds a fused chain once, so it is no farther;
+    on this project's CPU 2.6% against eager's 3.0%), a second step compiles nothing new,
+    and the sampling copy stays eager."""
     import copy
 
     from grad_recorder import step_gradients
@@ -380,29 +380,35 @@ def test_compiled_blocks_train_as_the_eager_blocks_on_cuda(tiny_raw):
 
     from retrain.kernels.compiled_blocks import blocks, compiled
 
-    def backend(compile_):
+    def backend(compile_, dtype="auto"):
         raw = copy.deepcopy(tiny_raw)
         raw["backend"]["devices"] = "gpu:0"
-        raw["backend"]["options"] = {"compile": compile_, "attention": attention}
+        raw["backend"]["options"] = {"compile": compile_, "attention": "flex", "dtype": dtype}
         return make_backend(raw, raw["model"]["model"])
 
-    eager, ours = backend(False), backend(True)
-    with torch.no_grad():  # one trained-looking adapter for both
-        for (_, p), (_, q) in zip(
-            eager.model.named_parameters(), ours.model.named_parameters(), strict=True
-        ):
+    eager, ours, exact = backend(False), backend(True), backend(False, "fp32")
+    with torch.no_grad():  # one trained-looking adapter for all three
+        drawn = {}
+        for name, p in eager.model.named_parameters():
             if p.requires_grad:
-                p.normal_(0, 0.1)
-                q.copy_(p)
+                drawn[name] = p.normal_(0, 0.1)
+        for other in (ours, exact):
+            for name, p in other.model.named_parameters():
+                if name in drawn:
+                    p.copy_(drawn[name])
     assert all(compiled(m) for m in blocks(ours.model))
     assert not any(compiled(m) for m in ours.engine.copy.model.modules())
     datums = datums_of(eager)
-    want_result, want = step_gradients(eager, datums, HYPER, 10_000)
-    result, got = step_gradients(ours, datums, HYPER, 10_000)
-    assert result.loss == pytest.approx(want_result.loss, rel=0.02, abs=1e-4)
-    flat = torch.cat([g.flatten() for g in got])
-    ref = torch.cat([g.flatten() for g in want])
-    assert ref.norm() > 0 and (flat - ref).norm() / ref.norm() < 0.03
+    steps = [step_gradients(b, datums, HYPER, 10_000) for b in (eager, ours, exact)]
+    (want_result, want), (result, got), (exact_result, ref) = steps
+
+    def error(grads):
+        flat = torch.cat([g.flatten().float() for g in grads])
+        truth = torch.cat([g.flatten().float() for g in ref])
+        return ((flat - truth).norm() / truth.norm()).item()
+
+    assert error(got) < 1.2 * error(want) + 0.005, (error(got), error(want))
+    assert result.loss == pytest.approx(exact_result.loss, rel=0.05, abs=1e-3)
     counters.clear()
     ours.train_step(datums_of(ours), HYPER)
     assert counters["stats"]["unique_graphs"] == 0  # the graphs were reused
