@@ -644,6 +644,7 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
         out["checkpointing"] = opts["checkpointing"]
         blocked = flex.bf16_blocked(out["matmuls"], kind, index)
         out["attention"] = flex.describe(opts["attention"], kind, blocked)
+        out["compiled_blocks"] = opts["compile"] is True
     if "[inference]" in ignored:
         out["inference"] = {
             "engine": f"the {info.name} backend's own sampler",
@@ -735,7 +736,7 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
         if s.get("matmuls"):
             what = (
                 "bf16 model (float32 adapter weights, computed in bf16; float32 logits; "
-                "norms and gated MLPs recomputed in the backward)"
+                "norms and gated MLPs keep only their inputs for the backward)"
                 if s.get("whole_model_bf16")
                 else f"{s['matmuls']} matmuls (float32 adapter and logits"
                 + (f"; auto: {s['matmuls_why']})" if s.get("matmuls_why") else ")")
@@ -744,6 +745,11 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
                 f"Compute:     {what}, micro-batches "
                 f"of {_micro_batch_text(s, est)}, activation checkpointing: "
                 f"{_checkpointing_text(s, est)}, attention: {s['attention']}"
+                + (
+                    ", transformer blocks compiled (torch.compile)"
+                    if s.get("compiled_blocks")
+                    else ""
+                )
             )
     if est:
         lines.append(f"Memory:      {_memory_text(est)}")

@@ -194,6 +194,19 @@ def memory_line(text: str) -> str:
     return next(line for line in text.splitlines() if line.startswith("Memory:"))
 
 
+def test_explain_says_the_blocks_are_compiled(tmp_path, capsys, monkeypatch, no_caches):
+    import retrain.config.validate as validate
+
+    simulate(monkeypatch, cuda0=(79.1, 79.6))
+    monkeypatch.setattr(validate, "compiler_missing", lambda kind: None)  # triton there
+    code, text, report = explain(qwen_config(tmp_path, "compile = true"), capsys)
+    assert code == 0 and not report["errors"]
+    compute = next(line for line in text.splitlines() if line.startswith("Compute:"))
+    assert compute.endswith(", transformer blocks compiled (torch.compile)")
+    code, text, _ = explain(qwen_config(tmp_path), capsys)
+    assert "compiled" not in next(line for line in text.splitlines() if line.startswith("Compute:"))
+
+
 def test_explain_sizes_auto_to_an_80_gib_gpu(tmp_path, capsys, monkeypatch, no_caches):
     import retrain.memory as memory
 
@@ -209,7 +222,7 @@ def test_explain_sizes_auto_to_an_80_gib_gpu(tmp_path, capsys, monkeypatch, no_c
     assert f"micro-batches of {n} tokens (auto)" in text
     assert (
         "Compute:     bf16 model (float32 adapter weights, computed in bf16; float32 logits; "
-        "norms and gated MLPs recomputed in the backward)" in text
+        "norms and gated MLPs keep only their inputs for the backward)" in text
     )
     line = memory_line(text)
     assert line.startswith("Memory:      gpu:0: 79.1 of 79.6 GiB free; 4,022M params; peak ~")
