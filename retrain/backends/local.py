@@ -441,7 +441,7 @@ class LocalBackend:
                 f"transformers names for {self.settings.model!r} (_no_split_modules), and it "
                 "names none. Fix: compile = false"
             )
-        say(f"{count} transformer blocks compiled for training (at the first step)")
+        say(f"{count} transformer blocks to compile with torch.compile at the first training step")
 
     def _attach(self, engine, tokenizer) -> tuple[Engine, ServerEngine | None]:
         """(the sampling engine, the server engine or None): an in-process engine is bound
