@@ -21,17 +21,23 @@ from retrain.kernels.compiled_blocks import blocks, compiled
 
 
 @pytest.fixture
-def gpu_layout(monkeypatch):
-    """bf16 mode as a GPU runs it, `compile = true` let through, blocks by aot_eager."""
+def compile_here(monkeypatch):
+    """`compile = true` let through on this CPU, the blocks compiled by aot_eager."""
     import retrain.config.validate as validate
+
+    checks = tuple(c for c in validate.CROSS_CHECKS if c is not validate._compile)
+    monkeypatch.setattr(validate, "CROSS_CHECKS", checks)
+    monkeypatch.setattr(compiled_blocks, "BACKEND", "aot_eager")
+
+
+@pytest.fixture
+def gpu_layout(monkeypatch, compile_here):
+    """bf16 mode as a GPU runs it (the norms torch's fused ones), `compile_here`."""
     import retrain.hardware as hardware
     import retrain.kernels.norms as norms
 
     monkeypatch.setattr(hardware, "WHOLE_BF16", frozenset({"cpu", "cuda"}))
     monkeypatch.setattr(norms, "FUSED_NORM_DEVICES", frozenset({"cpu", "cuda"}))
-    checks = tuple(c for c in validate.CROSS_CHECKS if c is not validate._compile)
-    monkeypatch.setattr(validate, "CROSS_CHECKS", checks)
-    monkeypatch.setattr(compiled_blocks, "BACKEND", "aot_eager")
 
 
 def _backend(tiny_raw, tiny_model_dir, compile_: bool, said=None):
@@ -44,8 +50,11 @@ def _backend(tiny_raw, tiny_model_dir, compile_: bool, said=None):
     return backend
 
 
-def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+def _relative(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """|got - want| / |want| over all the gradients together."""
+    a = torch.cat([g.flatten().float() for g in got])
+    b = torch.cat([g.flatten().float() for g in want])
+    return ((a - b).norm() / b.norm()).item()
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +104,7 @@ def test_a_step_through_compiled_blocks_is_the_eager_step(gpu_layout, tiny_raw, 
     assert scale > 0
     for grad, expected in zip(got, want, strict=True):  # bf16 rounding apart
         torch.testing.assert_close(grad, expected, rtol=0.05, atol=0.02 * scale)
-    total = torch.cat([g.flatten() for g in got])
-    assert _relative(total, torch.cat([g.flatten() for g in want])) < 0.02
+    assert _relative(got, want) < 0.02
     # the next step reuses the graphs: sampling (eager copy) and training again
     counters.clear()
     ours.train_step(datums_of(ours), HYPER)
@@ -146,17 +154,11 @@ def test_compiled_blocks_under_activation_checkpointing(gpu_layout, tiny_raw, ti
     result, got = step_gradients(ours, datums, HYPER, 512)
     assert result.extra["checkpointing"] == 1.0
     assert result.loss == pytest.approx(want_result.loss, rel=0.02, abs=1e-4)
-    total = torch.cat([g.flatten() for g in got])
-    assert _relative(total, torch.cat([g.flatten() for g in want])) < 0.02
+    assert _relative(got, want) < 0.02
 
 
-def test_compiled_float32_blocks_are_the_eager_ones(tiny_raw, tiny_model_dir, monkeypatch):
+def test_compiled_float32_blocks_are_the_eager_ones(compile_here, tiny_raw, tiny_model_dir):
     # dtype = "fp32" on a GPU: no bf16 layout, PEFT's LoRA linears with the lean forward
-    import retrain.config.validate as validate
-
-    checks = tuple(c for c in validate.CROSS_CHECKS if c is not validate._compile)
-    monkeypatch.setattr(validate, "CROSS_CHECKS", checks)
-    monkeypatch.setattr(compiled_blocks, "BACKEND", "aot_eager")
     tiny_raw["backend"]["options"]["compile"] = False
     eager = make_backend(tiny_raw, tiny_model_dir)
     datums = datums_of(eager)
@@ -206,5 +208,4 @@ def test_a_kl_step_through_compiled_blocks_is_the_eager_step(gpu_layout, tiny_ra
     ours = _backend(tiny_raw, tiny_model_dir, True)
     result, got = step_gradients(ours, datums, hyper, 512)
     assert result.loss == pytest.approx(want_result.loss, rel=0.02, abs=1e-4)
-    total = torch.cat([g.flatten() for g in got])
-    assert _relative(total, torch.cat([g.flatten() for g in want])) < 0.02
+    assert _relative(got, want) < 0.02
