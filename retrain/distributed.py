@@ -220,9 +220,10 @@ def broadcast_params(world: World, params: Sequence[torch.Tensor]) -> None:
 # second gradient path (FSDP averages its reduce-scatter; retrain sums).
 
 
-def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The model's transformer blocks: the modules whose class transformers names in
-    `_no_split_modules` (the unit it never splits over devices)."""
+    `_no_split_modules` (the unit it never splits over devices): what `shard = true`
+    shards and `compile = true` compiles (retrain/kernels/compiled_blocks.py)."""
     names: set[str] = set()
     for module in model.modules():
         names.update(getattr(module, "_no_split_modules", None) or ())
@@ -237,20 +238,20 @@ def shard_base(model: torch.nn.Module, world: World, device: torch.device) -> in
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    blocks = _blocks(model)
-    if not blocks:
+    found = blocks(model)
+    if not found:
         raise BackendError(
             f"[backend.options] shard = true: {type(model).__name__} names no transformer "
             "block class (`_no_split_modules`), so there is nothing to shard per block. "
             "Fix: shard = false"
         )
     mesh = init_device_mesh(device.type, (world.size,))
-    for block in blocks:
+    for block in found:
         trainable = {p for p in block.parameters() if p.requires_grad}
         # explicit True: FSDP2 keeps a root's weights whole after forward, and each
         # block is its own root here
         fully_shard(block, mesh=mesh, reshard_after_forward=True, ignored_params=trainable)
-    return len(blocks)
+    return len(found)
 
 
 def _sharded(model: torch.nn.Module) -> list[Any]:

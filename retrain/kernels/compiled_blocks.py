@@ -27,6 +27,7 @@ from collections.abc import Iterator
 
 import torch
 
+from retrain.distributed import blocks
 from retrain.errors import BackendError
 
 # the compiler; tests on a CPU use "aot_eager" (dynamo's trace and AOT autograd's
@@ -38,24 +39,10 @@ BACKEND = "inductor"
 RECOMPILES = 32
 
 
-def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The transformer blocks of a transformers model (its own or under PEFT): the
-    modules of the classes it names in `_no_split_modules`, outermost only."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    names = set(getattr(base, "_no_split_modules", None) or ())
-    found: list[torch.nn.Module] = []
-    inside: set[int] = set()
-    for module in base.modules():
-        if id(module) in inside or type(module).__name__ not in names:
-            continue
-        found.append(module)
-        inside.update(id(m) for m in module.modules())
-    return found
-
-
 def compile_blocks(model: torch.nn.Module) -> int:
-    """Every transformer block of `model` compiled in place (module docstring); returns
-    how many (0: the model names no blocks, and nothing is compiled)."""
+    """Every transformer block of `model` (`distributed.blocks`, those `shard = true`
+    shards) compiled in place (module docstring); returns how many (0: the model names
+    no blocks, and nothing is compiled)."""
     found = blocks(model)
     dynamo = torch._dynamo.config
     dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILES)

@@ -378,7 +378,8 @@ def test_compiled_blocks_train_as_the_eager_blocks_on_cuda(tiny_raw):
     from test_memory_sizing import HYPER, datums_of, make_backend
     from torch._dynamo.utils import counters
 
-    from retrain.kernels.compiled_blocks import blocks, compiled
+    from retrain.distributed import blocks
+    from retrain.kernels.compiled_blocks import compiled
 
     def backend(compile_, dtype="auto"):
         raw = copy.deepcopy(tiny_raw)

@@ -1,6 +1,6 @@
-"""Which modules `compile = true` compiles (retrain/kernels/compiled_blocks.py): a
-transformers model's blocks, by the classes it names, under PEFT too; none where it
-names none. And a failure of torch.compile becomes an error naming the option, while
+"""Which modules `compile = true` compiles (`distributed.blocks`, which `shard = true`
+also shards; retrain/kernels/compiled_blocks.py): a transformers model's blocks, by the
+classes it names, under PEFT too; none where it names none. And a failure of torch.compile becomes an error naming the option, while
 any other error passes as it is."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from retrain.distributed import blocks  # noqa: E402
 from retrain.errors import BackendError  # noqa: E402
-from retrain.kernels.compiled_blocks import blocks, compile_errors  # noqa: E402
+from retrain.kernels.compiled_blocks import compile_errors  # noqa: E402
 
 
 def _llama(layers: int = 3):
