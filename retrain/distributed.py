@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import torch
 
 from retrain.errors import BackendError, DistributedError, RetrainError
+from retrain.kernels.blocks import transformer_blocks
 from retrain.world import World
 
 T = TypeVar("T")
@@ -220,16 +221,6 @@ def broadcast_params(world: World, params: Sequence[torch.Tensor]) -> None:
 # second gradient path (FSDP averages its reduce-scatter; retrain sums).
 
 
-def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's transformer blocks: the modules whose class transformers names in
-    `_no_split_modules` (the unit it never splits over devices): what `shard = true`
-    shards and `compile = true` compiles (retrain/kernels/compiled_blocks.py)."""
-    names: set[str] = set()
-    for module in model.modules():
-        names.update(getattr(module, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if type(m).__name__ in names]
-
-
 def shard_base(model: torch.nn.Module, world: World, device: torch.device) -> int:
     """Shard every transformer block's frozen weights over the ranks (one FSDP2 unit per
     block, resharded after its forward); the trainable (LoRA) weights stay whole. Returns
@@ -238,7 +229,7 @@ def shard_base(model: torch.nn.Module, world: World, device: torch.device) -> in
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    found = blocks(model)
+    found = transformer_blocks(model)
     if not found:
         raise BackendError(
             f"[backend.options] shard = true: {type(model).__name__} names no transformer "

@@ -27,8 +27,8 @@ from collections.abc import Iterator
 
 import torch
 
-from retrain.distributed import blocks
 from retrain.errors import BackendError
+from retrain.kernels.blocks import transformer_blocks
 
 # the compiler; tests on a CPU use "aot_eager" (dynamo's trace and AOT autograd's
 # graphs, not inductor's kernels: inductor has no CPU kernel for CUDA's float32-result
@@ -40,10 +40,9 @@ RECOMPILES = 32
 
 
 def compile_blocks(model: torch.nn.Module) -> int:
-    """Every transformer block of `model` (`distributed.blocks`, those `shard = true`
-    shards) compiled in place (module docstring); returns how many (0: the model names
+    """Every transformer block of `model` (`blocks.transformer_blocks`) compiled in place (module docstring); returns how many (0: the model names
     no blocks, and nothing is compiled)."""
-    found = blocks(model)
+    found = transformer_blocks(model)
     dynamo = torch._dynamo.config
     dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILES)
     for block in found:

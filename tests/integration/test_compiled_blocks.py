@@ -15,9 +15,9 @@ import torch
 from grad_recorder import step_gradients
 from test_memory_sizing import HYPER, datums_of, make_backend
 
-from retrain.distributed import blocks
 from retrain.errors import BackendError
 from retrain.kernels import compiled_blocks
+from retrain.kernels.blocks import transformer_blocks as blocks
 from retrain.kernels.compiled_blocks import compiled
 
 

@@ -378,7 +378,7 @@ def test_compiled_blocks_train_as_the_eager_blocks_on_cuda(tiny_raw):
     from test_memory_sizing import HYPER, datums_of, make_backend
     from torch._dynamo.utils import counters
 
-    from retrain.distributed import blocks
+    from retrain.kernels.blocks import transformer_blocks as blocks
     from retrain.kernels.compiled_blocks import compiled
 
     def backend(compile_, dtype="auto"):

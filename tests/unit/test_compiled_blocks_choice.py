@@ -1,7 +1,8 @@
-"""Which modules `compile = true` compiles (`distributed.blocks`, which `shard = true`
-also shards; retrain/kernels/compiled_blocks.py): a transformers model's blocks, by the
-classes it names, under PEFT too; none where it names none. And a failure of torch.compile becomes an error naming the option, while
-any other error passes as it is."""
+"""Which modules `compile = true` compiles (retrain/kernels/blocks.py, the blocks that
+`shard = true` also shards; retrain/kernels/compiled_blocks.py): a transformers model's
+blocks, by the classes it names, under PEFT too; none where it names none. And a failure
+of torch.compile becomes an error naming the option, while any other error passes as it
+is."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from retrain.distributed import blocks  # noqa: E402
 from retrain.errors import BackendError  # noqa: E402
+from retrain.kernels.blocks import transformer_blocks as blocks  # noqa: E402
 from retrain.kernels.compiled_blocks import compile_errors  # noqa: E402
 
 
