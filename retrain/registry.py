@@ -608,8 +608,10 @@ BACKENDS = Registry(
                     "micro-batches whose longest row reaches 2048 positions, where that saving "
                     "outweighs a compile; dense otherwise, and always for a model whose "
                     "soft-capped logits, attention sinks or attention dropout FlexAttention "
-                    "does not apply here, or with bf16 on a GPU without native bf16), or "
-                    "varlen (flash attention's variable-length kernel: each completion over "
+                    "does not apply here, or with bf16 on a GPU without native bf16; where "
+                    "FlexAttention's kernels do not build on the GPU (a consumer card's "
+                    "shared memory), auto says so and takes dense from then on, flex stops "
+                    "the run), or varlen (flash attention's variable-length kernel: each completion over "
                     "its prompt and itself, no mask and no compile; CUDA only, bf16, "
                     "checked against the rule on the device at the run's start). All apply "
                     "a model's sliding windows",

@@ -394,6 +394,7 @@ class LocalBackend:
         self._varlen = flex.varlen_chosen(option, device.type, attention, name, blocked, dtype)
         blocked = blocked + flex.bf16_blocked(dtype, device.type, device.index or 0)
         self._flex_from = flex.flex_from(option, device.type, attention, name, blocked)
+        self._flex_fell_back = False  # `_flex_guard` took the dense mask since the last step
         # on CUDA an SDPA model takes retrain's attention for its decode steps too
         if (
             self._flex_from is not None
@@ -404,11 +405,7 @@ class LocalBackend:
         if self._varlen:  # this GPU's kernel, against the rule, before any step
             from retrain.kernels import varlen
 
-            text = peft_model.get_base_model().config.get_text_config()
-            heads = text.num_attention_heads
-            dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-            kv_heads = getattr(text, "num_key_value_heads", None) or heads
-            varlen.check(device, heads, kv_heads, dim, torch.bfloat16)
+            varlen.check(device, *_head_shape(peft_model), torch.bfloat16)
         return peft_model
 
     def _shard(self, say: Callable[[str], None]) -> None:
@@ -502,7 +499,9 @@ class LocalBackend:
         """Logprobs (n, Cmax) of each completion's tokens given the prompt, at the sampling
         temperature; pads are 0."""
         with compile_errors(self.options.compile):
-            return self._logprobs([(prompt_ids, completions)], temperature)
+            return self._flex_guard(
+                lambda: self._logprobs([(prompt_ids, completions)], temperature)
+            )
 
     def _logprobs(self, groups: list[Group], temperature: float) -> torch.Tensor:
         """(completions, longest) logprobs of several prompts' completions, packed into one
@@ -597,7 +596,39 @@ class LocalBackend:
             distributed.sharded_weights(self.model)
             self._full = False
         with compile_errors(self.options.compile):
-            return self._train_step(datums, hyper)
+            return self._flex_guard(lambda: self._train_step(datums, hyper))
+
+    def _flex_guard(self, run: Callable[[], Any]) -> Any:
+        """`run` (a training step, or logprobs) where FlexAttention's kernels may not build
+        on this GPU (`flex.build_failed`): they compile at the first micro-batch that takes
+        them. With `attention = "flex"` that stops the run with the option named; "auto",
+        which promised a choice that runs, says so and takes the dense mask for the rest of
+        the run, and `run` goes again from its start (nothing was stepped yet: the
+        optimizer steps after every micro-batch's backward). The weights stand either way.
+        With `compile = true` FlexAttention is inside the compiled blocks:
+        `compile_errors` names that option."""
+        try:
+            return run()
+        except Exception as error:
+            if self._flex_from is None or self.options.compile or not flex.build_failed(error):
+                raise
+            detail = flex.build_failure(error, self.train_device, _head_shape(self.model)[2])
+            # under torchrun one rank alone cannot change how its passes attend
+            if self.options.attention != "auto" or self.world.distributed:
+                raise BackendError(
+                    f'[backend.options] attention = "{self.options.attention}": '
+                    f"FlexAttention's kernels did not build ({detail}); the weights were not "
+                    'updated. Fix: attention = "dense"'
+                ) from error
+        # out of the except block: the failed pass's frames and tensors are freed
+        self._flex_from = None
+        self._flex_fell_back = True
+        self._say(
+            f'[backend.options] attention = "auto": FlexAttention\'s kernels did not build '
+            f"({detail}); packed rows take the dense mask for the rest of the run (attention "
+            '= "dense" starts that way)'
+        )
+        return run()
 
     def _train_step(self, datums: list[Datum], hyper: TrainHyper) -> TrainResult:
         for group in self.optimizer.param_groups:
@@ -658,6 +689,8 @@ class LocalBackend:
         extra = stats.metrics()
         extra.update(micro_batch_tokens=self.options.micro_batch_tokens, oom_retries=retries)
         extra.update(checkpointing=float(bool(self.options.checkpointing)))
+        if self._flex_fell_back:  # FlexAttention's kernels did not build (`_flex_guard`)
+            extra["attention_fell_back"], self._flex_fell_back = 1.0, False
         if self._decoder_beside_training():
             extra["sampler_cache_released"] = float(released)
         if self.world.shard:
@@ -1085,6 +1118,14 @@ def _prompt_groups(chunk: Sequence[Datum]) -> list[Group]:
 
 def _area(d: Datum) -> int:
     return _packed_area([d])
+
+
+def _head_shape(model) -> tuple[int, int, int]:
+    """(query heads, key/value heads, head size) of a PEFT-wrapped transformers model."""
+    text = model.get_base_model().config.get_text_config()
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    return heads, kv_heads, getattr(text, "head_dim", None) or text.hidden_size // heads
 
 
 def _packed_area(chunk: Sequence[Datum]) -> int:

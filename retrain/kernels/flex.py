@@ -189,6 +189,45 @@ def varlen_chosen(
     return True
 
 
+# How triton says a kernel does not fit the GPU (shared memory, registers, ptxas); inductor
+# wraps them, or reports "No valid triton configs" when every block size failed.
+_BUILD_ERRORS = ("OutOfResources", "PTXASError", "NoTritonConfigsError")
+
+
+def build_failed(error: BaseException) -> bool:
+    """Whether `error` is torch.compile failing to build FlexAttention's kernels: dynamo's
+    or inductor's error, or triton's that no block size fits the GPU. FlexAttention's
+    backward for a head size of 128 or more has needed more shared memory than the 99 KiB
+    a block gets on compute capability 8.6, 8.9 and 12.x cards (RTX 3090, 4090, A10G, L40:
+    pytorch/pytorch issues 133254, 180278, 198224), depending on torch's version. A
+    device-side error or running out of device memory is not one."""
+    from torch._dynamo.exc import TorchDynamoException
+
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:  # the error, then what it wraps
+        seen.add(id(error))
+        if isinstance(error, TorchDynamoException) or type(error).__name__ in _BUILD_ERRORS:
+            return True
+        if isinstance(error, RuntimeError) and "No valid triton configs" in str(error):
+            return True
+        error = error.__cause__
+    return False
+
+
+def build_failure(error: BaseException, device: torch.device, head_dim: int) -> str:
+    """What failed, for the option's message: the GPU, the model's head size, and the
+    error's first line."""
+    import torch
+
+    where = str(device)
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        where = f"{torch.cuda.get_device_name(device)}, compute capability {major}.{minor}"
+    lines = str(error).strip().splitlines()
+    first = lines[0][:300] if lines else ""
+    return f"{where}, head size {head_dim}: {type(error).__name__}: {first}"
+
+
 def _flex(query, key, value, mask: BlockMask, scale: float | None) -> torch.Tensor:
     import torch
     from torch.nn.attention.flex_attention import flex_attention
