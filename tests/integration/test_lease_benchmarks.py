@@ -18,27 +18,36 @@ ROOT = Path(__file__).resolve().parents[2]
 lease_report = load("lease_report")
 
 
-def run(script: str, *args: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def run(*scripts: list[str]) -> None:
+    """Each [script, args...] of `scripts` in a process of its own, all at once (each is
+    mostly torch's import, on one core), each to succeed."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "benchmarks" / script), *args],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for script, *args in scripts
+    ]
+    for proc, (script, *_) in zip(procs, scripts, strict=True):
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{script}: {err[-3000:]}"
 
 
 def test_the_lease_scripts_write_what_its_report_reads(tmp_path):
     out = tmp_path / "lease"
     run(
-        "gpu.py", "--smoke", "--what", "headline", "--only", "retrain", "--steps", "2",
-        "--rounds", "1", "--model-dir", str(tmp_path / "model"),
-        "--json", str(out / "headline.json"),
+        [
+            "gpu.py", "--smoke", "--what", "headline", "--only", "retrain", "--steps", "2",
+            "--rounds", "1", "--model-dir", str(tmp_path / "model"),
+            "--json", str(out / "headline.json"),
+        ],
+        ["memory_fit.py", "--smoke", "--groups", "1,2", "--json", str(out / "memory_fit.json")],
+        ["profile_step.py", "--smoke", "--json", str(out / "profile.json")],
+        ["attention.py", "--smoke", "--json", str(out / "attention.json")],
     )  # fmt: skip
-    run("memory_fit.py", "--smoke", "--groups", "1,2", "--json", str(out / "memory_fit.json"))
-    run("profile_step.py", "--smoke", "--json", str(out / "profile.json"))
-    run("attention.py", "--smoke", "--json", str(out / "attention.json"))
     headline = json.loads((out / "headline.json").read_text())
     assert headline["finished"] and "failed" not in headline["summary"]["headline/retrain"]
     steps = headline["runs"]["headline/retrain"][0]["steps"]
