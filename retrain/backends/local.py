@@ -247,6 +247,12 @@ class LocalBackend:
         say(
             f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'}, micro_batch_tokens={self.options.micro_batch_tokens}{', activation checkpointing' if self.options.checkpointing else ''}{', compiled blocks' if self.options.compile else ''}, attention={flex.label(self._flex_from, self._varlen)})."
         )
+        if self._flex_from is not None and self.train_device.type == "cuda":
+            say(
+                "FlexAttention compiles at its first two uses in training (a shape, then "
+                "dynamic shapes: 8-14 s each on an H100; torch's cache on disk shortens "
+                "later runs'), which those steps' training time includes"
+            )
 
     def _size_memory(self, model, say: Callable[[str], None], sampler: str | None = "auto") -> None:
         """Before the model loads (retrain/memory.py): `checkpointing = "auto"` resolved
