@@ -398,7 +398,7 @@ class LocalBackend:
         device, dtype = self.train_device, "bf16" if self.bf16 else "fp32"
         option, blocked = self.options.attention, flex.blockers(peft_model.get_base_model())
         self._varlen = flex.varlen_chosen(option, device.type, attention, name, blocked, dtype)
-        blocked = blocked + flex.bf16_blocked(dtype, device.type, device.index or 0)
+        blocked = blocked + flex.device_blockers(dtype, device.type, device.index or 0)
         self._flex_from = flex.flex_from(option, device.type, attention, name, blocked)
         self._flex_fell_back = False  # `_flex_guard` took the dense mask since the last step
         # on CUDA an SDPA model takes retrain's attention for its decode steps too

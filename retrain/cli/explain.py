@@ -642,7 +642,7 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
         out["whole_model_bf16"] = whole_model_bf16(out["matmuls"], kind)
         out["micro_batch_tokens"] = opts["micro_batch_tokens"]
         out["checkpointing"] = opts["checkpointing"]
-        blocked = flex.bf16_blocked(out["matmuls"], kind, index)
+        blocked = flex.device_blockers(out["matmuls"], kind, index)
         out["attention"] = flex.describe(opts["attention"], kind, blocked)
         out["compiled_blocks"] = opts["compile"] is True
     if "[inference]" in ignored:

@@ -523,7 +523,8 @@ def _decode(config: Config) -> Problems:
 def _attention(config: Config) -> Problems:
     """FlexAttention or flash attention's variable-length kernel for training on a device
     that is not a GPU (the last of `[backend] devices` trains): torch has no FlexAttention
-    backward there, and the variable-length kernel is CUDA's; the latter also with fp32
+    backward there, and the variable-length kernel is CUDA's; the former also on a GPU
+    without triton, which compiles it; the latter also with fp32
     matmuls asked for (flash attention has no float32 kernel; `dtype = "auto"` on a GPU
     without native bf16 is the startup's check, retrain/build.py)."""
     option = config.backend.options.get("attention")
@@ -531,6 +532,15 @@ def _attention(config: Config) -> Problems:
         return []
     key = "[backend.options] attention"
     if device_kind(config, last=True) == "cuda":
+        if option == "flex" and (missing := compiler_missing("cuda")):
+            return [
+                (
+                    key,
+                    f'= "flex" trains through FlexAttention, which torch compiles with triton, '
+                    f'but {missing}. Fix: install it, or attention = "auto" (the dense mask '
+                    'without triton) or "dense"',
+                )
+            ]
         if option == "varlen" and config.backend.options.get("dtype") == "fp32":
             return [
                 (

@@ -116,13 +116,18 @@ def blockers(model) -> list[str]:
     return found
 
 
-def bf16_blocked(dtype: str, device_type: str, index: int = 0) -> list[str]:
-    """`blockers` of the device rather than the model: bf16 matmuls (`dtype`, resolved) on
-    a GPU without native bf16, where triton, which compiles FlexAttention, has none."""
-    from retrain.hardware import triton_lacks_bf16
+def device_blockers(dtype: str, device_type: str, index: int = 0) -> list[str]:
+    """`blockers` of the device rather than the model: on a GPU, no triton, which compiles
+    FlexAttention, or bf16 matmuls (`dtype`, resolved) without native bf16, where triton
+    has none."""
+    from retrain.hardware import compiler_missing, triton_lacks_bf16
 
-    why = triton_lacks_bf16(dtype, device_type, index)
-    return [f"bf16 matmuls ({why}; triton has none there)"] if why else []
+    found = []
+    if device_type == "cuda" and (missing := compiler_missing("cuda")):
+        found.append(f"{missing} (it compiles FlexAttention)")
+    if why := triton_lacks_bf16(dtype, device_type, index):
+        found.append(f"bf16 matmuls ({why}; triton has none there)")
+    return found
 
 
 def flex_from(

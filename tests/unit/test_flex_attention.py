@@ -170,9 +170,32 @@ def test_flex_training_on_a_cpu_is_a_config_error(tmp_path):
         ("cpu,gpu:1", "flex"),
     ],
 )
-def test_accepted_attention_settings(tmp_path, devices, attention):
+def test_accepted_attention_settings(tmp_path, monkeypatch, devices, attention):
+    monkeypatch.setattr("retrain.config.validate.compiler_missing", lambda kind: None)  # triton
     config = load_config(option_config(tmp_path, devices, attention=attention))
     assert config.backend.options["attention"] == attention
+
+
+def test_flex_without_triton_is_refused_and_auto_keeps_the_dense_mask(tmp_path, monkeypatch):
+    """torch compiles FlexAttention with triton: without it (a CUDA torch on a platform
+    triton does not ship for) `attention = "flex"` on a GPU is a config error naming the
+    key and the fix, and `auto` keeps the dense mask there (`device_blockers`)."""
+    import retrain.hardware as hardware
+
+    missing = lambda kind: "triton is not installed"  # noqa: E731
+    monkeypatch.setattr("retrain.config.validate.compiler_missing", missing)
+    monkeypatch.setattr(hardware, "compiler_missing", missing)
+    with pytest.raises(ConfigError) as caught:
+        load_config(option_config(tmp_path, "gpu:0", attention="flex"))
+    text = str(caught.value)
+    assert "[backend.options] attention" in text and "but triton is not installed" in text
+    assert 'Fix: install it, or attention = "auto" (the dense mask without triton)' in text
+    load_config(option_config(tmp_path, "gpu:0", attention="auto"))  # accepted
+    blocked = flex.device_blockers("bf16", "cuda")
+    assert blocked == ["triton is not installed (it compiles FlexAttention)"]
+    assert flex.flex_from("auto", "cuda", "sdpa", "m", blocked) is None
+    assert flex.describe("auto", "cuda", blocked) == "dense mask"
+    assert flex.device_blockers("bf16", "cpu") == []  # a CPU needs no triton for the dense mask
 
 
 def test_an_unknown_attention_is_refused(tmp_path):
@@ -197,9 +220,10 @@ def test_describe(option, kind, text):
     assert flex.describe(option, kind) == text
 
 
-def test_explain_shows_the_attention_and_refuses_flex_on_a_cpu(tmp_path, capsys):
+def test_explain_shows_the_attention_and_refuses_flex_on_a_cpu(tmp_path, capsys, monkeypatch):
     from retrain.cli.main import main
 
+    monkeypatch.setattr("retrain.hardware.compiler_missing", lambda kind: None)  # triton there
     main(["explain", str(option_config(tmp_path, "gpu:0", attention="auto"))])
     out = capsys.readouterr().out
     assert "attention: FlexAttention for rows of" in out

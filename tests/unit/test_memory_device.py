@@ -152,11 +152,26 @@ def no_caches(tmp_path, monkeypatch):
 
 
 def simulate(
-    monkeypatch, cap: tuple[int, int] | None = (9, 0), **devices: tuple[float, float] | None
+    monkeypatch,
+    cap: tuple[int, int] | None = (9, 0),
+    triton: bool = True,
+    **devices: tuple[float, float] | None,
 ) -> None:
     """explain and doctor see these devices ({"cuda0": (free GiB, total GiB), "cpu": ...};
     None: a device nvidia-smi lists but whose memory it cannot read), GPUs of compute
-    capability `cap` (an H100's by default)."""
+    capability `cap` (an H100's by default), and triton installed (`triton`), as torch's
+    CUDA wheels bring it."""
+    import retrain.hardware as hardware
+
+    real = hardware.compiler_missing
+
+    def missing(kind: str) -> str | None:
+        if kind == "cuda":
+            return None if triton else "triton is not installed"
+        return real(kind)
+
+    monkeypatch.setattr(hardware, "compiler_missing", missing)
+    monkeypatch.setattr("retrain.config.validate.compiler_missing", missing)
 
     def memory(kind: str, index: int = 0, **kw):
         found = devices.get("cpu" if kind == "cpu" else f"{kind}{index}")
