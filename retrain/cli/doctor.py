@@ -100,6 +100,34 @@ def extras() -> dict[str, list[str]]:
     return out or dict(EXTRAS_FALLBACK)
 
 
+def floors() -> dict[str, str]:
+    """Distribution -> the oldest version retrain's extras accept (`>=` in its metadata);
+    {} where the metadata is not installed."""
+    try:
+        requires = md.requires("retrain") or []
+    except md.PackageNotFoundError:
+        return {}
+    out = {}
+    for req in requires:
+        spec = req.split(";")[0]
+        name, floor = re.match(r"\s*([A-Za-z0-9_.\-]+)", spec), re.search(r">=\s*([0-9.]+)", spec)
+        if name and floor and name.group(1) != "retrain":
+            out[name.group(1)] = floor.group(1).rstrip(".")
+    return out
+
+
+def older(version: str, floor: str) -> bool:
+    """Whether `version` (as a distribution reports it: "2.13.0+cpu", "5.0.0rc1") is
+    older than `floor` ("2.11"), on their release numbers."""
+
+    def release(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
+
+    have, want = release(version), release(floor)
+    width = max(len(have), len(want))
+    return have + (0,) * (width - len(have)) < want + (0,) * (width - len(want))
+
+
 _EXTRA = re.compile(r"retrain\[(\w+)\]")
 
 
@@ -176,14 +204,30 @@ def check_retrain() -> Check:
 
 def check_extras(config: Any) -> list[Check]:
     out = []
-    need = needed_extras(config)
+    need, least = needed_extras(config), floors()
     for extra, dists in extras().items():
         versions = {d: _version(d) for d in dists}
         have = [f"{d} {v}" for d, v in versions.items() if v]
         missing = [d for d, v in versions.items() if not v]
         fix = f"pip install 'retrain[{extra}]'"
         name = f"extra [{extra}]"
-        if not missing:
+        old = [
+            f"{d} {v} (retrain needs >= {least[d]})"
+            for d, v in versions.items()
+            if v and d in least and older(v, least[d])
+        ]
+        if old and not missing:  # what retrain was not built against: it may not run
+            status = FAIL if extra in need else WARN
+            why = f"; needed by {need[extra]}" if extra in need else ""
+            out.append(
+                Check(
+                    name,
+                    status,
+                    f"older than retrain runs with: {', '.join(old)}{why}",
+                    f"pip install -U 'retrain[{extra}]'",
+                )
+            )
+        elif not missing:
             out.append(Check(name, OK, ", ".join(have)))
         elif extra in need:
             out.append(

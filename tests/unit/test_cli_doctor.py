@@ -274,6 +274,51 @@ def test_extras_from_metadata_cover_the_pyproject():
     assert "dev" not in extras
 
 
+def test_an_install_older_than_retrain_runs_with_is_named(env, capsys, monkeypatch):
+    """An extra's distribution below the floor in retrain's metadata (pyproject's
+    `torch>=2.11`, ...): FAIL where the config needs the extra, WARN where not, naming
+    each old version, its floor and the upgrade."""
+    requires = [
+        'torch>=2.11; extra == "local"',
+        'transformers>=5.17; extra == "local"',
+        'peft>=0.21; extra == "local"',
+        'wandb>=0.19; extra == "wandb"',
+    ]
+    monkeypatch.setattr(doctor.md, "requires", lambda dist: requires)
+    have = {"torch": "2.6.0+cu124", "transformers": "5.24.0", "peft": "0.21.2", "wandb": "0.18.7"}
+    monkeypatch.setattr(doctor, "_version", have.get)
+    cfg = write_config(env / "retrain.toml", "org/x")
+    code, out, _ = run(["doctor", str(cfg), "--json", "--no-network"], capsys)
+    checks = checks_by_name(out)
+    local, wandb = checks["extra [local]"], checks["extra [wandb]"]
+    assert local["status"] == "FAIL" and code == 1  # the local backend needs it
+    assert local["detail"] == (
+        "older than retrain runs with: torch 2.6.0+cu124 (retrain needs >= 2.11); "
+        "needed by [backend] backend = local"
+    )
+    assert local["fix"] == "pip install -U 'retrain[local]'"
+    assert wandb["status"] == "WARN" and "wandb 0.18.7 (retrain needs >= 0.19)" in wandb["detail"]
+    have["torch"] = "2.13.0+cpu"
+    code, out, _ = run(["doctor", str(cfg), "--json", "--no-network"], capsys)
+    assert checks_by_name(out)["extra [local]"]["status"] == "OK"
+
+
+@pytest.mark.parametrize(
+    "version, floor, old",
+    [
+        ("2.13.0+cpu", "2.11", False),
+        ("2.11.0", "2.11", False),
+        ("2.10.1", "2.11", True),
+        ("2.9", "2.11", True),
+        ("5.0.0rc1", "5.17", True),
+        ("0.21.2", "0.21", False),
+        ("10.0", "9.99", False),  # numbers, not strings
+    ],
+)
+def test_older(version, floor, old):
+    assert doctor.older(version, floor) is old
+
+
 def test_torch_check_reports_cuda_state(env):
     pytest.importorskip("torch")
     checks = doctor.check_torch(None)
