@@ -27,6 +27,7 @@ failed and goes on.
     python benchmarks/gpu.py --what headline --only retrain,retrain-dense   # flex vs dense
     python benchmarks/gpu.py --what headline --only retrain,retrain-compiled   # decode compiled
     python benchmarks/gpu.py --what headline --only retrain,retrain-whole-cache   # key spans
+    python benchmarks/gpu.py --what quickstart --only retrain,retrain-no-cudnn   # cuDNN's SDPA
     python benchmarks/gpu.py --what headline --only retrain,retrain-mb4k,retrain-mb8k   # memory
 
 On an offline CUDA machine see ../shared/gpu/README.md (the bundle) and docs/performance.md.
@@ -282,10 +283,25 @@ def child_retrain_whole_cache(setup: dict, steps: int, seed: int, extra: list[st
     return child_retrain(setup, steps, seed, extra)
 
 
+def child_retrain_no_cudnn(setup: dict, steps: int, seed: int, extra: list[str]) -> dict:
+    """retrain with SDPA kept off cuDNN's attention (patched in this child only, no option
+    for it): on an H100 SDPA takes cuDNN's kernel for masked attention (the decode step's,
+    and the dense mask's in training: the quickstart's rows, under FlexAttention's 2048),
+    which builds an execution plan for each new shape, and the quickstart's rows change
+    length every step. Do the quickstart's training steps of ~2 s (steps 0, 1 and 4 on the
+    H100 of 2026-11-27; 0, 1, 4 and 7 on the H200) and its 0.21-0.47 s spread come from
+    that? This variant's training times say."""
+    import torch
+
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    return child_retrain(setup, steps, seed, extra)
+
+
 CHILDREN = {
     "retrain": child_retrain,
     **{kind: functools.partial(child_retrain_variant, kind) for kind in VARIANTS},
     "retrain-whole-cache": child_retrain_whole_cache,
+    "retrain-no-cudnn": child_retrain_no_cudnn,
     "trl": child_trl,
     "generate": child_generate,
 }
@@ -428,7 +444,9 @@ def parse(argv):
         help="which kinds to run: retrain, retrain-dense (packed rows through the dense "
         "mask, not FlexAttention), retrain-varlen (through flash attention's variable-length "
         "kernel), retrain-compiled (the decode step compiled), "
-        "retrain-whole-cache (decode steps read the whole KV cache), retrain-mb4k and "
+        "retrain-whole-cache (decode steps read the whole KV cache), retrain-no-cudnn "
+        "(SDPA kept off cuDNN's attention kernel), retrain-compiled-train (the trained "
+        "blocks compiled), retrain-mb4k and "
         "retrain-mb8k (training micro-batches of one and two headline groups), trl, generate",
     )
     p.add_argument(

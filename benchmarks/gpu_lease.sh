@@ -131,14 +131,18 @@ measure() {
   # is host-bound. On the H200 of 2026-11-27 the whole-bf16 decode step did not compile
   # (Dynamo traced into importlib.metadata; fixed since): setup's -m gpu run says whether
   # each compiles now; drop what does not (LEASE_VARIANTS=retrain-varlen,
-  # LEASE_QUICK_VARIANTS=retrain-compiled-train, or LEASE_SKIP="quickstart-variants").
+  # LEASE_QUICK_VARIANTS=retrain-no-cudnn,retrain-compiled-train, or
+  # LEASE_QUICK_VARIANTS=retrain-no-cudnn for both).
   # The quickstart's compiles, at its first sampling, training and eval, fall in steps 0
-  # and 5, outside the median.
+  # and 5, outside the median. First among the quickstart's variants, the cheapest: SDPA
+  # kept off cuDNN's attention kernel (retrain-no-cudnn), which builds a plan for each new
+  # shape: are the quickstart's ~2 s training steps (0, 1, 4 on the H100 of 2026-11-27)
+  # and its 0.21-0.47 s spread that? The report lists each run's training s per step.
   item variants 300 110 python3 benchmarks/gpu.py --what headline \
     --only "${LEASE_VARIANTS:-retrain-varlen,retrain-compiled-train}" --steps 3 --rounds 1 \
     --model-dir $RAND --child-timeout 150 --json "$OUT/variants.json"
   item quickstart-variants 240 150 python3 benchmarks/gpu.py --what quickstart \
-    --only "${LEASE_QUICK_VARIANTS:-retrain-compiled-train,retrain-compiled}" --steps 10 \
+    --only "${LEASE_QUICK_VARIANTS:-retrain-no-cudnn,retrain-compiled-train,retrain-compiled}" --steps 10 \
     --rounds 1 --child-timeout 120 --json "$OUT/quickstart_variants.json"
   # the quickstart's step on SmolLM2: what its training (0.21-0.47 s on the H100 of
   # 2026-11-27 for a few hundred tokens: host-bound) spends on the host, never profiled yet

@@ -69,6 +69,14 @@ def _summary(results: dict[str, Any], item: str, kind: str, setup: str = "headli
     return {} if "failed" in summary else summary
 
 
+def _training_times(results: dict[str, Any], item: str, kind: str) -> str:
+    """A quickstart run's training seconds per step after step 0 (its first use of every
+    kernel), as text: the steps that stand out say what the median hides ("" if none)."""
+    runs = results.get(item, {}).get("runs", {}).get(f"quickstart/{kind}", [])
+    times = [s.get("training_s") for r in runs[:1] for s in r.get("steps", [])[1:]]
+    return " ".join(f"{t:.2f}" for t in times if t is not None)
+
+
 def measured(results: dict[str, Any]) -> dict[str, float | None]:
     """Each target's measured figure, None where its item did not run or failed."""
     ours = _summary(results, "headline", "retrain")
@@ -155,6 +163,8 @@ def report(results: dict[str, Any]) -> str:
                 f"quickstart {kind}: {'-' if step is None else f'{step:.2f}'} s/step; correct "
                 f"per step {rates}" + (f"; held-out {held}" if held else "")
             )
+            if kind == "retrain" and (times := _training_times(results, "quickstart", kind)):
+                lines.append(f"quickstart retrain training s, steps 1+: {times}")
     for kind in ("retrain-whole-cache", "retrain-compiled"):
         if rate := _summary(results, "variants", kind).get("sampling_tokens_per_s"):
             lines.append(f"{kind}: {rate:,.0f} sampled tok/s")
@@ -179,13 +189,16 @@ def report(results: dict[str, Any]) -> str:
     for name, row in attention.get("decode", {}).items():  # the decode step's, by key span
         spans = ", ".join(f"{span} keys {ms * 1e3:.0f} us" for span, ms in row.items())
         lines.append(f"decode attention {name}, a layer: {spans}")
-    for kind in ("retrain-compiled", "retrain-compiled-train"):  # decode, then training
+    # decode compiled, training blocks compiled, SDPA off cuDNN's kernel
+    for kind in ("retrain-compiled", "retrain-compiled-train", "retrain-no-cudnn"):
         row = _summary(results, "quickstart_variants", kind, "quickstart")
         if step := row.get("step_s"):
             lines.append(
                 f"quickstart {kind}: {step:.2f} s/step, sampling "
                 f"{row.get('sampling_s') or 0:.3f} s, training {row.get('training_s') or 0:.3f} s"
             )
+            if times := _training_times(results, "quickstart_variants", kind):
+                lines.append(f"quickstart {kind} training s, steps 1+: {times}")
     for kind in ("retrain-mb4k", "retrain-mb8k"):  # smaller micro-batches than auto's
         row = _summary(results, "micro_batches", kind)
         if step := row.get("step_s"):

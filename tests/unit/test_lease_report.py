@@ -219,6 +219,35 @@ def test_the_quickstarts_compiled_decode_is_said():
     )
 
 
+def test_the_quickstarts_training_times_per_step_are_said():
+    """The median hides the quickstart's slow training steps (~2 s at steps 0, 1 and 4 on
+    the H100 of 2026-11-27): each run's times after step 0 are listed, the baseline's and
+    each variant's, SDPA off cuDNN's kernel among them."""
+
+    def run(*training):
+        return [{"steps": [{"training_s": t} for t in training]}]
+
+    summary = {"step_s": 0.5, "sampling_s": 0.12, "training_s": 0.38}
+    results = {
+        "quickstart": {
+            "summary": {"quickstart/retrain": {**summary, "correct_per_step": [0.1, 0.3]}},
+            "runs": {"quickstart/retrain": run(2.24, 2.316, 0.211, 0.366, 1.959)},
+        },
+        "quickstart_variants": {
+            "summary": {"quickstart/retrain-no-cudnn": {**summary, "training_s": 0.2}},
+            "runs": {"quickstart/retrain-no-cudnn": run(1.9, 0.2, 0.21, None, 0.19)},
+        },
+    }
+    lines = lease_report.report(results).splitlines()
+    assert "quickstart retrain training s, steps 1+: 2.32 0.21 0.37 1.96" in lines
+    assert "quickstart retrain-no-cudnn: 0.50 s/step, sampling 0.120 s, training 0.200 s" in lines
+    assert "quickstart retrain-no-cudnn training s, steps 1+: 0.20 0.21 0.19" in lines
+    del results["quickstart"]["runs"]  # nothing recorded: no line
+    assert not any(
+        "retrain training s" in line for line in lease_report.report(results).splitlines()
+    )
+
+
 def test_the_quickstart_profiles_host_time_is_said_by_thread():
     training = {
         "kernels": 10,
