@@ -18,8 +18,10 @@ Then the decode step's attention (one query position per row over the cache's fi
 keys, an additive mask: `flex.grouped_decode`, SDPA, which takes cuDNN's kernel on an
 H100) against SDPA held to its memory-efficient kernel (`decode_efficient`) and the same
 by explicit products (`decode_matmul`), with SDPA unmasked as a bound on what the mask
-costs (`decode_unmasked`), at the headline's 128 rows and three key spans, each captured
-in a CUDA graph as the decode step is.
+costs (`decode_unmasked`), and, on CUDA, flash attention's variable-length kernel over a
+token-major cache, each row reading its keys from its first unmasked one
+(`decode_flash_offsets`: the rule with no mask), at the headline's 128 rows and three key
+spans, each captured in a CUDA graph as the decode step is.
 
 On a CPU only the dense mask and the variable-length layout through `varlen.reference`
 (one SDPA call per sequence: not the kernel, so not a speed) run.
@@ -131,6 +133,63 @@ def decode_unmasked(query, key, value, mask, scaling=None):
     return out.reshape(rows, heads, 1, dim).transpose(1, 2)
 
 
+def flash_layout(key, value, mask):
+    """The decode step's cache as flash attention's variable-length kernel would read it,
+    built once (a cache laid out so would hold it): keys and values token-major, (rows x
+    span, kv_heads, dim), and where each row's keys start and how many it reads: from its
+    first unmasked position (a left-padded row's pads are a prefix of its keys) to the
+    span's end. (keys, values, starts (rows + 1,) int32, counts (rows,) int32)."""
+    import torch
+
+    rows, kv_heads, span, dim = key.shape
+    k, v = (
+        t.transpose(1, 2).reshape(rows * span, kv_heads, dim).contiguous() for t in (key, value)
+    )
+    pads = (mask[:, 0, 0, :span] == float("-inf")).sum(-1)
+    starts = torch.arange(rows + 1, device=key.device) * span
+    starts[:-1] += pads
+    return k, v, starts.to(torch.int32), (span - pads).to(torch.int32)
+
+
+def decode_flash_offsets(query, key, value, starts, counts, span, scaling=None):
+    """`flex.grouped_decode`, the rule exactly, with no mask: one query position per row
+    through flash attention's variable-length kernel over `flash_layout`'s cache, each
+    row reading `counts` keys from `starts` (its `seqused_k`). A candidate for the decode
+    step where cuDNN's masked kernel took ~74 us a layer on an H100, ~3.7x what reading
+    the keys takes; it needs a token-major cache. CUDA only (the kernel is)."""
+    import torch
+
+    rows, heads, _, dim = query.shape
+    q = query.reshape(rows, heads, dim)
+    found = _ONE_QUERY_A_ROW.get((rows, query.device))
+    if found is None:  # made once, outside the captured step, as a decoder would keep it
+        found = torch.arange(rows + 1, dtype=torch.int32, device=query.device)
+        _ONE_QUERY_A_ROW[(rows, query.device)] = found
+    out = torch.ops.aten._flash_attention_forward(
+        q, key, value, found, starts, 1, span, 0.0, False, False, scale=scaling, seqused_k=counts
+    )[0]
+    return out.view(rows, 1, heads, dim)
+
+
+_ONE_QUERY_A_ROW: dict = {}  # (rows, device) -> the queries' starts, 0..rows
+
+
+def flash_reference(query, key, value, starts, counts, scaling=None):
+    """`decode_flash_offsets` by SDPA, row by row over `flash_layout`'s cache: what the
+    kernel is asked (tests/unit/test_attention_benchmark.py checks it against
+    `flex.grouped_decode` on a CPU, where the kernel does not run)."""
+    import torch
+
+    rows, heads, _, dim = query.shape
+    outs = []
+    for i in range(rows):
+        lo = int(starts[i])
+        k, v = (t[lo : lo + int(counts[i])].transpose(0, 1) for t in (key, value))
+        q = query[i].reshape(k.shape[0], heads // k.shape[0], dim)
+        outs.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scaling))
+    return torch.stack(outs).reshape(rows, 1, heads, dim)
+
+
 def decode_times(rows, heads, kv_heads, dim, spans, device, dtype, calls) -> dict:
     """ms per call of the decode step's attention at each key span, `grouped_decode`
     (SDPA, as it picks and held to its memory-efficient kernel) against `decode_matmul`,
@@ -156,6 +215,13 @@ def decode_times(rows, heads, kv_heads, dim, spans, device, dtype, calls) -> dic
         ):
             ms = per_call(functools.partial(fn, q, k, v, mask, None), device, calls)
             out.setdefault(name, {})[str(span)] = ms
+        if device.type == "cuda":  # the kernel is CUDA's; timed once it gives the rule's
+            laid = flash_layout(k, v, mask)
+            step = functools.partial(decode_flash_offsets, q, *laid, span)
+            error = (step().float() - flex.grouped_decode(q, k, v, mask, None).float()).abs()
+            if error.max().item() > 0.05:  # bf16 outputs of magnitude ~1
+                raise SystemExit(f"flash-offsets is not the rule: max error {error.max()}")
+            out.setdefault("flash-offsets", {})[str(span)] = per_call(step, device, calls)
     return out
 
 

@@ -100,8 +100,10 @@ torch.cuda.get_device_name())" 2>&1 | tee -a "$log"
   # one attention layer over a headline micro-batch: the dense mask, FlexAttention and
   # flash attention's variable-length kernel (~40 s, FlexAttention's compile included);
   # then the decode step's attention, SDPA (cuDNN's kernel, ~74 us a layer in the H100's
-  # profile) against its memory-efficient kernel and explicit products, captured as the
-  # decode step is. Here, not in measure, whose call already brings 8 files back
+  # profile) against its memory-efficient kernel, explicit products and flash attention's
+  # variable-length kernel over a token-major cache with per-row key offsets (the rule
+  # with no mask), captured as the decode step is. Here, not in measure, whose call
+  # already brings 8 files back
   item attention 60 25 python3 benchmarks/attention.py --json "$OUT/attention.json"
 }
 
