@@ -190,7 +190,7 @@ def flash_reference(query, key, value, starts, counts, scaling=None):
     return torch.stack(outs).reshape(rows, 1, heads, dim)
 
 
-def decode_times(rows, heads, kv_heads, dim, spans, device, dtype, calls) -> dict:
+def decode_times(rows, heads, kv_heads, dim, spans, device, dtype, calls, failed=None) -> dict:
     """ms per call of the decode step's attention at each key span, `grouped_decode`
     (SDPA, as it picks and held to its memory-efficient kernel) against `decode_matmul`,
     and SDPA without the mask (`decode_unmasked`: a bound, not the rule),
@@ -202,6 +202,7 @@ def decode_times(rows, heads, kv_heads, dim, spans, device, dtype, calls) -> dic
 
     g = torch.Generator(device="cpu").manual_seed(1)
     out: dict[str, dict[str, float]] = {}
+    failed = {} if failed is None else failed  # variant -> why it was not timed
     for span in spans:
         q = torch.randn(rows, heads, 1, dim, generator=g).to(device, dtype)
         k, v = (torch.randn(rows, kv_heads, span, dim, generator=g).to(device, dtype) for _ in "kv")
@@ -215,13 +216,19 @@ def decode_times(rows, heads, kv_heads, dim, spans, device, dtype, calls) -> dic
         ):
             ms = per_call(functools.partial(fn, q, k, v, mask, None), device, calls)
             out.setdefault(name, {})[str(span)] = ms
-        if device.type == "cuda":  # the kernel is CUDA's; timed once it gives the rule's
-            laid = flash_layout(k, v, mask)
-            step = functools.partial(decode_flash_offsets, q, *laid, span)
-            error = (step().float() - flex.grouped_decode(q, k, v, mask, None).float()).abs()
-            if error.max().item() > 0.05:  # bf16 outputs of magnitude ~1
-                raise SystemExit(f"flash-offsets is not the rule: max error {error.max()}")
-            out.setdefault("flash-offsets", {})[str(span)] = per_call(step, device, calls)
+        if device.type == "cuda" and "flash-offsets" not in failed:
+            # the kernel is CUDA's; timed once it gives the rule's answer, and a failure is
+            # recorded, not raised: the variants above stand
+            try:
+                laid = flash_layout(k, v, mask)
+                step = functools.partial(decode_flash_offsets, q, *laid, span)
+                want = flex.grouped_decode(q, k, v, mask, None).float()
+                error = (step().float() - want).abs().max().item()
+                if error > 0.05:  # bf16 outputs of magnitude ~1
+                    raise ValueError(f"not the rule: max error {error:.3g}")
+                out.setdefault("flash-offsets", {})[str(span)] = per_call(step, device, calls)
+            except Exception as exc:
+                failed["flash-offsets"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     return out
 
 
@@ -345,9 +352,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, parts in times.items()
     }
     spans = [int(x) for x in args.decode_spans.split(",") if x]
+    failed: dict[str, str] = {}
     decode = decode_times(
-        args.decode_rows, args.heads, args.kv_heads, args.dim, spans, device, dtype, args.calls
-    )
+        args.decode_rows, args.heads, args.kv_heads, args.dim, spans, device, dtype, args.calls,
+        failed,
+    )  # fmt: skip
     print(
         f"attention at {args.rows} rows x {length} positions, heads {args.heads}/{args.kv_heads} x {args.dim}, {dtype}, {device}"
     )
@@ -357,9 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"decode step's attention, {args.decode_rows} rows, ms per layer call by key span")
     for name, row in decode.items():
         print(f"{name:15} " + "  ".join(f"{span}: {ms:.4f}" for span, ms in row.items()))
+    for name, why in failed.items():
+        print(f"{name:15} not timed: {why}")
     result = {
         "summary": summary,
         "decode": decode,
+        "decode_failed": failed,
         "runs": times,
         "args": vars(args),
         "positions": length,

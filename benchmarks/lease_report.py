@@ -189,6 +189,8 @@ def report(results: dict[str, Any]) -> str:
     for name, row in attention.get("decode", {}).items():  # the decode step's, by key span
         spans = ", ".join(f"{span} keys {ms * 1e3:.0f} us" for span, ms in row.items())
         lines.append(f"decode attention {name}, a layer: {spans}")
+    for name, why in attention.get("decode_failed", {}).items():
+        lines.append(f"decode attention {name}: not timed ({why})")
     # decode compiled, training blocks compiled, SDPA off cuDNN's kernel
     for kind in ("retrain-compiled", "retrain-compiled-train", "retrain-no-cudnn"):
         row = _summary(results, "quickstart_variants", kind, "quickstart")
