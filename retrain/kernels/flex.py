@@ -85,6 +85,8 @@ def describe(option: str, device_kind: str, blocked: list[str] | None = None) ->
     flex off CUDA and where blocked)."""
     if option == "flex" and blocked:
         return "FlexAttention, refused: " + ", ".join(blocked)
+    if option == "auto" and device_kind == "cuda" and blocked:  # what keeps auto from it
+        return "dense mask (not FlexAttention: " + ", ".join(blocked) + ")"
     if option == "varlen":
         return VARLEN_LABEL
     return label(flex_from(option, device_kind, "sdpa", "the model", blocked))

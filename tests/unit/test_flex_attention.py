@@ -194,7 +194,9 @@ def test_flex_without_triton_is_refused_and_auto_keeps_the_dense_mask(tmp_path, 
     blocked = flex.device_blockers("bf16", "cuda")
     assert blocked == ["triton is not installed (it compiles FlexAttention)"]
     assert flex.flex_from("auto", "cuda", "sdpa", "m", blocked) is None
-    assert flex.describe("auto", "cuda", blocked) == "dense mask"
+    assert flex.describe("auto", "cuda", blocked) == (
+        "dense mask (not FlexAttention: triton is not installed (it compiles FlexAttention))"
+    )
     assert flex.device_blockers("bf16", "cpu") == []  # a CPU needs no triton for the dense mask
 
 

@@ -555,7 +555,10 @@ def test_triton_work_in_bf16_is_refused_on_a_gpu_without_native_bf16(
     assert 'and [inference] dtype = "bf16". Fix: [inference] dtype = "auto", or decode' in text
     code, text, _ = explain(qwen_config(tmp_path, 'dtype = "bf16"'), capsys)
     assert code == 0
-    assert "attention: dense mask\n" in text  # auto: FlexAttention is out of reach here
+    assert (  # auto: FlexAttention is out of reach here, and explain says why
+        "attention: dense mask (not FlexAttention: bf16 matmuls (compute capability 7.0 has "
+        "no native bf16; triton has none there))\n"
+    ) in text
     simulate(monkeypatch, cap=(9, 0), cuda0=(79.1, 79.6))
     code, text, _ = explain(qwen_config(tmp_path, 'dtype = "bf16"'), capsys)
     assert code == 0
