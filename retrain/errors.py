@@ -67,3 +67,10 @@ class TrainingError(RetrainError):
 class DistributedError(RetrainError):
     """Another rank of a run on several processes (torchrun) failed or stopped answering;
     this rank stops too (docs/distributed.md)."""
+
+
+def summary(error: BaseException, limit: int = 300) -> str:
+    """An exception's type and the first line of its message (at most `limit` characters),
+    for a one-line error that names what went wrong inside a library."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:limit] if lines else ''}"

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 import torch
 
-from retrain.errors import BackendError
+from retrain.errors import BackendError, summary
 from retrain.kernels.blocks import transformer_blocks
 
 # the compiler; tests on a CPU use "aot_eager" (dynamo's trace and AOT autograd's
@@ -69,10 +69,7 @@ def compile_errors(compiling: bool) -> Iterator[None]:
 
         if not isinstance(error, TorchDynamoException):
             raise
-        lines = str(error).strip().splitlines()
-        first = lines[0][:300] if lines else ""
         raise BackendError(
             "[backend.options] compile = true: torch.compile failed on the trained model's "
-            f"blocks ({type(error).__name__}: {first}); the weights were not updated. "
-            "Fix: compile = false"
+            f"blocks ({summary(error)}); the weights were not updated. Fix: compile = false"
         ) from error

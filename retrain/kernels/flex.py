@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from retrain.errors import BackendError
+from retrain.errors import BackendError, summary
 from retrain.kernels.windows import within
 
 if TYPE_CHECKING:  # torch is imported where it is used: `explain` reads this module without it
@@ -230,9 +230,7 @@ def build_failure(error: BaseException, device: torch.device, head_dim: int) -> 
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         where = f"{torch.cuda.get_device_name(device)}, compute capability {major}.{minor}"
-    lines = str(error).strip().splitlines()
-    first = lines[0][:300] if lines else ""
-    return f"{where}, head size {head_dim}: {type(error).__name__}: {first}"
+    return f"{where}, head size {head_dim}: {summary(error)}"
 
 
 def _flex(query, key, value, mask: BlockMask, scale: float | None) -> torch.Tensor:
