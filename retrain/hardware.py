@@ -45,15 +45,20 @@ def f32_out_matmul(device_type: str) -> bool:
     installed version without importing torch. Such a product is exact up to the order
     of sums (a product of two bf16 numbers fits a float32), so float32 logits need no
     float32 copy of the output layer (retrain/kernels/precision.py `linear_f32`)."""
-    if device_type != "cuda":
-        return False
+    return device_type == "cuda" and torch_at_least(2, 8)
+
+
+@functools.cache
+def torch_at_least(major: int, minor: int) -> bool:
+    """Whether the installed torch is `major.minor` or newer, read from its package's
+    metadata without importing it (False: no torch, or a version we cannot read)."""
     try:
         from importlib.metadata import version
 
-        major, minor = (int(part) for part in version("torch").split(".")[:2])
-    except (ImportError, ValueError):  # no torch, or a version we cannot read
+        have = tuple(int(part) for part in version("torch").split(".")[:2])
+    except (ImportError, ValueError):
         return False
-    return (major, minor) >= (2, 8)
+    return have >= (major, minor)
 
 
 def sums_in_f32(device_type: str) -> bool:

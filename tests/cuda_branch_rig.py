@@ -33,11 +33,11 @@ _LIBS: list = []  # the registrations, kept for the process's life
 
 @functools.cache
 def f32_out_matmul(device_type: str) -> bool:
-    """`hardware.f32_out_matmul`'s body past its CUDA test."""
-    from importlib.metadata import version
+    """`hardware.f32_out_matmul`'s body past its CUDA test (torch's version read from its
+    package's metadata)."""
+    from retrain.hardware import torch_at_least
 
-    major, minor = (int(part) for part in version("torch").split(".")[:2])
-    return (major, minor) >= (2, 8)
+    return torch_at_least(2, 8)
 
 
 def cuda_branches() -> None:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from retrain.hardware import torch_at_least
+
 # Device kinds where torch's rms_norm is one fused kernel, from torch 2.9 (`fused_norms`).
 FUSED_NORM_DEVICES = frozenset({"cuda"})
 
@@ -29,8 +31,7 @@ FUSED_NORM_DEVICES = frozenset({"cuda"})
 def fused_norms(device_type: str) -> bool:
     """Whether torch's rms_norm is one kernel (and one for its backward) on `device_type`
     with the installed torch."""
-    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
-    return device_type in FUSED_NORM_DEVICES and (major, minor) >= (2, 9)
+    return device_type in FUSED_NORM_DEVICES and torch_at_least(2, 9)
 
 
 class RmsNorm(torch.nn.Module):
