@@ -82,38 +82,44 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def extras() -> dict[str, list[str]]:
-    """Extra name -> distributions it installs, from retrain's metadata."""
+def _requirements() -> list[tuple[str, str | None, str | None]] | None:
+    """(distribution, the extra that asks for it or None, its `>=` floor or None) for each
+    of retrain's requirements, from its metadata; None where that is not installed."""
     try:
         requires = md.requires("retrain") or []
     except md.PackageNotFoundError:
-        return dict(EXTRAS_FALLBACK)
-    out: dict[str, list[str]] = {}
+        return None
+    out = []
     for req in requires:
-        m = re.search(r"""extra\s*==\s*["']([^"']+)["']""", req)
-        if not m:
+        spec, _, marker = req.partition(";")
+        name = re.match(r"\s*([A-Za-z0-9_.\-]+)", spec)
+        if not name or name.group(1) == "retrain":
             continue
-        extra = m.group(1)
-        name = re.match(r"\s*([A-Za-z0-9_.\-]+)", req)
-        if name and extra not in SKIP_EXTRAS and name.group(1) != "retrain":
-            out.setdefault(extra, []).append(name.group(1))
+        extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", marker)
+        floor = re.search(r">=\s*([0-9.]+)", spec)
+        out.append(
+            (
+                name.group(1),
+                extra.group(1) if extra else None,
+                floor.group(1).rstrip(".") if floor else None,
+            )
+        )
+    return out
+
+
+def extras() -> dict[str, list[str]]:
+    """Extra name -> distributions it installs, from retrain's metadata."""
+    out: dict[str, list[str]] = {}
+    for name, extra, _ in _requirements() or []:
+        if extra and extra not in SKIP_EXTRAS:
+            out.setdefault(extra, []).append(name)
     return out or dict(EXTRAS_FALLBACK)
 
 
 def floors() -> dict[str, str]:
-    """Distribution -> the oldest version retrain's extras accept (`>=` in its metadata);
-    {} where the metadata is not installed."""
-    try:
-        requires = md.requires("retrain") or []
-    except md.PackageNotFoundError:
-        return {}
-    out = {}
-    for req in requires:
-        spec = req.split(";")[0]
-        name, floor = re.match(r"\s*([A-Za-z0-9_.\-]+)", spec), re.search(r">=\s*([0-9.]+)", spec)
-        if name and floor and name.group(1) != "retrain":
-            out[name.group(1)] = floor.group(1).rstrip(".")
-    return out
+    """Distribution -> the oldest version retrain's requirements accept (`>=` in its
+    metadata); {} where the metadata is not installed."""
+    return {name: floor for name, _, floor in _requirements() or [] if floor}
 
 
 def older(version: str, floor: str) -> bool:
