@@ -210,10 +210,7 @@ def memory_line(text: str) -> str:
 
 
 def test_explain_says_the_blocks_are_compiled(tmp_path, capsys, monkeypatch, no_caches):
-    import retrain.config.validate as validate
-
-    simulate(monkeypatch, cuda0=(79.1, 79.6))
-    monkeypatch.setattr(validate, "compiler_missing", lambda kind: None)  # triton there
+    simulate(monkeypatch, cuda0=(79.1, 79.6))  # with triton
     code, text, report = explain(qwen_config(tmp_path, "compile = true"), capsys)
     assert code == 0 and not report["errors"]
     compute = next(line for line in text.splitlines() if line.startswith("Compute:"))
@@ -537,8 +534,7 @@ def test_triton_work_in_bf16_is_refused_on_a_gpu_without_native_bf16(
     is a config error at the start (explain shows it, exit 2), naming the key, the GPU's
     capability and the fix; with attention = "auto" bf16 keeps the dense mask instead.
     On an H100, or with dtype = "auto" (fp32 on the V100), nothing is refused."""
-    simulate(monkeypatch, cap=(7, 0), cuda0=(31.0, 32.0))
-    monkeypatch.setattr("retrain.config.validate.compiler_missing", lambda kind: None)  # triton
+    simulate(monkeypatch, cap=(7, 0), cuda0=(31.0, 32.0))  # with triton
     for option, key in (('attention = "flex"', "attention"), ('decode = "compiled"', "decode")):
         code, text, _ = explain(qwen_config(tmp_path, 'dtype = "bf16"', option), capsys)
         assert code == 2
