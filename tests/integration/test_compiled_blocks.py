@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from grad_recorder import step_gradients
-from test_memory_sizing import HYPER, datums_of, make_backend
+from test_memory_sizing import HYPER, datums_of, make_backend, trained_adapter
 
 from retrain.errors import BackendError
 from retrain.kernels import compiled_blocks
@@ -43,12 +43,7 @@ def gpu_layout(monkeypatch, compile_here):
 
 def _backend(tiny_raw, tiny_model_dir, compile_: bool, said=None):
     tiny_raw["backend"]["options"].update(dtype="bf16", compile=compile_)
-    backend = make_backend(tiny_raw, tiny_model_dir, said)
-    with torch.no_grad():  # a trained adapter: B not zero, so A's gradient is too
-        for name, p in backend.model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.2, generator=torch.Generator().manual_seed(len(name)))
-    return backend
+    return trained_adapter(make_backend(tiny_raw, tiny_model_dir, said))
 
 
 def _relative(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:

@@ -15,7 +15,7 @@ import warnings
 import pytest
 import torch
 from grad_recorder import step_gradients
-from test_memory_sizing import HYPER, datums_of, make_backend
+from test_memory_sizing import HYPER, datums_of, make_backend, trained_adapter
 from torch._inductor.exc import InductorError
 
 from retrain.errors import BackendError
@@ -61,12 +61,8 @@ def _failing(where: str, calls: list[str]):
 @pytest.fixture
 def backend(tiny_raw, tiny_model_dir):
     said: list[str] = []
-    b = make_backend(tiny_raw, tiny_model_dir, said)
+    b = trained_adapter(make_backend(tiny_raw, tiny_model_dir, said))
     b.said = said
-    with torch.no_grad():  # a trained adapter: B not zero, so A's gradient is too
-        for name, p in b.model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.2, generator=torch.Generator().manual_seed(len(name)))
     flex.use_flex(b.model.get_base_model())  # retrain's attention, as on CUDA
     return b
 

@@ -54,6 +54,17 @@ def make_backend(tiny_raw, tiny_model_dir, said: list[str] | None = None) -> Loc
     )
 
 
+def trained_adapter(backend) -> LocalBackend:
+    """`backend` with every LoRA B drawn N(0, 0.2) from a generator seeded by its name's
+    length (the same draw in every backend): a trained adapter, whose A's gradient is not
+    zero either."""
+    with torch.no_grad():
+        for name, p in backend.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2, generator=torch.Generator().manual_seed(len(name)))
+    return backend
+
+
 @pytest.fixture
 def backend(tiny_raw, tiny_model_dir):
     b = make_backend(tiny_raw, tiny_model_dir)
