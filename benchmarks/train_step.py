@@ -73,9 +73,11 @@ if opts["narrow"]:  # SmolLM2's depth and vocabulary, arithmetic negligible
     AutoModelForCausalLM.from_config(cfg).save_pretrained(work / "narrow")
     config = load_config(work / "r.toml", [*flags, "--model", str(work / "narrow")])
 backend = build_backend(config, tokenizer, say=lambda s: None)
-if opts["layout"] == "gpu":  # AdamW as on CUDA: the fused one (local.py `_adamw_impl`)
+if opts["layout"] == "gpu":  # AdamW as CUDA runs it (local.py `adamw_options`: fused)
+    from retrain.backends.local import adamw_options
+
     for group in backend.optimizer.param_groups:
-        group["fused"], group["foreach"] = True, False
+        group.update(adamw_options(torch.device("cuda")), foreach=False)
 rng = np.random.default_rng(0)
 prompts = [rng.integers(100, 40000, 40).tolist() for _ in range(4)]
 datums = [
