@@ -384,25 +384,29 @@ def sampler_copy_bytes(shape: ModelShape, sizing: Sizing) -> int:
 def copy_adapter_bytes(shape: ModelShape, sizing: Sizing) -> int:
     """The sampler's own A and B beside bf16 weights (bf16 mode, or a bf16 copy of its
     own: `own_bf16_copy`; float32 merges them into the weights instead), in the dtype the
-    trainer computes them in: bf16 on a wholly bf16 model (a GPU), else float32. A set of
-    `SIBLINGS`, all adapted, runs as one: its A's stacked and its B's set
-    block-diagonally, so its B holds (sum of outs) x (members x rank) values. Per layer:
-
-        sum over sets and lone projections of rank x members x (in x a + outs x b)"""
-    lora_rank = sizing.lora_rank
-    if not lora_rank or sizing.sampler is None:
+    trainer computes them in: bf16 on a wholly bf16 model (a GPU), else float32; a set of
+    `SIBLINGS` as one (`set_layout_bytes`)."""
+    if not sizing.lora_rank or sizing.sampler is None:
         return 0
     if block_bytes(sizing.dtype) != 2 and not own_bf16_copy(sizing):
         return 0
     whole = whole_model_bf16(sizing.dtype, sizing.device_kind)
-    a = b = 2 if whole else 4
+    return set_layout_bytes(shape, sizing, 2 if whole else 4)
+
+
+def set_layout_bytes(shape: ModelShape, sizing: Sizing, value_bytes: int) -> int:
+    """A and B of every adapted linear at `value_bytes` each, sets of `SIBLINGS` (all
+    adapted) as one: their A's stacked, their B's block-diagonal, so a set's B holds
+    (sum of outs) x (members x rank) values. Per layer:
+
+        sum over sets and lone projections of rank x members x (in + outs) x value_bytes"""
     adapted = shape.adapted(sizing.target_modules)
     sets = [names for names in SIBLINGS if all(n in adapted for n in names)]
     sets += [(n,) for n in adapted if not any(n in names for names in sets)]
     per_layer = 0
     for names in sets:
         inputs, outs = adapted[names[0]][0], sum(adapted[n][1] for n in names)
-        per_layer += lora_rank * len(names) * (inputs * a + outs * b)
+        per_layer += sizing.lora_rank * len(names) * (inputs + outs) * value_bytes
     return shape.layers * per_layer
 
 
@@ -431,9 +435,21 @@ def kv_value_bytes(sizing: Sizing) -> int:
 
 def adapter_bytes(shape: ModelShape, sizing: Sizing) -> int:
     """float32 LoRA weights (rank x (in + out) per adapted linear), their gradients and
-    AdamW's two moments: rank x sum(in + out) x 4 bytes x 4."""
+    AdamW's two moments: rank x sum(in + out) x 4 bytes x 4; on a wholly bf16 model also
+    the bf16 copies of them the trainer's products read (`staged_adapter_bytes`)."""
     in_out = shape.layers * sum(i + o for i, o in shape.adapted(sizing.target_modules).values())
-    return sizing.lora_rank * in_out * 4 * 4
+    return sizing.lora_rank * in_out * 4 * 4 + staged_adapter_bytes(shape, sizing)
+
+
+def staged_adapter_bytes(shape: ModelShape, sizing: Sizing) -> int:
+    """The bf16 A's and B's the trainer's products read on a wholly bf16 model, kept
+    between steps (retrain/kernels/staged_factors.py), in the layout of sets
+    (`set_layout_bytes`); 0 elsewhere (the adapter computed in float32). Compiled blocks
+    and a sharded base build them per pass instead: counted all the same (~0.6% of the
+    headline step's peak), the estimate errs high there."""
+    if not sizing.lora_rank or not whole_model_bf16(sizing.dtype, sizing.device_kind):
+        return 0
+    return set_layout_bytes(shape, sizing, 2)
 
 
 def training_bytes(

@@ -8,10 +8,10 @@ CUDA's float32-result matmuls for a CPU, so the step compiles with AOT autograd'
 backend: Dynamo's trace and the graph, not the kernels.
 
 The trainer's side too: a forward and backward of the wholly bf16 LoRA model, its
-siblings fused, once through CUDA's branch and once through the CPU's. The CPU kernels
-given to CUDA's float32-result matmuls compute what the CPU's branch computes (float32
-copies of the operands), so the two must agree to the bit: CUDA's branch multiplies the
-same operands, in the same places.
+siblings fused and its factors staged, once through CUDA's branch and once through the
+CPU's. The CPU kernels given to CUDA's float32-result matmuls compute what the CPU's
+branch computes (float32 copies of the operands), so the two must agree to the bit:
+CUDA's branch multiplies the same operands, in the same places.
 
 Run as its own process (the CPU kernels it registers stay for the process's life):
 `python tests/cuda_branch_rig.py` prints one JSON line; tests/unit/test_static_decode.py
@@ -75,12 +75,14 @@ def training(precision) -> dict[str, bool]:
     from tiny_qwen3 import VOCAB, qwen3_lora
 
     from retrain.kernels.lora_layers import fuse_sibling_loras
+    from retrain.kernels.staged_factors import stage_factors
 
     results = []
     for query in (f32_out_matmul, lambda device_type: False):
         precision.f32_out_matmul = query
         model = qwen3_lora(bf16=True, switch=True, recompute=True, lean=True, lora_alpha=12)
-        assert fuse_sibling_loras(model)
+        groups = fuse_sibling_loras(model)
+        assert groups and stage_factors(model, groups)  # as the local backend trains it
         ids = torch.arange(1, 30)[None] % VOCAB
         logits = model(input_ids=ids).logits.float()
         (logits * torch.linspace(-1, 1, logits.shape[-1])).sum().backward()

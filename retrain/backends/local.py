@@ -64,6 +64,7 @@ from retrain.kernels.packing import (
 )
 from retrain.kernels.precision import bf16_linears, bf16_weights, use_bf16
 from retrain.kernels.recompute import recompute_elementwise
+from retrain.kernels.staged_factors import stage_factors
 from retrain.kernels.transfer import to_device
 from retrain.kernels.windows import windows_of
 from retrain.loss import (
@@ -393,6 +394,9 @@ class LocalBackend:
         # retrain/kernels/compiled_blocks.py)
         fuse = whole and not self.world.shard and not compiling
         self._siblings = fuse_sibling_loras(peft_model) if fuse else []
+        # their bf16 A's and B's copied once per optimizer step, not built per forward
+        # pass (retrain/kernels/staged_factors.py)
+        self._staged = stage_factors(peft_model, self._siblings) if fuse else None
         if self.options.checkpointing:
             _checkpoint_activations(peft_model)
         device, dtype = self.train_device, "bf16" if self.bf16 else "fp32"

@@ -179,8 +179,8 @@ class _RoundOnce(torch.autograd.Function):
     The output is then one tensor per member."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, scaling, *factors):
-        outs, kept = _rounded_sums(x, weight, bias, scaling, factors)
+    def forward(ctx, x, weight, bias, scaling, operands, *factors):
+        outs, kept = _rounded_sums(x, weight, bias, scaling, factors, operands)
         # x A^T kept in bf16, what B's gradient multiplies; A and B as the products read
         # them (bf16, a few MB a block at Qwen3-4B's shapes, whatever the rows)
         ctx.save_for_backward(x, weight, *kept)
@@ -190,7 +190,7 @@ class _RoundOnce(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         x, weight, a, b, h = ctx.saved_tensors
-        need_x, _, _, _, *need = ctx.needs_input_grad
+        need_x, _, _, _, _, *need = ctx.needs_input_grad
         parts = len(ctx.ranks)
         grads = [g.contiguous() for g in grads]
         grad = grads[0] if parts == 1 else torch.cat(grads, dim=1)
@@ -204,14 +204,17 @@ class _RoundOnce(torch.autograd.Function):
                 gas = list(mm_f32(gh.t(), x).split(ctx.ranks))
             if need_x:
                 gx = torch.addmm(torch.mm(grad, weight), gh, a)
-        return gx, None, None, None, *gas, *gbs
+        return gx, None, None, None, None, *gas, *gbs
 
 
-def _rounded_sums(x, weight, bias, scaling: float, factors):
-    """`_RoundOnce`'s outputs, and (A, B, x A^T) for its backward (module docstring)."""
+def _rounded_sums(x, weight, bias, scaling: float, factors, operands=None):
+    """`_RoundOnce`'s outputs, and (A, B, x A^T) for its backward (module docstring).
+    `operands`: A stacked and B block-diagonal in x's dtype, as built here, already
+    (retrain/kernels/staged_factors.py); None: built here."""
     parts = len(factors) // 2
-    a = _stacked(factors[:parts], x.dtype)
-    b = _block_diagonal(factors[parts:], x.dtype)
+    if operands is None:
+        operands = _stacked(factors[:parts], x.dtype), _block_diagonal(factors[parts:], x.dtype)
+    a, b = operands
     out, mid = _sum_and_mid(x, weight, bias, a, b, scaling)
     if parts == 1:
         return out.to(x.dtype), (a, b, mid)
@@ -222,14 +225,16 @@ def _rounded_sums(x, weight, bias, scaling: float, factors):
     return tuple(o.to(x.dtype) for o in out.split(widths, dim=1)), (a, b, mid)
 
 
-def round_once(x, weight, bias, scaling: float, *factors):
+def round_once(x, weight, bias, scaling: float, *factors, staged=None):
     """`_RoundOnce` where a gradient will be asked of it; its outputs alone otherwise
     (sampling, a step's logprobs without gradients, the reference model's): no autograd
     call, which dynamo failed to trace in a compiled block without gradients (the call's
-    trailing factors arrived empty; torch 2.11 and 2.13)."""
+    trailing factors arrived empty; torch 2.11 and 2.13). `staged`: the factors' staged
+    operands (retrain/kernels/staged_factors.py `Staged`), or None."""
+    operands = None if staged is None else staged.operands(x.dtype)
     if torch.is_grad_enabled():
-        return _RoundOnce.apply(x, weight, bias, scaling, *factors)
-    return _rounded_sums(x, weight, bias, scaling, factors)[0]
+        return _RoundOnce.apply(x, weight, bias, scaling, operands, *factors)
+    return _rounded_sums(x, weight, bias, scaling, factors, operands)[0]
 
 
 def _stacked(factors, dtype: torch.dtype) -> torch.Tensor:
@@ -294,22 +299,39 @@ class SiblingLoras(OneInput):
     def __init__(self, layers: list):
         super().__init__()
         self.layers = layers
+        self._base: tuple = ((), None, None)  # (what it was made of, weight, bias)
 
     def output(self, x: torch.Tensor, i: int) -> torch.Tensor | None:
         """Member i's output for `x`; None when the base weights are not stacked (then
         the member computes its own)."""
         return self.take(x, i, self._outputs)
 
+    def base(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The members' base weights stacked (a view of their storage: None when they
+        are not laid out so) and biases concatenated, made again only when one of them
+        changed (another tensor, storage or version): frozen, they are made once, not
+        per forward pass (two operators a set, or three with biases)."""
+        parts = [t for m in self.layers for t in (m.base_layer.weight, m.base_layer.bias)]
+        key = tuple(None if t is None else (id(t), t.data_ptr(), t._version) for t in parts)
+        if key != self._base[0]:
+            weights, biases = parts[::2], parts[1::2]
+            bias = None if biases[0] is None else torch.cat(biases)
+            # not kept: a graph's output, or an inference tensor (made while the
+            # trainer's model samples), which no backward may save
+            if torch.is_inference_mode_enabled() or (bias is not None and bias.requires_grad):
+                return stacked(weights), bias
+            self._base = (key, stacked(weights), bias)
+        return self._base[1], self._base[2]
+
     def _outputs(self, x: torch.Tensor) -> list[torch.Tensor] | None:
-        base = [layer.base_layer for layer in self.layers]
-        weight = stacked([m.weight for m in base])
+        weight, bias = self.base()
         if weight is None:
             return None
-        bias = None if base[0].bias is None else torch.cat([m.bias for m in base])
         factors = [lora_a(m).weight for m in self.layers]
         factors += [lora_b(m).weight for m in self.layers]
         flat = x.reshape(-1, x.shape[-1])
-        outs = round_once(flat, weight, bias, lora_scaling(self.layers[0]), *factors)
+        scaling, staged = lora_scaling(self.layers[0]), self.__dict__.get("staged")
+        outs = round_once(flat, weight, bias, scaling, *factors, staged=staged)
         return [o.view(*x.shape[:-1], o.shape[-1]) for o in outs]
 
 
@@ -357,8 +379,13 @@ def _lean_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         group = self.__dict__.get("sibling_of")
         if group is not None and (out := group[0].output(x, group[1])) is not None:
             return out
-        flat, base = x.reshape(-1, x.shape[-1]), self.base_layer
-        out = round_once(flat, base.weight, base.bias, self.scaling[adapter], a.weight, b.weight)
+        flat, base, staged = (
+            x.reshape(-1, x.shape[-1]),
+            self.base_layer,
+            self.__dict__.get("staged"),
+        )
+        scaling = self.scaling[adapter]
+        out = round_once(flat, base.weight, base.bias, scaling, a.weight, b.weight, staged=staged)
         return out.view(*x.shape[:-1], out.shape[-1])
     result = self.base_layer(x)
     if result.dtype != dtype:

@@ -332,7 +332,7 @@ def test_rounded_once_on_cuda_the_products_take_the_float32_result_path(monkeypa
     w = torch.empty(64, 96, dtype=torch.bfloat16, **meta)
     a = torch.empty(8, 96, **meta).requires_grad_()
     b = torch.empty(64, 8, **meta).requires_grad_()
-    out = _RoundOnce.apply(x, w, None, 1.5, a, b)
+    out = _RoundOnce.apply(x, w, None, 1.5, None, a, b)
     assert (out.dtype, out.shape) == (torch.bfloat16, (40, 64))
     # x A^T and x W^T with float32 results, no float32 copies; then B's product of bf16
     # operands added into the float32 sum, on the tensor cores (not float32 operands,

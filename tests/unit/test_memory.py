@@ -248,6 +248,11 @@ def test_adapter_is_float32_with_gradient_and_two_moments():
     assert adapter_bytes(QWEN3_4B, at(lora_rank=32, target_modules=("q_proj",))) == (
         32 * 36 * (2560 + 4096) * 16
     )
+    # a GPU's wholly bf16 trainer keeps bf16 copies of A and B for its products, laid
+    # out as the sampler's copy (q/k/v and gate/up each a set): 0.19 GiB more
+    staged = 36 * 32 * (3 * 8704 * 2 + 2 * 22_016 * 2 + 6656 * 2 + 12_288 * 2)
+    assert adapter_bytes(QWEN3_4B, at("bf16", "cuda", 32)) == 32 * in_out * 16 + staged
+    assert adapter_bytes(QWEN3_4B, at("fp32", "cuda", 32)) == 32 * in_out * 16
 
 
 def test_memory_models_one_table_the_measured_ones_marked_calibrated():

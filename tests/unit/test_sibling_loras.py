@@ -171,7 +171,7 @@ def test_on_cuda_fused_siblings_take_the_float32_result_path(monkeypatch):
     w = torch.empty(sum(widths), 96, dtype=torch.bfloat16, **meta)
     a = [torch.empty(rank, 96, **meta).requires_grad_() for _ in widths]
     b = [torch.empty(n, rank, **meta).requires_grad_() for n in widths]
-    outs = _RoundOnce.apply(x, w, None, 1.5, *a, *b)
+    outs = _RoundOnce.apply(x, w, None, 1.5, None, *a, *b)
     assert [(o.dtype, tuple(o.shape)) for o in outs] == [(torch.bfloat16, (40, n)) for n in widths]
     sum(o.float().sum() for o in outs).backward()
     assert (x.grad.dtype, x.grad.shape) == (torch.bfloat16, x.shape)
