@@ -118,6 +118,56 @@ def compute_capability(
     return int(major), int(minor)
 
 
+def gpu_name(
+    index: int = 0,
+    *,
+    run: Callable[[list[str]], str | None] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> str | None:
+    """The name nvidia-smi gives torch's `cuda:index` ("NVIDIA H100 80GB HBM3"), without
+    torch; None where unknown (no nvidia-smi, the GPU hidden)."""
+    gpu = visible_gpu(index, (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES"))
+    if gpu is None:
+        return None
+    query = ("--query-gpu=name", "--format=csv,noheader", "-i", gpu)
+    out = (run(list(query)) if run is not None else _asked_once(query)) or ""
+    return out.strip().splitlines()[0].strip() if out.strip() else None
+
+
+# Peak dense bf16 tensor-core rate (TFLOPS, with float32 accumulation) and memory
+# bandwidth (TB/s) from NVIDIA's datasheets, by the names nvidia-smi gives; the first
+# pattern that matches wins. explain scales what retrain measured on an H100 (SXM, the
+# first lease) by them: training by the rate, sampling (a weight read per decoded
+# token) by the bandwidth.
+GPU_PEAKS: tuple[tuple[str, float, float], ...] = (
+    (r"\bH200\b.*\bNVL\b", 835, 4.8),
+    (r"\bH200\b", 989, 4.8),
+    (r"\bH100\b.*\bPCIe\b", 756, 2.0),
+    (r"\bH100\b.*\bNVL\b", 835, 3.9),
+    (r"\bH100\b", 989, 3.35),
+    (r"\bA100\b.*80GB.*PCIe|\bA100\b.*PCIe.*80GB", 312, 1.935),
+    (r"\bA100\b.*80GB", 312, 2.039),
+    (r"\bA100\b", 312, 1.555),
+    (r"\bL40S\b", 362, 0.864),
+    (r"\bL40\b", 181, 0.864),
+    (r"\bL4\b", 121, 0.3),
+    (r"\bRTX 4090\b(?! D)", 165, 1.008),
+    (r"\bRTX 3090\b(?! Ti)", 71, 0.936),
+)
+MEASURED_GPU = "NVIDIA H100 80GB HBM3"
+
+
+def gpu_peaks(name: str | None) -> tuple[float, float] | None:
+    """(bf16 TFLOPS, TB/s) of the GPU nvidia-smi names `name` (`GPU_PEAKS`); None when
+    retrain has no figures for it."""
+    import re
+
+    for pattern, tflops, bandwidth in GPU_PEAKS if name else ():
+        if re.search(pattern, name, re.IGNORECASE):
+            return tflops, bandwidth
+    return None
+
+
 def compiler_missing(device_type: str) -> str | None:
     """What torch.compile's inductor needs to compile for a device kind and this machine
     lacks (None: nothing): triton for CUDA, a C++ compiler (`$CXX`, else g++, as

@@ -15,7 +15,7 @@ from retrain.backends.base import BackendInfo, backend_options
 from retrain.config import Config
 from retrain.config.validate import device_kind, device_part
 from retrain.errors import BackendError
-from retrain.hardware import device_memory, matmul_dtype
+from retrain.hardware import MEASURED_GPU, device_memory, gpu_name, gpu_peaks, matmul_dtype
 from retrain.memory import (
     MICRO_BATCH_STEP,
     PROMPT_TOKENS_GUESS,
@@ -54,15 +54,48 @@ def local_options(config: Config) -> dict[str, Any]:
 # Effective FLOP/s of a step's sampling (2 x params per sampled token) and training (6 x
 # params per trained token) by device kind, every completion taken at max_tokens: what
 # retrain measured, so an estimate reproduces those runs and is rough anywhere else.
-# cuda: one H100 80GB at the headline shape (Qwen3-4B's shapes, 8 x 16 completions of
-# 256 tokens; sampling 5.1 s, training 5.0 s a step: docs/performance.md "On a CUDA GPU");
-# cpu: the quickstart on 2 cores (SmolLM2-135M, 4 x 8 of 24 tokens; medians of 90 steps,
-# sampling 2.28 s, training 1.27 s: benchmarks/results/quickstart.json). MPS: none.
-_EFFECTIVE_FLOPS = {"cuda": (5.2e13, 1.6e14), "cpu": (9e10, 4.9e11)}
+# cuda: one H100 80GB (SXM) at the headline shape (Qwen3-4B's shapes, 8 x 16 completions
+# of 256 tokens; sampling 3.39 s, training 2.78 s a step with one group a micro-batch, as
+# auto packs it: docs/performance.md "On a CUDA GPU"), scaled to another GPU by its peak
+# figures (`_gpu_scale`); cpu: the quickstart on 2 cores (SmolLM2-135M, 4 x 8 of 24
+# tokens; medians of 90 steps, sampling 2.28 s, training 1.27 s:
+# benchmarks/results/quickstart.json). MPS: none.
+_EFFECTIVE_FLOPS = {"cuda": (7.8e13, 2.8e14), "cpu": (9e10, 4.9e11)}
 _MEASURED_ON = {"cuda": "an H100 at Qwen3-4B's shapes", "cpu": "2 CPU cores at the quickstart"}
 # A step's least time on a GPU, whatever its FLOPs: the quickstart on an H100 took a
-# median 0.61 s, ~100x what its FLOPs at the rates above would take (docs/performance.md).
-_STEP_FLOOR_S = {"cuda": 0.6}
+# median 0.53 s, ~100x what its FLOPs at the rates above would take (docs/performance.md).
+_STEP_FLOOR_S = {"cuda": 0.53}
+
+
+def _gpu_scale(index: int) -> tuple[float, float, str]:
+    """(sampling, training) factors from the H100 the cuda rates were measured on to
+    torch's `cuda:index`, by peak memory bandwidth (a decoded token reads the weights)
+    and peak bf16 rate, and the clause that says so; 1 and 1 where the GPU is that H100,
+    or unknown (then the clause says that)."""
+    name = gpu_name(index)
+    if name is None:  # no nvidia-smi here: the config names a GPU of another machine
+        return 1.0, 1.0, ""
+    peaks, measured = gpu_peaks(name), gpu_peaks(MEASURED_GPU)
+    if peaks is None:
+        return (
+            1.0,
+            1.0,
+            (
+                f"; retrain has no peak figures for the {name}, so as fast as an H100: likely "
+                "too low"
+            ),
+        )
+    if peaks == measured:
+        return 1.0, 1.0, ""
+    (rate, bandwidth), (rate0, bandwidth0) = peaks, measured
+    return (
+        bandwidth / bandwidth0,
+        rate / rate0,
+        (
+            f", then to the {name} by its peak bf16 rate and memory bandwidth ({rate:g} "
+            f"TFLOPS, {bandwidth:g} TB/s; the H100's {rate0:g} and {bandwidth0:g})"
+        ),
+    )
 
 
 # What sets a step's pace: a logged run's median stands for this config's step only
@@ -400,6 +433,10 @@ def estimates(config: Config, info: BackendInfo, world: World | None = None) -> 
         out["step_time_source"] = f"median of {recent['steps']} steps logged in {recent['log_dir']}"
     elif params is not None and not remote and device in _EFFECTIVE_FLOPS:
         sampling_rate, training_rate = _EFFECTIVE_FLOPS[device]
+        scaled = (1.0, 1.0, "")
+        if device == "cuda":
+            scaled = _gpu_scale(training_device(config)[2])
+            sampling_rate, training_rate = sampling_rate * scaled[0], training_rate * scaled[1]
         sampling = 2 * params * tokens / sampling_rate
         # activation checkpointing runs each block's forward twice: 8 x params, not 6
         recompute = bool(out.get("checkpointing"))
@@ -414,7 +451,8 @@ def estimates(config: Config, info: BackendInfo, world: World | None = None) -> 
         out["step_time_source"] = (
             f"rough: sampling ~{sampling:.2g} s + training ~{training:.2g} s"
             f"{' (a third more: activation checkpointing)' if recompute else ''}, scaled by "
-            f"parameters x tokens from what retrain measured on {_MEASURED_ON[device]}{least}; "
+            f"parameters x tokens from what retrain measured on {_MEASURED_ON[device]}"
+            f"{scaled[2]}{least}; "
             "every completion at max_tokens. Run a few steps for a measured median"
             f"{_other_setup(recent)}"
         )

@@ -409,10 +409,12 @@ def test_explain_estimates_memory_and_step_time(tmp_path, capsys):
     )
 
 
-def test_explain_step_time_reproduces_the_measured_gpu_steps(tmp_path, capsys):
+def test_explain_step_time_reproduces_the_measured_gpu_steps(tmp_path, capsys, monkeypatch):
     """Without a logged run, explain's GPU estimate gives back what was measured on an
-    H100: the headline shape's 5.1 s sampling + 5.0 s training, and the quickstart's
-    0.6 s floor for a model whose FLOPs take far less."""
+    H100: the headline shape's 3.39 s sampling + 2.78 s training (one group a
+    micro-batch), and the quickstart's 0.53 s floor for a model whose FLOPs take far
+    less. Another GPU's by its peak figures against the H100's; one retrain has no
+    figures for as the H100, saying so."""
     shapes = {
         "model_type": "qwen3", "hidden_size": 2560, "num_hidden_layers": 36,
         "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
@@ -429,13 +431,28 @@ def test_explain_step_time_reproduces_the_measured_gpu_steps(tmp_path, capsys):
     )
     est = json.loads(run(["explain", str(path), "--json"], capsys)[1])["estimates"]
     assert est["model_params"] == pytest.approx(4.02e9, rel=0.01)
-    assert est["step_time_s"] == pytest.approx(10.0, abs=0.2)
-    assert "sampling ~5.1 s + training ~4.9 s" in est["step_time_source"]
+    assert est["step_time_s"] == pytest.approx(6.2, abs=0.1)
+    assert "sampling ~3.4 s + training ~2.8 s" in est["step_time_source"]
+    assert "then to the" not in est["step_time_source"]  # no nvidia-smi here
+    h100 = est["step_time_s"]
+    for name, want in (
+        ("NVIDIA H100 80GB HBM3", h100),
+        # sampling x 3.35 / 1.008 TB/s, training x 989 / 165 TFLOPS: 11.2 s + 16.9 s
+        ("NVIDIA GeForce RTX 4090", 28.1),
+        ("NVIDIA A10G", h100),
+    ):
+        monkeypatch.setattr("retrain.cli.estimates.gpu_name", lambda index, n=name: n)
+        est = json.loads(run(["explain", str(path), "--json"], capsys)[1])["estimates"]
+        assert est["step_time_s"] == pytest.approx(want, abs=0.1), name
+        source = est["step_time_source"]
+        assert ("then to the NVIDIA GeForce RTX 4090" in source) == ("4090" in name)
+        assert ("no peak figures for the NVIDIA A10G" in source) == ("A10G" in name)
+    monkeypatch.setattr("retrain.cli.estimates.gpu_name", lambda index: None)
     small = _tiny_model(tmp_path)
     est = json.loads(run(["explain", str(path), "--json", "--model", str(small)], capsys)[1])[
         "estimates"
     ]
-    assert est["step_time_s"] == 0.6 and "at least the 0.6 s" in est["step_time_source"]
+    assert est["step_time_s"] == 0.53 and "at least the 0.53 s" in est["step_time_source"]
     mps = run(["explain", str(path), "--json", "--devices", "mps"], capsys)[1]
     est = json.loads(mps)["estimates"]
     assert est["step_time_s"] is None and "no rate measured on mps" in est["step_time_source"]

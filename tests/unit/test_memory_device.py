@@ -121,6 +121,42 @@ def test_a_pre_ampere_gpu_runs_fp32_by_default(monkeypatch):
         assert matmul_dtype("bf16", "cuda") == "bf16"  # as set
 
 
+def test_a_gpus_name_and_peak_figures():
+    """nvidia-smi's name for torch's cuda:index (hidden by CUDA_VISIBLE_DEVICES: none), and
+    the datasheet figures explain scales the H100's measured rates by: the most specific
+    pattern first (an H100 PCIe is not the SXM one, an L40S not an L40, an L40 not an L4),
+    none for a GPU retrain has no figures for (then explain says so)."""
+    from retrain.hardware import MEASURED_GPU, gpu_name, gpu_peaks
+
+    calls = []
+    smi = lambda answer: lambda args: calls.append(args) or answer  # noqa: E731
+    assert gpu_name(1, run=smi("NVIDIA L40S\n"), env={}) == "NVIDIA L40S"
+    assert calls[-1] == ["--query-gpu=name", "--format=csv,noheader", "-i", "1"]
+    assert gpu_name(0, run=smi("NVIDIA L4\n"), env={"CUDA_VISIBLE_DEVICES": "GPU-a1"}) == (
+        "NVIDIA L4"
+    )
+    assert calls[-1][-1] == "GPU-a1"
+    assert gpu_name(0, run=smi("x"), env={"CUDA_VISIBLE_DEVICES": ""}) is None
+    assert gpu_name(0, run=smi(None), env={}) is None
+    assert gpu_peaks(MEASURED_GPU) == (989, 3.35)
+    for name, want in (
+        ("NVIDIA H100 PCIe", (756, 2.0)),
+        ("NVIDIA H200", (989, 4.8)),
+        ("NVIDIA A100-SXM4-80GB", (312, 2.039)),
+        ("NVIDIA A100 80GB PCIe", (312, 1.935)),
+        ("NVIDIA A100-PCIE-40GB", (312, 1.555)),
+        ("NVIDIA L40S", (362, 0.864)),
+        ("NVIDIA L40", (181, 0.864)),
+        ("NVIDIA L4", (121, 0.3)),
+        ("NVIDIA GeForce RTX 4090", (165, 1.008)),
+        ("NVIDIA GeForce RTX 3090", (71, 0.936)),
+        ("NVIDIA GeForce RTX 3090 Ti", None),
+        ("NVIDIA A10G", None),
+        (None, None),
+    ):
+        assert gpu_peaks(name) == want, name
+
+
 def test_the_real_nvidia_smi_runner_says_none_when_it_is_absent(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi on it
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
