@@ -44,6 +44,8 @@ launching them).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from retrain.hardware import sums_in_f32
@@ -194,17 +196,33 @@ class _RoundOnce(torch.autograd.Function):
         parts = len(ctx.ranks)
         grads = [g.contiguous() for g in grads]
         grad = grads[0] if parts == 1 else torch.cat(grads, dim=1)
+        scaling = ctx.scaling
+        # the bf16 gradient times a power of two >= 1 (LoRA's default alpha = 2 x rank
+        # gives 2) is exact, so scaled once before the products it gives the products
+        # scaled after, to the bit, in one operator where each product took one
+        scaled = grad if scaling == 1 else grad * scaling if exact_scale(scaling) else None
         gx, gas, gbs = None, [None] * parts, [None] * parts
         if any(need[parts:]):  # each member's block of grad^T h
             mids = h.split(ctx.ranks, dim=1)
-            gbs = [mm_f32(g.t(), mid).mul_(ctx.scaling) for g, mid in zip(grads, mids)]
+            if scaled is not None:
+                cols = scaled.split([g.shape[1] for g in grads], dim=1)
+                gbs = [mm_f32(g.t(), mid) for g, mid in zip(cols, mids)]
+            else:
+                gbs = [mm_f32(g.t(), mid).mul_(scaling) for g, mid in zip(grads, mids)]
         if any(need[:parts]) or need_x:
-            gh = mm_f32(grad, b).mul_(ctx.scaling).to(grad.dtype)
+            gh = mm_f32(grad, b).mul_(scaling) if scaled is None else mm_f32(scaled, b)
+            gh = gh.to(grad.dtype)
             if any(need[:parts]):
                 gas = list(mm_f32(gh.t(), x).split(ctx.ranks))
             if need_x:
                 gx = torch.addmm(torch.mm(grad, weight), gh, a)
         return gx, None, None, None, None, *gas, *gbs
+
+
+def exact_scale(scaling: float) -> bool:
+    """Whether multiplying a float by `scaling` is exact (a power of two, at least 1:
+    no bits lost below, none above short of overflow)."""
+    return scaling >= 1 and math.frexp(scaling)[0] == 0.5
 
 
 def _rounded_sums(x, weight, bias, scaling: float, factors, operands=None):
