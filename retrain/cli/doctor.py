@@ -340,19 +340,20 @@ def check_memory(config: Any) -> list[Check]:
     for each CUDA device, /proc/meminfo for the CPU), and, for a local run, its estimated
     peak beside its training device's free memory (`retrain explain`'s estimate). An
     estimate over the free memory is already a `run checks` FAIL; near it, a WARN here."""
-    from retrain.hardware import cuda_device_count, device_memory
+    from retrain.hardware import cuda_device_count, device_memory, gpu_name
 
-    devices = [(f"gpu:{i}", device_memory("cuda", i)) for i in range(cuda_device_count())]
-    devices.append(("cpu", device_memory("cpu")))
+    gpus = range(cuda_device_count())
+    devices = [(f"gpu:{i}", device_memory("cuda", i), gpu_name(i)) for i in gpus]
+    devices.append(("cpu", device_memory("cpu"), None))
     estimate = _local_estimate(config)
     out = []
-    for name, found in devices:
+    for name, found, model in devices:
         if found is None:
             source = "/proc/meminfo" if name == "cpu" else "nvidia-smi"
             out.append(Check(f"memory {name}", WARN, f"cannot read its memory ({source})"))
             continue
         free, total = found
-        detail = f"{_gib(free)} of {_gib(total)} GiB free"
+        detail = f"{_gib(free)} of {_gib(total)} GiB free" + (f" ({model})" if model else "")
         status, fix = OK, ""
         if estimate and estimate.get("device") in (name, name.replace("gpu:", "cuda:")):
             detail += f"; the run's estimated peak ~{estimate['peak_memory_gib']:g} GiB"

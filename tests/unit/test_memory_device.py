@@ -528,6 +528,11 @@ def test_doctor_reports_each_devices_memory(tmp_path, monkeypatch, no_caches):
     config = doctor.check_config(str(qwen_config(tmp_path)))[1]
     first = doctor.check_memory(config)[0]
     assert first.status == "OK" and "the run's estimated peak ~" in first.detail
+    # with the name nvidia-smi gives each GPU
+    monkeypatch.setattr("retrain.hardware.gpu_name", lambda i: ["NVIDIA H100 PCIe", None][i])
+    details = [c.detail for c in doctor.check_memory(None)]
+    assert details == ["79.1 of 79.6 GiB free (NVIDIA H100 PCIe)", *details[1:]]
+    assert details[1] == "10.0 of 16.0 GiB free"
 
 
 def test_doctor_warns_about_a_run_near_or_over_the_device(tmp_path, monkeypatch, no_caches):
