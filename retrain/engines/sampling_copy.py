@@ -60,6 +60,7 @@ from retrain.kernels.precision import (
     stack_in_place,
     stacked,
 )
+from retrain.kernels.staged_factors import copy_many
 
 
 def add_beside(flat: torch.Tensor, x: torch.Tensor, a, b, scaling: float) -> None:
@@ -294,8 +295,8 @@ class SamplingCopy:
                     inner.scaling = scaling
                 else:
                     torch.addmm(layer.base_layer.weight, b, a, alpha=scaling, out=inner.weight)
-            if copies:  # in one call: on a GPU a few kernels, not two per adapted layer
-                torch._foreach_copy_(copies, sources)
+            if copies:  # a few kernels on a GPU, not two per adapted layer
+                copy_many(copies, sources)
         self._seen = seen
 
 

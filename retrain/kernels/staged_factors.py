@@ -16,7 +16,9 @@ lays them out, and at the first pass after any factor changed (an optimizer step
 resume, a factor replaced) copies every unit's from the factors in one
 `torch._foreach_copy_`: a few kernels a step. A change is seen as the sampling copy sees
 it (retrain/engines/sampling_copy.py `refresh`): a factor's identity or its version
-counter, which every in-place update advances. The same casts into the same layout: the
+counter, which every in-place update advances. (The copy is two foreach calls,
+`copy_many`: CUDA's runs a list in a few kernels only where each pair shares its strides,
+which a B's block of a block-diagonal buffer does not; those go one by one, 5 a block.) The same casts into the same layout: the
 same operands, so the same outputs and gradients, to the bit.
 
 The staged A's and B's are what a step's backward keeps of them anyway (the products'
@@ -37,6 +39,21 @@ from retrain.kernels.lora_layers import (
     rounds_once,
     runs_lean,
 )
+
+
+def copy_many(copies: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """copies[i].copy_(sources[i]) for every i, in as few kernels as CUDA allows. torch's
+    foreach copy runs a whole list in a few kernels only where every pair shares its
+    sizes and strides, and otherwise copies pair by pair (one kernel each): a row slice
+    of a stacked buffer (an A of a set, a lone layer's B) shares them with its factor, a
+    block of a block-diagonal buffer (a B of a set) does not. So the pairs that share them
+    go in one call, the others in a second, instead of all of them one by one."""
+    alike = [c.shape == s.shape and c.stride() == s.stride() for c, s in zip(copies, sources)]
+    with torch.no_grad():
+        for want in (True, False):
+            pairs = [(c, s) for c, s, same in zip(copies, sources, alike) if same is want]
+            if pairs:
+                torch._foreach_copy_([c for c, _ in pairs], [s for _, s in pairs])
 
 
 class Staged:
@@ -91,8 +108,7 @@ class StagedFactors:
             for layer, a, b in unit.slots:
                 copies += [a, b]
                 sources += [lora_a(layer).weight, lora_b(layer).weight]
-        with torch.no_grad():
-            torch._foreach_copy_(copies, sources)
+        copy_many(copies, sources)
         for unit in self.units:
             unit.seen = unit.versions()
         self.refreshes += 1

@@ -144,3 +144,31 @@ def test_a_pass_under_inference_mode_leaves_nothing_a_backward_cannot_save():
             assert torch.equal(model(input_ids=ids).logits, plain(input_ids=ids).logits)
         assert stage.refreshes == seed + 1
         assert same(step(model, opt, seed), step(plain, plain_opt, seed)), seed
+
+
+def test_the_copies_that_share_their_strides_go_in_one_call():
+    """CUDA's foreach copy runs a list in a few kernels only where every pair shares its
+    sizes and strides, else one kernel per pair: the A's (rows of a stacked buffer) and a
+    lone layer's B go in one call, 9 a block; the B's of a set (blocks of a
+    block-diagonal buffer) in another, 5 a block. The sampler's refresh does the same."""
+    from op_count import OpCount
+
+    from retrain.engines.sampling_copy import SamplingCopy
+
+    class Lists(OpCount):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ == "_foreach_copy_":
+                alike = {c.stride() == s.stride() for c, s in zip(args[0], args[1])}
+                calls.append((len(args[0]), alike))
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    model, stage, _ = trained(staged=True)
+    calls = []
+    with Lists():
+        stage.refresh()
+    assert calls == [(9 * LAYERS, {True}), (5 * LAYERS, {False})]
+    copy = SamplingCopy.build(model, None)
+    calls.clear()
+    with Lists():
+        copy.refresh()
+    assert calls == [(9 * LAYERS, {True}), (5 * LAYERS, {False})]
