@@ -77,25 +77,16 @@ def _gpu_scale(index: int) -> tuple[float, float, str]:
         return 1.0, 1.0, ""
     peaks, measured = gpu_peaks(name), gpu_peaks(MEASURED_GPU)
     if peaks is None:
-        return (
-            1.0,
-            1.0,
-            (
-                f"; retrain has no peak figures for the {name}, so as fast as an H100: likely "
-                "too low"
-            ),
-        )
+        unknown = f"; retrain has no peak figures for the {name}: taken as an H100, so likely low"
+        return 1.0, 1.0, unknown
     if peaks == measured:
         return 1.0, 1.0, ""
     (rate, bandwidth), (rate0, bandwidth0) = peaks, measured
-    return (
-        bandwidth / bandwidth0,
-        rate / rate0,
-        (
-            f", then to the {name} by its peak bf16 rate and memory bandwidth ({rate:g} "
-            f"TFLOPS, {bandwidth:g} TB/s; the H100's {rate0:g} and {bandwidth0:g})"
-        ),
+    clause = (
+        f", then to the {name} by its peak bf16 rate and memory bandwidth ({rate:g} "
+        f"TFLOPS, {bandwidth:g} TB/s; the H100's {rate0:g} and {bandwidth0:g})"
     )
+    return bandwidth / bandwidth0, rate / rate0, clause
 
 
 # What sets a step's pace: a logged run's median stands for this config's step only

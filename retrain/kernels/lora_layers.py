@@ -397,12 +397,8 @@ def _lean_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         group = self.__dict__.get("sibling_of")
         if group is not None and (out := group[0].output(x, group[1])) is not None:
             return out
-        flat, base, staged = (
-            x.reshape(-1, x.shape[-1]),
-            self.base_layer,
-            self.__dict__.get("staged"),
-        )
-        scaling = self.scaling[adapter]
+        flat, base, scaling = x.reshape(-1, x.shape[-1]), self.base_layer, self.scaling[adapter]
+        staged = self.__dict__.get("staged")  # retrain/kernels/staged_factors.py
         out = round_once(flat, base.weight, base.bias, scaling, a.weight, b.weight, staged=staged)
         return out.view(*x.shape[:-1], out.shape[-1])
     result = self.base_layer(x)

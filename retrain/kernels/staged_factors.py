@@ -13,13 +13,13 @@ logprob pass).
 
 `StagedFactors` keeps them between passes, in buffers laid out as the per-call build
 lays them out, and at the first pass after any factor changed (an optimizer step, a
-resume, a factor replaced) copies every unit's from the factors in one
-`torch._foreach_copy_`: a few kernels a step. A change is seen as the sampling copy sees
-it (retrain/engines/sampling_copy.py `refresh`): a factor's identity or its version
-counter, which every in-place update advances. (The copy is two foreach calls,
-`copy_many`: CUDA's runs a list in a few kernels only where each pair shares its strides,
-which a B's block of a block-diagonal buffer does not; those go one by one, 5 a block.) The same casts into the same layout: the
-same operands, so the same outputs and gradients, to the bit.
+resume, a factor replaced) copies every unit's from the factors at once (`copy_many`: on
+CUDA a few kernels for the A's and the lone layers' B's, and one for each B of a set, 5 a
+block, a block of a block-diagonal buffer being what CUDA's foreach copy cannot take in
+its fast path). A change is seen as the sampling copy sees it
+(retrain/engines/sampling_copy.py `refresh`): a factor's identity or its version counter,
+which every in-place update advances. The same casts into the same layout: the same
+operands, so the same outputs and gradients, to the bit.
 
 The staged A's and B's are what a step's backward keeps of them anyway (the products'
 operands); kept between steps they add the sampler's copy of the adapter once more
@@ -102,7 +102,7 @@ class StagedFactors:
         self.refreshes = 0  # how many times the factors were copied (tests read it)
 
     def refresh(self) -> None:
-        """Copy every unit's factors into its operands, in one call."""
+        """Copy every unit's factors into its operands, all at once (`copy_many`)."""
         copies, sources = [], []
         for unit in self.units:
             for layer, a, b in unit.slots:

@@ -446,7 +446,9 @@ def test_explain_step_time_reproduces_the_measured_gpu_steps(tmp_path, capsys, m
         assert est["step_time_s"] == pytest.approx(want, abs=0.1), name
         source = est["step_time_source"]
         assert ("then to the NVIDIA GeForce RTX 4090" in source) == ("4090" in name)
-        assert ("no peak figures for the NVIDIA A10G" in source) == ("A10G" in name)
+        assert ("no peak figures for the NVIDIA A10G: taken as an H100" in source) == (
+            "A10G" in name
+        )
     monkeypatch.setattr("retrain.cli.estimates.gpu_name", lambda index: None)
     small = _tiny_model(tmp_path)
     est = json.loads(run(["explain", str(path), "--json", "--model", str(small)], capsys)[1])[
