@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.autograd.graph import increment_version
 
 from retrain import distributed
 from retrain.engines.base import Engine, ServerEngine, UnboundEngine
@@ -695,6 +696,10 @@ class LocalBackend:
                 f"gradient norm is {grad_norm} (non-finite); the weights were not updated"
             )
         self.optimizer.step()
+        # torch's fused AdamW (CUDA's: `adamw_options`) updates the parameters without
+        # advancing their version counters (torch 2.11 and 2.13), which is how the
+        # sampling copy and the staged operands see that the adapter changed: advanced here
+        increment_version(self.params)
         self.optimizer.zero_grad(set_to_none=True)
         extra = stats.metrics()
         extra.update(micro_batch_tokens=self.options.micro_batch_tokens, oom_retries=retries)

@@ -18,25 +18,30 @@ from retrain.kernels.lora_layers import fuse_sibling_loras, lora_b, plain_lora_l
 from retrain.kernels.staged_factors import stage_factors  # noqa: E402
 
 
-def trained(staged: bool, alpha: int = 12):
+def trained(staged: bool, alpha: int = 12, fused: bool = False):
     """The tiny Qwen3 as the local backend trains it on a GPU (wholly bf16, lean forward,
-    siblings fused), its factors staged or built per call, with its optimizer."""
+    siblings fused), its factors staged or built per call, with its optimizer (`fused`:
+    torch's fused AdamW, CUDA's)."""
     model = qwen3_lora(bf16=True, switch=True, recompute=True, lean=True, lora_alpha=alpha)
     groups = fuse_sibling_loras(model)
     stage = stage_factors(model, groups) if staged else None
     params = [p for p in model.parameters() if p.requires_grad]
-    return model, stage, torch.optim.AdamW(params, lr=1e-2)
+    return model, stage, torch.optim.AdamW(params, lr=1e-2, fused=fused)
 
 
 def step(model, optimizer, seed: int):
     """One forward and backward of a random batch (the loss a random projection of the
-    logits), then the optimizer's step: the logits and every gradient."""
+    logits), then the optimizer's step, the factors' versions advanced after it as the
+    local backend advances them (a fused AdamW does not): the logits and every gradient."""
+    from torch.autograd.graph import increment_version
+
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, VOCAB, (2, 13), generator=gen)
     logits = model(input_ids=ids).logits.float()
     (logits * torch.randn(logits.shape, generator=gen)).sum().backward()
     grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     optimizer.step()
+    increment_version([p for group in optimizer.param_groups for p in group["params"]])
     optimizer.zero_grad()
     return logits.detach(), grads
 
@@ -64,12 +69,15 @@ def test_the_memory_estimate_counts_what_is_staged():
     assert staged_adapter_bytes(shape, Sizing("cpu", "bf16", RANK, ())) == 0
 
 
-@pytest.mark.parametrize("alpha", [16, 12])  # scaling 2 (exact) and 1.5
-def test_staged_operands_train_as_the_operands_built_per_call(alpha):
+@pytest.mark.parametrize(
+    "alpha, fused", [(16, False), (12, False), (16, True)]
+)  # scaling 2 (exact) and 1.5; CUDA's fused AdamW
+def test_staged_operands_train_as_the_operands_built_per_call(alpha, fused):
     """Three optimizer steps: the logits and every gradient of each step to the bit. A
     staged copy left stale after a step would give the next step's logits of the old
     factors."""
-    (plain, _, plain_opt), (model, stage, opt) = trained(False, alpha), trained(True, alpha)
+    plain, _, plain_opt = trained(False, alpha, fused)
+    model, stage, opt = trained(True, alpha, fused)
     for seed in range(3):
         assert same(step(model, opt, seed), step(plain, plain_opt, seed)), seed
     assert stage.refreshes == 3  # once per optimizer step, at the next forward pass
