@@ -15,6 +15,8 @@
   and its compiled captured step, to the bit of the same step run uncaptured, before and
   after an adapter update;
 - a checkpoint saved on the GPU resumes there (adapter, optimizer, RNG states);
+- after a step of CUDA's fused AdamW the sampler's and the trainer's bf16 copies of the
+  adapter are the adapter just trained;
 - torch's fused RMS norm passes the sampler's probe (retrain/kernels/norms.py);
 - a training micro-batch is queued without one synchronising CUDA call (torch's sync
   debug mode);
@@ -130,6 +132,41 @@ def test_a_checkpoint_saved_on_the_gpu_resumes_there(tiny_raw, tmp_path):
     for name, p in backend.model.named_parameters():
         if name in saved:
             assert torch.equal(p, saved[name]), name
+
+
+def test_after_a_fused_adamw_step_the_sampler_and_the_staged_operands_hold_the_adapter(
+    tiny_raw,
+):
+    """CUDA's AdamW is fused (`adamw_options`) and advances no version counter; after a
+    step the backend advances them, so the sampling copy's bf16 A's and B's and the
+    trainer's staged ones are bf16 of the factors just trained, not of the first step's."""
+    import copy
+
+    from test_memory_sizing import HYPER, datums_of, make_backend, trained_adapter
+
+    from retrain.kernels.lora_layers import lora_a, lora_b
+
+    raw = copy.deepcopy(tiny_raw)
+    raw["backend"]["devices"] = "gpu:0"
+    backend = trained_adapter(make_backend(raw, raw["model"]["model"]))
+    assert backend.optimizer.param_groups[0]["fused"]
+    for _ in range(2):
+        backend.train_step(datums_of(backend), HYPER)  # samples (refresh), then trains
+    backend.engine.copy.refresh()
+    checked = 0
+    for layer, inner in backend.engine.copy.pairs:
+        if not hasattr(inner, "a"):  # merged into a float32 weight: not this mode's
+            continue
+        for got, want in ((inner.a, lora_a(layer).weight), (inner.b, lora_b(layer).weight)):
+            assert torch.equal(got, want.to(got.dtype)), layer
+            checked += 1
+    assert checked
+    if backend._staged is not None:
+        for unit in backend._staged.units:
+            a, b = unit.operands(torch.bfloat16)
+            for layer, a_rows, b_block in unit.slots:
+                assert torch.equal(a_rows, lora_a(layer).weight.bfloat16())
+                assert torch.equal(b_block, lora_b(layer).weight.bfloat16())
 
 
 def _packed_styles(styles, dtype):
