@@ -17,8 +17,9 @@ runs on a GPU. `--narrow` trains a
 random-weight model of SmolLM2's depth (30 blocks, hidden 64) instead, whose arithmetic
 is negligible: its step time is the host's part, what a small model's step costs on a
 GPU, where the quickstart's training is host-bound (docs/performance.md). `--ops` also
-counts the operators one step dispatches (views apart: they launch no kernel), the same
-number on any machine for a given torch.
+counts the operators one step dispatches (views apart: they launch no kernel; a foreach
+copy as CUDA launches it, tests/op_count.py), the same number on any machine for a given
+torch.
 
     python benchmarks/train_step.py --layout gpu --narrow --ops --checkouts before=/tmp/old,now=.
 """
