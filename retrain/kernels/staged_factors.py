@@ -70,6 +70,13 @@ class Staged:
             rows, cols = rows + out, cols + r
         self.seen: tuple = ()  # the factors' (identity, version) when last copied
 
+    def __deepcopy__(self, memo) -> None:
+        """A copy of the model (the sampler's, or split mode's on the other device) holds
+        no staged operands of its own (its layers then build theirs per call), nor this
+        one's, which are the trained model's on its device: not 0.19 GiB more at
+        Qwen3-4B r32 while the copy is made."""
+        return None
+
     def versions(self) -> tuple:
         return tuple(
             (id(t), t._version)

@@ -180,3 +180,31 @@ def test_the_copies_that_share_their_strides_go_in_one_call():
     with Lists():
         copy.refresh()
     assert calls == [(9 * LAYERS, {True}), (5 * LAYERS, {False})]
+
+
+def test_a_copy_of_the_model_builds_its_operands_per_call():
+    """A deep copy (the sampling copy's start, split mode's model on the other device)
+    takes no staged operands: neither a copy of the buffers (memory) nor the trained
+    model's (another device); its layers build theirs per call and compute the same."""
+    import copy
+    import gc
+
+    from retrain.kernels.staged_factors import StagedFactors
+
+    def staged_factors() -> int:
+        gc.collect()
+        return sum(isinstance(o, StagedFactors) for o in gc.get_objects())
+
+    model, stage, _ = trained(staged=True)
+    before = staged_factors()
+    twin = copy.deepcopy(model)
+    assert staged_factors() == before
+    copied = [m for _, m in plain_lora_layers(twin)]
+    assert copied and all(m.__dict__.get("staged") is None for m in copied)
+    assert all(
+        g.__dict__.get("staged") is None
+        for g in {m.sibling_of[0] for m in copied if hasattr(m, "sibling_of")}
+    )
+    ids = torch.arange(1, 12)[None] % VOCAB
+    with torch.no_grad():
+        assert torch.equal(twin(input_ids=ids).logits, model(input_ids=ids).logits)
