@@ -44,6 +44,7 @@ launching them).
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -323,6 +324,16 @@ class SiblingLoras(OneInput):
         """Member i's output for `x`; None when the base weights are not stacked (then
         the member computes its own)."""
         return self.take(x, i, self._outputs)
+
+    def __deepcopy__(self, memo) -> SiblingLoras:
+        """The set for a copy of the model: its members' copies, nothing kept. (A copied
+        stacked view would copy the storage under it: every member's whole weight.)"""
+        twin = type(self).__new__(type(self))
+        memo[id(self)] = twin  # the members point back at their set
+        OneInput.__init__(twin)
+        twin.layers = copy.deepcopy(self.layers, memo)
+        twin._base = ((), None, None)
+        return twin
 
     def base(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The members' base weights stacked (a view of their storage: None when they

@@ -196,15 +196,21 @@ def test_a_copy_of_the_model_builds_its_operands_per_call():
         return sum(isinstance(o, StagedFactors) for o in gc.get_objects())
 
     model, stage, _ = trained(staged=True)
+    ids = torch.arange(1, 12)[None] % VOCAB
+    with torch.no_grad():
+        model(input_ids=ids)  # the sets keep their stacked base weights
     before = staged_factors()
     twin = copy.deepcopy(model)
     assert staged_factors() == before
+    for _, m in plain_lora_layers(twin):
+        if hasattr(m, "sibling_of"):  # its set: the copy's members, nothing kept
+            group = m.sibling_of[0]
+            assert m in group.layers and group._base[1] is None
     copied = [m for _, m in plain_lora_layers(twin)]
     assert copied and all(m.__dict__.get("staged") is None for m in copied)
     assert all(
         g.__dict__.get("staged") is None
         for g in {m.sibling_of[0] for m in copied if hasattr(m, "sibling_of")}
     )
-    ids = torch.arange(1, 12)[None] % VOCAB
     with torch.no_grad():
         assert torch.equal(twin(input_ids=ids).logits, model(input_ids=ids).logits)
