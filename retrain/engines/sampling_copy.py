@@ -42,6 +42,7 @@ from retrain.hardware import f32_out_matmul
 from retrain.kernels.lora_layers import (
     OneInput,
     adapter_dtype,
+    factor_versions,
     lora_a,
     lora_b,
     lora_scaling,
@@ -278,11 +279,7 @@ class SamplingCopy:
     def refresh(self) -> None:
         """Bring the copy up to the adapter when any adapter tensor was replaced or
         updated in place (an optimizer step, a resume)."""
-        seen = tuple(
-            (id(t), t._version)
-            for layer, _ in self.pairs
-            for t in (lora_a(layer).weight, lora_b(layer).weight)
-        )
+        seen = factor_versions(layer for layer, _ in self.pairs)
         if seen == self._seen:
             return
         copies, sources = [], []

@@ -40,8 +40,9 @@ RECOMPILES = 32
 
 
 def compile_blocks(model: torch.nn.Module) -> int:
-    """Every transformer block of `model` (`blocks.transformer_blocks`) compiled in place (module docstring); returns how many (0: the model names
-    no blocks, and nothing is compiled)."""
+    """Every transformer block of `model` (`blocks.transformer_blocks`) compiled in place
+    (module docstring); returns how many (0: the model names no blocks, and nothing is
+    compiled)."""
     found = transformer_blocks(model)
     dynamo = torch._dynamo.config
     dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILES)

@@ -99,6 +99,17 @@ def lora_b(layer) -> torch.nn.Linear:
     return layer.lora_B[layer.active_adapters[0]]
 
 
+def factor_versions(layers) -> tuple:
+    """(identity, version) of every A and B of `layers` (plain LoRA linears): what changes
+    when a factor is replaced or updated in place (an optimizer step, a resume), which the
+    sampling copy and the trainer's staged operands compare to know they are stale."""
+    return tuple(
+        (id(t), t._version)
+        for layer in layers
+        for t in (lora_a(layer).weight, lora_b(layer).weight)
+    )
+
+
 def lora_scaling(layer) -> float:
     return layer.scaling[layer.active_adapters[0]]
 

@@ -33,6 +33,7 @@ import torch
 
 from retrain.kernels.lora_layers import (
     SiblingLoras,
+    factor_versions,
     lora_a,
     lora_b,
     plain_lora_layers,
@@ -77,19 +78,12 @@ class Staged:
         Qwen3-4B r32 while the copy is made."""
         return None
 
-    def versions(self) -> tuple:
-        return tuple(
-            (id(t), t._version)
-            for layer in self.layers
-            for t in (lora_a(layer).weight, lora_b(layer).weight)
-        )
-
     def operands(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(A, B) in `dtype`, current with the factors; None where they are built per call
         instead: another dtype, or inside a graph being compiled."""
         if dtype != self.a.dtype or torch.compiler.is_compiling():
             return None
-        if self.seen != self.versions():
+        if self.seen != factor_versions(self.layers):
             self.owner.refresh()
         return self.a, self.b
 
@@ -117,7 +111,7 @@ class StagedFactors:
                 sources += [lora_a(layer).weight, lora_b(layer).weight]
         copy_many(copies, sources)
         for unit in self.units:
-            unit.seen = unit.versions()
+            unit.seen = factor_versions(unit.layers)
         self.refreshes += 1
 
     def nbytes(self) -> int:
