@@ -107,11 +107,7 @@ def compute_capability(
 ) -> tuple[int, int] | None:
     """(major, minor) of torch's `cuda:index` from nvidia-smi, without torch; None where
     unknown (no nvidia-smi, a driver too old to report it, the GPU hidden)."""
-    gpu = visible_gpu(index, (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES"))
-    if gpu is None:
-        return None
-    query = ("--query-gpu=compute_cap", "--format=csv,noheader", "-i", gpu)
-    out = run(list(query)) if run is not None else _asked_once(query)
+    out = _asked_about("compute_cap", index, run, env)
     major, dot, minor = (out or "").strip().partition(".")
     if not (dot and major.isdigit() and minor.isdigit()):
         return None
@@ -126,12 +122,23 @@ def gpu_name(
 ) -> str | None:
     """The name nvidia-smi gives torch's `cuda:index` ("NVIDIA H100 80GB HBM3"), without
     torch; None where unknown (no nvidia-smi, the GPU hidden)."""
+    out = (_asked_about("name", index, run, env) or "").strip()
+    return out.splitlines()[0].strip() if out else None
+
+
+def _asked_about(
+    field: str,
+    index: int,
+    run: Callable[[list[str]], str | None] | None,
+    env: Mapping[str, str] | None,
+) -> str | None:
+    """nvidia-smi's answer for `field` of torch's `cuda:index` (`run` asks it, else asked
+    once a process); None where the GPU is hidden or nvidia-smi does not answer."""
     gpu = visible_gpu(index, (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES"))
     if gpu is None:
         return None
-    query = ("--query-gpu=name", "--format=csv,noheader", "-i", gpu)
-    out = (run(list(query)) if run is not None else _asked_once(query)) or ""
-    return out.strip().splitlines()[0].strip() if out.strip() else None
+    query = (f"--query-gpu={field}", "--format=csv,noheader", "-i", gpu)
+    return run(list(query)) if run is not None else _asked_once(query)
 
 
 # Peak dense bf16 tensor-core rate (TFLOPS, with float32 accumulation) and memory
