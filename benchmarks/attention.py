@@ -198,6 +198,7 @@ def decode_times(rows, heads, kv_heads, dim, spans, device, dtype, calls, failed
     they cost there)."""
     import torch
 
+    from retrain.errors import summary
     from retrain.kernels import flex
 
     g = torch.Generator(device="cpu").manual_seed(1)
@@ -230,7 +231,7 @@ def decode_times(rows, heads, kv_heads, dim, spans, device, dtype, calls, failed
                 raise ValueError(f"not the rule: max error {error:.3g}")
             out.setdefault("flash-offsets", {})[str(span)] = per_call(step, device, calls)
         except Exception as exc:
-            failed["flash-offsets"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            failed["flash-offsets"] = summary(exc)
             break
     return out
 
