@@ -12,9 +12,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 pytest.importorskip("transformers")
 
-from tiny_qwen3 import LAYERS, RANK, VOCAB, qwen3_lora  # noqa: E402
+from test_sibling_loras import wholly_bf16  # noqa: E402
+from tiny_qwen3 import LAYERS, RANK, VOCAB  # noqa: E402
 
-from retrain.kernels.lora_layers import fuse_sibling_loras, lora_b, plain_lora_layers  # noqa: E402
+from retrain.kernels.lora_layers import lora_b, plain_lora_layers  # noqa: E402
 from retrain.kernels.staged_factors import stage_factors  # noqa: E402
 
 
@@ -22,8 +23,7 @@ def trained(staged: bool, alpha: int = 12, fused: bool = False):
     """The tiny Qwen3 as the local backend trains it on a GPU (wholly bf16, lean forward,
     siblings fused), its factors staged or built per call, with its optimizer (`fused`:
     torch's fused AdamW, CUDA's)."""
-    model = qwen3_lora(bf16=True, switch=True, recompute=True, lean=True, lora_alpha=alpha)
-    groups = fuse_sibling_loras(model)
+    model, groups = wholly_bf16(fuse=True, lora_alpha=alpha)
     stage = stage_factors(model, groups) if staged else None
     params = [p for p in model.parameters() if p.requires_grad]
     return model, stage, torch.optim.AdamW(params, lr=1e-2, fused=fused)
