@@ -53,17 +53,17 @@ def groups_of(rows: int, prompt: int, group: int, fed: int, seed: int = 0):
     ]
 
 
-def variants(device, available: set[str]):
+def variants(device, dtype, available: set[str]):
     """name -> (packing style, build(packed) -> mask, attend(q, k, v, mask) -> (B, L,
-    heads, dim))."""
+    heads, dim)), for queries in `dtype`."""
     import torch
 
     from retrain.kernels import flex, varlen
-    from retrain.kernels.packing import dense_mask
+    from retrain.kernels.packing import additive, dense_mask
 
-    def dense_build(packed):
+    def dense_build(packed):  # as the trainer hands it to SDPA: additive, made once
         allowed = packed.mask.to(device)
-        return dense_mask(allowed, packed.positions.to(device), None, "bool")
+        return additive(dense_mask(allowed, packed.positions.to(device), None, "bool"), dtype)
 
     def dense_attend(q, k, v, mask):
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True)
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
 
     q, k, v = tensor(args.heads), tensor(args.kv_heads), tensor(args.kv_heads)
     grad = torch.randn(args.rows, length, args.heads, args.dim, generator=g).to(device, dtype)
-    table = variants(device, set(asked))
+    table = variants(device, dtype, set(asked))
     masks = {name: build(pack(groups, style)) for name, (style, build, _) in table.items()}
 
     def layer(name):

@@ -67,6 +67,7 @@ import torch
 from retrain.engines.draw import draw
 from retrain.errors import BackendError
 from retrain.kernels.cache_arg import cache_kwargs
+from retrain.kernels.packing import additive
 from retrain.kernels.static_cache import Writes, WrittenAt, full_length_cache
 from retrain.kernels.windows import NO_WINDOW, Windows, within
 from retrain.types import SamplingParams
@@ -234,12 +235,10 @@ def copies_rows(cache) -> bool:
 
 def styled(mask: torch.Tensor, style: str, dtype: torch.dtype) -> torch.Tensor:
     """A bool attention mask as the model's attention takes it, in `dtype` (the residual
-    stream's): additive for SDPA ("bool" style), 0 where allowed and -inf elsewhere, which
-    is what SDPA would make of the bool mask in every layer (here once a step, not once a
-    layer: three kernels a layer fewer); additive for the eager attention, with the
-    dtype's lowest value for -inf."""
-    low = float("-inf") if style == "bool" else torch.finfo(dtype).min
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, low)
+    stream's): for SDPA ("bool" style) what SDPA would make of it in every layer, once a
+    step (retrain/kernels/packing.py `additive`); for the eager attention additive with
+    the dtype's lowest value for -inf."""
+    return additive(mask, dtype, float("-inf") if style == "bool" else torch.finfo(dtype).min)
 
 
 class StaticDecoder:

@@ -13,8 +13,9 @@ model split at its output layer (retrain/kernels/logprobs.py) never kept whole.
 (One row for the whole micro-batch would also work, but attention then costs the square
 of the micro-batch's length instead of the sum of its groups' squares.)
 
-The mask goes to the model in one of four styles: a bool L x L mask per row (SDPA), an
-additive one (eager attention), or no L x L mask at all, each position's segment (the
+The mask goes to the model in one of four styles: a bool L x L mask per row (SDPA, which
+is handed it made additive once for all its layers: `additive`), an additive one (eager
+attention), or no L x L mask at all, each position's segment (the
 prompt, its completion, or padding) instead, from which FlexAttention's block mask is
 built on the device (retrain/kernels/flex.py) or flash attention's variable-length
 sequences are cut (retrain/kernels/varlen.py). A model with sliding-window layers gets the
@@ -203,10 +204,20 @@ def dense_mask(
     if window is not None:
         allowed = allowed & within(positions[:, None, :, None], positions[:, None, None, :], window)
     if style == "additive":
-        return torch.zeros(allowed.shape, device=allowed.device).masked_fill(
-            ~allowed, float("-inf")
-        )
+        return additive(allowed, torch.float32)
     return allowed
+
+
+def additive(allowed: torch.Tensor, dtype: torch.dtype, blocked: float = float("-inf")):
+    """The bool mask `allowed` as an additive one in `dtype`: 0 where allowed, `blocked`
+    elsewhere. With -inf in the query's dtype it is the tensor SDPA makes of a bool mask
+    in every layer (aten's `convert_boolean_attn_mask`: its backend is chosen before, on
+    the mask's shape alone). Made once for the pass instead, it saves three kernels a
+    layer, and the backward keeps this one mask rather than a converted copy per layer
+    (30 copies of rows x L x L in SmolLM2's pass)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, blocked
+    )
 
 
 def completion_logprobs(
@@ -240,7 +251,13 @@ def completion_logprobs(
         mask = windows.masks(lambda w: varlen.Mask(cut, w))
     else:
         allowed = to_device(packed.mask, device)
-        mask = windows.masks(lambda w: dense_mask(allowed, positions, w, style))
+        dtype = model.get_input_embeddings().weight.dtype  # the queries' (the residual's)
+
+        def dense(window: int | None) -> torch.Tensor:
+            made = dense_mask(allowed, positions, window, style)
+            return additive(made, dtype) if style == "bool" else made  # SDPA's, made once
+
+        mask = windows.masks(dense)
     inputs = dict(
         input_ids=to_device(packed.ids, device),
         position_ids=positions,

@@ -252,3 +252,44 @@ def test_gradients_match_the_plain_forward(split_head):
     total.backward()
     for g, p in zip(got, trained):
         torch.testing.assert_close(g, p.grad, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpas_mask_made_once_gives_the_bool_masks_results_to_the_bit(dtype, monkeypatch):
+    """The trainer hands SDPA its mask already additive in the queries' dtype
+    (`packing.additive`), once for the pass: the logprobs and every gradient are those of
+    the bool mask SDPA converts in each layer, bit for bit, and the backward keeps that
+    one mask where the bool path keeps a converted copy per layer."""
+    import retrain.kernels.packing as packing
+
+    model = _tiny_llama("sdpa").to(dtype)
+    rng = np.random.default_rng(5)
+    groups = [
+        (rng.integers(0, 40, 5).tolist(), [rng.integers(0, 40, k) for k in (4, 1, 6)]),
+        (rng.integers(0, 40, 2).tolist(), [rng.integers(0, 40, 3)]),
+    ]
+    length = pack(groups, "bool").ids.shape[1]
+    probe = torch.from_numpy(rng.normal(size=(4, 6))).float()
+
+    def step():
+        model.zero_grad()
+        masks = set()
+
+        def keep(t):
+            if t.dim() == 4 and t.shape[-2:] == (length, length):
+                masks.add(t.untyped_storage().data_ptr())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            logp = completion_logprobs(model, groups, 1.0, "bool", torch.device("cpu"))
+        (logp.float() * probe).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+        return logp.detach(), grads, len(masks)
+
+    once = step()
+    monkeypatch.setattr(packing, "additive", lambda allowed, dtype: allowed)  # SDPA's own
+    per_layer = step()
+    assert torch.equal(once[0], per_layer[0])
+    assert all(torch.equal(a, b) for a, b in zip(once[1], per_layer[1], strict=True))
+    assert any(g.abs().max() > 0 for g in once[1])
+    assert (once[2], per_layer[2]) == (1, model.config.num_hidden_layers)
