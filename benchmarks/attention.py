@@ -1,6 +1,7 @@
 """Time one attention layer's forward and backward over a training micro-batch's packed
 rows, in each way `[backend.options] attention` offers, alternating run by run in one
-invocation: the dense L x L mask through SDPA, FlexAttention (compiled) with its block
+invocation: the dense L x L mask through SDPA's memory-efficient kernel
+(retrain/kernels/masked_attention.py), FlexAttention (compiled) with its block
 mask, and flash attention's variable-length kernel over the rows cut into sequences
 (retrain/kernels/varlen.py). Each also times packing the rows and building its mask on
 the device, which a micro-batch pays once for all its layers.
@@ -56,18 +57,16 @@ def groups_of(rows: int, prompt: int, group: int, fed: int, seed: int = 0):
 def variants(device, dtype, available: set[str]):
     """name -> (packing style, build(packed) -> mask, attend(q, k, v, mask) -> (B, L,
     heads, dim)), for queries in `dtype`."""
-    import torch
 
-    from retrain.kernels import flex, varlen
+    from retrain.kernels import flex, masked_attention, varlen
     from retrain.kernels.packing import additive, dense_mask
 
     def dense_build(packed):  # as the trainer hands it to SDPA: additive, made once
         allowed = packed.mask.to(device)
         return additive(dense_mask(allowed, packed.positions.to(device), None, "bool"), dtype)
 
-    def dense_attend(q, k, v, mask):
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True)
-        return out.transpose(1, 2)
+    def dense_attend(q, k, v, mask):  # as the trainer runs it (SDPA's efficient kernel)
+        return masked_attention.attend(q, k, v, mask, None)
 
     out = {
         "dense": ("bool", dense_build, dense_attend),

@@ -285,12 +285,14 @@ def child_retrain_whole_cache(setup: dict, steps: int, seed: int, extra: list[st
 
 def child_retrain_no_cudnn(setup: dict, steps: int, seed: int, extra: list[str]) -> dict:
     """retrain with SDPA kept off cuDNN's attention (patched in this child only, no option
-    for it): on an H100 SDPA takes cuDNN's kernel for masked attention (the decode step's,
-    and the dense mask's in training: the quickstart's rows, under FlexAttention's 2048),
-    which builds an execution plan for each new shape, and the quickstart's rows change
-    length every step. Do the quickstart's training steps of ~2 s (steps 0, 1 and 4 on the
-    H100 of 2026-11-27; 0, 1, 4 and 7 on the H200) and its 0.21-0.47 s spread come from
-    that? This variant's training times say."""
+    for it): on an H100 SDPA takes cuDNN's kernel for masked attention, which builds an
+    execution plan for each new shape, and the quickstart's rows change length every step.
+    On the H100 of 2026-11-27 that was the dense mask's in training too (the quickstart's
+    rows, under FlexAttention's 2048), with training steps of ~2 s (steps 0, 1 and 4; 0, 1,
+    4 and 7 on the H200) and a 0.21-0.47 s spread. Since, the masked passes of many query
+    positions (training, the prefill) call SDPA's memory-efficient kernel by name
+    (retrain/kernels/masked_attention.py), so this variant differs from `retrain` in the
+    decode steps' attention alone; the default's training times now answer the question."""
     import torch
 
     torch.backends.cuda.enable_cudnn_sdp(False)

@@ -138,8 +138,9 @@ measure() {
   # The quickstart's compiles, at its first sampling, training and eval, fall in steps 0
   # and 5, outside the median. First among the quickstart's variants, the cheapest: SDPA
   # kept off cuDNN's attention kernel (retrain-no-cudnn), which builds a plan for each new
-  # shape: are the quickstart's ~2 s training steps (0, 1, 4 on the H100 of 2026-11-27)
-  # and its 0.21-0.47 s spread that? The report lists each run's training s per step.
+  # shape. Training no longer takes it (retrain/kernels/masked_attention.py): the default's
+  # training s per step say whether the ~2 s steps (0, 1, 4 on the H100 of 2026-11-27) and
+  # the 0.21-0.47 s spread were it; this variant, whether the decode steps gain too.
   item variants 300 110 python3 benchmarks/gpu.py --what headline \
     --only "${LEASE_VARIANTS:-retrain-varlen,retrain-compiled-train}" --steps 3 --rounds 1 \
     --model-dir $RAND --child-timeout 150 --json "$OUT/variants.json"

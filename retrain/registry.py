@@ -601,7 +601,9 @@ BACKENDS = Registry(
                     "str",
                     "auto",
                     "How packed training rows attend (a prompt, then its completions): dense "
-                    "(an L x L mask per row through the model's SDPA or eager attention), "
+                    "(an L x L mask per row through the model's SDPA or eager attention; on "
+                    "CUDA SDPA's memory-efficient kernel, not cuDNN's, whose masked backward "
+                    "has given NaN gradients), "
                     "flex (FlexAttention, compiled, skipping the wholly masked blocks: about "
                     "the sum of the segments' squares instead of the row's square; CUDA only, "
                     "torch has no FlexAttention backward on a CPU) or auto (flex on CUDA for "

@@ -406,12 +406,10 @@ class LocalBackend:
         blocked = blocked + flex.device_blockers(dtype, device.type, device.index or 0)
         self._flex_from = flex.flex_from(option, device.type, attention, name, blocked)
         self._flex_fell_back = False  # `_flex_guard` took the dense mask since the last step
-        # on CUDA an SDPA model takes retrain's attention for its decode steps too
-        if (
-            self._flex_from is not None
-            or self._varlen
-            or (attention == "sdpa" and self.infer_device.type == "cuda")
-        ):
+        # on CUDA an SDPA model takes retrain's attention for its decode steps and its
+        # masked passes too (retrain/kernels/masked_attention.py: not cuDNN's kernel)
+        cuda = "cuda" in (self.infer_device.type, self.train_device.type)
+        if self._flex_from is not None or self._varlen or (attention == "sdpa" and cuda):
             flex.use_flex(peft_model.get_base_model())
         if self._varlen:  # this GPU's kernel, against the rule, before any step
             from retrain.kernels import varlen

@@ -34,6 +34,7 @@ import torch
 from retrain.errors import BackendError
 from retrain.kernels import flex
 from retrain.kernels.logprobs import LinearHead, chosen_logprobs
+from retrain.kernels.masked_attention import ALIGNMENT
 from retrain.kernels.transfer import to_device
 from retrain.kernels.windows import NO_WINDOW, Windows, within
 
@@ -214,10 +215,12 @@ def additive(allowed: torch.Tensor, dtype: torch.dtype, blocked: float = float("
     in every layer (aten's `convert_boolean_attn_mask`: its backend is chosen before, on
     the mask's shape alone). Made once for the pass instead, it saves three kernels a
     layer, and the backward keeps this one mask rather than a converted copy per layer
-    (30 copies of rows x L x L in SmolLM2's pass)."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
-        ~allowed, blocked
-    )
+    (30 copies of rows x L x L in SmolLM2's pass). Its rows are laid out a multiple of
+    `masked_attention.ALIGNMENT` apart, as SDPA's memory-efficient kernel reads them:
+    otherwise SDPA would pad a copy in every layer."""
+    *lead, width = allowed.shape
+    room = torch.zeros(*lead, width + -width % ALIGNMENT, dtype=dtype, device=allowed.device)
+    return room[..., :width].masked_fill_(~allowed, blocked)
 
 
 def completion_logprobs(

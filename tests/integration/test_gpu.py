@@ -225,6 +225,61 @@ def test_varlen_attention_gives_the_dense_masks_logprobs_and_gradients():
     assert gb.norm() > 0 and rel < 2.0**-5, rel
 
 
+def test_masked_passes_run_sdpas_efficient_kernel_and_survive_cudnns_nan_case():
+    """retrain's masked attention of many query positions (retrain/kernels/
+    masked_attention.py) is SDPA held to its memory-efficient kernel: its output to the
+    bit, its gradients within rounding (bf16, grouped heads, a packed mask); and on pytorch/pytorch#196678's
+    case (704 positions, every logit ~ -120, an all-allowed mask), where cuDNN's backward
+    has given NaN grad_q on an H100, its gradients are finite."""
+    import math
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    from retrain.kernels.masked_attention import attend
+    from retrain.kernels.packing import additive, pack
+
+    groups = [([1] * 37, [torch.arange(k).numpy() for k in (90, 1, 130)]), ([2] * 5, [torch.arange(60).numpy()])]  # fmt: skip
+    mask = additive(pack(groups, "bool").mask.cuda(), torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=g, device="cuda").bfloat16().requires_grad_()
+
+    length = mask.shape[-1]
+    q, k, v = leaf(2, 8, length, 64), leaf(2, 2, length, 64), leaf(2, 2, length, 64)
+    probe = torch.randn(2, length, 8, 64, generator=g, device="cuda").bfloat16()
+    results = []
+    for run in ("mine", "sdpa"):
+        for t in (q, k, v):
+            t.grad = None
+        if run == "mine":
+            out = attend(q, k, v, mask, 0.125)
+        else:
+            with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    q, repeat_kv(k, 4), repeat_kv(v, 4), mask, scale=0.125
+                ).transpose(1, 2)
+        (out.float() * probe).sum().backward()
+        results.append([out.detach(), q.grad, k.grad, v.grad])
+    (out, *grads), (ref, *ref_grads) = results
+    assert torch.equal(out, ref)
+    # the kernel's backward may add a query's gradient across key blocks atomically, in
+    # any order: within rounding, not to the bit
+    for a, b in zip(grads, ref_grads, strict=True):
+        assert (a.float() - b.float()).norm() <= 2.0**-7 * b.float().norm()
+
+    n, d = 704, 64
+    q, k, v = leaf(1, 1, n, d), leaf(1, 1, n, d), leaf(1, 1, n, d)
+    with torch.no_grad():
+        q.mul_(0.1)[..., 0] = 1.0
+        k.mul_(0.1)[..., 0] = -120 * math.sqrt(d)
+    allowed = torch.ones(n, n, dtype=torch.bool, device="cuda").tril()[None, None]
+    out = attend(q, k, v, additive(allowed, torch.bfloat16), None)
+    out.float().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
 def test_bf16_matmuls_into_float32_are_the_float32_products():
     from retrain.engines.sampling_copy import Float32Head
     from retrain.kernels.precision import linear_f32, mm_f32
