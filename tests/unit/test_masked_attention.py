@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_packing import _tiny_llama as tiny_llama
 
 from retrain.kernels import flex, masked_attention
 from retrain.kernels.masked_attention import ALIGNMENT, aligned, applies, attend
@@ -166,20 +167,7 @@ def test_masks_are_laid_out_aligned_and_an_unaligned_one_is_padded(width):
 
 
 def _tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=40,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        attn_implementation="sdpa",
-    )
-    model = LlamaForCausalLM(config)
+    model = tiny_llama("sdpa")
     flex.use_flex(model)  # retrain's attention, as the local backend sets on CUDA
     return model
 
