@@ -11,19 +11,20 @@ the sum of the segments' squares instead of the row's square, and no mask is sto
 
 The model keeps one attention implementation, `NAME`, registered with transformers: a
 BlockMask goes to FlexAttention (a `varlen.Mask`, one too, to flash attention's
-variable-length kernel: retrain/kernels/varlen.py), a decode step of one query position to `grouped_decode`
-(SDPA over the grouped heads, no copies of the cache), a tensor mask of many query
-positions on CUDA to SDPA's memory-efficient kernel by name (retrain/kernels/
-masked_attention.py: not cuDNN's, whose masked backward has given NaN gradients), any
-other mask to transformers' own SDPA function. A tensor mask narrower than the keys means "read the first that many
-keys": the static decoder's steps read only the cache's filled prefix that way. The
-local backend puts an SDPA model on it on CUDA whether or not its training uses
-FlexAttention, for the decode steps and the masked passes. On CUDA FlexAttention
-runs compiled (torch.compile, recompiling once for a new shape and then with dynamic
-shapes); on a CPU it runs torch's eager reference, forward only: torch 2.13 has no
-FlexAttention backward on a CPU, which is why training uses it on CUDA only (the config
-check says so). The CPU tests therefore check the forward pass against the dense mask on
-random layouts; the opt-in `-m gpu` test checks the gradients on CUDA.
+variable-length kernel: retrain/kernels/varlen.py), a decode step of one query position
+to `grouped_decode` (SDPA over the grouped heads, no copies of the cache), a tensor mask
+over many query positions on CUDA to SDPA's memory-efficient kernel by name
+(retrain/kernels/masked_attention.py: not cuDNN's, whose masked backward has given NaN
+gradients), any other mask to transformers' own SDPA function. A tensor mask narrower
+than the keys means "read the first that many keys": the static decoder's steps read
+only the cache's filled prefix that way. The local backend puts an SDPA model on it on
+CUDA whether or not its training uses FlexAttention, for the decode steps and the masked
+passes. On CUDA FlexAttention runs compiled (torch.compile, recompiling once for a new
+shape and then with dynamic shapes); on a CPU it runs torch's eager reference, forward
+only: torch 2.13 has no FlexAttention backward on a CPU, which is why training uses it on
+CUDA only (the config check says so). The CPU tests therefore check the forward pass
+against the dense mask on random layouts; the opt-in `-m gpu` test checks the gradients
+on CUDA.
 """
 
 from __future__ import annotations
