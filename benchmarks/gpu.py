@@ -36,10 +36,12 @@ On an offline CUDA machine see ../shared/gpu/README.md (the bundle) and docs/per
 from __future__ import annotations
 
 import argparse
+import atexit
 import functools
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -90,8 +92,6 @@ def random_model(out: Path, shape: dict, device: str) -> Path:
     (vocab 49152), saved as bf16 safetensors (once)."""
     if (out / "config.json").is_file():
         return out
-    import shutil
-
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -137,6 +137,7 @@ def child_retrain(setup: dict, steps: int, seed: int, extra: list[str]) -> dict:
     from retrain.trainer import train
 
     work = Path(tempfile.mkdtemp(prefix="gpu-bench-retrain-"))
+    atexit.register(shutil.rmtree, work, True)  # scratch: gone at exit
     path = work / "retrain.toml"
     path.write_text(templates()["quickstart"])
     flags = _headline_flags(setup, work) if setup["kind"] == "headline" else []
@@ -314,6 +315,7 @@ CHILDREN = {
 
 def run_child(kind: str, setup: dict, args) -> dict:
     out = Path(tempfile.mkdtemp(prefix="gpu-bench-out-")) / "result.json"
+    atexit.register(shutil.rmtree, out.parent, True)  # scratch: gone at exit
     if kind == "trl":  # retrain's prompts in its order, made here: the child runs TRL alone
         sys.path.insert(0, str(ROOT / "benchmarks"))
         from vs_trl import same_prompts
@@ -483,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.steps, args.rounds = min(args.steps, 2), 1
         args.model_dir = tempfile.mkdtemp(prefix="gpu-bench-smoke-")
+        atexit.register(shutil.rmtree, args.model_dir, True)  # scratch: gone at exit
     kinds = args.only.split(",")
     runs: dict[str, list[dict]] = {}
     machine = _machine()

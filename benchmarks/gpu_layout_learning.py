@@ -15,7 +15,9 @@ it) with 2 CPU threads pinned, so float sums do not depend on the box's load.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,6 +39,7 @@ def child(layout: str, seed: int, steps: int, eval_every: int) -> dict:
     from retrain.trainer import train
 
     work = Path(tempfile.mkdtemp(prefix=f"layout-{layout}-{seed}-"))
+    atexit.register(shutil.rmtree, work, True)  # scratch: gone at exit
     path = work / "retrain.toml"
     path.write_text(templates()["quickstart"])
     flags = ["--seed", str(seed), "--max-steps", str(steps), "--eval-every", str(eval_every)]

@@ -17,8 +17,10 @@ what a larger micro-batch buys in speed, beside what it costs in memory.
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -74,9 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(ROOT / "benchmarks"))
         from gpu import SMOKE, random_model
 
-        args.model = str(random_model(Path(tempfile.mkdtemp()) / "m", SMOKE, "cpu"))
+        scratch = tempfile.mkdtemp(prefix="smoke-model-")
+        atexit.register(shutil.rmtree, scratch, True)  # scratch: gone at exit
+        args.model = str(random_model(Path(scratch) / "m", SMOKE, "cpu"))
         args.devices, args.tokens, sizes = "cpu", 16, [1, 2]
     work = Path(tempfile.mkdtemp(prefix="memory-fit-"))
+    atexit.register(shutil.rmtree, work, True)  # scratch: gone at exit
     path = work / "retrain.toml"
     path.write_text(templates()["quickstart"])
     budget = max(sizes) * (70 + args.completions * args.tokens) * 2

@@ -29,11 +29,13 @@ Chrome traces (large). Extra retrain config flags go after `--`.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import math
 import platform
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -260,7 +262,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         sys.path.insert(0, str(ROOT / "benchmarks"))
         from gpu import SMOKE, random_model
 
-        args.model = str(random_model(Path(tempfile.mkdtemp()) / "m", SMOKE, "cpu"))
+        scratch = tempfile.mkdtemp(prefix="smoke-model-")
+        atexit.register(shutil.rmtree, scratch, True)  # scratch: gone at exit
+        args.model = str(random_model(Path(scratch) / "m", SMOKE, "cpu"))
         args.devices, args.prompts, args.group, args.max_tokens = "cpu", 2, 2, 8
         args.lora_rank = 8
     return args
@@ -276,6 +280,7 @@ def build(args: argparse.Namespace, said: list[str]) -> tuple[Any, Any]:
     from retrain.config import load_config
 
     work = Path(tempfile.mkdtemp(prefix="profile-step-"))
+    atexit.register(shutil.rmtree, work, True)  # scratch: gone at exit
     path = work / "retrain.toml"
     path.write_text(templates()["quickstart"])
     flags = ["--model", args.model, "--devices", args.devices, "--log-dir", str(work / "logs")]

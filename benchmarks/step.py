@@ -9,10 +9,12 @@ the sampling throughput, and the process's peak RSS.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -56,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from retrain.trainer import train
 
     work = Path(tempfile.mkdtemp(prefix="retrain-bench-"))
+    atexit.register(shutil.rmtree, work, True)  # scratch: gone at exit
     config_path = Path(args.config) if args.config else work / "quickstart.toml"
     if not args.config:
         config_path.write_text(templates()["quickstart"])

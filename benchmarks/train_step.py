@@ -39,7 +39,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 CHILD = r"""
-import json, sys, tempfile, time
+import atexit, json, shutil, sys, tempfile, time
 from pathlib import Path
 import numpy as np
 import torch
@@ -58,6 +58,7 @@ from retrain.models import resolve_model
 from retrain.types import Datum, TrainHyper
 
 work = Path(tempfile.mkdtemp())
+atexit.register(shutil.rmtree, work, True)  # scratch: gone at exit
 (work / "r.toml").write_text(templates()["quickstart"])
 flags = ["--log-dir", str(work / "logs"), "--adapter-path", str(work / "adapter")]
 if opts["layout"] == "gpu":  # what `auto` picks for this batch on a GPU: one micro-batch

@@ -21,7 +21,9 @@ average, the peak GPU memory on CUDA, and the step's mean reward from TRL's logs
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -69,8 +71,10 @@ def train_trl(
     dtype = torch.bfloat16 if cuda else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
     accumulate = max(1, completions // micro)
+    scratch = tempfile.mkdtemp(prefix="bench-trl-")
+    atexit.register(shutil.rmtree, scratch, True)  # scratch: gone at exit
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="bench-trl-"),
+        output_dir=scratch,
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=accumulate,
         steps_per_generation=accumulate,

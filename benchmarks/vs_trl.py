@@ -26,10 +26,12 @@ each bounded by the run's length (it exits on its own after `--burn-limit` secon
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -73,6 +75,7 @@ def child_retrain(steps: int, group: int, extra: list[str]) -> dict:
     from retrain.trainer import train
 
     work = Path(tempfile.mkdtemp(prefix="vs-trl-retrain-"))
+    atexit.register(shutil.rmtree, work, True)  # scratch: gone at exit
     config, path = _retrain_config(work, steps, group, extra)
     loads: list[float] = []
     console = _LoadConsole(loads)
@@ -118,7 +121,9 @@ def same_prompts(steps: int, batch: int) -> list[dict]:
     from retrain.build import build_data
     from retrain.models import load_tokenizer
 
-    config, _ = _retrain_config(Path(tempfile.mkdtemp(prefix="vs-trl-data-")), steps, 8, [])
+    work = Path(tempfile.mkdtemp(prefix="vs-trl-data-"))
+    atexit.register(shutil.rmtree, work, True)  # scratch: gone at exit
+    config, _ = _retrain_config(work, steps, 8, [])
     tokenizer = load_tokenizer(config.model.model)
     data, renderer = build_data(config, tokenizer, lambda s: None)
     examples = data.next_batch(steps * batch)
@@ -154,6 +159,7 @@ def child_trl(
 
 def run_child(kind: str, args, group: int, burn: bool, flags: list[str], seed: int) -> dict:
     out = Path(tempfile.mkdtemp(prefix="vs-trl-out-")) / "result.json"
+    atexit.register(shutil.rmtree, out.parent, True)  # scratch: gone at exit
     cmd = [sys.executable, __file__, "--child", kind, "--steps", str(args.steps)]
     cmd += ["--seeds", str(seed)]
     cmd += ["--group-sizes", str(group), "--child-out", str(out)]

@@ -48,6 +48,7 @@ def torchrun(
         "PYTHONPATH": str(ROOT),
         "OMP_NUM_THREADS": "1",
         "OMP_WAIT_POLICY": "PASSIVE",
+        "TMPDIR": str(tmp_path),  # torch's elastic agent leaves a folder there per run
         **(env or {}),
     }
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
@@ -62,6 +63,7 @@ def torchrun_job(raw: dict, tmp_path: Path, env: dict) -> subprocess.Popen:
     path = tmp_path / "job.toml"
     path.write_text(config_to_toml(config_from_dict(raw)))
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env}
+    full_env["TMPDIR"] = str(tmp_path)  # as `torchrun`'s: the killed agent's folder stays
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += ["--nproc-per-node=2", "-m", "retrain", str(path)]
     return subprocess.Popen(

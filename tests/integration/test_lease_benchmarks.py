@@ -8,6 +8,7 @@ on the scripts' own."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 lease_report = load("lease_report")
 
 
-def run(*scripts: list[str]) -> None:
+def run(*scripts: list[str], tmp: Path) -> None:
     """Each [script, args...] of `scripts` in a process of its own, all at once (each is
-    mostly torch's import, on one core), each to succeed."""
+    mostly torch's import, on one core), each to succeed, with `tmp` as their TMPDIR."""
+    env = {**os.environ, "TMPDIR": str(tmp)}
     procs = [
         subprocess.Popen(
             [sys.executable, str(ROOT / "benchmarks" / script), *args],
@@ -28,6 +30,7 @@ def run(*scripts: list[str]) -> None:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            env=env,
         )
         for script, *args in scripts
     ]
@@ -37,7 +40,8 @@ def run(*scripts: list[str]) -> None:
 
 
 def test_the_lease_scripts_write_what_its_report_reads(tmp_path):
-    out = tmp_path / "lease"
+    out, scratch = tmp_path / "lease", tmp_path / "scratch"
+    scratch.mkdir()
     run(
         [
             "gpu.py", "--smoke", "--what", "headline", "--only", "retrain", "--steps", "2",
@@ -47,7 +51,13 @@ def test_the_lease_scripts_write_what_its_report_reads(tmp_path):
         ["memory_fit.py", "--smoke", "--groups", "1,2", "--json", str(out / "memory_fit.json")],
         ["profile_step.py", "--smoke", "--json", str(out / "profile.json")],
         ["attention.py", "--smoke", "--json", str(out / "attention.json")],
+        tmp=scratch,
     )  # fmt: skip
+    # their scratch folders (runs' logs and adapters, the smoke models) are gone at exit:
+    # on a workstation each headline run would leave an adapter of hundreds of MB behind
+    # (torch's compile cache stays: it is torch's, kept between runs on purpose)
+    left = [p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_")]
+    assert left == []
     headline = json.loads((out / "headline.json").read_text())
     assert headline["finished"] and "failed" not in headline["summary"]["headline/retrain"]
     steps = headline["runs"]["headline/retrain"][0]["steps"]
