@@ -62,8 +62,12 @@ def test_the_lease_scripts_write_what_its_report_reads(tmp_path):
     assert headline["finished"] and "failed" not in headline["summary"]["headline/retrain"]
     steps = headline["runs"]["headline/retrain"][0]["steps"]
     assert len(steps) == 2 and all(s["sampled_tokens"] == 2 * 2 * 8 for s in steps)
-    # read from the metrics rows: a renamed field would leave these None
-    assert all(s["checkpointing"] == 0.0 and s["train_oom_retries"] == 0 for s in steps)
+    # read from the metrics rows: a renamed field would leave these None. A step whose
+    # rewards all tie trains nothing and has no training figures (the draws differ by
+    # torch version: torch 2.11's step 0 ties here)
+    trained = [s for s in steps if s["trained_tokens"]]
+    assert trained and all(s["checkpointing"] == 0.0 for s in trained)
+    assert all(s["train_oom_retries"] == 0 for s in trained)
 
     results = lease_report.load(out)
     figures = lease_report.measured(results)

@@ -21,6 +21,7 @@ import copy
 import importlib.util
 import json
 import os
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -38,8 +39,9 @@ CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 0, "b": 3}}\n</tool_call
 
 
 # Under the classic interpreter: torch (for the fixtures' tiny model too) from the project.
+# As a site directory: in an overlay venv its .pth file chains to the base's packages.
 if SITE in os.environ and os.environ[SITE] not in sys.path:
-    sys.path.append(os.environ[SITE])
+    site.addsitedir(os.environ[SITE])
 
 
 def taught_model(directory: Path, env_args: dict) -> Path:
@@ -108,7 +110,7 @@ def test_a_run_against_a_tool_env_calls_the_tool(tiny_raw, tmp_path):
     )
     config = tmp_path / "run.toml"
     config.write_text(tomlkit.dumps(raw))
-    boot = "import sys; sys.path.append(sys.argv.pop(1)); from retrain.cli.main import main; "
+    boot = "import site, sys; site.addsitedir(sys.argv.pop(1)); from retrain.cli.main import main; "
     proc = subprocess.run(
         [
             sys.executable,

@@ -83,3 +83,36 @@ def one_gpu(monkeypatch):
     """A machine where nvidia-smi counts one CUDA device (what a config with the default
     `[backend] devices = "gpu:0"` is written for)."""
     monkeypatch.setattr("retrain.hardware.cuda_device_count", lambda **kw: 1)
+
+
+def _addmm_takes_out_dtype_on_meta() -> bool:
+    import torch
+
+    meta = {"device": "meta", "dtype": torch.bfloat16}
+    a, b = torch.empty(2, 2, **meta), torch.empty(2, 2, **meta)
+    try:
+        torch.addmm(a.float(), a, b, out_dtype=torch.float32)
+    except TypeError:  # torch 2.11: its decomposition binds out_dtype to beta
+        return False
+    return True
+
+
+@pytest.fixture
+def meta_addmm(monkeypatch):
+    """`torch.addmm(..., out_dtype=)` on the meta device, for tests that trace CUDA's
+    branch there. Torch 2.11 (the GPU image's) has no meta kernel for that overload, and
+    the decomposition it falls back to takes out_dtype for beta (pytorch#179634; CUDA's
+    kernel is right). There it becomes the product, then the add: the same result's
+    shape and dtype."""
+    import torch
+
+    if _addmm_takes_out_dtype_on_meta():
+        return
+    real = torch.addmm
+
+    def addmm(c, a, b, *, alpha=1, out_dtype=None, **kwargs):
+        if out_dtype is None or c.device.type != "meta":
+            return real(c, a, b, alpha=alpha, **kwargs)
+        return torch.add(c, torch.mm(a, b, out_dtype=out_dtype), alpha=alpha)
+
+    monkeypatch.setattr(torch, "addmm", addmm)

@@ -305,7 +305,7 @@ def test_rounded_once_the_backward_keeps_what_it_kept():
     )
 
 
-def test_rounded_once_on_cuda_the_products_take_the_float32_result_path(monkeypatch):
+def test_rounded_once_on_cuda_the_products_take_the_float32_result_path(monkeypatch, meta_addmm):
     """The CUDA branch (bf16 operands into a float32 result, `torch.mm(..., out_dtype=)`),
     which this CPU cannot run, traced on the meta device: the forward gives bf16 rows, the
     backward x's gradient in bf16 and A's and B's in float32 of their shapes, and the

@@ -156,7 +156,7 @@ def test_a_pass_that_failed_between_siblings_leaves_nothing_held():
         assert set(group._pending) == {0, 2} and group._input is y  # q's and v's, for y
 
 
-def test_on_cuda_fused_siblings_take_the_float32_result_path(monkeypatch):
+def test_on_cuda_fused_siblings_take_the_float32_result_path(monkeypatch, meta_addmm):
     """The CUDA branch (bf16 operands into float32 results, which this CPU cannot run)
     of three siblings, traced on the meta device: one product each for x A^T, x W^T and
     B's (added into the float32 sum), each member's output bf16 of its own width, and
