@@ -247,7 +247,7 @@ class LocalBackend:
         if self.options.compile:  # after the sampling copy is made: its blocks stay eager
             self._compile_blocks(say)
         say(
-            f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'}, micro_batch_tokens={self.options.micro_batch_tokens}{', activation checkpointing' if self.options.checkpointing else ''}{', compiled blocks' if self.options.compile else ''}, attention={flex.label(self._flex_from, self._varlen)})."
+            f"Local backend ready (engine={self.engine.name}, split_mode={self.split_mode}, device={self.train_device}, matmuls={'bf16' if self.bf16 else 'fp32'}, micro_batch_tokens={self.options.micro_batch_tokens}{', activation checkpointing' if self.options.checkpointing else ''}{', compiled blocks' if self.options.compile else ''}, attention={flex.label(self._flex_from, self._varlen, self._masked_kernel)})."
         )
         if self._flex_from is not None and self.train_device.type == "cuda":
             say(
@@ -409,6 +409,7 @@ class LocalBackend:
         # on CUDA an SDPA model takes retrain's attention for its decode steps and its
         # masked passes too (retrain/kernels/masked_attention.py: not cuDNN's kernel)
         cuda = "cuda" in (self.infer_device.type, self.train_device.type)
+        self._masked_kernel = attention == "sdpa" and device.type == "cuda"  # the ready line
         if self._flex_from is not None or self._varlen or (attention == "sdpa" and cuda):
             flex.use_flex(peft_model.get_base_model())
         if self._varlen:  # this GPU's kernel, against the rule, before any step

@@ -87,25 +87,33 @@ def describe(option: str, device_kind: str, blocked: list[str] | None = None) ->
     """What `attention = option` does when training an SDPA model on `device_kind` with
     `blocked` (see `blockers`) in the way (for `explain`, after the config checks refused
     flex off CUDA and where blocked)."""
+    cuda = device_kind == "cuda"
     if option == "flex" and blocked:
         return "FlexAttention, refused: " + ", ".join(blocked)
-    if option == "auto" and device_kind == "cuda" and blocked:  # what keeps auto from it
-        return "dense mask (not FlexAttention: " + ", ".join(blocked) + ")"
+    if option == "auto" and cuda and blocked:  # what keeps auto from it
+        return "dense mask (not FlexAttention: " + ", ".join(blocked) + ")" + ON_KERNEL
     if option == "varlen":
         return VARLEN_LABEL
-    return label(flex_from(option, device_kind, "sdpa", "the model", blocked))
+    return label(flex_from(option, device_kind, "sdpa", "the model", blocked), kernel=cuda)
 
 
-def label(start: int | None, varlen: bool = False) -> str:
+# where retrain's attention takes the dense mask on CUDA (retrain/kernels/masked_attention.py)
+ON_KERNEL = ", on SDPA's memory-efficient kernel"
+
+
+def label(start: int | None, varlen: bool = False, kernel: bool = False) -> str:
     """`flex_from`'s answer in words, or `varlen_chosen`'s (explain, the backend's ready
-    line)."""
+    line); `kernel`: the dense mask's passes call SDPA's memory-efficient kernel (an SDPA
+    model on CUDA), said so."""
     if varlen:
         return VARLEN_LABEL
     if start is None:
-        return "dense mask"
+        return "dense mask" + (ON_KERNEL if kernel else "")
     if start == 0:
         return "FlexAttention"
-    return f"FlexAttention for rows of {start}+ positions, dense mask below"
+    return f"FlexAttention for rows of {start}+ positions, dense mask below" + (
+        ON_KERNEL if kernel else ""
+    )
 
 
 def blockers(model) -> list[str]:

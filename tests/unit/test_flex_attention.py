@@ -195,7 +195,8 @@ def test_flex_without_triton_is_refused_and_auto_keeps_the_dense_mask(tmp_path, 
     assert blocked == ["triton is not installed (it compiles FlexAttention)"]
     assert flex.flex_from("auto", "cuda", "sdpa", "m", blocked) is None
     assert flex.describe("auto", "cuda", blocked) == (
-        "dense mask (not FlexAttention: triton is not installed (it compiles FlexAttention))"
+        "dense mask (not FlexAttention: triton is not installed (it compiles FlexAttention)), "
+        "on SDPA's memory-efficient kernel"
     )
     assert flex.device_blockers("bf16", "cpu") == []  # a CPU needs no triton for the dense mask
 
@@ -212,10 +213,12 @@ def test_an_unknown_attention_is_refused(tmp_path):
         (
             "auto",
             "cuda",
-            f"FlexAttention for rows of {flex.AUTO_FROM}+ positions, dense mask below",
+            f"FlexAttention for rows of {flex.AUTO_FROM}+ positions, dense mask below, "
+            "on SDPA's memory-efficient kernel",
         ),
         ("flex", "cuda", "FlexAttention"),
-        ("dense", "cuda", "dense mask"),
+        ("dense", "cuda", "dense mask, on SDPA's memory-efficient kernel"),
+        ("dense", "cpu", "dense mask"),
     ],
 )
 def test_describe(option, kind, text):

@@ -594,11 +594,14 @@ def test_triton_work_in_bf16_is_refused_on_a_gpu_without_native_bf16(
     assert code == 0
     assert (  # auto: FlexAttention is out of reach here, and explain says why
         "attention: dense mask (not FlexAttention: bf16 matmuls (compute capability 7.0 has "
-        "no native bf16; triton has none there))\n"
+        "no native bf16; triton has none there)), on SDPA's memory-efficient kernel\n"
     ) in text
     simulate(monkeypatch, cap=(9, 0), cuda0=(79.1, 79.6))
     code, text, _ = explain(qwen_config(tmp_path, 'dtype = "bf16"'), capsys)
     assert code == 0
-    assert "attention: FlexAttention for rows of 2048+ positions, dense mask below\n" in text
+    assert (
+        "attention: FlexAttention for rows of 2048+ positions, dense mask below, on SDPA's "
+        "memory-efficient kernel\n"
+    ) in text
     code, text, _ = explain(qwen_config(tmp_path, 'dtype = "bf16"', 'attention = "flex"'), capsys)
     assert code == 0
