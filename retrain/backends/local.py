@@ -65,6 +65,7 @@ from retrain.kernels.packing import (
 )
 from retrain.kernels.precision import bf16_linears, bf16_weights, use_bf16
 from retrain.kernels.recompute import recompute_elementwise
+from retrain.kernels.rotary import turn_rotary
 from retrain.kernels.staged_factors import stage_factors
 from retrain.kernels.transfer import to_device
 from retrain.kernels.windows import windows_of
@@ -385,6 +386,7 @@ class LocalBackend:
         )
         peft_model = get_peft_model(model, peft_config)  # PEFT keeps the adapter in float32
         lean_lora_forward(peft_model)  # each LoRA linear adds its adapter inside one addmm
+        turn_rotary(peft_model)  # the rotary turn's backward in 4 operators, not ~9
         compiling = self.options.compile  # blocks compiled once the sampler is bound
         if whole:  # computed in bf16 from the bf16 stream, not from float32 copies of it
             adapter_in_input_dtype(peft_model)
