@@ -63,10 +63,14 @@ def step_seed(seed: int, step: int) -> int | None:
 
 
 class _StopRequest:
-    """SIGINT/SIGTERM: finish the current step, save, exit. A second SIGINT aborts."""
+    """SIGINT/SIGTERM: finish the current step, save, exit. A second SIGINT aborts. Once
+    the steps are over (`closing`) a SIGTERM changes nothing: the run is stopping already,
+    and under torchrun, whose agent terminates the other ranks as soon as one fails, the
+    default action would kill this rank before it says why it stops."""
 
     def __init__(self):
         self.signal: int | None = None
+        self.closing = False
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
@@ -75,6 +79,8 @@ class _StopRequest:
                 self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
+        if self.closing and signum == signal.SIGTERM:
+            return
         if self.signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signal = signum
@@ -459,11 +465,14 @@ class Trainer:
             self.say(self._abort_line())
             raise
         finally:
+            stop.closing = True
             try:
                 self.training.abandon()  # a background training ends before the model closes
             finally:
-                stop.restore()
-                self._close(status)
+                try:
+                    self._close(status)
+                finally:
+                    stop.restore()
 
     def _loop(self, stop: _StopRequest) -> tuple[str, int]:
         """Steps until max_steps or a stop request; returns (status, exit code)."""
