@@ -75,12 +75,14 @@ def training(precision) -> dict[str, bool]:
     from tiny_qwen3 import VOCAB, qwen3_lora
 
     from retrain.kernels.lora_layers import fuse_sibling_loras
+    from retrain.kernels.rotary import turn_rotary
     from retrain.kernels.staged_factors import stage_factors
 
     results = []
     for query in (f32_out_matmul, lambda device_type: False):
         precision.f32_out_matmul = query
         model = qwen3_lora(bf16=True, switch=True, recompute=True, lean=True, lora_alpha=12)
+        turn_rotary(model)
         groups = fuse_sibling_loras(model)
         assert groups and stage_factors(model, groups)  # as the local backend trains it
         ids = torch.arange(1, 30)[None] % VOCAB
@@ -116,6 +118,7 @@ def main() -> None:
     from retrain.kernels.lora_layers import adapter_in_input_dtype, lean_lora_forward
     from retrain.kernels.precision import bf16_weights
     from retrain.kernels.recompute import recompute_elementwise
+    from retrain.kernels.rotary import turn_rotary
     from retrain.types import SamplingParams
 
     torch.manual_seed(0)
@@ -124,6 +127,7 @@ def main() -> None:
     lora = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
     model = get_peft_model(base, lora)
     lean_lora_forward(model)
+    assert turn_rotary(model) == 1  # as the local backend: compiled, the original runs
     adapter_in_input_dtype(model)
     recompute_elementwise(model)
     flex.use_flex(model.get_base_model())
