@@ -18,6 +18,7 @@
 - after a step of CUDA's fused AdamW the sampler's and the trainer's bf16 copies of the
   adapter are the adapter just trained;
 - torch's fused RMS norm passes the sampler's probe (retrain/kernels/norms.py);
+- the rotary turn in fewer operators is transformers' to the bit (kernels/rotary.py);
 - a training micro-batch is queued without one synchronising CUDA call (torch's sync
   debug mode);
 - q/k/v and gate/up trained as one give the layers' own gradients on the tensor cores;
@@ -320,6 +321,29 @@ def test_torchs_fused_rms_norm_passes_the_probe_on_cuda():
         assert fuse_rms_norms(model) == 9  # two per block, q and k per block, the final one
         after = model(input_ids=ids).logits.float()
     torch.testing.assert_close(after, before, rtol=0, atol=0.1)  # bf16 logits, summed otherwise
+
+
+def test_the_rotary_turn_is_transformers_to_the_bit_on_cuda():
+    """retrain/kernels/rotary.py on CUDA's element-wise kernels: queries, keys and their
+    gradients equal transformers' own turn, in bf16 and float32, both head layouts."""
+    import transformers.models.llama.modeling_llama as llama
+
+    from retrain.kernels.rotary import rotate
+
+    original = getattr(llama.apply_rotary_pos_emb, "original", llama.apply_rotary_pos_emb)
+    ours = rotate(original)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32):
+        for dim, shape in ((1, (4, 32, 300, 128)), (2, (4, 300, 8, 128))):
+            q, k, gq, gk = (torch.randn(shape, device="cuda", generator=gen) for _ in range(4))
+            cos, sin = (torch.randn(4, 300, 128, device="cuda", generator=gen) for _ in range(2))
+            got = []
+            for fn in (original, ours):
+                qs, ks = (t.to(dtype).requires_grad_() for t in (q, k))
+                outs = fn(qs, ks, cos.to(dtype), sin.to(dtype), dim)
+                torch.autograd.backward(outs, (gq.to(dtype), gk.to(dtype)))
+                got.append([*outs, qs.grad, ks.grad])
+            assert all(torch.equal(a, b) for a, b in zip(*got, strict=True)), (dtype, dim)
 
 
 def test_fused_norms_and_gated_products_give_the_models_gradients_on_cuda():
