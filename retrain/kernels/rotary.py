@@ -59,13 +59,18 @@ def _signed(sin: torch.Tensor) -> torch.Tensor:
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
+def turned(x: torch.Tensor, cos: torch.Tensor, signed: torch.Tensor) -> torch.Tensor:
+    """x turned: rotate_half(x) * sin written as swap(x) * signed (module docstring)."""
+    return x * cos + swap(x) * signed
+
+
 class _Turn(torch.autograd.Function):
-    """x * cos + swap(x) * signed, with its backward written out (module docstring)."""
+    """`turned`, with its backward written out (module docstring)."""
 
     @staticmethod
     def forward(ctx, x, cos, signed):
         ctx.save_for_backward(cos, signed)
-        return x * cos + swap(x) * signed
+        return turned(x, cos, signed)
 
     @staticmethod
     def backward(ctx, grad):
@@ -74,9 +79,10 @@ class _Turn(torch.autograd.Function):
 
 
 def turn(x: torch.Tensor, cos: torch.Tensor, signed: torch.Tensor) -> torch.Tensor:
+    """`turned`, through `_Turn` where a gradient is to flow back to x."""
     if x.requires_grad and torch.is_grad_enabled():
         return _Turn.apply(x, cos, signed)
-    return x * cos + swap(x) * signed
+    return turned(x, cos, signed)
 
 
 def _ours(q, k, cos, sin) -> bool:
