@@ -43,7 +43,7 @@ def f32_out_matmul(device_type: str) -> bool:
 def cuda_branches() -> None:
     """This process takes the branches a GPU's whole-bf16 layout takes, on the CPU: the
     whole model in bf16 (`hardware.WHOLE_BF16`), the products' float32-result bf16
-    matmuls (`mm.dtype`, `addmm.dtype`: CUDA's only) given CPU kernels that multiply
+    matmuls (`mm.dtype`, `addmm.dtype` and its `out=` form: CUDA's only) given CPU kernels that multiply
     float32 copies of the operands, chosen by the device query's own body, and the norms
     as torch's rms_norm with the weight (`norms.FUSED_NORM_DEVICES`: one kernel on CUDA,
     its eight operators here). Once per process (benchmarks/train_step.py's `--layout
@@ -60,6 +60,13 @@ def cuda_branches() -> None:
             "addmm.dtype",
             lambda c, a, b, out_dtype, beta=1, alpha=1: torch.addmm(
                 c.float(), a.float(), b.float(), beta=beta, alpha=alpha
+            ),
+            "CPU",
+        )
+        lib.impl(  # into `out`, which `precision.addmm_f32_` makes the input itself
+            "addmm.dtype_out",
+            lambda c, a, b, out_dtype, beta=1, alpha=1, *, out: out.copy_(
+                torch.addmm(c.float(), a.float(), b.float(), beta=beta, alpha=alpha)
             ),
             "CPU",
         )

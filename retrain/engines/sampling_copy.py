@@ -71,8 +71,9 @@ def add_beside(flat: torch.Tensor, x: torch.Tensor, a, b, scaling: float) -> Non
     h = torch.mm(x.reshape(-1, x.shape[-1]).to(a.dtype), a.t())
     if flat.dtype == h.dtype:  # the adapter in the stream's dtype (float32, or all bf16)
         flat.addmm_(h, b.t(), alpha=scaling)
-    else:  # a bf16 residual stream: added in float32, rounded once (PEFT's order)
-        flat.copy_(torch.addmm(flat.to(h.dtype), h, b.t(), alpha=scaling))
+    else:  # a bf16 residual stream: added in float32, rounded once (PEFT's order), into
+        # the float32 copy itself (an addmm into a new tensor copies its input there first)
+        flat.copy_(flat.to(h.dtype).addmm_(h, b.t(), alpha=scaling))
 
 
 def beside(

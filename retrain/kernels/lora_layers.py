@@ -51,7 +51,7 @@ import torch
 
 from retrain.hardware import sums_in_f32
 from retrain.kernels.precision import (
-    addmm_f32,
+    addmm_f32_,
     mm_f32,
     share_sibling_storage,
     sibling_sets,
@@ -161,7 +161,7 @@ def lora_sum_f32(x, weight, bias, a, b, scaling: float) -> torch.Tensor:
     """x W^T + bias + scaling (x A^T) B^T in float32, as (rows, out), from the bf16 rows
     `x` (rows, in), the bf16 weight and A, and B (float32, the trainer's, or bf16, the
     sampling copy's): three products of bf16 operands with float32 results
-    (`precision.mm_f32`, `addmm_f32`), x A^T and B read in bf16 for the last, which adds
+    (`precision.mm_f32`, `addmm_f32_`), x A^T and B read in bf16 for the last, which adds
     into the base output in its epilogue. The caller rounds it to bf16 once; the trainer
     (`_RoundOnce`) and the sampling copy run it alike. (B's product took float32
     operands before, and with them the CUDA cores' float32 GEMM, at ~20% of an H100's
@@ -177,7 +177,7 @@ def _sum_and_mid(x, weight, bias, a, b, scaling: float) -> tuple[torch.Tensor, t
     out = mm_f32(x, weight.t())
     if bias is not None:
         out += bias.float()
-    return addmm_f32(out, mid, b.to(x.dtype).t(), scaling), mid
+    return addmm_f32_(out, mid, b.to(x.dtype).t(), scaling), mid
 
 
 class _RoundOnce(torch.autograd.Function):
@@ -226,8 +226,9 @@ class _RoundOnce(torch.autograd.Function):
             gh = gh.to(grad.dtype)
             if any(need[:parts]):
                 gas = list(mm_f32(gh.t(), x).split(ctx.ranks))
-            if need_x:
-                gx = torch.addmm(torch.mm(grad, weight), gh, a)
+            if need_x:  # into the product's own tensor: an addmm into a new one
+                # copies its input there first (`precision.addmm_f32_`)
+                gx = torch.mm(grad, weight).addmm_(gh, a)
         return gx, None, None, None, None, *gas, *gbs
 
 

@@ -116,21 +116,24 @@ def mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.mm(a.float(), b.float())
 
 
-def addmm_f32(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
-    """c + alpha * a @ b in float32, for a float32 `c` and two bf16 (or fp16) operands,
-    as a new tensor. On CUDA the product runs on the tensor cores with `c` added in its
-    epilogue (`torch.addmm(..., out_dtype=torch.float32)`): a float32 operand instead
-    sent it to the CUDA cores' float32 GEMM, which for the adapter's product beside each
-    adapted linear took more of an H100's decode step than the layers' own bf16 weights
-    (docs/performance.md, the lease of 2026-11-27). Elsewhere of float32 copies: the
-    same values."""
+def addmm_f32_(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
+    """c += alpha * a @ b, into the float32 `c` itself, for two bf16 (or fp16) operands;
+    returns the sum (outside torch.compile, `c`). On CUDA the product runs on the tensor
+    cores with `c` added in its epilogue (`torch.addmm(..., out_dtype=torch.float32)`): a
+    float32 operand instead sent it to the CUDA cores' float32 GEMM, which for the
+    adapter's product beside each adapted linear took more of an H100's decode step than
+    the layers' own bf16 weights (docs/performance.md, the lease of 2026-11-27). Into `c`,
+    because an addmm into a new tensor first copies `c` there (aten's addmm_out copies its
+    input to the result when the two differ): a pass over the float32 sum that reads and
+    writes 8 bytes an element, a kernel more per adapted linear. Elsewhere of float32
+    copies: the same values."""
     if _f32_result(a, b):
         if torch.compiler.is_compiling():  # torch 2.11's fake tensors take addmm's
             # out_dtype for its beta (TypeError: dtype * FakeTensor), which failed the
             # compiled decode step; the product, then one add that inductor fuses
             return torch.add(c, torch.mm(a, b, out_dtype=torch.float32), alpha=alpha)
-        return torch.addmm(c, a, b, alpha=alpha, out_dtype=torch.float32)
-    return torch.addmm(c, a.float(), b.float(), alpha=alpha)
+        return torch.addmm(c, a, b, alpha=alpha, out_dtype=torch.float32, out=c)
+    return c.addmm_(a.float(), b.float(), alpha=alpha)
 
 
 def linear_f32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):

@@ -99,8 +99,8 @@ def _addmm_takes_out_dtype_on_meta() -> bool:
 
 @pytest.fixture
 def meta_addmm(monkeypatch):
-    """`torch.addmm(..., out_dtype=)` on the meta device, for tests that trace CUDA's
-    branch there. Torch 2.11 (the GPU image's) has no meta kernel for that overload, and
+    """`torch.addmm(..., out_dtype=)` (and its `out=` form) on the meta device, for tests
+    that trace CUDA's branch there. Torch 2.11 (the GPU image's) has no meta kernel for that overload, and
     the decomposition it falls back to takes out_dtype for beta (pytorch#179634; CUDA's
     kernel is right). There it becomes the product, then the add: the same result's
     shape and dtype."""
@@ -110,9 +110,10 @@ def meta_addmm(monkeypatch):
         return
     real = torch.addmm
 
-    def addmm(c, a, b, *, alpha=1, out_dtype=None, **kwargs):
+    def addmm(c, a, b, *, alpha=1, out_dtype=None, out=None, **kwargs):
         if out_dtype is None or c.device.type != "meta":
-            return real(c, a, b, alpha=alpha, **kwargs)
-        return torch.add(c, torch.mm(a, b, out_dtype=out_dtype), alpha=alpha)
+            return real(c, a, b, alpha=alpha, out=out, **kwargs)
+        summed = torch.add(c, torch.mm(a, b, out_dtype=out_dtype), alpha=alpha)
+        return summed if out is None else out.copy_(summed)
 
     monkeypatch.setattr(torch, "addmm", addmm)

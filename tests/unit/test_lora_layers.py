@@ -321,7 +321,7 @@ def test_rounded_once_on_cuda_the_products_take_the_float32_result_path(monkeypa
         return real_mm(a, b, **kwargs)
 
     def addmm(c, a, b, **kwargs):
-        added.append((c.dtype, a.dtype, b.dtype, kwargs.get("out_dtype")))
+        added.append((c.dtype, a.dtype, b.dtype, kwargs.get("out_dtype"), kwargs.get("out") is c))
         return real_addmm(c, a, b, **kwargs)
 
     monkeypatch.setattr(precision, "f32_out_matmul", lambda device_type: True)
@@ -336,11 +336,13 @@ def test_rounded_once_on_cuda_the_products_take_the_float32_result_path(monkeypa
     assert (out.dtype, out.shape) == (torch.bfloat16, (40, 64))
     # x A^T and x W^T with float32 results, no float32 copies; then B's product of bf16
     # operands added into the float32 sum, on the tensor cores (not float32 operands,
-    # which went to the CUDA cores' float32 GEMM)
+    # which went to the CUDA cores' float32 GEMM), into that sum itself: an addmm into a
+    # new tensor first copies its input there (aten's addmm_out), a pass over the sum
     assert calls[:2] == [torch.float32, torch.float32]
     bf16, f32 = torch.bfloat16, torch.float32
-    assert added == [(f32, bf16, bf16, f32)]
+    assert added == [(f32, bf16, bf16, f32, True)]
     out.float().sum().backward()
+    assert len(added) == 1  # x's gradient: A's term added into x W's product in place
     assert (x.grad.dtype, x.grad.shape) == (torch.bfloat16, x.shape)
     assert (a.grad.dtype, a.grad.shape) == (torch.float32, a.shape)
     assert (b.grad.dtype, b.grad.shape) == (torch.float32, b.shape)
@@ -370,7 +372,7 @@ def test_compiled_the_adapters_product_is_added_apart(monkeypatch):
     c = torch.empty(5, 7, **meta)
     a = torch.empty(5, 3, dtype=torch.bfloat16, **meta)
     b = torch.empty(3, 7, dtype=torch.bfloat16, **meta)
-    out = precision.addmm_f32(c, a, b, 1.5)
+    out = precision.addmm_f32_(c, a, b, 1.5)
     assert (out.dtype, out.shape) == (torch.float32, (5, 7))
     assert calls == [("mm", {"out_dtype": torch.float32})]
     monkeypatch.setattr(precision, "f32_out_matmul", lambda device_type: False)
@@ -378,7 +380,9 @@ def test_compiled_the_adapters_product_is_added_apart(monkeypatch):
     c = torch.randn(5, 7, generator=gen)
     a, b = (torch.randn(*s, generator=gen).bfloat16() for s in ((5, 3), (3, 7)))
     want = c.double() + 1.5 * (a.double() @ b.double())
-    torch.testing.assert_close(precision.addmm_f32(c, a, b, 1.5).double(), want)
+    out = precision.addmm_f32_(c, a, b, 1.5)
+    assert out is c  # eager: into c itself
+    torch.testing.assert_close(out.double(), want)
 
 
 def test_the_device_query_is_a_constant_to_torch_compile(monkeypatch):
@@ -400,7 +404,7 @@ def test_the_device_query_is_a_constant_to_torch_compile(monkeypatch):
     monkeypatch.setattr(precision, "f32_out_matmul", untraceable)
 
     def products(c, a, b):
-        return precision.mm_f32(a, b) + precision.addmm_f32(c, a, b, 1.5)
+        return precision.mm_f32(a, b) + precision.addmm_f32_(c.clone(), a, b, 1.5)
 
     gen = torch.Generator().manual_seed(6)
     a, b = (torch.randn(4, 4, generator=gen).bfloat16() for _ in range(2))

@@ -147,6 +147,26 @@ def test_bf16_mode_copy_shares_the_bf16_weights_and_computes_the_trainers_logits
     torch.testing.assert_close(logits_of(sc.model, ids), logits_of(model, ids), atol=1e-5, rtol=0)
 
 
+def test_a_bf16_stream_takes_the_float32_adapter_into_its_float32_copy(monkeypatch):
+    """Beside a bf16 layer, the float32 adapter's product is added to a float32 copy of
+    the layer's output and the sum rounded once, PEFT's order; into that copy itself: an
+    addmm into a new tensor first copies its input there (aten's addmm_out), one more
+    pass over the output per adapted layer and decoded token."""
+    from retrain.engines.sampling_copy import add_beside
+
+    gen = torch.Generator().manual_seed(8)
+    flat = torch.randn(6, 10, generator=gen).bfloat16()
+    x = torch.randn(6, 12, generator=gen).bfloat16()
+    a, b = torch.randn(4, 12, generator=gen), torch.randn(10, 4, generator=gen)
+    want = (flat.double() + 2.0 * (x.double() @ a.double().t()) @ b.double().t()).bfloat16()
+    out_of_place = []
+    real = torch.addmm
+    monkeypatch.setattr(torch, "addmm", lambda *a, **k: out_of_place.append(1) or real(*a, **k))
+    add_beside(flat, x, a, b, 2.0)
+    assert not out_of_place
+    assert (flat.double() - want.double()).abs().max() <= want.double().abs().max() * 2**-7
+
+
 def test_an_update_below_a_bf16_step_reaches_the_bf16_sampler():
     """A young adapter's update is far below half a bf16 step of the weights it adapts:
     folded into bf16 weights it rounds away and the sampler keeps the old policy. Beside
