@@ -241,6 +241,24 @@ def styled(mask: torch.Tensor, style: str, dtype: torch.dtype) -> torch.Tensor:
     return additive(mask, dtype, float("-inf") if style == "bool" else torch.finfo(dtype).min)
 
 
+def end_pool_routing(device: torch.device, pool) -> bool:
+    """After a capture that failed: have the caching allocator stop sending allocations
+    into the graphs' pool `pool` on `device`, if it still does; whether it did. When a
+    capture is spoilt (an unsafe call in it, memory run out in it), torch 2.11's
+    `CUDAGraph.capture_end` raises at `cudaStreamEndCapture`, before it ends that routing:
+    the allocator then counts a capture still under way, and `empty_cache` gives nothing
+    back for the rest of the run, while the engine's and the trainer's out-of-memory
+    back-off rely on it. torch cannot be asked whether the routing ended; where it did
+    (or never began), ending it raises, which is taken for "nothing to end"."""
+    if pool is None:
+        return False
+    try:
+        torch._C._cuda_endAllocateToPool(device.index, pool)
+    except RuntimeError:
+        return False
+    return True
+
+
 class StaticDecoder:
     """Decodes batches of rows with a preallocated cache; see the module docstring."""
 
@@ -590,6 +608,7 @@ class StaticDecoder:
             return graph
         except Exception as exc:  # an op that cannot be captured: decode eagerly
             torch.cuda.set_stream(current)  # torch's graph context may not have restored it
+            end_pool_routing(self.device, self._pool)
             if isinstance(exc, torch.OutOfMemoryError):  # not the step's fault: the engine
                 raise  # decodes fewer rows at once (pytorch.py `_back_off`)
             if isinstance(exc.__context__, torch.OutOfMemoryError):  # the capture ended on it

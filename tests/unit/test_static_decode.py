@@ -480,6 +480,8 @@ def test_a_failed_capture_decodes_eagerly_and_uncompiled_on_the_stream_it_was_on
         calls.append(("back to", stream))
 
     _cuda_stand_ins(monkeypatch, mine, back, Side, graph)
+    ended: list = []  # the allocator's routing into the pool, ended after the failure
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", lambda *a: ended.append(a))
     model = tiny_model(seed=5)
     params = SamplingParams(max_tokens=8, temperature=1.0, seed=9)
     u = uniforms(len(PROMPTS), params.max_tokens, torch.Generator().manual_seed(9))
@@ -490,6 +492,7 @@ def test_a_failed_capture_decodes_eagerly_and_uncompiled_on_the_stream_it_was_on
     decoder._compiled_step = decoder._step  # standing in for a compiled step
     out = decoder.decode(model, PROMPTS, params, u)
     assert calls == [("stream on", cpu), ("capture", "thread_local", Side), ("back to", mine)]
+    assert ended == [(cpu.index, "pool")]
     assert decoder.graph_failures == 1 and decoder.compile_failures == 1
     assert decoder._compiled_step is None
     (warning,) = [m for m in said if "could not capture" in m]  # said once
@@ -779,6 +782,8 @@ def test_a_capture_that_runs_out_of_memory_raises_it_and_keeps_the_graphs(monkey
 
     mine = Stream()
     _cuda_stand_ins(monkeypatch, mine, streams.append, Stream, graph)
+    ended: list = []
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", lambda *a: ended.append(a))
     model = tiny_model(seed=5)
     decoder = StaticDecoder(eos_ids=[EOS], pad_id=0, device=torch.device("cpu"))
     decoder.graphs = True  # refused off CUDA at construction
@@ -795,6 +800,27 @@ def test_a_capture_that_runs_out_of_memory_raises_it_and_keeps_the_graphs(monkey
     with pytest.raises(torch.OutOfMemoryError):
         decoder.decode(model, PROMPTS, params, u)
     assert streams == [mine] and decoder.graph_failures == 0 and not decoder._captured
+    assert ended == [(None, "pool")]  # the allocator gives memory back for the retry
+
+
+def test_the_pools_routing_is_ended_only_where_torch_still_has_it(monkeypatch):
+    """`end_pool_routing` after a failed capture: torch's own call where the allocator
+    still routes into the pool; its refusal (the capture ended cleanly, or never began)
+    taken for nothing to end; no pool, no call."""
+    from retrain.engines.static_decode import end_pool_routing
+
+    routed = {(0, (1, 2))}
+
+    def end(index, pool):
+        if (index, pool) not in routed:
+            raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+        routed.remove((index, pool))
+
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", end)
+    cuda0 = torch.device("cuda", 0)
+    assert end_pool_routing(cuda0, (1, 2)) and not routed
+    assert not end_pool_routing(cuda0, (1, 2))  # ended already
+    assert not end_pool_routing(cuda0, None)
 
 
 def test_a_compile_failure_says_the_line_that_reached_it():
