@@ -152,6 +152,75 @@ def test_an_evaluation_with_overlap_sees_the_weights_of_the_steps_before_it(
     assert same(rec.sampled[6], rec.weights[4])
 
 
+@pytest.mark.parametrize(
+    "infer, train, overlap, windows",
+    [
+        ("cuda:0", "cuda:0", False, (["cuda:0"], [])),  # from sampling to the update
+        ("cuda:0", "cuda:0", True, ([], ["cuda:0"])),  # a server samples beside training
+        ("cuda:0", "cuda:1", False, (["cuda:0"], ["cuda:1"])),
+        ("cuda:0", "cuda:1", True, (["cuda:0"], ["cuda:1"])),
+        ("cpu", "cpu", True, ([], [])),
+    ],
+)
+def test_where_a_steps_peak_memory_starts_counting(infer, train, overlap, windows):
+    from retrain.backends.local import peak_windows
+
+    got = peak_windows(torch.device(infer), torch.device(train), overlap)
+    assert got == tuple([torch.device(d) for d in ds] for ds in windows)
+
+
+class Peaks:
+    """torch.cuda's peak-memory counters, standing in on a CPU (a fake only for what a CPU
+    lacks): per device, the most allocated since its last reset."""
+
+    def __init__(self, monkeypatch):
+        self.peak: dict = {}
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", self.reset)
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d: self.peak.get(d, 0))
+
+    def reset(self, device):
+        self.peak[device] = 0
+
+    def allocate(self, device, size):
+        self.peak[device] = max(self.peak.get(device, 0), size)
+
+
+def test_with_overlap_each_steps_peak_memory_is_its_own(tiny_raw, tmp_path, monkeypatch):
+    """`gpu_peak_memory_gb` with overlap: step n's training runs while step n+1 samples,
+    whose reset of the peak counters once cut step n's training peak in two and counted
+    step n+1's sampling in it. Now each step's row holds the larger of its own sampling's
+    peak (the sampler's device, read as its training starts) and its own training's (the
+    trainer's device, counted from its training). Split mode on two CPU devices, the
+    counters stood in for two GPUs."""
+    import retrain.backends.local as local
+
+    sampler, trainer = torch.device("cuda", 0), torch.device("cuda", 1)
+    monkeypatch.setattr(local, "peak_windows", lambda *a: ([sampler], [trainer]))
+    peaks = Peaks(monkeypatch)
+    sampled = [3e9, 1e9, 5e9, 1e9]  # what each step's sampling holds at most, in bytes
+    trained = [2e9, 4e9, 2e9, 6e9]
+    calls = {"sample": 0, "train": 0}
+    sample, train_step = local.LocalBackend.sample, local.LocalBackend._train_step
+
+    def sampling(self, prompts, n, params):
+        out = sample(self, prompts, n, params)
+        peaks.allocate(sampler, sampled[calls["sample"]])
+        calls["sample"] += 1
+        return out
+
+    def training(self, datums, hyper):
+        peaks.allocate(trainer, trained[calls["train"]])
+        calls["train"] += 1
+        return train_step(self, datums, hyper)
+
+    monkeypatch.setattr(local.LocalBackend, "sample", sampling)
+    monkeypatch.setattr(local.LocalBackend, "_train_step", training)
+    raw = split_raw(tiny_raw, tmp_path, "peaks", overlap=True)
+    assert run(raw)[0] == 0
+    rows = rows_of(raw)
+    assert [r["gpu_peak_memory_gb"] for r in rows] == [3.0, 4.0, 5.0, 6.0]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_gpu_devices_without_cuda_are_refused_before_anything_loads(tiny_raw, tmp_path):
     """Without CUDA `gpu:0,gpu:1` once fell back to one CPU device (where overlap's
