@@ -500,9 +500,7 @@ class LocalBackend:
         at_sampling, at_training = self._peak_windows
         if not (at_sampling and at_training):
             return {}
-        return {
-            "gpu_peak_memory_gb": max(torch.cuda.max_memory_allocated(d) for d in at_sampling) / 1e9
-        }
+        return {"gpu_peak_memory_gb": max(_peaks_gb(at_sampling))}
 
     def _peak_memory(self, sampled: float | None) -> dict[str, float]:
         """`gpu_peak_memory_gb`: the most GPU memory torch held during the step, the
@@ -510,7 +508,7 @@ class LocalBackend:
         training device's since its training started, or (one device, one step at a time)
         since the step sampled; nothing on a CPU."""
         at_sampling, at_training = self._peak_windows
-        peaks = [torch.cuda.max_memory_allocated(d) / 1e9 for d in at_training or at_sampling]
+        peaks = _peaks_gb(at_training or at_sampling)
         if sampled is not None:
             peaks.append(sampled)
         return {"gpu_peak_memory_gb": max(peaks)} if peaks else {}
@@ -1120,6 +1118,11 @@ def peak_windows(
         return ([train] if train.type == "cuda" else []), []
     sampling = [infer] if infer.type == "cuda" and infer != train else []
     return sampling, ([train] if train.type == "cuda" else [])
+
+
+def _peaks_gb(devices: list[torch.device]) -> list[float]:
+    """The most memory torch held on each CUDA device since its peak was last reset, GB."""
+    return [torch.cuda.max_memory_allocated(d) / 1e9 for d in devices]
 
 
 def adamw_options(device: torch.device) -> dict[str, bool]:

@@ -107,13 +107,12 @@ def label(start: int | None, varlen: bool = False, kernel: bool = False) -> str:
     model on CUDA), said so."""
     if varlen:
         return VARLEN_LABEL
+    on = ON_KERNEL if kernel else ""
     if start is None:
-        return "dense mask" + (ON_KERNEL if kernel else "")
+        return "dense mask" + on
     if start == 0:
         return "FlexAttention"
-    return f"FlexAttention for rows of {start}+ positions, dense mask below" + (
-        ON_KERNEL if kernel else ""
-    )
+    return f"FlexAttention for rows of {start}+ positions, dense mask below{on}"
 
 
 def blockers(model) -> list[str]:

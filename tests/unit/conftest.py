@@ -100,10 +100,10 @@ def _addmm_takes_out_dtype_on_meta() -> bool:
 @pytest.fixture
 def meta_addmm(monkeypatch):
     """`torch.addmm(..., out_dtype=)` (and its `out=` form) on the meta device, for tests
-    that trace CUDA's branch there. Torch 2.11 (the GPU image's) has no meta kernel for that overload, and
-    the decomposition it falls back to takes out_dtype for beta (pytorch#179634; CUDA's
-    kernel is right). There it becomes the product, then the add: the same result's
-    shape and dtype."""
+    that trace CUDA's branch there. Torch 2.11 (the GPU image's) has no meta kernel for
+    that overload, and the decomposition it falls back to takes out_dtype for beta
+    (pytorch#179634; CUDA's kernel is right). There it becomes the product, then the add:
+    the same result's shape and dtype."""
     import torch
 
     if _addmm_takes_out_dtype_on_meta():
