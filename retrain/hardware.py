@@ -134,7 +134,7 @@ def _asked_about(
 ) -> str | None:
     """nvidia-smi's answer for `field` of torch's `cuda:index` (`run` asks it, else asked
     once a process); None where the GPU is hidden or nvidia-smi does not answer."""
-    gpu = visible_gpu(index, (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES"))
+    gpu = torch_gpu_id(index, run, env)
     if gpu is None:
         return None
     query = (f"--query-gpu={field}", "--format=csv,noheader", "-i", gpu)
@@ -212,14 +212,50 @@ def _run_nvidia_smi(args: list[str]) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def visible_gpu(index: int, visible: str | None) -> str | None:
+def visible_gpu(index: int, visible: str | None, numbered_alike: bool = True) -> str | None:
     """The nvidia-smi id of torch's `cuda:index`: torch numbers the GPUs that
     CUDA_VISIBLE_DEVICES lists (indices or UUIDs), nvidia-smi all of them. None when the
-    variable hides it."""
+    variable hides it, or gives an index that CUDA and nvidia-smi may read as different
+    GPUs (not `numbered_alike`: `gpu_order_unknown`); a UUID names one GPU either way."""
     if visible is None:
-        return str(index)
-    ids = [part.strip() for part in visible.split(",") if part.strip()]
-    return ids[index] if 0 <= index < len(ids) else None
+        gpu = str(index) if index >= 0 else None
+    else:
+        ids = [part.strip() for part in visible.split(",") if part.strip()]
+        gpu = ids[index] if 0 <= index < len(ids) else None
+    if gpu is None or not (numbered_alike or not gpu.isdigit()):
+        return None
+    return gpu
+
+
+def gpu_order_unknown(
+    run: Callable[[list[str]], str | None] | None = None, env: Mapping[str, str] | None = None
+) -> str | None:
+    """Why a CUDA index may not be nvidia-smi's index of the same GPU, or None when it is.
+    nvidia-smi numbers the GPUs by PCI bus; CUDA (so torch, and CUDA_VISIBLE_DEVICES'
+    indices) fastest first unless CUDA_DEVICE_ORDER = PCI_BUS_ID, and ties go by bus: the
+    numbers differ only among GPUs of different models. `run` asks nvidia-smi (else
+    asked once a process)."""
+    env = os.environ if env is None else env
+    if env.get("CUDA_DEVICE_ORDER", "").strip().upper() == "PCI_BUS_ID":
+        return None
+    query = ("--query-gpu=name", "--format=csv,noheader")
+    out = run(list(query)) if run is not None else _asked_once(query)
+    models = sorted({line.strip() for line in (out or "").splitlines() if line.strip()})
+    if len(models) < 2:
+        return None
+    return (
+        f"GPUs of different models ({', '.join(models)}) without CUDA_DEVICE_ORDER = "
+        "PCI_BUS_ID: torch numbers them fastest first, nvidia-smi by PCI bus, so which "
+        "is gpu:N cannot be read without torch"
+    )
+
+
+def torch_gpu_id(
+    index: int, run: Callable[[list[str]], str | None] | None, env: Mapping[str, str] | None
+) -> str | None:
+    """The nvidia-smi id of torch's `cuda:index` (`visible_gpu`), or None where unknown."""
+    visible = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    return visible_gpu(index, visible, gpu_order_unknown(run, env) is None)
 
 
 def parse_meminfo(text: str) -> tuple[int, int] | None:
@@ -274,7 +310,7 @@ def device_memory(
     from nvidia-smi (`run` runs it), the CPU from /proc/meminfo's MemAvailable and
     MemTotal (`meminfo` reads it), MPS none (its memory is the system's, torch's to report)."""
     if device_kind == "cuda":
-        gpu = visible_gpu(index, (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES"))
+        gpu = torch_gpu_id(index, None if run is _run_nvidia_smi else run, env)
         if gpu is None:
             return None
         query = ["--query-gpu=memory.free,memory.total", "--format=csv,noheader,nounits"]
@@ -292,8 +328,27 @@ def device_memory(
 def cuda_free_bytes(device) -> int:
     """Bytes a new tensor can take on a CUDA device: the driver's free memory plus what
     torch's caching allocator holds unused (freed activations, kept for reuse), which the
-    driver counts as taken."""
+    driver counts as taken; less what its private pools hold unused (`private_idle_bytes`:
+    a captured CUDA graph's, free to its own replays and captures only)."""
     import torch
 
     free, _ = torch.cuda.mem_get_info(device)
-    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if not torch.cuda.is_initialized():  # no allocator yet, so no private pool
+        return free + cached
+    index = torch.cuda._utils._get_device_index(device, optional=True)
+    segments = torch.cuda.memory_snapshot(include_traces=False)
+    return free + cached - private_idle_bytes(segments, index)
+
+
+def private_idle_bytes(segments: list[dict], index: int) -> int:
+    """Bytes that the caching allocator's private pools (a CUDA graph's: the static
+    decoder keeps its graphs between steps; a `torch.cuda.MemPool`'s) hold unused on
+    device `index`, from `torch.cuda.memory_snapshot()`'s segments. torch's reserved and
+    allocated counts span every pool, but only the default pool's unused memory goes to a
+    new tensor."""
+    return sum(
+        s["total_size"] - s["allocated_size"]
+        for s in segments
+        if s["device"] == index and any(s["segment_pool_id"])
+    )

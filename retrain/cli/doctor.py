@@ -340,14 +340,19 @@ def check_memory(config: Any) -> list[Check]:
     for each CUDA device, /proc/meminfo for the CPU), and, for a local run, its estimated
     peak beside its training device's free memory (`retrain explain`'s estimate). An
     estimate over the free memory is already a `run checks` FAIL; near it, a WARN here."""
-    from retrain.hardware import cuda_device_count, device_memory, gpu_name
+    from retrain.hardware import cuda_device_count, device_memory, gpu_name, gpu_order_unknown
 
     gpus = range(cuda_device_count())
     devices = [(f"gpu:{i}", device_memory("cuda", i), gpu_name(i)) for i in gpus]
     devices.append(("cpu", device_memory("cpu"), None))
+    unordered = gpu_order_unknown() if gpus else None
     estimate = _local_estimate(config)
     out = []
     for name, found, model in devices:
+        if found is None and name != "cpu" and unordered:
+            fix = "export CUDA_DEVICE_ORDER=PCI_BUS_ID (torch then numbers them as nvidia-smi does)"
+            out.append(Check(f"memory {name}", WARN, f"cannot read its memory: {unordered}", fix))
+            continue
         if found is None:
             source = "/proc/meminfo" if name == "cpu" else "nvidia-smi"
             out.append(Check(f"memory {name}", WARN, f"cannot read its memory ({source})"))

@@ -73,7 +73,7 @@ def _gpu_scale(index: int) -> tuple[float, float, str]:
     and peak bf16 rate, and the clause that says so; 1 and 1 where the GPU is that H100,
     or unknown (then the clause says that)."""
     name = gpu_name(index)
-    if name is None:  # no nvidia-smi here: the config names a GPU of another machine
+    if name is None:  # no nvidia-smi here (a GPU of another machine), or its number unknown
         return 1.0, 1.0, ""
     peaks, measured = gpu_peaks(name), gpu_peaks(MEASURED_GPU)
     if peaks is None:

@@ -33,7 +33,12 @@ from retrain.hardware import f32_out_matmul, matmul_dtype
 
 
 def use_bf16(option: str, device: torch.device) -> bool:
-    """Whether `[backend.options] dtype` means bf16 matmuls on `device`."""
+    """Whether `[backend.options] dtype` means bf16 matmuls on `device`. "auto" on CUDA
+    asks torch for the GPU's compute capability (8.0 on: native bf16): torch names the GPU
+    as the run numbers it, where nvidia-smi (explain's source) may read another one
+    (retrain/hardware.py `gpu_order_unknown`)."""
+    if option == "auto" and device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (8, 0)
     return matmul_dtype(option, device.type, device.index or 0) == "bf16"
 
 

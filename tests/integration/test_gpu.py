@@ -15,6 +15,8 @@
   and its compiled captured step, to the bit of the same step run uncaptured, before and
   after an adapter update;
 - after a capture spoilt by a host sync, `empty_cache` still gives cached memory back;
+- a captured graph's pool holds memory no new tensor takes, and the free memory the row
+  and micro-batch budgets read leaves it out;
 - a checkpoint saved on the GPU resumes there (adapter, optimizer, RNG states);
 - after a step of CUDA's fused AdamW the sampler's and the trainer's bf16 copies of the
   adapter are the adapter just trained;
@@ -138,6 +140,36 @@ def test_after_a_spoilt_capture_the_cache_is_given_back():
     held = torch.cuda.memory_reserved(device)
     torch.cuda.empty_cache()
     assert torch.cuda.memory_reserved(device) <= held - (1 << 28)
+
+
+def test_a_captured_graphs_unused_pool_memory_is_not_counted_free():
+    """A product freed inside a capture leaves its block unused in the graph's pool (kept
+    for the replays), where a new tensor cannot go: `cuda_free_bytes` leaves it out, as
+    the decoder's kept graphs are beside the trainer's micro-batches."""
+    from retrain.hardware import cuda_free_bytes, private_idle_bytes
+
+    device = torch.device("cuda", 0)
+    x = torch.ones(1 << 26, device=device)  # 256 MiB
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.graph(graph, stream=side):
+        y = x * 2 + 1  # x * 2 is freed inside the capture
+    torch.cuda.synchronize(device)
+    idle = private_idle_bytes(torch.cuda.memory_snapshot(include_traces=False), 0)
+    assert idle >= x.nbytes
+    z = torch.empty_like(x)  # not into the graph's unused block: the default pool's
+    (home,) = [
+        s["segment_pool_id"]
+        for s in torch.cuda.memory_snapshot(include_traces=False)
+        if s["device"] == 0 and s["address"] <= z.data_ptr() < s["address"] + s["total_size"]
+    ]
+    assert tuple(home) == (0, 0)
+    del z
+    free, _ = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    assert cuda_free_bytes(device) <= free + cached - x.nbytes
+    graph.replay()
+    assert y[0].item() == 3.0
 
 
 def test_a_checkpoint_saved_on_the_gpu_resumes_there(tiny_raw, tmp_path):

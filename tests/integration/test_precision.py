@@ -126,8 +126,15 @@ def test_bf16_update_moves_the_policy_the_right_way(tiny_raw, tiny_model_dir):
 def test_auto_picks_bf16_only_where_matmuls_are_native(monkeypatch):
     import retrain.hardware as hardware
 
-    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 1)
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: False)
+    # on CUDA torch's capability of the GPU itself, not nvidia-smi's (which may number
+    # GPUs of different models otherwise: hardware.gpu_order_unknown)
+    asked = []
+    monkeypatch.setattr(hardware, "compute_capability", lambda *a, **kw: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: asked.append(d) or (7, 5))
+    assert not use_bf16("auto", gpu) and asked == [gpu] and use_bf16("bf16", gpu)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: (8, 0))
     assert not use_bf16("auto", cpu) and use_bf16("auto", gpu) and use_bf16("bf16", cpu)
     assert not use_bf16("auto", torch.device("mps"))
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: True)

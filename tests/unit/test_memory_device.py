@@ -38,15 +38,19 @@ Buffers:           47372 kB
 
 
 class NvidiaSmi:
-    """Recorded nvidia-smi answers for GPUs of (free MiB, total MiB); records each call."""
+    """Recorded nvidia-smi answers for GPUs of (free MiB, total MiB), by PCI bus, of the
+    models `names` (H100s by default); records each call."""
 
-    def __init__(self, *gpus: tuple[int, int]):
+    def __init__(self, *gpus: tuple[int, int], names: tuple[str, ...] = ()):
         self.gpus, self.calls = gpus, []
+        self.names = names or ("NVIDIA H100 80GB HBM3",) * len(gpus)
 
     def __call__(self, args: list[str]) -> str | None:
         self.calls.append(args)
         if args[0] == "--query-gpu=index":
             return "".join(f"{i}\n" for i in range(len(self.gpus)))
+        if args[0] == "--query-gpu=name" and "-i" not in args:
+            return "".join(f"{name}\n" for name in self.names)
         i = int(args[args.index("-i") + 1])
         if i >= len(self.gpus):
             return None  # nvidia-smi exits non-zero for a GPU that is not there
@@ -72,7 +76,7 @@ def test_gpu_memory_from_nvidia_smi():
     smi = NvidiaSmi((81037, 81559), (1000, 16384))
     assert device_memory("cuda", 0, run=smi, env={}) == (81037 * MIB, 81559 * MIB)
     assert device_memory("cuda", 1, run=smi, env={}) == (1000 * MIB, 16384 * MIB)
-    assert smi.calls[0] == [
+    assert smi.calls[1] == [  # after the models: retrain/hardware.py `gpu_order_unknown`
         "--query-gpu=memory.free,memory.total",
         "--format=csv,noheader,nounits",
         "-i",
@@ -97,6 +101,36 @@ def test_cuda_visible_devices_maps_torch_indices_to_nvidia_smi_ids():
         81559 * MIB,
     )
     assert cuda_device_count(run=smi, env={"CUDA_VISIBLE_DEVICES": "3"}) == 1
+
+
+def test_gpus_of_different_models_are_numbered_alike_only_in_pci_order():
+    """nvidia-smi numbers the GPUs by PCI bus, CUDA fastest first: on a box with an RTX
+    3060 on the first bus and a 4090 on the second, torch's cuda:0 is the 4090. Without
+    CUDA_DEVICE_ORDER = PCI_BUS_ID, gpu:0's memory is unknown (not the 3060's), and so is
+    an index in CUDA_VISIBLE_DEVICES (CUDA's numbering too); with it the numbers agree. A
+    UUID names its GPU either way, and GPUs of one model are numbered alike (ties go by
+    bus)."""
+    from retrain.hardware import gpu_order_unknown
+
+    models = ("NVIDIA GeForce RTX 3060", "NVIDIA GeForce RTX 4090")
+    smi = NvidiaSmi((11000, 12288), (23000, 24564), names=models)
+    why = gpu_order_unknown(run=smi, env={})
+    assert why.startswith("GPUs of different models (NVIDIA GeForce RTX 3060, NVIDIA GeForce")
+    assert device_memory("cuda", 0, run=smi, env={}) is None
+    assert device_memory("cuda", 0, run=smi, env={"CUDA_VISIBLE_DEVICES": "1"}) is None
+    assert compute_capability(0, run=smi, env={}) is None
+    assert not [call for call in smi.calls if "-i" in call]  # never asked of a guessed GPU
+    pci = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert gpu_order_unknown(run=smi, env=pci) is None
+    assert device_memory("cuda", 0, run=smi, env=pci) == (11000 * MIB, 12288 * MIB)
+    assert device_memory("cuda", 0, run=smi, env={**pci, "CUDA_VISIBLE_DEVICES": "1"}) == (
+        23000 * MIB,
+        24564 * MIB,
+    )
+    assert visible_gpu(0, "GPU-8f3a", numbered_alike=False) == "GPU-8f3a"
+    alike = NvidiaSmi((11000, 12288), (11000, 12288))
+    assert gpu_order_unknown(run=alike, env={}) is None
+    assert device_memory("cuda", 1, run=alike, env={}) == (11000 * MIB, 12288 * MIB)
 
 
 def test_a_pre_ampere_gpu_runs_fp32_by_default(monkeypatch):
@@ -163,6 +197,34 @@ def test_the_real_nvidia_smi_runner_says_none_when_it_is_absent(monkeypatch, tmp
     assert device_memory("cuda", 0) is None and cuda_device_count() == 0
 
 
+def test_a_graphs_private_pool_is_not_free_memory(monkeypatch):
+    """cuda_free_bytes counts the caching allocator's unused memory as free, but not the
+    unused part of a private pool (a captured graph's, a MemPool's): only the default
+    pool's goes to a new tensor. torch.cuda's readings stand in, as a snapshot would
+    give them."""
+    import torch
+
+    from retrain.hardware import cuda_free_bytes, private_idle_bytes
+
+    segments = [  # torch.cuda.memory_snapshot()'s segments, the keys read
+        {"device": 0, "segment_pool_id": (0, 0), "total_size": 20 * MIB, "allocated_size": 4 * MIB},
+        {"device": 0, "segment_pool_id": (0, 1), "total_size": 8 * MIB, "allocated_size": 2 * MIB},
+        {"device": 0, "segment_pool_id": (1, 0), "total_size": 2 * MIB, "allocated_size": 0},
+        {"device": 1, "segment_pool_id": (0, 2), "total_size": 64 * MIB, "allocated_size": 0},
+    ]
+    assert private_idle_bytes(segments, 0) == 8 * MIB  # 6 of the graph's, 2 of the MemPool's
+    assert private_idle_bytes(segments, 1) == 64 * MIB
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (100 * MIB, 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 30 * MIB)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 6 * MIB)
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda include_traces: segments)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    # the driver's 100 MiB, the default pool's 16 unused; not the private pools' 8
+    assert cuda_free_bytes(torch.device("cuda", 0)) == (100 + 16) * MIB
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # no pool yet
+    assert cuda_free_bytes(torch.device("cuda", 0)) == (100 + 24) * MIB
+
+
 # ----------------------------------------------------------------------------- the option
 
 
@@ -218,6 +280,7 @@ def simulate(
     gpus = len([k for k in devices if k.startswith("cuda")])
     monkeypatch.setattr("retrain.hardware.cuda_device_count", lambda **kw: gpus)
     monkeypatch.setattr("retrain.hardware.compute_capability", lambda index=0, **kw: cap)
+    monkeypatch.setattr("retrain.hardware.gpu_order_unknown", lambda *args, **kw: None)
 
 
 def qwen_config(tmp_path: Path, *options: str) -> Path:
@@ -533,6 +596,16 @@ def test_doctor_reports_each_devices_memory(tmp_path, monkeypatch, no_caches):
     details = [c.detail for c in doctor.check_memory(None)]
     assert details == ["79.1 of 79.6 GiB free (NVIDIA H100 PCIe)", *details[1:]]
     assert details[1] == "10.0 of 16.0 GiB free"
+
+
+def test_doctor_says_why_mixed_gpus_memory_is_unknown_and_the_fix(monkeypatch, no_caches):
+    simulate(monkeypatch, cuda0=None, cuda1=None, cpu=(19.0, 23.5))
+    why = "GPUs of different models (A, B) without CUDA_DEVICE_ORDER = PCI_BUS_ID: ..."
+    monkeypatch.setattr("retrain.hardware.gpu_order_unknown", lambda *args, **kw: why)
+    first = doctor.check_memory(None)[0]
+    assert (first.name, first.status) == ("memory gpu:0", "WARN")
+    assert first.detail == f"cannot read its memory: {why}"
+    assert first.fix.startswith("export CUDA_DEVICE_ORDER=PCI_BUS_ID")
 
 
 def test_doctor_warns_about_a_run_near_or_over_the_device(tmp_path, monkeypatch, no_caches):
