@@ -101,6 +101,7 @@ class Occupied:
     found: tuple[str, ...]  # what is there, e.g. "metrics.jsonl: 3 rows"
     resumable: bool = False  # it holds the trainer_state.json that --resume reads
     finished: bool = False  # ... of a run that finished its max_steps
+    writer: Path | None = None  # adapters: the log dir of the run whose checkpoints they are
 
 
 def _rows(path: Path) -> int:
@@ -145,7 +146,7 @@ def occupied_dirs(config) -> list[Occupied]:
         return []
     resume = config.resume.from_
     out = []
-    log_dir = Path(config.logging.log_dir)
+    log_dir, state = Path(config.logging.log_dir), None
     if not (resume and _same_dir(log_dir, resume)):
         found, state = log_dir_holds(log_dir)
         if found:
@@ -157,8 +158,19 @@ def occupied_dirs(config) -> list[Occupied]:
         adapters = Path(config.backend.adapter_path)
         found = _adapter_dir_holds(adapters)
         if found:
-            out.append(Occupied(*ADAPTER_PATH, adapters, tuple(found)))
+            writer = log_dir if _checkpoint_within(state, adapters) else None
+            out.append(Occupied(*ADAPTER_PATH, adapters, tuple(found), writer=writer))
     return out
+
+
+def _checkpoint_within(state: dict | None, adapters: Path) -> bool:
+    """Whether a run's trainer state names a checkpoint inside `adapters` (then --resume
+    of that run continues into them)."""
+    checkpoint = (state or {}).get("checkpoint")
+    saved = checkpoint.get("adapter") if isinstance(checkpoint, dict) else None
+    if not isinstance(saved, str) or not saved:
+        return False
+    return Path(saved).expanduser().resolve().is_relative_to(adapters.expanduser().resolve())
 
 
 def _problem(occ: Occupied, launch: Launch) -> str:
@@ -168,6 +180,10 @@ def _problem(occ: Occupied, launch: Launch) -> str:
     if occ.resumable:
         finished = " (it finished: add --max-steps N to train on)" if occ.finished else ""
         choices.append(f"continue that run: {launch.line('--resume', str(occ.path))}{finished}")
+    elif occ.writer is not None:  # the run in this config's log_dir
+        choices.append(
+            f"continue the run that wrote them: {launch.line('--resume', str(occ.writer))}"
+        )
     elif occ.key == "adapter_path":
         choices.append("resume the run that wrote them (--resume ITS_LOG_DIR)")
     choices.append(f"set a new {label}")

@@ -92,6 +92,26 @@ def test_the_refusal_names_every_key_where_it_was_set_and_the_fixes(tmp_path):
     assert "--seed 3 --overwrite (moves" in adapter_line and "nothing is deleted" in adapter_line
 
 
+def test_checkpoints_of_the_run_in_the_log_dir_name_its_resume(tmp_path):
+    """The log dir's trainer state names a checkpoint inside adapter_path: that run wrote
+    them, and its resume command is the fix; a state naming another directory, or none,
+    leaves the writer unknown."""
+    a_finished_run(tmp_path)
+    state = tmp_path / "logs" / "trainer_state.json"
+    saved = {"adapter": str(tmp_path / "adapters" / "final"), "state": "x"}
+    state.write_text(json.dumps({"step": 2, "finished": True, "checkpoint": saved}))
+    launch = launch_for(None, ["--seed", "3"])
+    with pytest.raises(ConfigError) as caught:
+        claim(config(tmp_path), launch, say=print)
+    adapter_line = caught.value.problems[1]
+    want = f"continue the run that wrote them: retrain --seed 3 --resume {tmp_path / 'logs'}"
+    assert want in adapter_line and "ITS_LOG_DIR" not in adapter_line
+    for elsewhere in ({"adapter": str(tmp_path / "other" / "final")}, None, "final"):
+        state.write_text(json.dumps({"step": 2, "checkpoint": elsewhere}))
+        (occupied,) = [o for o in occupied_dirs(config(tmp_path)) if o.key == "adapter_path"]
+        assert occupied.writer is None, elsewhere
+
+
 def test_launch_for_drops_resume_flags_from_the_command(tmp_path):
     flags = ["--resume", "logs/a", "--lr", "1e-4", "--resume-from=logs/b"]
     assert launch_for("my run.toml", flags).line("--resume", "x") == (
