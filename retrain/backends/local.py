@@ -37,6 +37,7 @@ import torch
 from torch.autograd.graph import increment_version
 
 from retrain import distributed
+from retrain.backends.peak_memory import PeakMemory
 from retrain.engines.base import Engine, ServerEngine, UnboundEngine
 from retrain.errors import (
     BackendError,
@@ -205,9 +206,7 @@ class LocalBackend:
         self.train_device = devices[-1]
         self.infer_device = devices[0]
         self.split_mode = len(devices) > 1
-        self._peak_windows = peak_windows(
-            self.infer_device, self.train_device, self.options.overlap
-        )
+        self.peaks = PeakMemory(self.infer_device, self.train_device, self.options.overlap)
         self.bf16 = use_bf16(self.options.dtype, self.train_device)
         in_process = engine.traits.in_process  # only an unbound in-process engine has a dtype
         here = sampler_on_device(
@@ -483,35 +482,11 @@ class LocalBackend:
         self, prompts_B: list[list[int]], n: int, params: SamplingParams
     ) -> list[list[Sample]]:
         with self._lock:
-            self._reset_peaks(self._peak_windows[0])  # the devices counted from sampling
+            self.peaks.sampling_starts()
             if not self._full:  # the first sampling call since the last training step
                 distributed.full_weights(self.world, self.model)
                 self._full = True
             return self.engine.sample(prompts_B, n, params)
-
-    def _reset_peaks(self, devices: list[torch.device]) -> None:
-        for device in devices:
-            torch.cuda.reset_peak_memory_stats(device)
-
-    def _sampling_peak(self) -> dict[str, float]:
-        """The sampler's device's peak since the step sampled, where its training is
-        counted apart (`peak_windows`): read as the training starts, since with `overlap`
-        the next step's sampling resets it meanwhile."""
-        at_sampling, at_training = self._peak_windows
-        if not (at_sampling and at_training):
-            return {}
-        return {"gpu_peak_memory_gb": max(_peaks_gb(at_sampling))}
-
-    def _peak_memory(self, sampled: float | None) -> dict[str, float]:
-        """`gpu_peak_memory_gb`: the most GPU memory torch held during the step, the
-        largest over its devices (`peak_windows`): `sampled` (`_sampling_peak`), and the
-        training device's since its training started, or (one device, one step at a time)
-        since the step sampled; nothing on a CPU."""
-        at_sampling, at_training = self._peak_windows
-        peaks = _peaks_gb(at_training or at_sampling)
-        if sampled is not None:
-            peaks.append(sampled)
-        return {"gpu_peak_memory_gb": max(peaks)} if peaks else {}
 
     # ------------------------------------------------------------ training
 
@@ -582,7 +557,7 @@ class LocalBackend:
         sampled; with CUDA graphs, whether the step ran captured)."""
         out = self.threads.metrics()
         out.update(self.engine.metrics())
-        out.update(self._sampling_peak())
+        out.update(self.peaks.sampled())
         return out
 
     def _publish(
@@ -596,7 +571,7 @@ class LocalBackend:
             if self.server is not None:
                 self._push_adapter()
         result.extra.update(seen)
-        result.extra.update(self._peak_memory(seen.get("gpu_peak_memory_gb")))
+        result.extra.update(self.peaks.step(seen.get("gpu_peak_memory_gb")))
         if self.server is not None:  # the reload just made; the sampled version stays
             now = self.server.metrics()
             now.pop("engine_adapter_version", None)
@@ -615,7 +590,7 @@ class LocalBackend:
         not see it until _publish."""
         if not datums:
             return TrainResult(loss=0.0, num_tokens=0)
-        self._reset_peaks(self._peak_windows[1])  # the devices counted from training
+        self.peaks.training_starts()
         if self.world.shard and self._full:  # training holds the shards only
             distributed.sharded_weights(self.model)
             self._full = False
@@ -1103,26 +1078,6 @@ class LocalBackend:
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
-
-
-def peak_windows(
-    infer: torch.device, train: torch.device, overlap: bool
-) -> tuple[list[torch.device], list[torch.device]]:
-    """Where a step's `gpu_peak_memory_gb` starts counting on each CUDA device: (devices
-    counted from the step's sampling, devices counted from its training). One device, one
-    step at a time: from its sampling to its update. A training device of its own (split
-    mode) or training beside the next step's sampling (`overlap`, where the next sampling
-    comes in the middle of it): from its training; the sampler's own device from its
-    sampling."""
-    if infer == train and not overlap:
-        return ([train] if train.type == "cuda" else []), []
-    sampling = [infer] if infer.type == "cuda" and infer != train else []
-    return sampling, ([train] if train.type == "cuda" else [])
-
-
-def _peaks_gb(devices: list[torch.device]) -> list[float]:
-    """The most memory torch held on each CUDA device since its peak was last reset, GB."""
-    return [torch.cuda.max_memory_allocated(d) / 1e9 for d in devices]
 
 
 def adamw_options(device: torch.device) -> dict[str, bool]:

@@ -163,7 +163,7 @@ def test_an_evaluation_with_overlap_sees_the_weights_of_the_steps_before_it(
     ],
 )
 def test_where_a_steps_peak_memory_starts_counting(infer, train, overlap, windows):
-    from retrain.backends.local import peak_windows
+    from retrain.backends.peak_memory import peak_windows
 
     got = peak_windows(torch.device(infer), torch.device(train), overlap)
     assert got == tuple([torch.device(d) for d in ds] for ds in windows)
@@ -193,9 +193,10 @@ def test_with_overlap_each_steps_peak_memory_is_its_own(tiny_raw, tmp_path, monk
     trainer's device, counted from its training). Split mode on two CPU devices, the
     counters stood in for two GPUs."""
     import retrain.backends.local as local
+    import retrain.backends.peak_memory as peak_memory
 
     sampler, trainer = torch.device("cuda", 0), torch.device("cuda", 1)
-    monkeypatch.setattr(local, "peak_windows", lambda *a: ([sampler], [trainer]))
+    monkeypatch.setattr(peak_memory, "peak_windows", lambda *a: ([sampler], [trainer]))
     peaks = Peaks(monkeypatch)
     sampled = [3e9, 1e9, 5e9, 1e9]  # what each step's sampling holds at most, in bytes
     trained = [2e9, 4e9, 2e9, 6e9]
