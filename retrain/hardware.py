@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 MATMUL_DTYPES = ("auto", "fp32", "bf16")
@@ -325,28 +325,32 @@ def device_memory(
     return None
 
 
-def cuda_free_bytes(device) -> int:
+def cuda_free_bytes(device, pools: Sequence = ()) -> int:
     """Bytes a new tensor can take on a CUDA device: the driver's free memory plus what
     torch's caching allocator holds unused (freed activations, kept for reuse), which the
-    driver counts as taken; less what its private pools hold unused (`private_idle_bytes`:
-    a captured CUDA graph's, free to its own replays and captures only)."""
+    driver counts as taken; less what the private pools `pools` hold unused
+    (`private_idle_bytes`: the static decoder's captured graphs', free to their own
+    replays and captures only). A snapshot of each pool alone: a few segments, where one
+    of the whole allocator would build a dict per block of every pool."""
     import torch
 
     free, _ = torch.cuda.mem_get_info(device)
     cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    if not torch.cuda.is_initialized():  # no allocator yet, so no private pool
+    if not pools:
         return free + cached
     index = torch.cuda._utils._get_device_index(device, optional=True)
-    segments = torch.cuda.memory_snapshot(include_traces=False)
-    return free + cached - private_idle_bytes(segments, index)
+    idle = sum(
+        private_idle_bytes(torch.cuda.memory_snapshot(pool, include_traces=False), index)
+        for pool in pools
+    )
+    return free + cached - idle
 
 
 def private_idle_bytes(segments: list[dict], index: int) -> int:
-    """Bytes that the caching allocator's private pools (a CUDA graph's: the static
-    decoder keeps its graphs between steps; a `torch.cuda.MemPool`'s) hold unused on
-    device `index`, from `torch.cuda.memory_snapshot()`'s segments. torch's reserved and
-    allocated counts span every pool, but only the default pool's unused memory goes to a
-    new tensor."""
+    """Bytes that private pools (a CUDA graph's: the static decoder keeps its graphs
+    between steps) hold unused on device `index`, from `torch.cuda.memory_snapshot()`'s
+    segments. torch's reserved and allocated counts span every pool, but only the default
+    pool's unused memory goes to a new tensor."""
     return sum(
         s["total_size"] - s["allocated_size"]
         for s in segments

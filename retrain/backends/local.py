@@ -841,7 +841,8 @@ class LocalBackend:
             batches = self._micro_batches(datums)  # the largest first
             largest = _packed_area(batches[0][1]) if batches else 0
             peak = training_memory(self._shape, self.sizing, largest)
-            if peak.training * peak.slack <= HEADROOM * cuda_free_bytes(self.train_device):
+            free = cuda_free_bytes(self.train_device, self.engine.graph_pools())
+            if peak.training * peak.slack <= HEADROOM * free:
                 return False
         return self.engine.release() > 0
 

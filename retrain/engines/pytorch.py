@@ -229,6 +229,11 @@ class PyTorchEngine:
     def close(self) -> None:
         pass  # nothing of its own: the model is the backend's
 
+    def graph_pools(self) -> list:
+        """The private memory pools of the static decoder's captured graphs
+        (`hardware.cuda_free_bytes` leaves their unused memory out)."""
+        return [] if self.static is None else self.static.pools()
+
     def kept_bytes(self) -> int:
         """Device bytes the static decoder keeps between calls for its CUDA graphs."""
         return 0 if self.static is None else self.static.kept_bytes()
@@ -349,7 +354,7 @@ class PyTorchEngine:
             # the last training step's activations, which the caching allocator holds
             # unused, included; and the static decoder's kept caches, which it gives back
             # when a new shape's cache does not fit beside them
-            free_bytes=cuda_free_bytes(self.device) + self.kept_bytes(),
+            free_bytes=cuda_free_bytes(self.device, self.graph_pools()) + self.kept_bytes(),
             kv_bytes_per_token=cache_bytes_per_token(model, self._shape),
             logit_bytes_per_row=self._shape.logit_bytes_per_row(),
             # with graphs the length is rounded up and the rows padded to a bucket

@@ -55,7 +55,6 @@ logprobs agree to rounding (tests/unit/test_static_decode.py).
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 from collections.abc import Callable
@@ -276,7 +275,8 @@ class StaticDecoder:
         free_bytes: Callable[[], int] | None = None,
     ):
         """`free_bytes`: the bytes a new cache can take on the device (default on CUDA:
-        the driver's free memory and the allocator's unused; elsewhere unknown)."""
+        the driver's free memory and the allocator's unused, less the unused part of the
+        graphs' pool, `hardware.cuda_free_bytes`; elsewhere unknown)."""
         if graphs and device.type != "cuda":
             raise BackendError(f"CUDA graphs need a CUDA device; the sampler runs on {device}")
         _check_static_cache()
@@ -300,9 +300,7 @@ class StaticDecoder:
         self._compile_said = False
         self.windows = windows  # the model's sliding windows (retrain/kernels/windows.py)
         if free_bytes is None and device.type == "cuda":
-            from retrain.hardware import cuda_free_bytes
-
-            free_bytes = functools.partial(cuda_free_bytes, device)
+            free_bytes = self._cuda_free_bytes
         self.free_bytes = free_bytes
 
     # ------------------------------------------------------------ one batch
@@ -361,6 +359,15 @@ class StaticDecoder:
                     del self._captured[graph_key]
             self._shapes[key] = buffers
         return buffers
+
+    def _cuda_free_bytes(self) -> int:
+        from retrain.hardware import cuda_free_bytes
+
+        return cuda_free_bytes(self.device, self.pools())
+
+    def pools(self) -> list:
+        """The private memory pool of the captured graphs, while there are any."""
+        return [] if self._pool is None else [self._pool]
 
     def kept_bytes(self) -> int:
         """Bytes of the keys and values the kept caches hold (allocated at their first

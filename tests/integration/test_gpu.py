@@ -151,11 +151,12 @@ def test_a_captured_graphs_unused_pool_memory_is_not_counted_free():
     device = torch.device("cuda", 0)
     x = torch.ones(1 << 26, device=device)  # 256 MiB
     graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    pool = torch.cuda.graph_pool_handle()
     side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.graph(graph, stream=side):
+    with torch.cuda.graph(graph, pool=pool, stream=side):
         y = x * 2 + 1  # x * 2 is freed inside the capture
     torch.cuda.synchronize(device)
-    idle = private_idle_bytes(torch.cuda.memory_snapshot(include_traces=False), 0)
+    idle = private_idle_bytes(torch.cuda.memory_snapshot(pool, include_traces=False), 0)
     assert idle >= x.nbytes
     z = torch.empty_like(x)  # not into the graph's unused block: the default pool's
     (home,) = [
@@ -167,7 +168,7 @@ def test_a_captured_graphs_unused_pool_memory_is_not_counted_free():
     del z
     free, _ = torch.cuda.mem_get_info(device)
     cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    assert cuda_free_bytes(device) <= free + cached - x.nbytes
+    assert cuda_free_bytes(device, [pool]) <= free + cached - x.nbytes
     graph.replay()
     assert y[0].item() == 3.0
 

@@ -262,7 +262,13 @@ def kept_sampler(tiny_raw, tiny_model_dir, monkeypatch, free: float) -> LocalBac
     b = make_backend(raw, tiny_model_dir)
     b.engine.static.keep = True  # as decode = "graphs" keeps them on CUDA
     monkeypatch.setattr(b, "_decoder_beside_training", lambda: True)
-    monkeypatch.setattr(local, "cuda_free_bytes", lambda device: free)
+    b.engine.static._pool = (0, 5)  # as its captured graphs' pool would be
+
+    def free_beside(device, pools):
+        assert pools == [(0, 5)]  # whose unused memory is not free (hardware.py)
+        return free
+
+    monkeypatch.setattr(local, "cuda_free_bytes", free_beside)
     b._shape = shape_from_config(b.model.config.to_dict())
     return b
 
@@ -310,11 +316,11 @@ def test_kept_caches_stay_when_the_steps_micro_batch_fits_though_the_budget_woul
         return peak.training * peak.slack / HEADROOM
 
     assert need(60_000) > 2 * need(largest)
-    monkeypatch.setattr(local, "cuda_free_bytes", lambda device: 1.5 * need(largest))
+    monkeypatch.setattr(local, "cuda_free_bytes", lambda device, pools: 1.5 * need(largest))
     kept = b.engine.kept_bytes()
     result = b.train_step(datums, HYPER)
     assert result.extra["sampler_cache_released"] == 0 and b.engine.kept_bytes() == kept
-    monkeypatch.setattr(local, "cuda_free_bytes", lambda device: 0.5 * need(largest))
+    monkeypatch.setattr(local, "cuda_free_bytes", lambda device, pools: 0.5 * need(largest))
     result = b.train_step(datums, HYPER)  # and when it does not fit, they give way
     assert result.extra["sampler_cache_released"] == 1 and b.engine.kept_bytes() == 0
 

@@ -199,9 +199,9 @@ def test_the_real_nvidia_smi_runner_says_none_when_it_is_absent(monkeypatch, tmp
 
 def test_a_graphs_private_pool_is_not_free_memory(monkeypatch):
     """cuda_free_bytes counts the caching allocator's unused memory as free, but not the
-    unused part of a private pool (a captured graph's, a MemPool's): only the default
-    pool's goes to a new tensor. torch.cuda's readings stand in, as a snapshot would
-    give them."""
+    unused part of the private pools it is given (the decoder's captured graphs'): only
+    the default pool's goes to a new tensor. torch.cuda's readings stand in, as a
+    snapshot of each pool would give them."""
     import torch
 
     from retrain.hardware import cuda_free_bytes, private_idle_bytes
@@ -209,20 +209,26 @@ def test_a_graphs_private_pool_is_not_free_memory(monkeypatch):
     segments = [  # torch.cuda.memory_snapshot()'s segments, the keys read
         {"device": 0, "segment_pool_id": (0, 0), "total_size": 20 * MIB, "allocated_size": 4 * MIB},
         {"device": 0, "segment_pool_id": (0, 1), "total_size": 8 * MIB, "allocated_size": 2 * MIB},
-        {"device": 0, "segment_pool_id": (1, 0), "total_size": 2 * MIB, "allocated_size": 0},
+        {"device": 0, "segment_pool_id": (0, 1), "total_size": 2 * MIB, "allocated_size": 0},
         {"device": 1, "segment_pool_id": (0, 2), "total_size": 64 * MIB, "allocated_size": 0},
     ]
-    assert private_idle_bytes(segments, 0) == 8 * MIB  # 6 of the graph's, 2 of the MemPool's
+    assert private_idle_bytes(segments, 0) == 8 * MIB  # the graph's two segments
     assert private_idle_bytes(segments, 1) == 64 * MIB
+    asked = []
+
+    def snapshot(pool, include_traces):  # one pool's segments
+        asked.append((pool, include_traces))
+        return [s for s in segments if s["segment_pool_id"] == pool]
+
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (100 * MIB, 80 * GIB))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 30 * MIB)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 6 * MIB)
-    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda include_traces: segments)
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    # the driver's 100 MiB, the default pool's 16 unused; not the private pools' 8
-    assert cuda_free_bytes(torch.device("cuda", 0)) == (100 + 16) * MIB
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # no pool yet
-    assert cuda_free_bytes(torch.device("cuda", 0)) == (100 + 24) * MIB
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", snapshot)
+    # the driver's 100 MiB, the default pool's 16 unused; not the graph's pool's 8
+    assert cuda_free_bytes(torch.device("cuda", 0), [(0, 1)]) == (100 + 16) * MIB
+    assert asked == [((0, 1), False)]  # that pool alone, no traces
+    assert cuda_free_bytes(torch.device("cuda", 0)) == (100 + 24) * MIB  # no graphs
+    assert len(asked) == 1  # nor a snapshot
 
 
 # ----------------------------------------------------------------------------- the option

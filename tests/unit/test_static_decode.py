@@ -400,6 +400,15 @@ def test_with_graphs_the_row_budget_counts_buckets_rounded_lengths_and_kept_cach
     assert gpu._row_budget(model, PROMPTS, params) == rows_within(budget(GIB // 700))
     monkeypatch.setattr(gpu.static, "kept_bytes", lambda: GIB // 700)
     assert gpu._row_budget(model, PROMPTS, params) == rows_within(budget(2 * (GIB // 700)))
+    # the graphs' pool's unused memory is not free: no new tensor goes there
+    gpu.static._pool = (0, 7)
+    idle = {"device": 0, "segment_pool_id": (0, 7), "total_size": 2 * (GIB // 700)}
+    monkeypatch.setattr(
+        torch.cuda, "memory_snapshot", lambda pool, include_traces: [{**idle, "allocated_size": 0}]
+    )
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 2 * (GIB // 700))
+    monkeypatch.setattr(torch.cuda._utils, "_get_device_index", lambda device, optional: 0)
+    assert gpu._row_budget(model, PROMPTS, params) == rows_within(budget(2 * (GIB // 700)))
 
 
 def test_a_new_shape_that_does_not_fit_beside_the_kept_caches_has_them_released():
