@@ -222,7 +222,7 @@ def visible_gpu(index: int, visible: str | None, numbered_alike: bool = True) ->
     else:
         ids = [part.strip() for part in visible.split(",") if part.strip()]
         gpu = ids[index] if 0 <= index < len(ids) else None
-    if gpu is None or not (numbered_alike or not gpu.isdigit()):
+    if gpu is not None and gpu.isdigit() and not numbered_alike:
         return None
     return gpu
 
