@@ -141,6 +141,7 @@ def test_a_second_run_is_refused_before_loading_and_overwrite_moves_the_first_as
     assert f"[logging] log_dir (run.toml:{log_line}): logs/tiny holds another run" in err
     assert f"[backend] adapter_path (run.toml:{adapter_line}): adapters/tiny holds" in err
     assert "continue that run: retrain run.toml --resume logs/tiny" in err
+    assert "continue the run that wrote them: retrain run.toml --resume logs/tiny" in err
     assert "start over: retrain run.toml --overwrite (moves logs/tiny aside" in err
     assert metrics.read_text() == first
 
