@@ -37,6 +37,7 @@ import torch
 from torch.autograd.graph import increment_version
 
 from retrain import distributed
+from retrain.backends.device_fit import CudaMemory, back_off, fit_to_device
 from retrain.backends.peak_memory import PeakMemory
 from retrain.engines.base import Engine, ServerEngine, UnboundEngine
 from retrain.errors import (
@@ -85,12 +86,6 @@ from retrain.memory import (
     HEADROOM,
     ModelShape,
     Sizing,
-    auto_micro_batch_tokens,
-    fit_problem,
-    largest_micro_batch,
-    lighter_weights,
-    memory_model,
-    needs_checkpointing,
     sampler_on_device,
     shape_from_config,
     training_memory,
@@ -260,83 +255,34 @@ class LocalBackend:
             )
 
     def _size_memory(self, model, say: Callable[[str], None], sampler: str | None = "auto") -> None:
-        """Before the model loads (retrain/memory.py): `checkpointing = "auto"` resolved
-        (off on a CPU; on CUDA on when a completion of max_tokens would not fit the
-        largest micro-batch without it), `micro_batch_tokens = "auto"` resolved (512 on a
-        CPU; on CUDA the largest micro-batch whose training peak fits the free memory),
-        and on CUDA a set value checked against the free memory, refused with the largest
-        value that fits. `sampler`: what samples on the training device
-        (`memory.Sizing.sampler`). `say` is kept for the OOM back-off."""
+        """Before the model loads: `checkpointing` and `micro_batch_tokens` fitted to the
+        training device (retrain/backends/device_fit.py). `sampler`: what samples on the
+        training device (`memory.Sizing.sampler`). `say` is kept for the OOM back-off."""
         self._say = say
-        opts, device = self.options, self.train_device
-        dtype = "bf16" if self.bf16 else "fp32"
-        lora = self.settings.lora
+        device, lora = self.train_device, self.settings.lora
         sizing = Sizing(
             device_kind=device.type,
-            dtype=dtype,
+            dtype="bf16" if self.bf16 else "fp32",
             lora_rank=lora.rank,
             target_modules=tuple(lora.target_modules),
             sampler=sampler,
         )
-        free = total = shape = None
+        cuda = shape = None
         if device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(device)
+            cuda = CudaMemory(str(device), *torch.cuda.mem_get_info(device))
             shape = self._model_shape(model)
-        self._shape = shape  # for _room_for_training
-        self._auto_checkpointing = opts.checkpointing == "auto"  # for _back_off
-        max_tokens = self.settings.max_tokens
-        needed = opts.checkpointing is not True and needs_checkpointing(
-            shape, sizing, free, max_tokens
+        self._auto_checkpointing = self.options.checkpointing == "auto"  # for _back_off
+        fitted = fit_to_device(
+            self.options,
+            sizing,
+            max_tokens=self.settings.max_tokens,
+            model=self.settings.model,
+            cuda=cuda,
+            shape=shape,
+            say=say,
         )
-        if self._auto_checkpointing:
-            self.options = opts = replace(opts, checkpointing=needed)
-        if needed:  # free is known: needs_checkpointing says True on CUDA only
-            why = (
-                f"a completion of {max_tokens} tokens after a prompt would not fit the largest "
-                f"micro-batch without it; {free / 2**30:.1f} GiB free on {device}"
-            )
-            # set off by hand, it stays off: said, as a long completion would stop the run
-            say(
-                f"checkpointing = auto: on ({why})"
-                if self._auto_checkpointing
-                else f"WARNING: [backend.options] checkpointing = false: {why}; set it true or auto"
-            )
-        # what its memory is sized with: the checks below, _room_for_training, memory_fit.py
-        sizing = self.sizing = replace(sizing, checkpointing=bool(opts.checkpointing))
-        if device.type != "cuda":  # CPU and MPS: auto is the CPU-measured 512, no check
-            if opts.micro_batch_tokens == "auto":
-                n = auto_micro_batch_tokens(None, sizing, None)
-                self.options = replace(opts, micro_batch_tokens=n)
-            return
-        if opts.micro_batch_tokens == "auto":
-            n = auto_micro_batch_tokens(shape, sizing, free, max_tokens)
-            say(
-                f"micro_batch_tokens = auto: {n} positions ({free / 2**30:.1f} GiB free on {device})"
-            )
-            self.options = replace(opts, micro_batch_tokens=n)
-            return
-        if shape is None:
-            say(
-                f"WARNING: [backend.options] micro_batch_tokens = {opts.micro_batch_tokens} is "
-                f"not checked against {device}'s memory: {self.settings.model}'s config.json "
-                "does not give the sizes retrain/memory.py needs"
-            )
-            return
-        peak = training_memory(shape, sizing, opts.micro_batch_tokens)
-        problem = fit_problem(
-            peak,
-            free_bytes=free,
-            total_bytes=total,
-            where=str(device),
-            micro_batch_tokens=opts.micro_batch_tokens,
-            largest=largest_micro_batch(shape, sizing, free),
-            calibrated=bool(memory_model(device.type, dtype).calibrated),
-            lighter=lighter_weights(dtype, device.type),
-        )
-        if problem is not None and problem.level == "error":
-            raise BackendError(problem.message)
-        if problem is not None:
-            say(f"WARNING: {problem.message}")
+        # what its memory is sized with: _room_for_training, benchmarks/memory_fit.py
+        self.options, self.sizing, self._shape = fitted.options, fitted.sizing, fitted.shape
 
     def _model_shape(self, model) -> ModelShape | None:
         """The trained model's shape: a given model's config, else its config.json."""
@@ -644,7 +590,6 @@ class LocalBackend:
         loss_fn = self._loss_for(hyper)
         if not self.model.training:  # the walk over every module, only when it changes
             self.model.train()
-        self._selected = self._step_selection(datums, hyper)
         before, retries = self.options.micro_batch_tokens, 0
         # Out of memory in a micro-batch: the step is redone from its first one with half
         # the budget (kept for later steps), until a micro-batch of one completion fails.
@@ -654,6 +599,11 @@ class LocalBackend:
         mine, weights = datums[start:stop], weights[start:stop]
         filler = min(datums, key=_area) if self.world.shard else None
         released = self._room_for_training(mine)
+        # the pre-pass of an objective that selects tokens over the whole step, then the step
+        while isinstance(selected := self._step_selection(datums, hyper), int):
+            retries += 1
+            released = self._make_room(selected, datums, before) or released
+        self._selected = selected
         while isinstance(
             sums := self._accumulate_on_rank(
                 mine, hyper, loss_fn, denominator, weights, weighted, filler
@@ -661,12 +611,7 @@ class LocalBackend:
             int,
         ):
             retries += 1
-            # the sampler's kept caches go first, and the same budget runs again (not
-            # with a sharded base: the other ranks are already in the next pass)
-            if not self.world.shard and self._decoder_beside_training() and self.engine.release():
-                released = True
-                continue
-            self._back_off(sums, mine, before)
+            released = self._make_room(sums, mine, before) or released
         if self.options.micro_batch_tokens != before:
             self._say(
                 f"out of memory on {self.train_device} in a training micro-batch: "
@@ -846,51 +791,37 @@ class LocalBackend:
                 return False
         return self.engine.release() > 0
 
+    def _make_room(self, failed: int, datums: list[Datum], before: int) -> bool:
+        """After a pass over `failed` completions ran out of memory: the sampler's kept
+        caches go first, and the same budget runs again (not with a sharded base: the
+        other ranks are already in the next pass); else `_back_off`. Whether the caches
+        were given back."""
+        if not self.world.shard and self._decoder_beside_training() and self.engine.release():
+            return True
+        self._back_off(failed, datums, before)
+        return False
+
     def _back_off(self, failed: int, datums: list[Datum], before: int) -> None:
-        """After a micro-batch of `failed` completions ran out of memory: give the cached
-        memory back and halve the budget. One completion cannot be split: with
-        `checkpointing = "auto"` still off, activation checkpointing goes on for the rest
-        of the run and the step runs again at its first budget (`before`); else
-        TrainingError (the trainer keeps the last checkpoint)."""
+        """After a micro-batch of `failed` completions ran out of memory: the cached memory
+        given back, and the budget (and checkpointing) device_fit.py's `back_off` says;
+        its TrainingError when one completion cannot fit."""
         if self.train_device.type == "cuda":
             torch.cuda.empty_cache()
-        budget = self.options.micro_batch_tokens
-        if self.world.shard:  # the other ranks are inside the next pass's all-gather
-            raise TrainingError(
-                f"out of memory on {self.train_device} in a training micro-batch with "
-                f"[backend.options] shard = true ({failed} completions, micro_batch_tokens "
-                f"= {budget}): with a sharded base every rank runs the same passes, so one "
-                "rank cannot halve its budget and redo the step alone. Fix: a lower "
-                "micro_batch_tokens, or checkpointing = true"
-            )
-        if failed > 1:
-            self.options = replace(self.options, micro_batch_tokens=max(1, budget // 2))
-            return
-        longest = max(_area(d) for d in datums)
-        if self._auto_checkpointing and not self.options.checkpointing:
+        plan = back_off(
+            failed,
+            longest=max((_area(d) for d in datums), default=0),
+            budget=self.options.micro_batch_tokens,
+            before=before,
+            where=str(self.train_device),
+            shard=self.world.shard,
+            auto_checkpointing=self._auto_checkpointing,
+            checkpointing=bool(self.options.checkpointing),
+        )
+        if plan.checkpoint:
             self._checkpoint_from_now()
-            self.options = replace(self.options, micro_batch_tokens=before)
-            self._say(
-                f"out of memory on {self.train_device} training one completion (up to "
-                f"{longest} positions): checkpointing = auto turns activation checkpointing "
-                f"on for the rest of the run, and the step runs again (micro_batch_tokens "
-                f"{before})"
-            )
-            return
-        recompute = (
-            ""
-            if self.options.checkpointing
-            else "[backend.options] checkpointing = true "
-            "(each block keeps only its input, and recomputes the rest in the backward), "
-        )
-        raise TrainingError(
-            f"out of memory on {self.train_device} training a micro-batch of one completion "
-            f"(up to {longest} positions, prompt included; [backend.options] "
-            f"micro_batch_tokens is down to {budget}, which cannot split it further). Fix: "
-            f"{recompute}lower [training] max_tokens (a completion is trained whole), or free "
-            "memory on the device; a lower [training] group_size or micro_batch_tokens does "
-            "not shrink a single completion"
-        )
+        self.options = replace(self.options, micro_batch_tokens=plan.micro_batch_tokens)
+        if plan.notice:
+            self._say(plan.notice)
 
     def _checkpoint_from_now(self) -> None:
         """`checkpointing = "auto"` turning activation checkpointing on mid-run (a
@@ -949,17 +880,21 @@ class LocalBackend:
         gap = torch.where(mask, logp.detach() - old, 0.0)
         return out.loss.detach(), gap.sum(), gap.abs().amax(), out.stats
 
-    def _step_selection(self, datums: list[Datum], hyper: TrainHyper) -> dict[int, np.ndarray]:
+    def _step_selection(
+        self, datums: list[Datum], hyper: TrainHyper
+    ) -> dict[int, np.ndarray] | int:
         """The pre-pass of an objective that picks tokens over the whole step (clip_cov,
         kl_cov: retrain/loss/selection.py): the trainer's logprobs of every completion
         without gradients, micro-batch by micro-batch, then one selection over the step in
         its datums' order, so it does not depend on the split. {id(datum): its tokens'
-        picks}; {} when the objective selects nothing. The draw comes from the global torch
-        generator (seeded by [training] seed, saved in checkpoints)."""
+        picks}; {} when the objective selects nothing; or, when a micro-batch runs out of
+        memory, its number of completions. The draw comes from the global torch generator
+        (seeded by [training] seed, saved in checkpoints), after the logprobs are read."""
         if not needs_selection(hyper.policy_loss):
             return {}
-        while isinstance(logps := self._step_logprobs(datums, hyper.temperature), int):
-            self._back_off(logps, datums)
+        logps = self._step_logprobs(datums, hyper.temperature)
+        if isinstance(logps, int):
+            return logps
         step = [
             StepTokens(logps[id(d)], d.sampler_logprobs, d.advantages, d.trained_mask)
             for d in datums

@@ -159,6 +159,34 @@ def test_out_of_memory_halves_the_budget_and_keeps_the_gradient(backend, monkeyp
     assert len(said) == 1
 
 
+def test_out_of_memory_in_the_selection_pre_pass_halves_the_budget(backend, monkeypatch):
+    """kl_cov picks its tokens in a pre-pass over the whole step (no gradients) before the
+    micro-batches train: an out-of-memory error there halves the budget too, and the step
+    makes the update of a step that never ran out."""
+    datums = datums_of(backend)
+    hyper = dataclasses.replace(HYPER, policy_loss="kl_cov", kl_cov_fraction=0.2)
+    torch.manual_seed(0)  # the selection draws from the global generator
+    clean, grad_clean = step_gradients(backend, datums, hyper, 10_000)
+    said: list[str] = []
+    backend._say = said.append
+    inner, passes = backend._logprobs, []
+
+    def forward(groups, temperature):
+        passes.append(torch.is_grad_enabled())
+        if not torch.is_grad_enabled() and area(groups) > 40:  # the pre-pass only
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return inner(groups, temperature)
+
+    monkeypatch.setattr(backend, "_logprobs", forward)
+    torch.manual_seed(0)  # the clean step's draw
+    result, grads = step_gradients(backend, datums, hyper, 10_000)
+    assert passes.count(False) > 1 and passes[-1] is True  # the pre-pass ran again, then trained
+    assert backend.options.micro_batch_tokens < 10_000
+    assert result.loss == pytest.approx(clean.loss, abs=1e-6)
+    for a, b in zip(grad_clean, grads, strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
 def test_one_completion_that_cannot_fit_stops_with_the_keys_to_lower(backend, monkeypatch):
     """checkpointing = "auto" (off on a CPU) turns activation checkpointing on at the first
     completion that runs out of memory and runs the step again; when that completion
