@@ -512,11 +512,22 @@ class Trainer:
                 "Aborted before the first checkpoint: nothing was saved, so there is nothing "
                 f"to resume. Start the run again: {again}"
             )
+        return f"Aborted; {self._kept_checkpoint()}"
+
+    def _kept_checkpoint(self) -> str:
+        """The last checkpoint (one was saved) and the command that resumes it."""
         where = f" ({self.last_adapter})" if self.last_adapter else ""
         return (
-            f"Aborted; the last checkpoint, after step {self.last_saved_step}{where}, is kept. "
+            f"the last checkpoint, after step {self.last_saved_step}{where}, is kept. "
             f"Resume with: {self._resume_command()}"
         )
+
+    def failed_line(self) -> str:
+        """After a run stopped on an error: what is kept, and how to go on once the cause
+        is fixed (a resume takes a changed config and says what changed)."""
+        if self.last_saved_step is None:
+            return "Nothing was saved before the failure: a fixed run starts again from step 0."
+        return f"Once fixed, {self._kept_checkpoint()}"
 
     def _summary(self) -> str:
         rows = []
@@ -574,4 +585,10 @@ def train(
     except RetrainError as exc:
         if trainer.log.is_open:
             trainer.say(f"Run failed: {exc}")
+            trainer.say(trainer.failed_line())
+        raise
+    except Exception:  # a bug, or an error retrain does not name: its traceback follows
+        if trainer.log.is_open:
+            trainer.say("Run failed on an unexpected error (its traceback follows).")
+            trainer.say(trainer.failed_line())
         raise

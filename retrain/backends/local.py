@@ -540,8 +540,17 @@ class LocalBackend:
         if self.world.shard and self._full:  # training holds the shards only
             distributed.sharded_weights(self.model)
             self._full = False
-        with compile_errors(self.options.compile):
-            return self._flex_guard(lambda: self._train_step(datums, hyper))
+        try:
+            with compile_errors(self.options.compile):
+                return self._flex_guard(lambda: self._train_step(datums, hyper))
+        except torch.OutOfMemoryError as exc:  # a micro-batch's is handled in the step
+            raise TrainingError(
+                f"out of memory on {self.train_device} outside the step's micro-batches (the "
+                "gradient clip or the optimizer's update, whose state AdamW makes at the "
+                "first step; [backend.options] micro_batch_tokens does not bound them). "
+                "Fix: free memory on the device (does another process hold some?), or a "
+                "lower [lora] rank"
+            ) from exc
 
     def _flex_guard(self, run: Callable[[], Any]) -> Any:
         """`run` (a training step, or logprobs) where FlexAttention's kernels may not build

@@ -187,6 +187,23 @@ def test_out_of_memory_in_the_selection_pre_pass_halves_the_budget(backend, monk
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
 
 
+def test_out_of_memory_in_the_optimizer_update_names_what_bounds_it(backend, monkeypatch):
+    """Out of memory after the micro-batches (AdamW's update, injected): no traceback of
+    torch's, a TrainingError naming the device and what to lower instead."""
+    datums = datums_of(backend)
+
+    def update(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+
+    monkeypatch.setattr(backend.optimizer, "step", update)
+    with pytest.raises(TrainingError) as err:
+        backend.train_step(datums, HYPER)
+    message = str(err.value)
+    assert message.startswith("out of memory on cpu outside the step's micro-batches")
+    assert "micro_batch_tokens does not bound them" in message and "[lora] rank" in message
+    assert isinstance(err.value.__cause__, torch.OutOfMemoryError)
+
+
 def test_one_completion_that_cannot_fit_stops_with_the_keys_to_lower(backend, monkeypatch):
     """checkpointing = "auto" (off on a CPU) turns activation checkpointing on at the first
     completion that runs out of memory and runs the step again; when that completion

@@ -222,6 +222,41 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(tiny_raw, monkeypatch):
     assert json.loads((logs / "run.json").read_text())["status"] == "failed"
 
 
+@pytest.mark.parametrize("failing_call", [1, 3])
+def test_a_failed_run_says_which_checkpoint_is_kept_and_how_to_resume(
+    tiny_raw, monkeypatch, failing_call
+):
+    """An error retrain does not name (a bug, injected in the third optimizer step, or
+    the first) keeps its traceback; the run's last lines say what was saved."""
+    raw = copy.deepcopy(tiny_raw)
+    raw["training"].update(max_steps=4, save_every=1)
+    calls = {"n": 0}
+    original = LocalBackend._optimize
+
+    def failing(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == failing_call:
+            raise RuntimeError("injected")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(LocalBackend, "_optimize", failing)
+    console = QuietConsole()
+    with pytest.raises(RuntimeError, match="injected"):
+        train(config_from_dict(raw), console=console)
+    assert console.lines[-2] == "Run failed on an unexpected error (its traceback follows)."
+    if failing_call == 1:
+        assert console.lines[-1] == (
+            "Nothing was saved before the failure: a fixed run starts again from step 0."
+        )
+    else:
+        adapter = Path(raw["backend"]["adapter_path"], "checkpoint_step_2")
+        assert console.lines[-1].startswith(
+            f"Once fixed, the last checkpoint, after step 2 ({adapter}), is kept. "
+            "Resume with: retrain"
+        )
+        assert console.lines[-1].endswith(f"--resume {raw['logging']['log_dir']}")
+
+
 KILL_SCRIPT = textwrap.dedent(
     """
     import os, sys, torch

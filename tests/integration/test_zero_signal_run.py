@@ -48,6 +48,13 @@ def test_every_conversation_failing_stops_the_run_naming_environment_errors(tiny
     state = json.loads((tmp_path / "logs" / "trainer_state.json").read_text())
     assert state["step"] == 1 and not state["finished"]
     assert Path(raw["backend"]["adapter_path"], "checkpoint_step_1").is_dir()
+    # the run says which checkpoint is kept and the command that goes on from it
+    (kept,) = [line for line in out.splitlines() if line.startswith("Once fixed, the last")]
+    assert kept == (
+        f"Once fixed, the last checkpoint, after step 1 ({raw['backend']['adapter_path']}/"
+        f"checkpoint_step_1), is kept. Resume with: retrain {tmp_path / 'run.toml'} --resume "
+        f"{raw['logging']['log_dir']}"
+    )
 
 
 def test_equal_rewards_stop_the_run_naming_rewards_all_equal(tiny_raw, tmp_path):
