@@ -657,8 +657,6 @@ _SHARD_ALONE = "true needs several ranks (it shards the frozen base over them), 
 
 
 def _world_backend_problems(config: Config, n: int) -> Problems:
-    from retrain.loss import needs_selection
-
     b, found = config.backend, []
     runs = f"on {n} ranks"
     entry = registry.BACKENDS.entry(b.backend)
@@ -705,13 +703,6 @@ def _world_backend_problems(config: Config, n: int) -> Problems:
             (
                 "[inference] dtype",
                 f'"bf16" with [backend.options] shard = true {runs}: a bf16 sampler is a bf16 copy of the whole weights, which no rank holds. Fix: dtype = "auto" (or shard = false)',
-            )
-        )
-    if needs_selection(config.training.policy_loss):
-        found.append(
-            (
-                "[training] policy_loss",
-                f'{config.training.policy_loss!r} {runs}: its token selection spans the whole step\'s logprobs, which no rank holds. Fix: policy_loss = "ppo_clip" (or run on one process)',
             )
         )
     return found

@@ -898,27 +898,39 @@ class LocalBackend:
         its datums' order, so it does not depend on the split. {id(datum): its tokens'
         picks}; {} when the objective selects nothing; or, when a micro-batch runs out of
         memory, its number of completions. The draw comes from the global torch generator
-        (seeded by [training] seed, saved in checkpoints), after the logprobs are read."""
+        (seeded by [training] seed, saved in checkpoints), after the logprobs are read.
+
+        Under torchrun each rank reads the logprobs of its own slice of the step and the
+        ranks share them, then all select alike with rank 0's draw (the ranks' generators
+        need not agree). A sharded base reads the whole step on every rank: its ranks must
+        run the same passes."""
         if not needs_selection(hyper.policy_loss):
             return {}
-        logps = self._step_logprobs(datums, hyper.temperature)
+        split = self.world.distributed and not self.world.shard
+        start, stop = self.world.bounds(len(datums)) if split else (0, len(datums))
+        logps = self._step_logprobs(datums[start:stop], hyper.temperature)
         if isinstance(logps, int):
-            return logps
+            return logps  # the other ranks wait in the gather while this one backs off
+        seed = int(torch.randint(0, 2**62, ()).item())
+        if self.world.distributed:
+            parts = distributed.gather(
+                self.world, (seed, logps if split else []), "the selection's logprobs"
+            )
+            seed = parts[0][0]
+            if split:
+                logps = [row for _, rows in parts for row in rows]
         step = [
-            StepTokens(logps[id(d)], d.sampler_logprobs, d.advantages, d.trained_mask)
-            for d in datums
+            StepTokens(lp, d.sampler_logprobs, d.advantages, d.trained_mask)
+            for lp, d in zip(logps, datums, strict=True)
         ]
-        rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
-        picks = covariance_selection(step, hyper, rng)
+        picks = covariance_selection(step, hyper, np.random.default_rng(seed))
         return {id(d): p for d, p in zip(datums, picks, strict=True)}
 
-    def _step_logprobs(
-        self, datums: list[Datum], temperature: float
-    ) -> dict[int, np.ndarray] | int:
-        """{id(datum): the trainer's logprobs of its completion}, without gradients; or,
-        when a micro-batch runs out of memory, its number of completions."""
-        out: dict[int, np.ndarray] = {}
-        for _, chunk in self._micro_batches(datums):
+    def _step_logprobs(self, datums: list[Datum], temperature: float) -> list[np.ndarray] | int:
+        """The trainer's logprobs of each datum's completion, without gradients; or, when
+        a micro-batch runs out of memory, its number of completions."""
+        out: list[np.ndarray] = [np.empty(0, np.float32)] * len(datums)
+        for first, chunk in self._micro_batches(datums):
             failed = 0
             try:
                 with torch.no_grad():
@@ -928,7 +940,7 @@ class LocalBackend:
             if failed:  # out of the except block: the error's frames and tensors are freed
                 return failed
             for i, d in enumerate(chunk):
-                out[id(d)] = rows[i, : d.completion_ids.size].numpy()
+                out[first + i] = rows[i, : d.completion_ids.size].numpy()
         return out
 
     def _reference_logprobs(

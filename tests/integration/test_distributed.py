@@ -174,8 +174,17 @@ def score(response, reference):
 def straight(tmp_path_factory, tiny_model_dir) -> tuple[dict, subprocess.CompletedProcess]:
     """A 3-step run on two ranks, batch 4 (2 prompts per rank)."""
     tmp = tmp_path_factory.mktemp("straight")
-    raw = two_rank_raw(base_raw(tmp, tiny_model_dir), tmp, "double")
+    raw = selecting(two_rank_raw(base_raw(tmp, tiny_model_dir), tmp, "double"))
     return raw, torchrun(raw, tmp)
+
+
+def selecting(raw: dict) -> dict:
+    """Clip-Cov cutting out a random 30% of each step's tokens (a band that holds them
+    all): a selection over the whole step, from every rank's logprobs, with one draw."""
+    raw["training"].update(
+        policy_loss="clip_cov", clip_cov_fraction=0.3, clip_cov_lb=-1e9, clip_cov_ub=1e9
+    )
+    return raw
 
 
 def base_raw(tmp: Path, model: Path) -> dict:
@@ -209,11 +218,12 @@ def base_raw(tmp: Path, model: Path) -> dict:
 
 
 def test_two_ranks_train_the_adapter_one_process_trains(straight, tmp_path, tiny_model_dir):
-    """reinforce_pp (batch-normalised advantages) with SEPA (pooled statistics): the
-    statistics span the whole batch on both ranks."""
+    """reinforce_pp (batch-normalised advantages) with SEPA (pooled statistics), and
+    Clip-Cov's selection over the step: the statistics and the selection span the whole
+    batch on both ranks."""
     double, done = straight
     assert done.returncode == 0, said(done)
-    single = two_rank_raw(base_raw(tmp_path, tiny_model_dir), tmp_path, "single")
+    single = selecting(two_rank_raw(base_raw(tmp_path, tiny_model_dir), tmp_path, "single"))
     assert one_process(single) == 0
     diff = max_diff(
         Path(single["backend"]["adapter_path"]) / "final",
