@@ -91,6 +91,24 @@ def _owners(key: str, besides: str = "") -> list[str]:
     return [t for t in TABLES if t != besides and key in _keys(t)]
 
 
+def option_home(key: str) -> str | None:
+    """The built-in backend (the local one first) whose `[backend.options]` has `key`."""
+    from retrain.registry import BACKENDS
+
+    for name in ("local", *BACKENDS.names()):
+        entry = BACKENDS.entry(name)
+        if entry is not None and key in entry.options:
+            return name
+    return None
+
+
+def table_home(key: str) -> str:
+    """' (it belongs to [T]: did you mean [T] key?)' for a key of a config table written
+    among a backend's options, or ''."""
+    homes = _owners(key)
+    return f" (it belongs to [{homes[0]}]: did you mean [{homes[0]}] {key}?)" if homes else ""
+
+
 def _same_key(peer: PeerName | None, key: str) -> bool:
     """The peer's name is retrain's own key name (`seed`, `max_grad_norm`), so the key is
     better pointed to its table than called a peer's."""
@@ -120,6 +138,10 @@ def key_text(table: str, key: str, value: Any) -> str:
         home = peer.target[0] if peer and peer.target[0] in owners else owners[0]
         note = f"; {peer.note}" if peer and peer.note else ""
         hint = f" (it belongs to [{home}]: did you mean [{home}] {key}?){note}"
+    elif (backend := option_home(key)) and (peer is None or _same_key(peer, key)):
+        hint = (
+            f" (it is an option of the {backend} backend: did you mean [backend.options] {key}?)"
+        )
     elif peer is not None:
         return f"unknown key: {peer_text(peer, toml_writer, toml_value(value))}"
     else:

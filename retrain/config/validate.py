@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from retrain import registry
+from retrain.config import hints
 from retrain.config.schema import Config
 from retrain.hardware import compiler_missing
 from retrain.types import USER_OBJECTIVE, BackendCapabilities, EngineTraits, check_option
@@ -435,7 +436,7 @@ def _backend_options(config: Config) -> Problems:
         spec = schema.get(name)
         if spec is None:
             valid = ", ".join(schema) or "(none)"
-            hint = registry.suggest(name, schema)
+            hint = registry.suggest(name, schema) or hints.table_home(name)
             problem = f"unknown option {name!r} for backend {entry.name!r}{hint}; valid: {valid}"
         else:
             problem = check_option(spec, value)

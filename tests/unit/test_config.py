@@ -101,6 +101,19 @@ BAD_INPUTS = [
         "[backend]\noptions = { micro_batch_size = 4 }\n",
         "bad.toml:2): unknown option 'micro_batch_size'",
     ),
+    # a key of another place: the option of a table, and a table's key among the options
+    (
+        '[inference]\ndecode = "graphs"\n',
+        "(it is an option of the local backend: did you mean [backend.options] decode?)",
+    ),
+    (
+        "[backend]\nmicro_batch_tokens = 4096\n",
+        "did you mean [backend.options] micro_batch_tokens?",
+    ),
+    (
+        "[backend.options]\nprefix_caching = false\n",
+        "(it belongs to [inference]: did you mean [inference] prefix_caching?)",
+    ),
     (
         '[backend.options]\ndtype = "bf16"\ncheckpointing = "maybe"\n',
         "bad.toml:3): expects bool or \"auto\", got 'maybe'",
