@@ -139,9 +139,7 @@ def key_text(table: str, key: str, value: Any) -> str:
         note = f"; {peer.note}" if peer and peer.note else ""
         hint = f" (it belongs to [{home}]: did you mean [{home}] {key}?){note}"
     elif (backend := option_home(key)) and (peer is None or _same_key(peer, key)):
-        hint = (
-            f" (it is an option of the {backend} backend: did you mean [backend.options] {key}?)"
-        )
+        hint = f" (it is an option of the {backend} backend: did you mean [backend.options] {key}?)"
     elif peer is not None:
         return f"unknown key: {peer_text(peer, toml_writer, toml_value(value))}"
     else:
