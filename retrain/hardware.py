@@ -8,6 +8,7 @@ import functools
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 MATMUL_DTYPES = ("auto", "fp32", "bf16")
@@ -279,6 +280,68 @@ def parse_nvidia_smi_memory(text: str) -> tuple[int, int] | None:
         return None
     free, total = (int(f) * 2**20 for f in fields)
     return free, total
+
+
+@dataclass(frozen=True)
+class TorchBuild:
+    """What the installed torch was built for, read from its torch/version.py."""
+
+    version: str  # "2.13.0+cpu"
+    cuda: str | None  # the CUDA version it was built with ("12.8"); None: no CUDA
+    hip: str | None = None  # ROCm's HIP version: torch.cuda runs on AMD GPUs then
+
+    @property
+    def gpu(self) -> bool:
+        return self.cuda is not None or self.hip is not None
+
+
+@functools.cache
+def torch_build() -> TorchBuild | None:
+    """The installed torch's build, without importing torch: the constants its
+    torch/version.py assigns, parsed, not run. None when torch is not installed or the
+    file cannot be read."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.origin is None:
+            return None
+        tree = ast.parse(Path(spec.origin).with_name("version.py").read_text())
+    except (OSError, SyntaxError, ImportError, ValueError):
+        return None
+    values = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
+            values[target.id] = value.value
+    if not isinstance(values.get("__version__"), str):
+        return None
+    return TorchBuild(values["__version__"], values.get("cuda"), values.get("hip"))
+
+
+def torch_without_gpu(build: TorchBuild, gpus: int) -> tuple[str, str] | None:
+    """(why, fix) when torch numbers no CUDA device though nvidia-smi shows `gpus`: the
+    installed torch's build, or the driver, not the machine; None when nvidia-smi shows
+    none either."""
+    if not gpus:
+        return None
+    if not build.gpu:
+        base = build.version.split("+")[0]
+        return (
+            f"nvidia-smi shows {gpus} GPU(s), but the installed torch ({build.version}) is "
+            "built without CUDA",
+            f"install torch's CUDA build (on Linux, PyPI's: pip install torch=={base}), or "
+            'devices = "cpu"',
+        )
+    return (
+        f"torch {build.version} (CUDA {build.cuda or build.hip}) sees none of the {gpus} GPU(s) "
+        "nvidia-smi shows",
+        f"an NVIDIA driver new enough for CUDA {build.cuda} (nvidia-smi's header names the "
+        "newest CUDA its driver runs), or a torch built for an older CUDA; check "
+        "CUDA_VISIBLE_DEVICES",
+    )
 
 
 def cuda_device_count(

@@ -47,7 +47,13 @@ from retrain.errors import (
     RetrainError,
     TrainingError,
 )
-from retrain.hardware import cuda_free_bytes, whole_model_bf16
+from retrain.hardware import (
+    TorchBuild,
+    cuda_device_count,
+    cuda_free_bytes,
+    torch_without_gpu,
+    whole_model_bf16,
+)
 from retrain.kernels import flex
 from retrain.kernels.compiled_blocks import compile_blocks, compile_errors
 from retrain.kernels.logprobs import linear_head
@@ -121,6 +127,10 @@ def parse_devices(spec: str, warn: Callable[[str], None]) -> list[torch.device]:
         else:
             index = int(part.split(":")[1])
             count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            build = TorchBuild(torch.__version__, torch.version.cuda, torch.version.hip)
+            unseen = None if count else torch_without_gpu(build, cuda_device_count())
+            if unseen is not None:  # the GPUs are there: torch's build or the driver
+                raise ConfigError(f"[backend] devices = {spec!r}: {unseen[0]}. Fix: {unseen[1]}")
             if index >= count:
                 has = f"{count} CUDA device(s)" if count else "no CUDA device"
                 fix = "gpu:0" if count else "cpu"

@@ -255,6 +255,29 @@ def check_extras(config: Any) -> list[Check]:
     return out
 
 
+def _no_cuda(torch, config: Any, wants_gpu: bool) -> Check:
+    """The CUDA check where torch sees none: fine for a CPU run; a GPU run is refused (it
+    never moves to the CPU by itself), and the cause named where nvidia-smi shows GPUs
+    (torch's build, or the driver). `config`: None without one (a warning then)."""
+    from retrain.hardware import TorchBuild, cuda_device_count, torch_without_gpu
+
+    status, detail, fix = OK, 'CUDA not available: local runs use devices = "cpu"', ""
+    if wants_gpu:
+        asked = config.backend.devices if config is not None else "gpu:0"
+        build = TorchBuild(torch.__version__, torch.version.cuda, torch.version.hip)
+        unseen = torch_without_gpu(build, cuda_device_count())
+        why = unseen[0] if unseen else "this machine has no CUDA device"
+        detail = (
+            f"CUDA not available, but [backend] devices = {asked!r} (the run refuses it): {why}"
+        )
+        status = FAIL if config is not None else WARN
+        fix = unseen[1] if unseen else 'devices = "cpu" in [backend]'
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        detail += '; Apple MPS is available ([backend] devices = "mps")'
+    return Check("cuda", status, detail, fix)
+
+
 def check_torch(config: Any) -> list[Check]:
     wants_gpu = config is None or any(
         p.strip().startswith(("gpu", "cuda")) for p in config.backend.devices.split(",")
@@ -283,17 +306,7 @@ def check_torch(config: Any) -> list[Check]:
     except Exception:
         cuda = False
     if not cuda:
-        # The run refuses a GPU torch does not see (it never moves to the CPU by itself).
-        status, detail, fix = OK, 'CUDA not available: local runs use devices = "cpu"', ""
-        if local and wants_gpu:
-            asked = config.backend.devices if config is not None else "gpu:0"
-            detail = f"CUDA not available, but [backend] devices = {asked!r}: the run refuses it"
-            status = FAIL if config is not None else WARN
-            fix = 'devices = "cpu" in [backend], or a CUDA build of torch (check `nvidia-smi`)'
-        mps = getattr(torch.backends, "mps", None)
-        if mps is not None and mps.is_available():
-            detail += '; Apple MPS is available ([backend] devices = "mps")'
-        out.append(Check("cuda", status, detail, fix))
+        out.append(_no_cuda(torch, config if local and wants_gpu else None, wants_gpu and local))
         return out
     count = torch.cuda.device_count()
     out.append(Check("cuda", OK, f"CUDA {torch.version.cuda}, {count} device(s)"))

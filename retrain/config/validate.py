@@ -15,7 +15,7 @@ from pathlib import Path
 from retrain import registry
 from retrain.config import hints
 from retrain.config.schema import Config
-from retrain.hardware import compiler_missing
+from retrain.hardware import TorchBuild, compiler_missing, torch_without_gpu
 from retrain.types import USER_OBJECTIVE, BackendCapabilities, EngineTraits, check_option
 
 Problems = list[tuple[str, str]]
@@ -747,9 +747,15 @@ def _toml(value: str | bool) -> str:
     return str(value).lower() if isinstance(value, bool) else f'"{value}"'
 
 
-def devices_problems(config: Config, count_cuda: Callable[[], int]) -> Problems:
+def devices_problems(
+    config: Config,
+    count_cuda: Callable[[], int],
+    build: Callable[[], TorchBuild | None] = lambda: None,
+) -> Problems:
     """`[backend] devices` against the CUDA devices this machine has (`count_cuda()`,
-    asked only when a GPU is configured), for a built-in backend that runs the model here."""
+    asked only when a GPU is configured) and the installed torch's build (`build()`: a
+    build without CUDA numbers none of them), for a built-in backend that runs the model
+    here."""
     entry = registry.BACKENDS.entry(config.backend.backend)
     if entry is None or "[backend] devices" in entry.ignores:
         return []
@@ -758,7 +764,16 @@ def devices_problems(config: Config, count_cuda: Callable[[], int]) -> Problems:
     cuda_devices = count_cuda() if gpus else 0
     absent = [p for p in gpus if int(p.split(":")[1]) >= cuda_devices]
     if not absent:
-        return []
+        torch = build() if gpus else None
+        unseen = None if torch is None or torch.gpu else torch_without_gpu(torch, cuda_devices)
+        if unseen is None:
+            return []
+        return [
+            (
+                "[backend] devices",
+                f"{spec!r} asks for {', '.join(gpus)}; {unseen[0]}. Fix: {unseen[1]}",
+            )
+        ]
     if cuda_devices == 0:
         has, fix = "this machine has no CUDA device (nvidia-smi finds none)", "cpu"
     else:

@@ -264,6 +264,14 @@ def test_more_gpus_than_the_machine_has(project, hub, tiny_model_dir):
         f"ERROR: {where}: 'gpu:1' asks for gpu:1, but this machine has 1 CUDA device(s): gpu:0. "
         'Fix: devices = "gpu:0"' in explain.stdout
     )
+    # gpu:0 is there, but this machine's torch is a CPU build: refused before it loads
+    write_config(project, str(tiny_model_dir), devices="gpu:0")
+    explain = retrain(project, env, "explain", "c.toml")
+    assert explain.returncode == 2
+    assert "'gpu:0' asks for gpu:0; nvidia-smi shows 1 GPU(s), but the installed torch (" in (
+        explain.stdout
+    )
+    assert "is built without CUDA. Fix: install torch's CUDA build" in explain.stdout
 
 
 # ----------------------------------------------------------------------------- resume

@@ -81,8 +81,11 @@ def hub(hub_standin, monkeypatch):
 @pytest.fixture
 def one_gpu(monkeypatch):
     """A machine where nvidia-smi counts one CUDA device (what a config with the default
-    `[backend] devices = "gpu:0"` is written for)."""
+    `[backend] devices = "gpu:0"` is written for), with torch's CUDA build."""
+    from retrain.hardware import TorchBuild
+
     monkeypatch.setattr("retrain.hardware.cuda_device_count", lambda **kw: 1)
+    monkeypatch.setattr("retrain.hardware.torch_build", lambda: TorchBuild("2.13.0", "12.8"))
 
 
 def _addmm_takes_out_dtype_on_meta() -> bool:

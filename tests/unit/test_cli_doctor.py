@@ -326,6 +326,24 @@ def test_torch_check_reports_cuda_state(env):
     assert checks[1].name == "cuda"
 
 
+def test_a_gpu_torch_cannot_use_is_explained(env, monkeypatch):
+    """nvidia-smi shows a GPU (stood in) that torch does not see: a CPU build of torch
+    (this machine's, faked where it is not) is named with the install that fixes it."""
+    torch = pytest.importorskip("torch")
+    from retrain.config import config_from_dict
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr("retrain.hardware.cuda_device_count", lambda **kw: 1)
+    check = {c.name: c for c in doctor.check_torch(config_from_dict({}))}["cuda"]
+    assert check.status == "FAIL"
+    assert check.detail.endswith(
+        f"(the run refuses it): nvidia-smi shows 1 GPU(s), but the installed torch "
+        f"({torch.__version__}) is built without CUDA"
+    )
+    assert check.fix.startswith("install torch's CUDA build (on Linux, PyPI's: pip install")
+
+
 def test_gpu_lines_with_a_faked_cuda(env, monkeypatch):
     """The CUDA branch, on a machine without a GPU: torch.cuda answers are faked."""
     torch = pytest.importorskip("torch")

@@ -285,6 +285,9 @@ def simulate(
     monkeypatch.setattr("retrain.hardware.device_memory", memory)
     gpus = len([k for k in devices if k.startswith("cuda")])
     monkeypatch.setattr("retrain.hardware.cuda_device_count", lambda **kw: gpus)
+    if gpus:  # torch's CUDA build, as a GPU machine has
+        build = hardware.TorchBuild("2.13.0", "12.8")
+        monkeypatch.setattr(hardware, "torch_build", lambda: build)
     monkeypatch.setattr("retrain.hardware.compute_capability", lambda index=0, **kw: cap)
     monkeypatch.setattr("retrain.hardware.gpu_order_unknown", lambda *args, **kw: None)
 

@@ -16,6 +16,7 @@ from retrain.checkpoint import TrainerState, resume_problems, save_state
 from retrain.config import config_from_dict
 from retrain.config.validate import devices_problems
 from retrain.errors import ConfigError
+from retrain.hardware import TorchBuild, torch_build
 from retrain.models import EMBEDDED_MODELS, ask_hub, find_model
 from retrain.types import CheckpointInfo
 
@@ -130,6 +131,46 @@ def test_devices_against_the_machine():
     assert devices_problems(cpu, count) == [] and calls == []  # nvidia-smi not even run
     tinker = config_from_dict({"backend": {"backend": "tinker"}})
     assert devices_problems(tinker, counted(0)[0]) == []  # the service's devices
+
+
+def test_a_torch_without_cuda_is_refused_where_nvidia_smi_shows_the_gpu():
+    gpu = config_from_dict({"backend": {"devices": "gpu:0"}})
+    cpu_build = TorchBuild("2.13.0+cpu", None)
+    ((key, problem),) = devices_problems(gpu, counted(2)[0], lambda: cpu_build)
+    assert key == "[backend] devices"
+    assert problem == (
+        "'gpu:0' asks for gpu:0; nvidia-smi shows 2 GPU(s), but the installed torch "
+        "(2.13.0+cpu) is built without CUDA. Fix: install torch's CUDA build (on Linux, "
+        'PyPI\'s: pip install torch==2.13.0), or devices = "cpu"'
+    )
+    for fine in (TorchBuild("2.13.0", "12.8"), TorchBuild("2.13.0+rocm6.4", None, "6.4"), None):
+        assert devices_problems(gpu, counted(2)[0], lambda b=fine: b) == []
+    # no GPU at all: the machine is named, not the build
+    (problem,) = [p for _, p in devices_problems(gpu, counted(0)[0], lambda: cpu_build)]
+    assert "this machine has no CUDA device" in problem
+
+
+def test_the_installed_torch_build_is_read_without_importing_it():
+    torch = pytest.importorskip("torch")
+    build = torch_build()
+    assert build == TorchBuild(torch.__version__, torch.version.cuda, torch.version.hip)
+
+
+def test_parse_devices_names_the_build_or_the_driver_when_nvidia_smi_sees_gpus(monkeypatch):
+    torch = pytest.importorskip("torch")
+    import retrain.backends.local as local
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(local, "cuda_device_count", lambda: 1)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None)
+    with pytest.raises(ConfigError, match=r"is built without CUDA\. Fix: install torch's CUDA"):
+        local.parse_devices("gpu:0", print)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    with pytest.raises(ConfigError) as exc:
+        local.parse_devices("gpu:0", print)
+    assert "(CUDA 13.0) sees none of the 1 GPU(s) nvidia-smi shows" in str(exc.value)
+    assert "an NVIDIA driver new enough for CUDA 13.0" in str(exc.value)
 
 
 def test_parse_devices_refuses_a_gpu_torch_does_not_see(monkeypatch):
