@@ -11,7 +11,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from retrain import registry
+from retrain import hardware, registry
 from retrain.backends.base import BackendInfo, backend_info
 from retrain.build import backend_problems, engine_problems, world_of
 from retrain.build import startup_problems as run_startup_problems
@@ -639,6 +639,9 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
         out["matmuls"] = matmul_dtype(opts["dtype"], kind, index)
         if opts["dtype"] == "auto" and kind == "cuda" and out["matmuls"] == "fp32":
             out["matmuls_why"] = no_native_bf16(index)
+        elif opts["dtype"] == "auto" and kind == "cuda" and (unordered := hardware.gpu_order_unknown()):
+            # the capability read is of an unknown GPU: torch decides at the start
+            out["matmuls_why"] = f"bf16 unless torch's gpu:{index} lacks it ({unordered})"
         out["whole_model_bf16"] = whole_model_bf16(out["matmuls"], kind)
         out["micro_batch_tokens"] = opts["micro_batch_tokens"]
         out["checkpointing"] = opts["checkpointing"]
@@ -734,12 +737,12 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
         decode = f", decode: {inf['decode']}" if inf.get("decode") else ""
         lines.append(f"Sampling:    {inf['engine']}{where}{dev}{decode}")
         if s.get("matmuls"):
+            why = f"; auto: {s['matmuls_why']}" if s.get("matmuls_why") else ""
             what = (
                 "bf16 model (float32 adapter weights, computed in bf16; float32 logits; "
-                "norms and gated MLPs keep only their inputs for the backward)"
+                f"norms and gated MLPs keep only their inputs for the backward{why})"
                 if s.get("whole_model_bf16")
-                else f"{s['matmuls']} matmuls (float32 adapter and logits"
-                + (f"; auto: {s['matmuls_why']})" if s.get("matmuls_why") else ")")
+                else f"{s['matmuls']} matmuls (float32 adapter and logits{why})"
             )
             lines.append(
                 f"Compute:     {what}, micro-batches "

@@ -649,6 +649,19 @@ def test_explain_names_the_bf16_layout_of_each_device(tmp_path, capsys, monkeypa
     )
 
 
+def test_explain_leaves_auto_to_the_start_where_the_gpu_is_unknown(
+    tmp_path, capsys, monkeypatch, no_caches
+):
+    """GPUs of different models without PCI order: which is gpu:0 is unknown, so its
+    capability is too; torch decides bf16 at the start, and explain says so."""
+    simulate(monkeypatch, cap=None, cuda0=None, cuda1=None)
+    why = "GPUs of different models (A, B) without CUDA_DEVICE_ORDER = PCI_BUS_ID: ..."
+    monkeypatch.setattr("retrain.hardware.gpu_order_unknown", lambda *args, **kw: why)
+    out = explain(qwen_config(tmp_path), capsys)[1]
+    assert f"backward; auto: bf16 unless torch's gpu:0 lacks it ({why}))" in out
+    assert "auto: bf16 unless" not in explain(qwen_config(tmp_path, 'dtype = "bf16"'), capsys)[1]
+
+
 def test_triton_work_in_bf16_is_refused_on_a_gpu_without_native_bf16(
     tmp_path, capsys, monkeypatch, no_caches
 ):

@@ -179,6 +179,7 @@ def test_parse_devices_refuses_a_gpu_torch_does_not_see(monkeypatch):
 
     warned = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr("retrain.backends.local.cuda_device_count", lambda: 0)  # nor nvidia-smi
     with pytest.raises(ConfigError, match=r"torch finds no CUDA device on this machine") as exc:
         parse_devices("gpu:0", warned.append)
     assert exc.value.exit_code == 2 and 'Fix: devices = "cpu"' in str(exc.value)
