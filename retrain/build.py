@@ -596,7 +596,9 @@ def startup_problems(
     resume from, a config that cannot run on `world`'s ranks (default: torchrun's
     environment), a judge endpoint that cannot judge."""
     return (
-        devices_problems(config, hardware.cuda_device_count, hardware.torch_build)
+        devices_problems(
+            config, hardware.cuda_device_count, hardware.torch_build, hardware.hidden_gpus
+        )
         + kernel_problems(config, hardware.triton_lacks_bf16)
         + world_problems(config, world or world_of(config))
         + model_problems(config, ask)

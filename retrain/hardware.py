@@ -349,16 +349,51 @@ def cuda_device_count(
     run: Callable[[list[str]], str | None] = _run_nvidia_smi,
     env: Mapping[str, str] | None = None,
 ) -> int:
-    """CUDA devices torch would number, without torch: those CUDA_VISIBLE_DEVICES lists
-    (when set), else every GPU nvidia-smi lists; 0 without nvidia-smi."""
-    out = run(["--query-gpu=index", "--format=csv,noheader"])
-    if not out:
-        return 0
-    present = len([line for line in out.splitlines() if line.strip()])
+    """CUDA devices torch would number, without torch: those CUDA_VISIBLE_DEVICES lets
+    CUDA see (`cuda_visible`, when it is set), else every GPU nvidia-smi lists; 0 without
+    nvidia-smi."""
+    present = _listed_gpus(run)
     visible = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return present
-    return min(present, len([part for part in visible.split(",") if part.strip()]))
+    return present if visible is None else len(cuda_visible(visible, present))
+
+
+def _listed_gpus(run: Callable[[list[str]], str | None]) -> int:
+    """How many GPUs nvidia-smi lists (0 without it)."""
+    out = run(["--query-gpu=index", "--format=csv,noheader"])
+    return len([line for line in (out or "").splitlines() if line.strip()])
+
+
+def cuda_visible(visible: str, present: int) -> list[str]:
+    """The entries of CUDA_VISIBLE_DEVICES that CUDA numbers, in order: those before the
+    first invalid one (CUDA's documented rule: `0,2,-1,1` shows 0 and 2; invalid here: an
+    index that is not one of the `present` GPUs, or an empty entry). A UUID (GPU-...,
+    MIG-...) counts as valid."""
+    out: list[str] = []
+    for part in (p.strip() for p in visible.split(",")):
+        if part.isdigit() and int(part) < present:
+            out.append(str(int(part)))
+        elif part.upper().startswith(("GPU-", "MIG-")):
+            out.append(part)
+        else:
+            break
+    return out
+
+
+def hidden_gpus(
+    *,
+    run: Callable[[list[str]], str | None] = _run_nvidia_smi,
+    env: Mapping[str, str] | None = None,
+) -> str | None:
+    """How CUDA_VISIBLE_DEVICES hides GPUs that nvidia-smi lists, or None where it hides
+    none (unset, or no nvidia-smi)."""
+    visible = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    present = _listed_gpus(run)
+    if visible is None or not present:
+        return None
+    seen = len(cuda_visible(visible, present))
+    if seen >= present:
+        return None
+    return f"CUDA_VISIBLE_DEVICES = {visible!r} leaves CUDA {seen} of the {present} GPU(s) nvidia-smi lists"
 
 
 def device_memory(

@@ -51,6 +51,7 @@ from retrain.hardware import (
     TorchBuild,
     cuda_device_count,
     cuda_free_bytes,
+    hidden_gpus,
     torch_without_gpu,
     whole_model_bf16,
 )
@@ -127,19 +128,31 @@ def parse_devices(spec: str, warn: Callable[[str], None]) -> list[torch.device]:
         else:
             index = int(part.split(":")[1])
             count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            build = TorchBuild(torch.__version__, torch.version.cuda, torch.version.hip)
-            unseen = None if count else torch_without_gpu(build, cuda_device_count())
-            if unseen is not None:  # the GPUs are there: torch's build or the driver
-                raise ConfigError(f"[backend] devices = {spec!r}: {unseen[0]}. Fix: {unseen[1]}")
             if index >= count:
-                has = f"{count} CUDA device(s)" if count else "no CUDA device"
-                fix = "gpu:0" if count else "cpu"
                 raise ConfigError(
-                    f"[backend] devices = {spec!r} asks for {part}, but torch finds {has} on "
-                    f'this machine. Fix: devices = "{fix}" in [backend] (or the flag --devices {fix})'
+                    f"[backend] devices = {spec!r} asks for {part}: {_unseen(count)}"
                 )
             devices.append(torch.device("cuda", index))
     return devices
+
+
+def _unseen(count: int) -> str:
+    """Why torch, numbering `count` CUDA devices, lacks the one asked for, and the fix:
+    the GPUs nvidia-smi lists may be there, hidden by CUDA_VISIBLE_DEVICES or unusable
+    by torch's build or the driver (`hardware.torch_without_gpu`)."""
+    build = TorchBuild(torch.__version__, torch.version.cuda, torch.version.hip)
+    unusable = None if count else torch_without_gpu(build, cuda_device_count())
+    if unusable is not None:
+        return f"{unusable[0]}. Fix: {unusable[1]}"
+    hidden = hidden_gpus()
+    if hidden is not None:
+        return f"{hidden}. Fix: list it in CUDA_VISIBLE_DEVICES (or unset it), or ask for a GPU CUDA sees"
+    has = f"{count} CUDA device(s)" if count else "no CUDA device"
+    fix = "gpu:0" if count else "cpu"
+    return (
+        f'torch finds {has} on this machine. Fix: devices = "{fix}" in [backend] (or the '
+        f"flag --devices {fix})"
+    )
 
 
 def rank_devices(devices: list[torch.device], world: World) -> list[torch.device]:

@@ -639,7 +639,11 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
         out["matmuls"] = matmul_dtype(opts["dtype"], kind, index)
         if opts["dtype"] == "auto" and kind == "cuda" and out["matmuls"] == "fp32":
             out["matmuls_why"] = no_native_bf16(index)
-        elif opts["dtype"] == "auto" and kind == "cuda" and (unordered := hardware.gpu_order_unknown()):
+        elif (
+            opts["dtype"] == "auto"
+            and kind == "cuda"
+            and (unordered := hardware.gpu_order_unknown())
+        ):
             # the capability read is of an unknown GPU: torch decides at the start
             out["matmuls_why"] = f"bf16 unless torch's gpu:{index} lacks it ({unordered})"
         out["whole_model_bf16"] = whole_model_bf16(out["matmuls"], kind)

@@ -751,11 +751,12 @@ def devices_problems(
     config: Config,
     count_cuda: Callable[[], int],
     build: Callable[[], TorchBuild | None] = lambda: None,
+    hidden: Callable[[], str | None] = lambda: None,
 ) -> Problems:
     """`[backend] devices` against the CUDA devices this machine has (`count_cuda()`,
-    asked only when a GPU is configured) and the installed torch's build (`build()`: a
-    build without CUDA numbers none of them), for a built-in backend that runs the model
-    here."""
+    asked only when a GPU is configured; `hidden()`: how CUDA_VISIBLE_DEVICES hides some)
+    and the installed torch's build (`build()`: a build without CUDA numbers none of
+    them), for a built-in backend that runs the model here."""
     entry = registry.BACKENDS.entry(config.backend.backend)
     if entry is None or "[backend] devices" in entry.ignores:
         return []
@@ -772,6 +773,15 @@ def devices_problems(
             (
                 "[backend] devices",
                 f"{spec!r} asks for {', '.join(gpus)}; {unseen[0]}. Fix: {unseen[1]}",
+            )
+        ]
+    note = hidden()
+    if note is not None:  # the GPUs are there: the environment hides them
+        return [
+            (
+                "[backend] devices",
+                f"{spec!r} asks for {', '.join(absent)}, but {note}. Fix: list it in "
+                "CUDA_VISIBLE_DEVICES (or unset it), or ask for a GPU CUDA sees",
             )
         ]
     if cuda_devices == 0:

@@ -272,6 +272,13 @@ def test_more_gpus_than_the_machine_has(project, hub, tiny_model_dir):
         explain.stdout
     )
     assert "is built without CUDA. Fix: install torch's CUDA build" in explain.stdout
+    # CUDA_VISIBLE_DEVICES = "" hides the GPU nvidia-smi lists: the variable is named
+    explain = retrain(project, {**env, "CUDA_VISIBLE_DEVICES": ""}, "explain", "c.toml")
+    assert explain.returncode == 2
+    assert (
+        "'gpu:0' asks for gpu:0, but CUDA_VISIBLE_DEVICES = '' leaves CUDA 0 of the 1 GPU(s) "
+        "nvidia-smi lists. Fix: list it in CUDA_VISIBLE_DEVICES" in explain.stdout
+    )
 
 
 # ----------------------------------------------------------------------------- resume

@@ -18,7 +18,9 @@ from retrain.cli.main import main
 from retrain.hardware import (
     compute_capability,
     cuda_device_count,
+    cuda_visible,
     device_memory,
+    hidden_gpus,
     matmul_dtype,
     parse_meminfo,
     visible_gpu,
@@ -101,6 +103,23 @@ def test_cuda_visible_devices_maps_torch_indices_to_nvidia_smi_ids():
         81559 * MIB,
     )
     assert cuda_device_count(run=smi, env={"CUDA_VISIBLE_DEVICES": "3"}) == 1
+
+
+def test_cuda_visible_devices_stops_at_its_first_invalid_entry():
+    """CUDA's rule: the entries before the first invalid one are seen (`0,2,-1,1` shows 0
+    and 2); `1` on a one-GPU machine shows none, and an empty value hides them all."""
+    assert cuda_visible("0,2,-1,1", 3) == ["0", "2"]
+    assert cuda_visible("2,1", 3) == ["2", "1"]
+    assert cuda_visible("1", 1) == [] and cuda_visible("", 2) == []
+    assert cuda_visible("GPU-8f3a, 0", 1) == ["GPU-8f3a", "0"]
+    smi = NvidiaSmi((1, 2))
+    assert cuda_device_count(run=smi, env={"CUDA_VISIBLE_DEVICES": "1"}) == 0
+    assert hidden_gpus(run=smi, env={"CUDA_VISIBLE_DEVICES": "1"}) == (
+        "CUDA_VISIBLE_DEVICES = '1' leaves CUDA 0 of the 1 GPU(s) nvidia-smi lists"
+    )
+    assert hidden_gpus(run=smi, env={"CUDA_VISIBLE_DEVICES": "0"}) is None
+    assert hidden_gpus(run=smi, env={}) is None
+    assert hidden_gpus(run=lambda args: None, env={"CUDA_VISIBLE_DEVICES": ""}) is None
 
 
 def test_gpus_of_different_models_are_numbered_alike_only_in_pci_order():

@@ -150,6 +150,16 @@ def test_a_torch_without_cuda_is_refused_where_nvidia_smi_shows_the_gpu():
     assert "this machine has no CUDA device" in problem
 
 
+def test_gpus_hidden_by_cuda_visible_devices_are_named_with_the_variable():
+    gpu = config_from_dict({"backend": {"devices": "gpu:0"}})
+    note = "CUDA_VISIBLE_DEVICES = '' leaves CUDA 0 of the 2 GPU(s) nvidia-smi lists"
+    ((_, problem),) = devices_problems(gpu, counted(0)[0], hidden=lambda: note)
+    assert problem == (
+        f"'gpu:0' asks for gpu:0, but {note}. Fix: list it in CUDA_VISIBLE_DEVICES (or "
+        "unset it), or ask for a GPU CUDA sees"
+    )
+
+
 def test_the_installed_torch_build_is_read_without_importing_it():
     torch = pytest.importorskip("torch")
     build = torch_build()
@@ -185,7 +195,7 @@ def test_parse_devices_refuses_a_gpu_torch_does_not_see(monkeypatch):
     assert exc.value.exit_code == 2 and 'Fix: devices = "cpu"' in str(exc.value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    with pytest.raises(ConfigError, match=r"asks for gpu:1, but torch finds 1 CUDA device"):
+    with pytest.raises(ConfigError, match=r"asks for gpu:1: torch finds 1 CUDA device"):
         parse_devices("gpu:0,gpu:1", warned.append)
     assert parse_devices("cpu", warned.append) == [torch.device("cpu")] and warned == []
 
