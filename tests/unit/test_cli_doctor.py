@@ -342,6 +342,13 @@ def test_a_gpu_torch_cannot_use_is_explained(env, monkeypatch):
         f"({torch.__version__}) is built without CUDA"
     )
     assert check.fix.startswith("install torch's CUDA build (on Linux, PyPI's: pip install")
+    # a CUDA build, with CUDA_VISIBLE_DEVICES hiding the GPU: the variable is named
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr("retrain.hardware.cuda_device_count", lambda **kw: 0)
+    monkeypatch.setattr("retrain.hardware.hidden_gpus", lambda **kw: "CUDA_VISIBLE_DEVICES = ''")
+    check = {c.name: c for c in doctor.check_torch(config_from_dict({}))}["cuda"]
+    assert check.detail.endswith("(the run refuses it): CUDA_VISIBLE_DEVICES = ''")
+    assert check.fix == "list it in CUDA_VISIBLE_DEVICES (or unset it)"
 
 
 def test_gpu_lines_with_a_faked_cuda(env, monkeypatch):
