@@ -321,10 +321,42 @@ def torch_build() -> TorchBuild | None:
     return TorchBuild(values["__version__"], values.get("cuda"), values.get("hip"))
 
 
-def torch_without_gpu(build: TorchBuild, gpus: int) -> tuple[str, str] | None:
+def driver_cuda(run: Callable[[list[str]], str | None] | None = None) -> tuple[int, int] | None:
+    """The newest CUDA the NVIDIA driver runs, from nvidia-smi's header ("CUDA Version:
+    12.4"); None without nvidia-smi or that line. `run` asks nvidia-smi (else asked once
+    a process)."""
+    import re
+
+    out = run([]) if run is not None else _asked_once(())
+    found = re.search(r"CUDA Version:\s*(\d+)\.(\d+)", out or "")
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def _major(version: str | None) -> int | None:
+    head = (version or "").split(".")[0]
+    return int(head) if head.isdigit() else None
+
+
+def driver_too_old(build: TorchBuild, driver: tuple[int, int] | None) -> str | None:
+    """Why the driver cannot run torch's CUDA: a CUDA build of a newer major version than
+    the driver runs (within a major version CUDA's minor-version compatibility holds);
+    None when it can, or either is unknown."""
+    major = _major(build.cuda)
+    if driver is None or major is None or major <= driver[0]:
+        return None
+    return (
+        f"the installed torch ({build.version}) is built for CUDA {build.cuda}, and this "
+        f"machine's NVIDIA driver runs CUDA up to {driver[0]}.{driver[1]} (nvidia-smi), so "
+        "torch will see no GPU"
+    )
+
+
+def torch_without_gpu(
+    build: TorchBuild, gpus: int, driver: tuple[int, int] | None = None
+) -> tuple[str, str] | None:
     """(why, fix) when torch numbers no CUDA device though nvidia-smi shows `gpus`: the
-    installed torch's build, or the driver, not the machine; None when nvidia-smi shows
-    none either."""
+    installed torch's build, or the driver (`driver`: the newest CUDA it runs, where
+    known), not the machine; None when nvidia-smi shows none either."""
     if not gpus:
         return None
     if not build.gpu:
@@ -335,6 +367,9 @@ def torch_without_gpu(build: TorchBuild, gpus: int) -> tuple[str, str] | None:
             f"install torch's CUDA build (on Linux, PyPI's: pip install torch=={base}), or "
             'devices = "cpu"',
         )
+    old = driver_too_old(build, driver)
+    if old is not None:
+        return old, OLD_DRIVER_FIX.format(major=_major(build.cuda), driver=driver[0])
     return (
         f"torch {build.version} (CUDA {build.cuda or build.hip}) sees none of the {gpus} GPU(s) "
         "nvidia-smi shows",
@@ -342,6 +377,13 @@ def torch_without_gpu(build: TorchBuild, gpus: int) -> tuple[str, str] | None:
         "newest CUDA its driver runs), or a torch built for an older CUDA; check "
         "CUDA_VISIBLE_DEVICES",
     )
+
+
+OLD_DRIVER_FIX = (
+    "an NVIDIA driver for CUDA {major} (nvidia-smi's header then says CUDA Version: "
+    "{major}.x), or a torch built for CUDA {driver} (PyTorch's install page gives the index "
+    "URL of each CUDA build)"
+)
 
 
 def cuda_device_count(

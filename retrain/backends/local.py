@@ -51,6 +51,7 @@ from retrain.hardware import (
     TorchBuild,
     cuda_device_count,
     cuda_free_bytes,
+    driver_cuda,
     hidden_gpus,
     torch_without_gpu,
     whole_model_bf16,
@@ -129,9 +130,7 @@ def parse_devices(spec: str, warn: Callable[[str], None]) -> list[torch.device]:
             index = int(part.split(":")[1])
             count = torch.cuda.device_count() if torch.cuda.is_available() else 0
             if index >= count:
-                raise ConfigError(
-                    f"[backend] devices = {spec!r} asks for {part}: {_unseen(count)}"
-                )
+                raise ConfigError(f"[backend] devices = {spec!r} asks for {part}: {_unseen(count)}")
             devices.append(torch.device("cuda", index))
     return devices
 
@@ -141,7 +140,7 @@ def _unseen(count: int) -> str:
     the GPUs nvidia-smi lists may be there, hidden by CUDA_VISIBLE_DEVICES or unusable
     by torch's build or the driver (`hardware.torch_without_gpu`)."""
     build = TorchBuild(torch.__version__, torch.version.cuda, torch.version.hip)
-    unusable = None if count else torch_without_gpu(build, cuda_device_count())
+    unusable = None if count else torch_without_gpu(build, cuda_device_count(), driver_cuda())
     if unusable is not None:
         return f"{unusable[0]}. Fix: {unusable[1]}"
     hidden = hidden_gpus()

@@ -259,13 +259,19 @@ def _no_cuda(torch, config: Any, wants_gpu: bool) -> Check:
     """The CUDA check where torch sees none: fine for a CPU run; a GPU run is refused (it
     never moves to the CPU by itself), and the cause named where nvidia-smi shows GPUs
     (torch's build, the driver, or CUDA_VISIBLE_DEVICES). `config`: None without one (a warning then)."""
-    from retrain.hardware import TorchBuild, cuda_device_count, hidden_gpus, torch_without_gpu
+    from retrain.hardware import (
+        TorchBuild,
+        cuda_device_count,
+        driver_cuda,
+        hidden_gpus,
+        torch_without_gpu,
+    )
 
     status, detail, fix = OK, 'CUDA not available: local runs use devices = "cpu"', ""
     if wants_gpu:
         asked = config.backend.devices if config is not None else "gpu:0"
         build = TorchBuild(torch.__version__, torch.version.cuda, torch.version.hip)
-        unseen = torch_without_gpu(build, cuda_device_count())
+        unseen = torch_without_gpu(build, cuda_device_count(), driver_cuda())
         if unseen is None and (hidden := hidden_gpus()) is not None:
             unseen = (hidden, "list it in CUDA_VISIBLE_DEVICES (or unset it)")
         why = unseen[0] if unseen else "this machine has no CUDA device"

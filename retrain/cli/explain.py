@@ -167,12 +167,33 @@ def _advice(config: Config) -> list[str]:
             f"[eval] samples = {config.eval.samples} with temperature 0: greedy samples are identical, "
             "so pass@k equals the correct rate; raise [eval] temperature for pass@k"
         )
-    warnings += _data_keys_unread(config) + _wandb_advice(config)
+    warnings += _data_keys_unread(config) + _wandb_advice(config) + _driver_advice(config)
     if config.data.source == "reasoning_gym" and config.reward.type == "math":
         warnings.append(
             "reasoning-gym answers are plain strings: reward 'match' or 'gym' fits them better than 'math'"
         )
     return warnings
+
+
+def _driver_advice(config: Config) -> list[str]:
+    """A GPU run whose torch is built for a newer CUDA major version than the driver
+    runs: torch will see no GPU (the backend then refuses the devices), unless CUDA's
+    forward-compatibility package stands in for the driver, hence a warning here."""
+    info = registry.BACKENDS.entry(config.backend.backend)
+    if info is None or "[backend] devices" in info.ignores:
+        return []
+    if not any(p.strip().startswith(("gpu", "cuda")) for p in config.backend.devices.split(",")):
+        return []
+    build = hardware.torch_build()
+    driver = hardware.driver_cuda() if build is not None and build.cuda else None
+    old = hardware.driver_too_old(build, driver) if driver is not None else None
+    if old is None:
+        return []
+    fix = hardware.OLD_DRIVER_FIX.format(major=build.cuda.split(".")[0], driver=driver[0])
+    return [
+        f"[backend] devices: {old}, unless CUDA's forward-compatibility package is installed. "
+        f"Fix: {fix}"
+    ]
 
 
 def _resume_advice(config: Config) -> list[str]:

@@ -16,13 +16,17 @@ from retrain.cli import doctor
 from retrain.cli import estimates as estimates_cli
 from retrain.cli.main import main
 from retrain.hardware import (
+    TorchBuild,
     compute_capability,
     cuda_device_count,
     cuda_visible,
     device_memory,
+    driver_cuda,
+    driver_too_old,
     hidden_gpus,
     matmul_dtype,
     parse_meminfo,
+    torch_without_gpu,
     visible_gpu,
 )
 from retrain.memory import AUTO_MOST
@@ -120,6 +124,43 @@ def test_cuda_visible_devices_stops_at_its_first_invalid_entry():
     assert hidden_gpus(run=smi, env={"CUDA_VISIBLE_DEVICES": "0"}) is None
     assert hidden_gpus(run=smi, env={}) is None
     assert hidden_gpus(run=lambda args: None, env={"CUDA_VISIBLE_DEVICES": ""}) is None
+
+
+HEADER = "| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4     |\n"
+
+
+def test_a_driver_older_than_torchs_cuda_major_is_named():
+    """CUDA runs a build of an older minor version of the driver's major (minor-version
+    compatibility), not of a newer major: torch for CUDA 13 on a 12.4 driver sees no GPU."""
+    assert driver_cuda(run=lambda args: HEADER) == (12, 4)
+    assert driver_cuda(run=lambda args: None) is None
+    cu130, cu128 = TorchBuild("2.13.0+cu130", "13.0"), TorchBuild("2.13.0+cu128", "12.8")
+    assert driver_too_old(cu128, (12, 4)) is None and driver_too_old(cu130, None) is None
+    assert driver_too_old(TorchBuild("2.13.0+cpu", None), (12, 4)) is None
+    why, fix = torch_without_gpu(cu130, 1, (12, 4))
+    assert why == (
+        "the installed torch (2.13.0+cu130) is built for CUDA 13.0, and this machine's NVIDIA "
+        "driver runs CUDA up to 12.4 (nvidia-smi), so torch will see no GPU"
+    )
+    assert fix.startswith("an NVIDIA driver for CUDA 13 (") and "a torch built for CUDA 12" in fix
+    assert "sees none of the 1 GPU(s)" in torch_without_gpu(cu128, 1, (12, 4))[0]
+
+
+def test_explain_warns_of_a_driver_too_old_for_torchs_cuda(
+    tmp_path, capsys, monkeypatch, no_caches
+):
+    simulate(monkeypatch, cuda0=(79.1, 79.6))
+    monkeypatch.setattr("retrain.hardware.torch_build", lambda: TorchBuild("2.13.0+cu130", "13.0"))
+    monkeypatch.setattr("retrain.hardware.driver_cuda", lambda run=None: (12, 4))
+    out = explain(qwen_config(tmp_path), capsys)[1]
+    assert (
+        "WARNING: [backend] devices: the installed torch (2.13.0+cu130) is built for CUDA 13.0, "
+        "and this machine's NVIDIA driver runs CUDA up to 12.4 (nvidia-smi), so torch will see "
+        "no GPU, unless CUDA's forward-compatibility package is installed. Fix: an NVIDIA "
+        "driver for CUDA 13" in out
+    )
+    monkeypatch.setattr("retrain.hardware.driver_cuda", lambda run=None: (13, 0))
+    assert "forward-compatibility" not in explain(qwen_config(tmp_path), capsys)[1]
 
 
 def test_gpus_of_different_models_are_numbered_alike_only_in_pci_order():

@@ -177,10 +177,14 @@ def test_parse_devices_names_the_build_or_the_driver_when_nvidia_smi_sees_gpus(m
     with pytest.raises(ConfigError, match=r"is built without CUDA\. Fix: install torch's CUDA"):
         local.parse_devices("gpu:0", print)
     monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(local, "driver_cuda", lambda: None)  # the driver's CUDA unknown
     with pytest.raises(ConfigError) as exc:
         local.parse_devices("gpu:0", print)
     assert "(CUDA 13.0) sees none of the 1 GPU(s) nvidia-smi shows" in str(exc.value)
     assert "an NVIDIA driver new enough for CUDA 13.0" in str(exc.value)
+    monkeypatch.setattr(local, "driver_cuda", lambda: (12, 4))  # known, and too old
+    with pytest.raises(ConfigError, match=r"runs CUDA up to 12\.4 \(nvidia-smi\), so torch"):
+        local.parse_devices("gpu:0", print)
 
 
 def test_parse_devices_refuses_a_gpu_torch_does_not_see(monkeypatch):
