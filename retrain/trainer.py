@@ -506,13 +506,16 @@ class Trainer:
         """After a second Ctrl-C: the checkpoint that is kept and the command that resumes
         it, or, with none saved yet, that the run must start again (and how)."""
         if self.last_saved_step is None:
-            # its rows are in the log dir: starting again needs --overwrite to move them aside
-            again = self.launch.line(*(["--overwrite"] if occupied_dirs(self.config) else []))
             return (
                 "Aborted before the first checkpoint: nothing was saved, so there is nothing "
-                f"to resume. Start the run again: {again}"
+                f"to resume. Start the run again: {self._start_again()}"
             )
         return f"Aborted; {self._kept_checkpoint()}"
+
+    def _start_again(self) -> str:
+        """The command that starts this run over: with --overwrite where its rows are in
+        the log dir (a new run would refuse them; --overwrite moves them aside)."""
+        return self.launch.line(*(["--overwrite"] if occupied_dirs(self.config) else []))
 
     def _kept_checkpoint(self) -> str:
         """The last checkpoint (one was saved) and the command that resumes it."""
@@ -526,7 +529,10 @@ class Trainer:
         """After a run stopped on an error: what is kept, and how to go on once the cause
         is fixed (a resume takes a changed config and says what changed)."""
         if self.last_saved_step is None:
-            return "Nothing was saved before the failure: a fixed run starts again from step 0."
+            return (
+                "Nothing was saved before the failure. Once fixed, start the run again: "
+                f"{self._start_again()}"
+            )
         return f"Once fixed, {self._kept_checkpoint()}"
 
     def _summary(self) -> str:

@@ -612,6 +612,16 @@ def _where(config: Config, path: str, key: str, launch: ownership.Launch | None 
 # settings (the estimates: retrain/cli/estimates.py)
 
 
+def _auto_dtype_why(dtype: str, index: int) -> str | None:
+    """Why `dtype = "auto"` resolved to `dtype` on gpu:`index`, where worth saying: fp32
+    on a GPU without native bf16; bf16 read from an unknown GPU (mixed models without PCI
+    order), which torch decides at the start."""
+    if dtype == "fp32":
+        return no_native_bf16(index)
+    unordered = hardware.gpu_order_unknown()
+    return f"bf16 unless torch's gpu:{index} lacks it ({unordered})" if unordered else None
+
+
 def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
     """The values that shape a run, after the TOML, .env and CLI flags."""
     t, o, lora = config.training, config.optimizer, config.lora
@@ -658,15 +668,8 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
         opts = local_options(config)
         _, kind, index = training_device(config)
         out["matmuls"] = matmul_dtype(opts["dtype"], kind, index)
-        if opts["dtype"] == "auto" and kind == "cuda" and out["matmuls"] == "fp32":
-            out["matmuls_why"] = no_native_bf16(index)
-        elif (
-            opts["dtype"] == "auto"
-            and kind == "cuda"
-            and (unordered := hardware.gpu_order_unknown())
-        ):
-            # the capability read is of an unknown GPU: torch decides at the start
-            out["matmuls_why"] = f"bf16 unless torch's gpu:{index} lacks it ({unordered})"
+        if opts["dtype"] == "auto" and kind == "cuda":
+            out["matmuls_why"] = _auto_dtype_why(out["matmuls"], index)
         out["whole_model_bf16"] = whole_model_bf16(out["matmuls"], kind)
         out["micro_batch_tokens"] = opts["micro_batch_tokens"]
         out["checkpointing"] = opts["checkpointing"]

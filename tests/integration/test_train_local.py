@@ -244,10 +244,11 @@ def test_a_failed_run_says_which_checkpoint_is_kept_and_how_to_resume(
     with pytest.raises(RuntimeError, match="injected"):
         train(config_from_dict(raw), console=console)
     assert console.lines[-2] == "Run failed on an unexpected error (its traceback follows)."
-    if failing_call == 1:
-        assert console.lines[-1] == (
-            "Nothing was saved before the failure: a fixed run starts again from step 0."
+    if failing_call == 1:  # step 0's row is not written: no --overwrite needed
+        assert console.lines[-1].startswith(
+            "Nothing was saved before the failure. Once fixed, start the run again: retrain"
         )
+        assert "--overwrite" not in console.lines[-1]
     else:
         adapter = Path(raw["backend"]["adapter_path"], "checkpoint_step_2")
         assert console.lines[-1].startswith(
