@@ -16,6 +16,9 @@ entry in `meta` so the `gym` reward can call the task's own `score_answer`.
 from __future__ import annotations
 
 import difflib
+import json
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from retrain.data.base import DataSource
@@ -37,10 +40,55 @@ def _import_reasoning_gym():
 
 
 def task_names() -> list[str]:
+    """reasoning-gym's task names. Importing reasoning-gym imports every task (about 1 s:
+    sympy, matplotlib), which `explain` and `doctor` would pay on every call just to check
+    `[data] task`, so the names are kept in the retrain cache, per installed copy (its
+    version and the time its package was written), and read from there after the first
+    call. DataError when reasoning-gym is not installed."""
+    path = _names_file()
+    if path is not None:
+        try:
+            names = json.loads(path.read_text())
+            if isinstance(names, list) and all(isinstance(n, str) for n in names):
+                return names
+        except (OSError, ValueError):
+            pass
+    names = _registered()
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(names))
+            tmp.replace(path)  # atomic: a concurrent reader sees the old file or this one
+        except OSError:
+            pass  # a read-only cache: the names are read from reasoning-gym each time
+    return names
+
+
+def _registered() -> list[str]:
+    """The task names reasoning-gym registers, from the imported package."""
     _import_reasoning_gym()
     from reasoning_gym.factory import DATASETS
 
     return sorted(DATASETS)
+
+
+def _names_file() -> Path | None:
+    """Where the installed reasoning-gym's task names are cached; None when it is not
+    installed (or cannot be placed)."""
+    from importlib import metadata, util
+
+    from retrain.models import cache_dir
+
+    try:
+        spec = util.find_spec("reasoning_gym")
+        if spec is None or spec.origin is None:
+            return None
+        stamp = Path(spec.origin).stat().st_mtime_ns
+        version = metadata.version("reasoning-gym")
+    except (ImportError, ValueError, OSError, metadata.PackageNotFoundError):
+        return None
+    return cache_dir() / "reasoning_gym" / f"tasks-{version}-{stamp}.json"
 
 
 def load_gym_examples(
@@ -51,7 +99,7 @@ def load_gym_examples(
         raise DataError(
             "[data] task is required for source = 'reasoning_gym' (for example task = 'chain_sum')"
         )
-    names = task_names()
+    names = _registered()  # imported here anyway: the registry itself, not the cache
     if task not in names:
         close = difflib.get_close_matches(task, names, n=3)
         hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""

@@ -215,6 +215,34 @@ def test_reasoning_gym_errors():
         data_source("reasoning_gym", task="chain_sum", args={"bogus": 1})
 
 
+def test_reasoning_gym_task_names_are_cached_per_installed_copy(tmp_path, monkeypatch):
+    """explain's task check reads the names from the retrain cache after the first call
+    (importing reasoning-gym takes about 1 s); a damaged file is read past, a cache that
+    cannot be written is only slower."""
+    pytest.importorskip("reasoning_gym")
+    import retrain.data.reasoning_gym as rg
+
+    monkeypatch.setenv("RETRAIN_CACHE", str(tmp_path / "cache"))
+    names = rg.task_names()
+    assert "basic_arithmetic" in names and names == sorted(names)
+    (cached,) = (tmp_path / "cache" / "reasoning_gym").glob("tasks-*.json")
+    assert json.loads(cached.read_text()) == names
+
+    def no_import():
+        raise AssertionError("imported reasoning-gym again")
+
+    monkeypatch.setattr(rg, "_registered", no_import)
+    assert rg.task_names() == names  # read from the cache
+    cached.write_text("{not json")
+    monkeypatch.undo()
+    monkeypatch.setenv("RETRAIN_CACHE", str(tmp_path / "cache"))
+    assert rg.task_names() == names and json.loads(cached.read_text()) == names  # rewritten
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("RETRAIN_CACHE", str(blocked))  # no directory can be made under it
+    assert rg.task_names() == names
+
+
 # -- build_data_source ----------------------------------------------------------------
 
 
