@@ -294,6 +294,11 @@ class TorchBuild:
     def gpu(self) -> bool:
         return self.cuda is not None or self.hip is not None
 
+    @classmethod
+    def of(cls, torch) -> TorchBuild:
+        """The build of the imported `torch` module."""
+        return cls(torch.__version__, torch.version.cuda, torch.version.hip)
+
 
 @functools.cache
 def torch_build() -> TorchBuild | None:
@@ -337,17 +342,20 @@ def _major(version: str | None) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def driver_too_old(build: TorchBuild, driver: tuple[int, int] | None) -> str | None:
-    """Why the driver cannot run torch's CUDA: a CUDA build of a newer major version than
-    the driver runs (within a major version CUDA's minor-version compatibility holds);
-    None when it can, or either is unknown."""
+def driver_too_old(build: TorchBuild, driver: tuple[int, int] | None) -> tuple[str, str] | None:
+    """(why, fix) when the driver cannot run torch's CUDA: a CUDA build of a newer major
+    version than the driver runs (within a major version CUDA's minor-version
+    compatibility holds); None when it can, or either is unknown."""
     major = _major(build.cuda)
     if driver is None or major is None or major <= driver[0]:
         return None
     return (
         f"the installed torch ({build.version}) is built for CUDA {build.cuda}, and this "
         f"machine's NVIDIA driver runs CUDA up to {driver[0]}.{driver[1]} (nvidia-smi), so "
-        "torch will see no GPU"
+        "torch will see no GPU",
+        f"an NVIDIA driver for CUDA {major} (nvidia-smi's header then says CUDA Version: "
+        f"{major}.x), or a torch built for CUDA {driver[0]} (PyTorch's install page gives the "
+        "index URL of each CUDA build)",
     )
 
 
@@ -367,10 +375,7 @@ def torch_without_gpu(
             f"install torch's CUDA build (on Linux, PyPI's: pip install torch=={base}), or "
             'devices = "cpu"',
         )
-    old = driver_too_old(build, driver)
-    if old is not None:
-        return old, OLD_DRIVER_FIX.format(major=_major(build.cuda), driver=driver[0])
-    return (
+    return driver_too_old(build, driver) or (
         f"torch {build.version} (CUDA {build.cuda or build.hip}) sees none of the {gpus} GPU(s) "
         "nvidia-smi shows",
         f"an NVIDIA driver new enough for CUDA {build.cuda} (nvidia-smi's header names the "
@@ -379,11 +384,20 @@ def torch_without_gpu(
     )
 
 
-OLD_DRIVER_FIX = (
-    "an NVIDIA driver for CUDA {major} (nvidia-smi's header then says CUDA Version: "
-    "{major}.x), or a torch built for CUDA {driver} (PyTorch's install page gives the index "
-    "URL of each CUDA build)"
-)
+# The fix of GPUs that CUDA_VISIBLE_DEVICES hides (`hidden_gpus`).
+HIDDEN_FIX = "list it in CUDA_VISIBLE_DEVICES (or unset it), or ask for a GPU CUDA sees"
+
+
+def torch_lacks_gpus(build: TorchBuild, seen: int) -> tuple[str, str] | None:
+    """(why, fix) when torch, numbering `seen` CUDA devices, lacks one asked for while
+    nvidia-smi lists GPUs: with none seen, torch's build or the driver
+    (`torch_without_gpu`); else CUDA_VISIBLE_DEVICES hiding some (`hidden_gpus`). None
+    when nvidia-smi lists no more than torch sees. Asks nvidia-smi."""
+    unusable = None if seen else torch_without_gpu(build, cuda_device_count(), driver_cuda())
+    if unusable is not None:
+        return unusable
+    hidden = hidden_gpus()
+    return None if hidden is None else (hidden, HIDDEN_FIX)
 
 
 def cuda_device_count(

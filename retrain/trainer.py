@@ -588,13 +588,14 @@ def train(
     trainer = Trainer(config, config_path=config_path, console=console, launch=launch)
     try:
         return trainer.run()
-    except RetrainError as exc:
+    except Exception as exc:
         if trainer.log.is_open:
-            trainer.say(f"Run failed: {exc}")
-            trainer.say(trainer.failed_line())
-        raise
-    except Exception:  # a bug, or an error retrain does not name: its traceback follows
-        if trainer.log.is_open:
-            trainer.say("Run failed on an unexpected error (its traceback follows).")
+            # a RetrainError names its cause; anything else is a bug, whose traceback follows
+            named = isinstance(exc, RetrainError)
+            trainer.say(
+                f"Run failed: {exc}"
+                if named
+                else "Run failed on an unexpected error (its traceback follows)."
+            )
             trainer.say(trainer.failed_line())
         raise

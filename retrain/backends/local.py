@@ -49,11 +49,8 @@ from retrain.errors import (
 )
 from retrain.hardware import (
     TorchBuild,
-    cuda_device_count,
     cuda_free_bytes,
-    driver_cuda,
-    hidden_gpus,
-    torch_without_gpu,
+    torch_lacks_gpus,
     whole_model_bf16,
 )
 from retrain.kernels import flex
@@ -137,15 +134,10 @@ def parse_devices(spec: str, warn: Callable[[str], None]) -> list[torch.device]:
 
 def _unseen(count: int) -> str:
     """Why torch, numbering `count` CUDA devices, lacks the one asked for, and the fix:
-    the GPUs nvidia-smi lists may be there, hidden by CUDA_VISIBLE_DEVICES or unusable
-    by torch's build or the driver (`hardware.torch_without_gpu`)."""
-    build = TorchBuild(torch.__version__, torch.version.cuda, torch.version.hip)
-    unusable = None if count else torch_without_gpu(build, cuda_device_count(), driver_cuda())
-    if unusable is not None:
-        return f"{unusable[0]}. Fix: {unusable[1]}"
-    hidden = hidden_gpus()
-    if hidden is not None:
-        return f"{hidden}. Fix: list it in CUDA_VISIBLE_DEVICES (or unset it), or ask for a GPU CUDA sees"
+    the GPUs nvidia-smi lists may be there (`hardware.torch_lacks_gpus`)."""
+    lacking = torch_lacks_gpus(TorchBuild.of(torch), count)
+    if lacking is not None:
+        return f"{lacking[0]}. Fix: {lacking[1]}"
     has = f"{count} CUDA device(s)" if count else "no CUDA device"
     fix = "gpu:0" if count else "cpu"
     return (

@@ -259,21 +259,12 @@ def _no_cuda(torch, config: Any, wants_gpu: bool) -> Check:
     """The CUDA check where torch sees none: fine for a CPU run; a GPU run is refused (it
     never moves to the CPU by itself), and the cause named where nvidia-smi shows GPUs
     (torch's build, the driver, or CUDA_VISIBLE_DEVICES). `config`: None without one (a warning then)."""
-    from retrain.hardware import (
-        TorchBuild,
-        cuda_device_count,
-        driver_cuda,
-        hidden_gpus,
-        torch_without_gpu,
-    )
+    from retrain.hardware import TorchBuild, torch_lacks_gpus
 
     status, detail, fix = OK, 'CUDA not available: local runs use devices = "cpu"', ""
     if wants_gpu:
         asked = config.backend.devices if config is not None else "gpu:0"
-        build = TorchBuild(torch.__version__, torch.version.cuda, torch.version.hip)
-        unseen = torch_without_gpu(build, cuda_device_count(), driver_cuda())
-        if unseen is None and (hidden := hidden_gpus()) is not None:
-            unseen = (hidden, "list it in CUDA_VISIBLE_DEVICES (or unset it)")
+        unseen = torch_lacks_gpus(TorchBuild.of(torch), 0)
         why = unseen[0] if unseen else "this machine has no CUDA device"
         detail = (
             f"CUDA not available, but [backend] devices = {asked!r} (the run refuses it): {why}"
@@ -287,9 +278,9 @@ def _no_cuda(torch, config: Any, wants_gpu: bool) -> Check:
 
 
 def check_torch(config: Any) -> list[Check]:
-    wants_gpu = config is None or any(
-        p.strip().startswith(("gpu", "cuda")) for p in config.backend.devices.split(",")
-    )
+    from retrain.config.validate import asked_gpus
+
+    wants_gpu = config is None or bool(asked_gpus(config.backend.devices))
     local = config is None or _uses_torch_here(config)
     if importlib.util.find_spec("torch") is None:
         status = FAIL if (config is not None and local) else WARN

@@ -27,6 +27,7 @@ from retrain.cli.estimates import engine_traits, estimates, local_options, train
 from retrain.cli.run import is_standalone_squeeze, refuse_overwrite
 from retrain.config import DEFAULT_CONFIG, Config, load_config, load_dotenv
 from retrain.config.validate import (
+    asked_gpus,
     device_kind,
     flow_problems,
     static_token_varying,
@@ -182,17 +183,15 @@ def _driver_advice(config: Config) -> list[str]:
     info = registry.BACKENDS.entry(config.backend.backend)
     if info is None or "[backend] devices" in info.ignores:
         return []
-    if not any(p.strip().startswith(("gpu", "cuda")) for p in config.backend.devices.split(",")):
+    if not asked_gpus(config.backend.devices):
         return []
     build = hardware.torch_build()
-    driver = hardware.driver_cuda() if build is not None and build.cuda else None
-    old = hardware.driver_too_old(build, driver) if driver is not None else None
+    old = hardware.driver_too_old(build, hardware.driver_cuda()) if build and build.cuda else None
     if old is None:
         return []
-    fix = hardware.OLD_DRIVER_FIX.format(major=build.cuda.split(".")[0], driver=driver[0])
     return [
-        f"[backend] devices: {old}, unless CUDA's forward-compatibility package is installed. "
-        f"Fix: {fix}"
+        f"[backend] devices: {old[0]}, unless CUDA's forward-compatibility package is "
+        f"installed. Fix: {old[1]}"
     ]
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from retrain import registry
 from retrain.config import hints
 from retrain.config.schema import Config
-from retrain.hardware import TorchBuild, compiler_missing, torch_without_gpu
+from retrain.hardware import HIDDEN_FIX, TorchBuild, compiler_missing, torch_without_gpu
 from retrain.types import USER_OBJECTIVE, BackendCapabilities, EngineTraits, check_option
 
 Problems = list[tuple[str, str]]
@@ -747,6 +747,11 @@ def _toml(value: str | bool) -> str:
     return str(value).lower() if isinstance(value, bool) else f'"{value}"'
 
 
+def asked_gpus(devices: str) -> list[str]:
+    """The CUDA entries of a `[backend] devices` value ("cpu", "gpu:0,gpu:1", ...)."""
+    return [p.strip() for p in devices.split(",") if p.strip().startswith(("gpu", "cuda"))]
+
+
 def devices_problems(
     config: Config,
     count_cuda: Callable[[], int],
@@ -761,7 +766,7 @@ def devices_problems(
     if entry is None or "[backend] devices" in entry.ignores:
         return []
     spec = config.backend.devices
-    gpus = [p.strip() for p in spec.split(",") if p.strip().startswith(("gpu", "cuda"))]
+    gpus = asked_gpus(spec)
     cuda_devices = count_cuda() if gpus else 0
     absent = [p for p in gpus if int(p.split(":")[1]) >= cuda_devices]
     if not absent:
@@ -780,8 +785,7 @@ def devices_problems(
         return [
             (
                 "[backend] devices",
-                f"{spec!r} asks for {', '.join(absent)}, but {note}. Fix: list it in "
-                "CUDA_VISIBLE_DEVICES (or unset it), or ask for a GPU CUDA sees",
+                f"{spec!r} asks for {', '.join(absent)}, but {note}. Fix: {HIDDEN_FIX}",
             )
         ]
     if cuda_devices == 0:

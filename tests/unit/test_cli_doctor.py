@@ -348,7 +348,7 @@ def test_a_gpu_torch_cannot_use_is_explained(env, monkeypatch):
     monkeypatch.setattr("retrain.hardware.hidden_gpus", lambda **kw: "CUDA_VISIBLE_DEVICES = ''")
     check = {c.name: c for c in doctor.check_torch(config_from_dict({}))}["cuda"]
     assert check.detail.endswith("(the run refuses it): CUDA_VISIBLE_DEVICES = ''")
-    assert check.fix == "list it in CUDA_VISIBLE_DEVICES (or unset it)"
+    assert check.fix == "list it in CUDA_VISIBLE_DEVICES (or unset it), or ask for a GPU CUDA sees"
 
 
 def test_gpu_lines_with_a_faked_cuda(env, monkeypatch):

@@ -171,18 +171,18 @@ def test_parse_devices_names_the_build_or_the_driver_when_nvidia_smi_sees_gpus(m
     import retrain.backends.local as local
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(local, "cuda_device_count", lambda: 1)
+    monkeypatch.setattr("retrain.hardware.cuda_device_count", lambda **kw: 1)
     monkeypatch.setattr(torch.version, "cuda", None)
     monkeypatch.setattr(torch.version, "hip", None)
     with pytest.raises(ConfigError, match=r"is built without CUDA\. Fix: install torch's CUDA"):
         local.parse_devices("gpu:0", print)
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    monkeypatch.setattr(local, "driver_cuda", lambda: None)  # the driver's CUDA unknown
+    monkeypatch.setattr("retrain.hardware.driver_cuda", lambda: None)  # the driver's CUDA unknown
     with pytest.raises(ConfigError) as exc:
         local.parse_devices("gpu:0", print)
     assert "(CUDA 13.0) sees none of the 1 GPU(s) nvidia-smi shows" in str(exc.value)
     assert "an NVIDIA driver new enough for CUDA 13.0" in str(exc.value)
-    monkeypatch.setattr(local, "driver_cuda", lambda: (12, 4))  # known, and too old
+    monkeypatch.setattr("retrain.hardware.driver_cuda", lambda: (12, 4))  # known, and too old
     with pytest.raises(ConfigError, match=r"runs CUDA up to 12\.4 \(nvidia-smi\), so torch"):
         local.parse_devices("gpu:0", print)
 
@@ -193,7 +193,8 @@ def test_parse_devices_refuses_a_gpu_torch_does_not_see(monkeypatch):
 
     warned = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr("retrain.backends.local.cuda_device_count", lambda: 0)  # nor nvidia-smi
+    monkeypatch.setattr("retrain.hardware.cuda_device_count", lambda **kw: 0)  # nor nvidia-smi
+    monkeypatch.setattr("retrain.hardware.hidden_gpus", lambda **kw: None)
     with pytest.raises(ConfigError, match=r"torch finds no CUDA device on this machine") as exc:
         parse_devices("gpu:0", warned.append)
     assert exc.value.exit_code == 2 and 'Fix: devices = "cpu"' in str(exc.value)
