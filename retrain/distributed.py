@@ -29,13 +29,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, TypeVar
-
-import torch
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from retrain.errors import BackendError, DistributedError, RetrainError
 from retrain.kernels.blocks import transformer_blocks
 from retrain.world import World
+
+if TYPE_CHECKING:  # the trainer imports this module on every backend; tinker's needs no torch
+    import torch
 
 T = TypeVar("T")
 _FAILURE = "failure/"
@@ -51,10 +52,11 @@ def connect(world: World, device_kind: str) -> None:
     """Join the run's process group. Under torchrun the rendezvous store is the launcher's
     (it outlives the workers, so a failed rank's message stays readable); launched by
     hand, rank 0 hosts it."""
-    import torch.distributed as dist
-
     if not world.distributed:
         return
+    import torch
+    import torch.distributed as dist
+
     # A rank that dies inside C++ (gloo, NCCL: SIGABRT, SIGSEGV) would leave only torchrun's
     # "exitcode -6"; this prints every thread's Python stack to the rank's stderr first.
     if not faulthandler.is_enabled():
@@ -101,7 +103,8 @@ def session(world: World, device_kind: str) -> Iterator[None]:
             post_failure(world, exc)
         raise
     finally:
-        disconnect()
+        if world.distributed:
+            disconnect()
 
 
 def post_failure(world: World, exc: BaseException) -> None:
@@ -187,6 +190,7 @@ def all_reduce_grads(world: World, params: Sequence[torch.Tensor]) -> None:
     gradient (no completion of its own this step) adds zeros."""
     if not world.distributed:
         return
+    import torch
     import torch.distributed as dist
 
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
@@ -202,6 +206,7 @@ def broadcast_params(world: World, params: Sequence[torch.Tensor]) -> None:
     """Rank 0's values into every rank's `params` (a LoRA init drawn unseeded)."""
     if not world.distributed:
         return
+    import torch
     import torch.distributed as dist
 
     with torch.no_grad():
@@ -273,6 +278,8 @@ def sharded_weights(model: torch.nn.Module) -> None:
 
 def rank_rng_state() -> dict[str, Any]:
     """This rank's torch RNG states (CPU and CUDA), as JSON lists."""
+    import torch
+
     out: dict[str, Any] = {"torch": torch.get_rng_state().tolist()}
     if torch.cuda.is_available():
         out["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
@@ -280,6 +287,8 @@ def rank_rng_state() -> dict[str, Any]:
 
 
 def restore_rank_rng(state: dict[str, Any]) -> None:
+    import torch
+
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])

@@ -82,7 +82,7 @@ def parse_grams(spec: str | Sequence[str] | None) -> list[str]:
             except json.JSONDecodeError as exc:
                 raise ValueError(
                     f"[logging] strategic_grams looks like a JSON array but does not parse "
-                    f"({exc.msg} at column {exc.colno}); write it as a JSON array of strings "
+                    f"({exc.msg}: column {exc.colno}); write it as a JSON array of strings "
                     '(\'["let me think", "double check"]\') or as comma-separated text'
                 ) from None
             if not isinstance(items, list) or not all(isinstance(g, str) for g in items):

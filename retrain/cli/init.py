@@ -126,7 +126,7 @@ def _ask(prompt: str, default: str, choices: tuple[str, ...] = ()) -> str:
 def _interactive() -> str:
     """Ask for model, algorithm, steps and backend; returns TOML text."""
     from retrain.config import config_from_dict
-    from retrain.config.toml_writer import value_to_toml
+    from retrain.config.toml_writer import set_keys
 
     model = _ask("Model (hub id, local dir or .gguf)", "HuggingFaceTB/SmolLM2-135M-Instruct")
     condition = _ask(
@@ -141,27 +141,24 @@ def _interactive() -> str:
         print("  please answer a positive integer")
     backend = _ask("Backend", "local", ("local", "tinker"))
     adv, transform = condition.split("+")
+    # The whole template, comments and all, with the answers set in it: a config that runs
+    # as written (the quickstart's CPU settings for SmolLM2, the experiment's otherwise),
+    # whose logs and adapters are named after the condition, not the template's run.
     base = templates()["quickstart"] if "SmolLM2" in model else templates()["experiment"]
-    lines = [
-        "# written by `retrain init --interactive`",
-        "[backend]",
-        f"backend = {value_to_toml(backend)}",
-        "",
-        "[model]",
-        f"model = {value_to_toml(model)}",
-        "",
-        "[algorithm]",
-        f"advantage_mode = {value_to_toml(adv)}",
-        f"transform_mode = {value_to_toml(transform)}",
-        "",
-        "[training]",
-        f"max_steps = {int(steps)}",
-        "",
-    ]
-    text = "\n".join(lines)
-    # Keep the template's data/reward sections so the config runs as written.
-    tail = base[base.index("[data]") :] if "[data]" in base else ""
-    text += "\n" + tail
+    name = f"{adv}_{transform}"
+    text = set_keys(
+        base,
+        {
+            ("backend", "backend"): backend,
+            ("backend", "adapter_path"): f"adapters/{name}",
+            ("model", "model"): model,
+            ("algorithm", "advantage_mode"): adv,
+            ("algorithm", "transform_mode"): transform,
+            ("training", "max_steps"): int(steps),
+            ("logging", "log_dir"): f"logs/{name}",
+        },
+    )
+    text = "# written by `retrain init --interactive`\n" + text
     import tomllib
 
     config_from_dict(tomllib.loads(text))  # validate before writing

@@ -34,8 +34,12 @@ class Later:
 
 
 _COV = (
-    "KL-Cov / Clip-Cov entropy control is not in this build: remove the key "
-    '(this build trains like policy_loss_mode = "standard")'
+    'KL-Cov and Clip-Cov are built here under other names: policy_loss = "kl_cov" with '
+    "kl_cov_fraction (= kl_cov_percent / 100) and kl_cov_beta (= kl_cov_coef), or "
+    'policy_loss = "clip_cov" with clip_cov_fraction (= clip_cov_ratio) and clip_cov_lb / '
+    "clip_cov_ub (= clip_cov_min / clip_cov_max), all under [training]; they pick tokens over "
+    "the whole step where the original picked them per micro-batch (retrain man --topic "
+    'loss). policy_loss_mode = "standard" is the default: remove the key'
 )
 _TL = "TL-GRPO (turn-level branching) is not in this build: remove the key"
 _SFT = (

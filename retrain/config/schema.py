@@ -71,8 +71,44 @@ def _check_devices(value: str) -> str | None:
     return None
 
 
+def _one_device(value: str) -> str | None:
+    if _DEVICE.match(value.strip()):
+        return None
+    return f"malformed device {value!r}: use e.g. 'cpu' or 'gpu:0'"
+
+
 def _non_empty(value: str) -> str | None:
     return None if value.strip() else "must not be empty"
+
+
+# [environment] max_turns = -1 where the environment sets no cap of its own (an OpenEnv
+# environment never does): a conversation must end somewhere.
+FALLBACK_MAX_TURNS = 8
+
+
+def _turn_cap(value: int) -> str | None:
+    return (
+        None
+        if value == -1 or value >= 1
+        else f"must be -1 (the environment's cap) or >= 1, got {value}"
+    )
+
+
+def _grams(value: str) -> str | None:
+    """Parsed when the config loads, not when the run builds its detector."""
+    from retrain.advantages.planning import parse_grams
+
+    try:
+        parse_grams(value)
+    except ValueError as exc:
+        return str(exc).removeprefix("[logging] strategic_grams").lstrip(": ")
+    return None
+
+
+def _decay(value: float) -> str | None:
+    if value < 1:
+        return None
+    return f"must be < 1, got {value!r}: at 1 the average would never move from its first value"
 
 
 def _zero_or_above_one(value: float) -> str | None:
@@ -487,7 +523,12 @@ class EnvironmentConfig:
         "Environment kwargs as a TOML table (or a JSON string); openenv: the Environment "
         "class's constructor kwargs (in-process) or reset() kwargs (a server)",
     )
-    max_turns: int = opt(-1, "Multi-turn safety cap. -1 = environment default", ge=-1)
+    max_turns: int = opt(
+        -1,
+        "Multi-turn: the cap on model turns per conversation. -1 = the environment's own "
+        f"cap, or {FALLBACK_MAX_TURNS} where it sets none (an OpenEnv environment never does)",
+        check=_turn_cap,
+    )
     auto_install: bool = opt(False, "Install a missing Prime Hub environment automatically")
     turn_timeout_s: float = opt(
         60.0,
@@ -520,6 +561,8 @@ class HicraConfig:
         "Planning token amplification. 0 disables HICRA; at most 1 so no advantage flips sign",
         ge=0.0,
         le=1.0,
+        fix="at most 1: HICRA scales a planning token's advantage by 1 + alpha where it is "
+        "positive and 1 - alpha where negative, so above 1 a negative advantage would flip sign",
     )
 
 
@@ -537,7 +580,7 @@ class SepaConfig:
     )
     warmup: int = opt(50, "auto: steps whose variance EMA fixes the reference variance var_0", ge=1)
     ema_decay: float = opt(
-        0.99, "auto: EMA decay of the execution-uncertainty variance", ge=0.0, le=1.0
+        0.99, "auto: EMA decay of the execution-uncertainty variance", ge=0.0, check=_decay
     )
     var_threshold: float = opt(
         0.2, "auto: lambda = 1 - min(var_ema / var_0 / var_threshold, 1)", gt=0.0
@@ -569,19 +612,34 @@ class InferenceConfig:
     max_connections: int = opt(16, "Server requests in flight at once (one per prompt)", ge=1)
     attention_kernel: str = opt(
         "default",
-        "Attention implementation",
-        choices=("default", "flash", "triton", "tk", "cutlass"),
+        "Attention implementation: only default is applied in this version",
+        choices=("default",),
+        fix="the spec's flash, triton, tk and cutlass are not applied in this version (the "
+        "pytorch engine picks its kernel per device; a server picks its own when it starts)",
     )
     dtype: str = opt(
         "auto",
         "Inference dtype. pytorch engine: auto (the trained model's dtype: a sampling copy "
         "that computes what the trained model does) or bf16 (a wholly bf16 sampling copy, "
         "the adapter beside its weights in float32: the sampler's logprobs are its own and "
-        "the importance ratio corrects the difference; see docs/performance.md)",
-        choices=("auto", "bf16", "fp8", "fp4"),
+        "the importance ratio corrects the difference; see docs/performance.md). Server "
+        "engines: auto (the server's own --dtype)",
+        choices=("auto", "bf16"),
+        fix="the spec's fp8 and fp4 are not applied in this version (a server takes its dtype "
+        "when it starts, e.g. vLLM --dtype / --quantization)",
     )
-    kv_cache_dtype: str = opt("auto", "KV cache dtype", choices=("auto", "bf16", "fp8", "int8"))
-    prefix_caching: bool = opt(True, "Share the prompt KV cache across a group's completions")
+    kv_cache_dtype: str = opt(
+        "auto",
+        "KV cache dtype: only auto (the model's) is applied in this version",
+        choices=("auto",),
+        fix="the spec's bf16, fp8 and int8 are not applied in this version (a server takes its "
+        "own when it starts, e.g. vLLM --kv-cache-dtype)",
+    )
+    prefix_caching: bool = opt(
+        True,
+        "Share the prompt KV cache across a group's completions (pytorch engine; a server "
+        "sets its own when it starts, e.g. vLLM --enable-prefix-caching)",
+    )
 
 
 @dataclass
@@ -648,7 +706,7 @@ class EvalConfig:
 class BackpressureConfig:
     enabled: bool = opt(False, "Enable USL adaptive batch sizing")
     warmup_steps: int = opt(10, "Steps exploring batch sizes before fitting the USL model", ge=0)
-    ema_decay: float = opt(0.9, "EMA decay for throughput tracking", ge=0.0, le=1.0)
+    ema_decay: float = opt(0.9, "EMA decay for throughput tracking", ge=0.0, check=_decay)
     throttle_margin: float = opt(
         0.85, "Target fraction of the optimal concurrency p*", gt=0.0, le=1.0
     )
@@ -672,7 +730,7 @@ class SqueezeConfig:
     )
     output_path: str = opt("", "Directory for the compressed adapter. Empty = analyse only")
     compress_to: int = opt(0, "Target rank for compression. 0 = the recommended rank", ge=0)
-    device: str = opt("cpu", "Torch device for the SVDs")
+    device: str = opt("cpu", "Device for the SVDs: cpu, gpu:N (cuda:N) or mps", check=_one_device)
 
 
 @dataclass
@@ -696,7 +754,9 @@ class LoggingConfig:
     wandb_entity: str = opt("", "wandb entity / team")
     wandb_group: str = opt("", "wandb group")
     wandb_tags: str = opt("", "Comma-separated wandb tags")
-    strategic_grams: str = opt("", "Planning grams as a JSON array or CSV. Empty = the 18 defaults")
+    strategic_grams: str = opt(
+        "", "Planning grams as a JSON array or CSV. Empty = the 18 defaults", check=_grams
+    )
     group_lines: int = opt(2, "How many 'group: k/n correct' lines to print per step", ge=0)
     condition_label: str = opt(
         "",

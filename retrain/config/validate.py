@@ -362,6 +362,16 @@ def _data(config: Config) -> Problems:
         ]
     if env.provider:
         return []
+    stray = _environment_keys_without_provider(env)
+    if stray:
+        return [
+            (
+                f"[environment] {stray[0]}",
+                f"is set but [environment] provider is empty: {', '.join(stray)} would be "
+                f"ignored and the run would train on [data] source = {data.source!r}. Fix: "
+                'provider = "verifiers" or "openenv", or remove those keys',
+            )
+        ]
     if data.source == "jsonl" and not data.path:
         return [("[data] path", "source 'jsonl' needs path = \"file.jsonl\"")]
     if data.source == "reasoning_gym" and not data.task:
@@ -369,6 +379,14 @@ def _data(config: Config) -> Problems:
             ("[data] task", "source 'reasoning_gym' needs a task name, e.g. task = \"chain_sum\"")
         ]
     return []
+
+
+def _environment_keys_without_provider(env) -> list[str]:
+    """The `[environment]` keys set to other than their defaults, which only a provider
+    reads (a forgotten provider would otherwise train on [data] silently)."""
+    defaults = type(env)()
+    keys = ("id", "module", "base_url", "args", "max_turns", "auto_install", "turn_timeout_s")
+    return [k for k in keys if getattr(env, k) != getattr(defaults, k)]
 
 
 def _not_found(key: str, what: str, path: str, fix: str) -> tuple[str, str]:
@@ -426,18 +444,23 @@ def _reward_file(config: Config) -> Problems:
 
 
 def _backend_options(config: Config) -> Problems:
-    """`[backend.options]` against a built-in backend's option schema."""
+    """`[backend.options]` against a built-in backend's option schema (a plugin's is
+    checked where the plugin is imported: build.startup_problems)."""
     entry = registry.BACKENDS.entry(config.backend.backend)
     if entry is None or not entry.available:
         return []
+    return backend_option_problems(config.backend.options, entry.options, entry.name)
+
+
+def backend_option_problems(options: dict, schema: dict, backend: str) -> Problems:
+    """Each of `options` against `schema` (name -> OptionSpec) of the backend `backend`."""
     problems: Problems = []
-    schema = entry.options
-    for name, value in config.backend.options.items():
+    for name, value in options.items():
         spec = schema.get(name)
         if spec is None:
             valid = ", ".join(schema) or "(none)"
             hint = registry.suggest(name, schema) or hints.table_home(name)
-            problem = f"unknown option {name!r} for backend {entry.name!r}{hint}; valid: {valid}"
+            problem = f"unknown option {name!r} for backend {backend!r}{hint}; valid: {valid}"
         else:
             problem = check_option(spec, value)
         if problem:
@@ -603,28 +626,28 @@ def _compile(config: Config) -> Problems:
 
 
 def _engine_settings(config: Config) -> Problems:
-    """The spec's engine-tuning keys that no built-in engine acts on yet: a value other
-    than the default is an error, not a silent no-op. (A server engine's dtype and
-    kernels are chosen when the server starts: scripts/vllm_server/start.sh.)"""
+    """The engine-tuning keys an engine does not act on: a value other than the default is
+    an error, not a silent no-op. (A server engine's dtype and caching are chosen when the
+    server starts: scripts/vllm_server/start.sh.)"""
     inf, traits = config.inference, _engine_traits(config)
     if traits is None:
         return []
     where = (
         f"the {inf.engine} engine samples in {' or '.join(traits.dtypes)}"
         if traits.in_process
-        else f"a {inf.engine} server picks it when it starts (e.g. vLLM --dtype/--kv-cache-dtype)"
+        else f"a {inf.engine} server sets it when it starts (e.g. vLLM --dtype, "
+        "--enable-prefix-caching)"
     )
     unused = [
-        ("[inference] attention_kernel", inf.attention_kernel != "default", '"default"'),
-        ("[inference] kv_cache_dtype", inf.kv_cache_dtype != "auto", '"auto"'),
         (
             "[inference] dtype",
             inf.dtype not in traits.dtypes,
             " or ".join(f'"{d}"' for d in traits.dtypes),
         ),
+        ("[inference] prefix_caching", not (traits.in_process or inf.prefix_caching), "true"),
     ]
     return [
-        (key, f"is not applied by engine {inf.engine!r} in this version ({where}). Fix: {fix}")
+        (key, f"is not applied by engine {inf.engine!r} ({where}). Fix: {fix}")
         for key, bad, fix in unused
         if bad
     ]
@@ -639,6 +662,15 @@ def _inference(config: Config) -> Problems:
     traits = _engine_traits(config)
     if traits is None or registry.BACKENDS.entry(config.backend.backend) is None:
         return []
+    if traits.in_process and config.inference.url.strip():
+        engine = config.inference.engine
+        return [
+            (
+                "[inference] url",
+                f"is set, but engine {engine!r} samples in-process and reads no URL. Fix: the "
+                'server\'s engine (e.g. engine = "vllm"), or url = "" to sample in-process',
+            )
+        ]
     if traits.needs_url and not config.inference.url.strip():
         engine = config.inference.engine
         return [

@@ -26,6 +26,7 @@ class EnvironmentReport:
     opens: bool  # the environment speaks first (no prompt of its own)
     multi_turn: bool
     needs_tools: bool
+    max_turns: int = 0  # a multi-turn one's cap on model turns per conversation
     # the model's tool-call format (retrain/tool_calls.py) when the tokenizer was at hand
     tool_format: str = ""
 
@@ -40,7 +41,8 @@ class EnvironmentReport:
         return (
             f"{self.api} API, {self.tasks} tasks, "
             f"{'opens the conversation' if self.opens else 'the task prompt opens'}, "
-            f"{'multi-turn' if self.multi_turn else 'single-turn'}, {tools}"
+            f"{f'multi-turn (at most {self.max_turns} model turns)' if self.multi_turn else 'single-turn'}, "
+            f"{tools}"
         )
 
 
@@ -49,12 +51,14 @@ def describe(source: Any) -> EnvironmentReport:
     opens = bool(getattr(source, "opens", False)) or any(
         not e.prompt and not (e.meta or {}).get("messages") for e in examples
     )
+    turns = getattr(source, "turn_environment", None)
     return EnvironmentReport(
         api=str(getattr(source, "api", "?")),
         tasks=len(source),
         opens=opens,
-        multi_turn=getattr(source, "turn_environment", None) is not None,
+        multi_turn=turns is not None,
         needs_tools=bool(getattr(source, "needs_tools", False)),
+        max_turns=int(getattr(turns, "max_turns", 0) or 0),
     )
 
 

@@ -25,11 +25,11 @@ import json
 import typing
 from typing import Any
 
+from retrain.config.schema import FALLBACK_MAX_TURNS
 from retrain.data.base import DataSource
 from retrain.errors import DataError
 from retrain.types import Example
 
-DEFAULT_MAX_TURNS = 8
 INSTALL_HINT = "pip install 'retrain[openenv]' (openenv 0.4.1)"
 _OBS_SKIP = {"done", "reward", "metadata"}
 
@@ -154,7 +154,7 @@ class OpenEnvTurns:
     def __init__(self, env_id: str, session: Any, schema: dict, args: dict, max_turns: int):
         self.env_id, self.new_session, self.args = env_id, session, args
         self.fields, self.required = action_fields(schema)
-        self.max_turns = max_turns if max_turns > 0 else DEFAULT_MAX_TURNS
+        self.max_turns = max_turns if max_turns > 0 else FALLBACK_MAX_TURNS
 
     async def play(self, example: Example, ask: Any) -> float:
         session = self.new_session()

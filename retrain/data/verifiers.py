@@ -56,6 +56,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from retrain.config.schema import FALLBACK_MAX_TURNS
 from retrain.data.base import DataSource
 from retrain.errors import DataError
 from retrain.rewards.base import BatchScore, LoopThread, Reward
@@ -559,7 +560,6 @@ class TaskScoreReward(Reward):
 
 
 # -- multi-turn: verifiers environments driven by retrain's sampler -----------------
-DEFAULT_MAX_TURNS = 8  # when neither [environment] max_turns nor the environment sets one
 
 
 def _v1_env_class(env_id: str) -> Any:
@@ -669,7 +669,7 @@ class V1TurnEnvironment:
             )
         ((self.seat, spec),) = seats.items()
         self.env, self.env_id = env, env_id
-        self.max_turns = max_turns if max_turns > 0 else (spec.max_turns or DEFAULT_MAX_TURNS)
+        self.max_turns = max_turns if max_turns > 0 else (spec.max_turns or FALLBACK_MAX_TURNS)
 
     async def play(self, example: Example, ask: Any) -> Any:
         import verifiers.v1 as vf
@@ -773,7 +773,7 @@ class ClassicTurnEnvironment:
     def __init__(self, env: Any, env_id: str, max_turns: int) -> None:
         env_turns = int(getattr(env, "max_turns", -1) or -1)
         self.max_turns = (
-            max_turns if max_turns > 0 else (env_turns if env_turns > 0 else DEFAULT_MAX_TURNS)
+            max_turns if max_turns > 0 else (env_turns if env_turns > 0 else FALLBACK_MAX_TURNS)
         )
         env.max_turns = self.max_turns  # the environment's own stop condition agrees
         self.env, self.env_id = env, env_id

@@ -422,7 +422,7 @@ class HTTPEngine:
             "engine_adapter_reload_s": c.last_reload_s,
             "engine_adapter_reload_failures": float(c.adapter_reload_failures),
             "engine_adapter_resyncs": float(c.adapter_resyncs),
-            "engine_prompt_token_fallbacks": float(c.prompt_token_fallbacks),
+            "engine_token_prompt_fallbacks": float(c.prompt_token_fallbacks),
             "engine_request_retries": float(c.retries),
         }
 

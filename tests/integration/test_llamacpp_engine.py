@@ -106,7 +106,7 @@ def test_openai_engine_samples_from_llamacpp_what_the_trainer_would(server, trai
     seconds = time.perf_counter() - start
     assert [len(g) for g in groups] == [4, 4]
     m = engine.metrics()
-    assert m["engine_prompt_token_fallbacks"] == 0 and m["engine_request_retries"] == 0
+    assert m["engine_token_prompt_fallbacks"] == 0 and m["engine_request_retries"] == 0
     diffs, tokens, distinct = [], 0, set()
     for prompt, group in zip(prompts, groups, strict=True):
         with torch.no_grad():

@@ -70,7 +70,7 @@ def _check_against_trainer(engine, tok, label: str) -> None:
     groups = engine.sample(prompts, 4, params)
     seconds = time.perf_counter() - start
     assert [len(g) for g in groups] == [4, 4]
-    assert engine.metrics()["engine_prompt_token_fallbacks"] == 0  # token-id prompts taken
+    assert engine.metrics()["engine_token_prompt_fallbacks"] == 0  # token-id prompts taken
     model = AutoModelForCausalLM.from_pretrained(str(MODEL_DIR), dtype=torch.float32).eval()
     worst, tokens = 0.0, 0
     for prompt, group in zip(prompts, groups, strict=True):

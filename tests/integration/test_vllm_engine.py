@@ -125,7 +125,7 @@ def test_quickstart_learns_through_vllm_and_resumes(server, tmp_path):
     for s in range(STEPS):
         if rows[s]["num_datums"]:  # a step whose groups were all uniform trains nothing
             assert abs(rows[s]["log_ratio_mean"]) < 0.05, (s, rows[s]["log_ratio_mean"])
-        assert rows[s]["engine_prompt_token_fallbacks"] == 0
+        assert rows[s]["engine_token_prompt_fallbacks"] == 0
         assert rows[s]["engine_adapter_reload_failures"] == 0
     # Within one process the reload count rises by one per trained step, and each step
     # samples from the adapter its predecessor published.

@@ -36,9 +36,19 @@ def test_explain_reports_what_the_environment_is(tmp_path):
     path = config(tmp_path, 'id = "opening_env"\nargs = { n = 3 }')
     proc = cli(tmp_path, "explain", str(path))
     line = next(x for x in proc.stdout.splitlines() if x.startswith("Environment:"))
-    assert line == ("Environment: v1 API, 3 tasks, opens the conversation, multi-turn, no tools"), (
-        proc.stdout + proc.stderr
-    )
+    # the environment's own cap (its AgentConfig: 2 turns), where max_turns = -1
+    want = "Environment: v1 API, 3 tasks, opens the conversation, multi-turn (at most 2 model turns), no tools"
+    assert line == want, proc.stdout + proc.stderr
+
+
+def test_the_reported_turn_cap_is_the_configs_where_it_sets_one(tmp_path):
+    from retrain.config import load_config
+    from retrain.data.env_probe import probe_environment
+
+    path = config(tmp_path, 'id = "opening_env"\nargs = { n = 3 }\nmax_turns = 5')
+    report = probe_environment(load_config(path, []))
+    assert report.multi_turn and report.max_turns == 5
+    assert "multi-turn (at most 5 model turns)" in report.summary()
 
 
 def test_explain_and_doctor_refuse_an_environment_that_does_not_load(tmp_path):

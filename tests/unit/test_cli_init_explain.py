@@ -74,8 +74,9 @@ def test_init_interactive_without_tty_exits_2(tmp_path):
     assert not (tmp_path / "retrain.toml").exists()
 
 
-def test_init_interactive_on_a_tty(tmp_path):
-    """Answer the questions through a real pseudo-terminal."""
+def test_init_interactive_on_a_tty(tmp_path, capsys):
+    """Answer the questions through a real pseudo-terminal: the defaults' model writes the
+    quickstart with the answers set, a config that runs on this CPU as written."""
     import os
     import pty
 
@@ -102,6 +103,16 @@ def test_init_interactive_on_a_tty(tmp_path):
     config = load_config(tmp_path / "retrain.toml")
     assert config.condition == "grpo+none" and config.training.max_steps == 12
     assert config.model.model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    # the quickstart's CPU settings kept, its run's directories not reused
+    assert (config.backend.devices, config.training.seed, config.training.max_tokens) == (
+        "cpu",
+        0,
+        24,
+    )
+    assert config.logging.log_dir == "logs/grpo_none"
+    assert config.backend.adapter_path == "adapters/grpo_none"
+    code, out, err = run(["explain", str(tmp_path / "retrain.toml")], capsys)
+    assert code == 0 and "ERROR" not in out, out + err
 
 
 def test_init_then_explain_default_path(tmp_path, capsys, monkeypatch):

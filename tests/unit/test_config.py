@@ -70,6 +70,9 @@ BAD_INPUTS = [
     ("[gtpo]\nbeta = -0.1\n", "[gtpo] beta"),
     ("[hicra]\nalpha = -1\n", "[hicra] alpha"),
     ("[hicra]\nalpha = 1.5\n", "[hicra] alpha"),
+    ("[hicra]\nalpha = 1.5\n", "so above 1 a negative advantage would flip sign"),
+    ("[sepa]\nema_decay = 1.0\n", "bad.toml:2): must be < 1, got 1.0"),
+    ("[backpressure]\nema_decay = 1.0\n", "[backpressure] ema_decay"),
     ("[model]\nlora_rank = 0\n", "[model] lora_rank"),
     ("[optimizer]\neps = 0\n", "[optimizer] eps"),
     ('[reward]\ntype = "custom"\n', "[reward] custom_module"),
@@ -79,6 +82,39 @@ BAD_INPUTS = [
     ('[environment]\nprovider = "gym"\n', "[environment] provider"),
     ('[environment]\nargs = "{not json"\n', "[environment] args"),
     ('[inference]\nengine = "openai"\n', "[inference] url"),
+    # keys nothing would read: a forgotten provider, a URL for the in-process engine
+    (
+        '[environment]\nid = "primeintellect/gsm8k"\nmax_turns = 4\n',
+        "bad.toml:2): is set but [environment] provider is empty: id, "
+        "max_turns would be ignored and the run would train on [data] source = 'math'",
+    ),
+    (
+        '[inference]\nurl = "http://127.0.0.1:8000"\n',
+        "bad.toml:2): is set, but engine 'pytorch' samples in-process",
+    ),
+    (
+        '[environment]\nprovider = "verifiers"\nid = "x"\nmax_turns = 0\n',
+        "bad.toml:4): must be -1 (the environment's cap) or >= 1, got 0",
+    ),
+    (
+        "[logging]\nstrategic_grams = '[\"let me'\n",
+        "bad.toml:2): looks like a JSON array but does not parse",
+    ),
+    # the spec's engine-tuning values that no engine applies in this version
+    (
+        '[inference]\nattention_kernel = "flash"\n',
+        "valid: 'default'. Fix: the spec's flash, triton, tk and cutlass are not applied",
+    ),
+    ('[inference]\nkv_cache_dtype = "fp8"\n', "bad.toml:2)"),
+    ('[inference]\ndtype = "fp8"\n', "Fix: the spec's fp8 and fp4 are not applied"),
+    (
+        '[inference]\nengine = "vllm"\ndtype = "bf16"\n',
+        "bad.toml:3): is not applied by engine 'vllm'",
+    ),
+    (
+        '[inference]\nengine = "vllm"\nprefix_caching = false\n',
+        "bad.toml:3): is not applied by engine 'vllm'",
+    ),
     ("[campaign]\nseeds = [1, 1]\n", "[campaign] seeds"),
     ('[campaign]\nseeds = ["a"]\n', "[campaign] seeds"),
     (
@@ -87,6 +123,10 @@ BAD_INPUTS = [
     ),
     ('[[data.few_shot]]\nuser = "hi"\n', "[data] few_shot"),
     ("[squeeze]\ntarget_ranks = [0, 4]\n", "[squeeze] target_ranks"),
+    (
+        '[squeeze]\ndevice = "gpu"\n',
+        "bad.toml:2): malformed device 'gpu': use e.g. 'cpu' or 'gpu:0'",
+    ),
     # prime_rl takes one advantage per completion: the default gtpo_sepa is refused
     ('[backend]\nbackend = "prime_rl"\n', "[algorithm] transform_mode"),
     (

@@ -232,9 +232,9 @@ def test_token_prompts_refused_fall_back_to_text_and_are_counted(patched_async):
     e = _engine(handler)
     out = e.sample([[1, 5, 9]], 2, PARAMS)
     assert prompts == [[1, 5, 9], "decoded:1,5,9"]
-    assert e.metrics()["engine_prompt_token_fallbacks"] == 1
+    assert e.metrics()["engine_token_prompt_fallbacks"] == 1
     e.sample([[1, 5, 9]], 2, PARAMS)  # from now on text first
-    assert prompts[2] == "decoded:1,5,9" and e.metrics()["engine_prompt_token_fallbacks"] == 2
+    assert prompts[2] == "decoded:1,5,9" and e.metrics()["engine_token_prompt_fallbacks"] == 2
     assert out[0][0].token_ids.tolist() == good["choices"][0]["token_ids"]
 
 
@@ -330,7 +330,7 @@ def test_a_server_that_lost_the_adapter_gets_it_back_once_and_the_requests_are_r
     assert set(models) == {e.lora_name} and 4 <= len(models) <= 6
     m = e.metrics()
     assert m["engine_adapter_resyncs"] == 1 and m["engine_adapter_version"] == 3
-    assert m["engine_prompt_token_fallbacks"] == 0  # a lost adapter is not a prompt problem
+    assert m["engine_token_prompt_fallbacks"] == 0  # a lost adapter is not a prompt problem
 
 
 def test_a_lost_adapter_that_cannot_be_reloaded_stops_the_run(patched_async):
