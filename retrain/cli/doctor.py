@@ -6,7 +6,8 @@ status is 1 when any check FAILs. Checks: Python, retrain and its extras, torch 
 local run's estimated peak beside its training device, the config, its backend's dependencies, whether the configured model is
 on disk or reachable, what the run checks before its first step (the same checks as
 `retrain explain`: the devices, reasoning-gym tasks, the custom reward, the advantage
-flow, a resume directory), the retrain cache, free disk space for logs, and the wandb login.
+flow as the run's preflight builds it, the tinker API key, a resume directory), the
+retrain cache, free disk space for logs, and the wandb login.
 
 Secrets are never printed: for API keys and tokens doctor says only whether they are set.
 torch is imported inside its check only.
@@ -414,6 +415,8 @@ def check_config(path: str | None, flags: list[str] | None = None) -> tuple[list
             return [
                 Check("config", FAIL, f"{p} not found", "pass the path of an existing TOML")
             ], None
+        if flags:  # the run's rule (cli/run.py `config_path`): the defaults plus the flags
+            return _defaults_with(flags)
         return [
             Check(
                 "config",
@@ -435,6 +438,23 @@ def check_config(path: str | None, flags: list[str] | None = None) -> tuple[list
         labels = [c.label for c in campaign_conditions(config)]
         what = f"a campaign of {', '.join(labels)} x {len(config.campaign.seeds)} seeds"
     detail = f"{p} is valid ({what}, backend {config.backend.backend})"
+    return [Check("config", OK, detail)], config
+
+
+def _defaults_with(flags: list[str]) -> tuple[list[Check], Any]:
+    """The built-in defaults plus `flags`, as the run takes flags without ./retrain.toml."""
+    from retrain.config import load_config
+    from retrain.errors import ConfigError
+
+    try:
+        config = load_config(None, flags)
+    except ConfigError as exc:
+        fix = "fix the flag; retrain explain with the same flags says the same"
+        return [Check("config", FAIL, problem, fix) for problem in exc.problems], None
+    detail = (
+        "no retrain.toml: the built-in defaults plus the flags given are valid "
+        f"({config.condition}, backend {config.backend.backend})"
+    )
     return [Check("config", OK, detail)], config
 
 
@@ -501,7 +521,7 @@ def check_run(config: Any, path: str | None, launch: Any = None) -> list[Check]:
     from retrain.cli.explain import build_report
 
     try:  # the model has its own line, which asks the hub once
-        report = build_report(config, str(path or "retrain.toml"), launch, ask=None)
+        report = build_report(config, path, launch, ask=None)
     except Exception as exc:  # a check must not take doctor down
         return [Check("run checks", FAIL, f"{type(exc).__name__}: {exc}", "retrain explain")]
     errors = [
@@ -512,7 +532,7 @@ def check_run(config: Any, path: str | None, launch: Any = None) -> list[Check]:
     env = [Check("environment", OK, report["environment"])] if report.get("environment") else []
     if not errors:
         return env + [Check("run checks", OK, "what the run checks before its first step passes")]
-    fix = f"retrain explain {path or 'retrain.toml'} says the same"
+    fix = f"retrain explain {path or '(with the same flags)'} says the same"
     return [Check("run checks", FAIL, e, fix) for e in errors]
 
 
@@ -606,13 +626,14 @@ def check_wandb(config: Any) -> Check:
 
 
 def check_secrets() -> Check:
-    names = [n for n in ("HF_TOKEN", "WANDB_API_KEY", "OPENAI_API_KEY") if os.environ.get(n)]
+    known = ("HF_TOKEN", "WANDB_API_KEY", "OPENAI_API_KEY", "TINKER_API_KEY")
+    names = [n for n in known if os.environ.get(n)]
     return Check(
         "secrets",
         OK,
         f"set: {', '.join(names)}"
         if names
-        else "none of HF_TOKEN, WANDB_API_KEY, OPENAI_API_KEY is set (values are never shown)",
+        else f"none of {', '.join(known)} is set (values are never shown)",
     )
 
 
@@ -637,8 +658,10 @@ def run_checks(
         checks += check_torch(config)
     checks += check_memory(config)
     checks.append(check_backend(config))
-    launch = launch_for(config_path or "retrain.toml", flags or [], overwrite=overwrite)
-    checks += check_run(config, config_path, launch)
+    # the file the config came from: None where it is the defaults plus flags
+    path = config_path or ("retrain.toml" if Path("retrain.toml").is_file() else None)
+    launch = launch_for(path, flags or [], overwrite=overwrite)
+    checks += check_run(config, path, launch)
     if network:
         checks += check_backend_probe(config)
     checks.append(check_model(config, network))

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
+import os
+from dataclasses import fields, replace
+from pathlib import Path
 from typing import Any
 
 from retrain import hardware, registry
 from retrain.backends.base import BackendInfo, backend_info
-from retrain.build import backend_problems, engine_problems, world_of
+from retrain.build import backend_problems, build_pipeline, engine_problems, world_of
 from retrain.build import startup_problems as run_startup_problems
 from retrain.campaign.expand import (
     Condition,
@@ -22,22 +24,24 @@ from retrain.campaign.expand import (
     check_runs,
     expand_run,
 )
-from retrain.cli.args import split_config_args
 from retrain.cli.estimates import engine_traits, estimates, local_options, training_device
-from retrain.cli.run import is_standalone_squeeze, refuse_overwrite
-from retrain.config import DEFAULT_CONFIG, Config, load_config, load_dotenv
+from retrain.cli.run import config_path, is_standalone_squeeze, refuse_overwrite
+from retrain.config import Config, load_config, load_dotenv
+from retrain.config.schema import FALLBACK_MAX_TURNS
 from retrain.config.validate import (
     asked_gpus,
     device_kind,
     flow_problems,
     static_token_varying,
 )
+from retrain.data.env_probe import EnvironmentReport
 from retrain.engines.decoders import decoder_for, sharded_problem
 from retrain.engines.decoders import describe as describe_decoder
 from retrain.errors import ConfigError, PluginError
 from retrain.hardware import matmul_dtype, no_native_bf16, whole_model_bf16
 from retrain.kernels import flex
 from retrain.logs import ownership
+from retrain.logs.console import format_duration
 from retrain.models import HubAsk, ask_hub
 from retrain.types import BackendCapabilities
 from retrain.world import World
@@ -51,6 +55,17 @@ def uses_sepa(config: Config) -> bool:
         alias.alias_of[1] if alias is not None else algo.algorithm_mode or algo.transform_mode
     )
     return "sepa" in transform
+
+
+def builtin_transform(config: Config) -> str | None:
+    """The built-in transform the flow runs (an algorithm alias's own), or None where a
+    dotted-path transform or algorithm plugin runs (it may read any key)."""
+    algo = config.algorithm
+    if algo.algorithm_mode:
+        alias = registry.ALGORITHM_MODES.entry(algo.algorithm_mode)
+        return alias.alias_of[1] if alias is not None and alias.alias_of else None
+    entry = registry.TRANSFORM_MODES.entry(algo.transform_mode)
+    return entry.name if entry is not None else None
 
 
 def sepa_summary(config: Config) -> str:
@@ -74,10 +89,11 @@ def sepa_summary(config: Config) -> str:
 
 
 def checkpoint_steps(max_steps: int, save_every: int) -> list[int]:
-    """Steps after which a periodic checkpoint is written (the final one comes on top)."""
+    """Steps after which a periodic checkpoint is written, the trainer's rule (its `_loop`):
+    every save_every steps before the last one, whose save is the final checkpoint."""
     if save_every <= 0:
         return []
-    return [s for s in range(save_every, max_steps + 1, save_every)]
+    return list(range(save_every, max_steps, save_every))
 
 
 def data_summary(config: Config) -> str:
@@ -113,7 +129,7 @@ def reward_summary(config: Config) -> str:
     return r.type
 
 
-def _squeeze_report(config: Config, path: str) -> dict[str, Any]:
+def _squeeze_report(config: Config, path: str | None) -> dict[str, Any]:
     sq = config.squeeze
     return {
         "config": path,
@@ -139,11 +155,52 @@ def _backend(config: Config, errors: list[str]) -> BackendInfo:
         return BackendInfo(name, BackendCapabilities(), {}, "plugin/default")
 
 
-def _flow_errors(config: Config, info: BackendInfo) -> list[str]:
-    """The flow checks of config loading and preflight, with what is known without
-    running the flow (a plugin transform is probed only at preflight)."""
-    problems = flow_problems(config, info.capabilities, token_varying=static_token_varying(config))
-    return [f"{key}: {message} ({info.source} backend)" for key, message in problems]
+# The [algorithm] keys that may name a dotted-path plugin, in the order the run's
+# pipeline resolves them (retrain/advantages/pipeline.py).
+_FLOW_KEYS = ("algorithm_mode", "transform_mode", "advantage_mode", "uncertainty_kind")
+
+
+def _flow_problems(config: Config, info: BackendInfo) -> list[tuple[str, str]]:
+    """The run's preflight of the advantage flow (retrain/build.py `preflight`), which
+    needs no model: the pipeline built as the run builds it (its plugins imported, the
+    advantage params checked, a plugin transform probed on a synthetic group for whether
+    it varies per token), then the flow checks against the backend's capabilities."""
+    problems: list[tuple[str, str]] = []
+    token_varying = static_token_varying(config)  # where the pipeline cannot be built
+    try:
+        pipeline = build_pipeline(config)
+    except ConfigError as exc:  # its problems name their keys already
+        problems += [_keyed(p, "[algorithm.advantage_params]") for p in exc.problems]
+    except (PluginError, ValueError) as exc:
+        key = _plugin_key(config, str(exc))
+        fix = (
+            f"Fix: make {key} a built-in name or an importable pkg.module.attr "
+            "([plugins] search_paths are put on sys.path)"
+        )
+        problems.append((key, f"{exc}. {fix}" if "Fix:" not in str(exc) else str(exc)))
+    else:
+        try:  # a plugin transform is called on a synthetic group here
+            token_varying = pipeline.varies_per_token()
+        except (PluginError, ValueError) as exc:
+            problems.append((_plugin_key(config, str(exc)), str(exc)))
+    flow = flow_problems(config, info.capabilities, token_varying=token_varying)
+    return problems + [(key, f"{message} ({info.source} backend)") for key, message in flow]
+
+
+def _keyed(problem: str, default: str) -> tuple[str, str]:
+    """`[table] key: message` split into (key, message); `default` where no key leads."""
+    key, _, message = problem.partition(": ")
+    return (key, message) if key.startswith("[") else (default, problem)
+
+
+def _plugin_key(config: Config, message: str) -> str:
+    """The [algorithm] key whose dotted path a plugin error names: the error says which
+    plugin failed, not which key named it."""
+    for name in _FLOW_KEYS:
+        value = getattr(config.algorithm, name)
+        if value and repr(value) in message:
+            return f"[algorithm] {name}"
+    return "[algorithm]"
 
 
 def _advice(config: Config) -> list[str]:
@@ -168,7 +225,8 @@ def _advice(config: Config) -> list[str]:
             f"[eval] samples = {config.eval.samples} with temperature 0: greedy samples are identical, "
             "so pass@k equals the correct rate; raise [eval] temperature for pass@k"
         )
-    warnings += _data_keys_unread(config) + _wandb_advice(config) + _driver_advice(config)
+    warnings += _data_keys_unread(config) + _flow_keys_unread(config)
+    warnings += _wandb_advice(config) + _driver_advice(config)
     if config.data.source == "reasoning_gym" and config.reward.type == "math":
         warnings.append(
             "reasoning-gym answers are plain strings: reward 'match' or 'gym' fits them better than 'math'"
@@ -258,18 +316,68 @@ def _data_keys_unread(config: Config) -> list[str]:
     ]
 
 
-def _per_step(config: Config) -> dict[str, Any]:
+def _flow_keys_unread(config: Config) -> list[str]:
+    """`[gtpo] beta`, `[hicra] alpha` and `[sepa]` keys set away from their defaults
+    that the flow's built-in transform does not read. Not for a campaign (a condition
+    may use them) nor a plugin transform or algorithm (it may read any)."""
+    transform = builtin_transform(config)
+    if config.campaign is None and transform is not None:
+        return _unread_by(config, transform)
+    return []
+
+
+def _unread_by(config: Config, transform: str) -> list[str]:
+    warnings = []
+    fix = "(remove it, or set the transform that reads it)"
+    if transform == "none" and config.gtpo.beta != type(config.gtpo)().beta:
+        warnings.append(
+            f"[gtpo] beta = {config.gtpo.beta:g} is read by every transform but 'none'; "
+            f"transform 'none' ignores it {fix}"
+        )
+    if transform != "gtpo_hicra" and config.hicra.alpha != type(config.hicra)().alpha:
+        warnings.append(
+            f"[hicra] alpha = {config.hicra.alpha:g} is read by transform 'gtpo_hicra' only; "
+            f"{transform!r} ignores it {fix}"
+        )
+    default = type(config.sepa)()
+    sepa = [
+        f.name for f in fields(default) if getattr(config.sepa, f.name) != getattr(default, f.name)
+    ]
+    if "sepa" not in transform and sepa:
+        warnings.append(
+            f"[sepa] {', '.join(sepa)}: read by the SEPA transforms (gtpo_sepa, gtpo_sepa_amp, "
+            f"gtpo_sepa_amp_c) only; {transform!r} ignores them (remove them, or set a SEPA "
+            "transform)"
+        )
+    return warnings
+
+
+def _per_step(config: Config, env: EnvironmentReport | None = None) -> dict[str, Any]:
+    """A step's completions and its sampled-token upper bound. With an environment the
+    cap applies to each model turn of a conversation: the turns are the probed
+    environment's cap (`env`), else the configured one, else the fallback cap."""
     t = config.training
     completions = t.batch_size * t.group_size
-    # With an environment the cap applies to each model turn of a conversation.
-    unit = "model turn" if config.environment.provider else "completion"
-    turns = max(config.environment.max_turns, 1) if config.environment.provider else 1
+    turns, source = 1, ""
+    if config.environment.provider and (env is None or env.multi_turn):
+        if config.environment.max_turns > 0:
+            turns, source = config.environment.max_turns, "[environment] max_turns"
+        elif env is not None:  # the cap the run takes: the environment's, or the fallback
+            turns, source = env.max_turns, "the probed environment's turn cap"
+        else:  # not probed (it did not load): its own cap is unknown here
+            turns = FALLBACK_MAX_TURNS
+            source = (
+                f"the fallback cap of {FALLBACK_MAX_TURNS} turns for max_turns = -1: "
+                "the environment was not probed, its own cap applies where it sets one"
+            )
     return {
-        "tokens_per": unit,
+        "tokens_per": "model turn" if config.environment.provider else "completion",
         "batch_size": t.batch_size,
         "group_size": t.group_size,
         "completions": completions,
         "max_new_tokens_per_completion": t.max_tokens,
+        "turns": turns,
+        "turns_source": source or None,
         "sampled_token_upper_bound": completions * t.max_tokens * turns,
     }
 
@@ -328,9 +436,10 @@ def _campaign_sepa(conds: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def _campaign_report(config: Config, errors: list[str]) -> dict[str, Any]:
+def _campaign_report(config: Config, info: BackendInfo, errors: list[str]) -> dict[str, Any]:
     """The matrix; each condition's first run is checked the way the campaign checks
-    every run before it starts (its problems go to `errors`)."""
+    every run before it starts, and preflighted as the run preflights it (its problems
+    go to `errors`)."""
     camp = config.campaign
     seeds = list(camp.seeds)
     matrix = [
@@ -344,6 +453,14 @@ def _campaign_report(config: Config, errors: list[str]) -> dict[str, Any]:
     else:
         executor = "parallel" if camp.parallel else "sequential"
     errors += check_runs(runs[0] for _, runs in matrix if runs)
+    found: dict[tuple[str, str], list[str]] = {}  # one line per problem, not per condition
+    for cond, runs in matrix:
+        for problem in _flow_problems(runs[0].config, info) if runs else []:
+            found.setdefault(problem, []).append(cond.label)
+    errors += [
+        f"{key}: {msg} (condition{'s' if len(labels) > 1 else ''} {', '.join(labels)})"
+        for (key, msg), labels in found.items()
+    ]
     return {
         "conditions": [cond.label for cond, _ in matrix],
         "condition_details": conds,
@@ -352,10 +469,34 @@ def _campaign_report(config: Config, errors: list[str]) -> dict[str, Any]:
         "max_steps_per_run": camp.max_steps,
         "total_steps": sum(c["max_steps"] * len(seeds) for c in conds),
         "executor": executor,
-        "max_workers": (camp.max_workers or n_runs) if camp.parallel else 1,
+        # ray runs up to max_workers tasks at once whatever `parallel` says (campaign/run.py)
+        "max_workers": (camp.max_workers or n_runs) if executor != "sequential" else 1,
         "auto_squeeze": config.squeeze is not None,
         "matrix": [name for c in conds for name in c["runs"]],
     }
+
+
+def _campaign_wall_time(camp: dict[str, Any], step_s: float | None) -> dict[str, Any] | None:
+    """A rough wall time: every run's steps at the base config's estimated time per step,
+    over the runs that go at once (None without a step-time estimate)."""
+    if step_s is None:
+        return None
+    at_once = max(1, min(camp["max_workers"], camp["runs"]))
+    return {"seconds": camp["total_steps"] * step_s / at_once, "at_once": at_once}
+
+
+def _campaign_flag_errors(config: Config, launch: ownership.Launch) -> list[str]:
+    """`--max-steps` sets a campaign's runs' steps (config/load.py) unless
+    `--campaign-max-steps` is given too: two different numbers, one of them ignored."""
+    flag = launch.origin("training", "max_steps")
+    steps = config.training.max_steps
+    if not flag.startswith(" (from ") or steps == config.campaign.max_steps:
+        return []
+    return [
+        f"[training] max_steps{flag}: a campaign's runs take [campaign] max_steps "
+        f"({config.campaign.max_steps}, from --campaign-max-steps), so {steps} would be "
+        "ignored. Fix: give only one of --max-steps and --campaign-max-steps"
+    ]
 
 
 def named_algorithm(config: Config) -> dict[str, Any] | None:
@@ -538,6 +679,34 @@ def _data_problems(config: Config) -> list[tuple[str, str]]:
     return []
 
 
+def tinker_problems(config: Config) -> list[tuple[str, str]]:
+    """The tinker backend's credential, which the run needs only when it connects (after
+    the data loads), found as the tinker SDK finds it (`resolve_auth_provider`): a
+    TINKER_API_KEY (environment or .env) that starts with tml- (or is a JWT), else
+    TINKER_CREDENTIAL_CMD, else a key stored by `tinker auth login`. Mirrored rather than
+    asked: importing the SDK imports torch. retrain has no config key for it."""
+    if config.backend.backend != "tinker" or _missing_modules(("tinker",)):
+        return []  # another backend, or the missing SDK is reported already
+    key, command = os.environ.get("TINKER_API_KEY", ""), os.environ.get("TINKER_CREDENTIAL_CMD")
+    stored = Path("~/.tinker/credentials.json").expanduser().is_file()
+    if key.startswith(("tml-", "eyJ")) or command or (stored and not key):
+        return []
+    why = (
+        "TINKER_API_KEY is set but the tinker SDK refuses it (a key starts with 'tml-')"
+        if key
+        else "TINKER_API_KEY is not set (in the environment or .env), nor "
+        "TINKER_CREDENTIAL_CMD, and no key is stored by `tinker auth login`"
+    )
+    return [
+        (
+            "[backend] backend",
+            f"tinker needs a Tinker API key: {why}; the run would stop when it connects. "
+            "Fix: TINKER_API_KEY=tml-... in the environment, or in .env in the directory "
+            "retrain runs in",
+        )
+    ]
+
+
 def _reward_problems(config: Config) -> list[tuple[str, str]]:
     """A custom reward is imported the way the run imports it (its module runs)."""
     r = config.reward
@@ -559,19 +728,22 @@ def startup_problems(
 ) -> list[tuple[str, str]]:
     """(key, problem) for everything the run would refuse at start before its first step,
     found without loading a model: missing modules of the configured entries, the
-    reasoning-gym task, the custom reward's module and function, and the run's own startup
-    checks (retrain/build.py: the devices, the model, the resume directory). The files the
-    config names are checked when it loads; the flow checks and the backend's probe are
-    reported beside these."""
+    reasoning-gym task, the custom reward's module and function, the tinker backend's API
+    key, and the run's own startup checks (retrain/build.py: the devices, the model, the
+    resume directory). The files the config names are checked when it loads; the flow
+    checks (the run's preflight) and the backend's probe are reported beside these."""
     return (
         module_problems(config)
         + _data_problems(config)
         + _reward_problems(config)
+        + tinker_problems(config)
         + run_startup_problems(config, ask, world)
     )
 
 
-def _where(config: Config, path: str, key: str, launch: ownership.Launch | None = None) -> str:
+def _where(
+    config: Config, path: str | None, key: str, launch: ownership.Launch | None = None
+) -> str:
     """ " (from --flag)" of `[table] key` when a flag of `launch` set it, else " (FILE:LINE)"
     when the config file sets it to the value the run uses. The startup checks run on
     the loaded Config, which keeps no origin; a value set otherwise gets no line rather
@@ -580,8 +752,11 @@ def _where(config: Config, path: str, key: str, launch: ownership.Launch | None 
     from retrain.config.schema import TABLES, table_fields
 
     table, _, name = key.lstrip("[").partition("] ")
+    # a key of a table-valued key (`[backend.options] shard`, `[algorithm.advantage_params]
+    # eps`) is set by its own flag entry or by the flag of the whole table
+    top, _, field = table.partition(".")
     if launch is not None:
-        parent = ("backend", "options") if table == "backend.options" else (table, name)
+        parent = (top, field) if field else (table, name)
         for t, k in dict.fromkeys([(table, name), parent]):
             if (flag := launch.origin(t, k)).startswith(" (from "):
                 return flag
@@ -589,15 +764,15 @@ def _where(config: Config, path: str, key: str, launch: ownership.Launch | None 
         next((f for f in table_fields(table) if f.key == name), None) if table in TABLES else None
     )
     try:
-        raw, text = read_toml(path)
+        raw, text = read_toml(path) if path else ({}, "")
     except (ConfigError, OSError):
         return ""
-    if table == "backend.options":  # the backend's own keys, `[backend.options] shard`
-        options = (
-            raw.get("backend", {}).get("options") if isinstance(raw.get("backend"), dict) else None
-        )
-        written = options.get(name) if isinstance(options, dict) else None
-        same = written is not None and written == config.backend.options.get(name)
+    if field and top in TABLES:
+        outer = next((f for f in table_fields(top) if f.key == field), None)
+        inner = raw.get(top, {}).get(field) if isinstance(raw.get(top), dict) else None
+        written = inner.get(name) if isinstance(inner, dict) and outer is not None else None
+        used = getattr(getattr(config, top), outer.attr, {}) if written is not None else {}
+        same = written is not None and written == used.get(name)
         line = locate_keys(text).get((table, name)) if same else None
         return f" ({path}:{line})" if line else ""
     written = raw.get(table, {}).get(name) if isinstance(raw.get(table), dict) else None
@@ -623,7 +798,7 @@ def _auto_dtype_why(dtype: str, index: int) -> str | None:
 
 def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
     """The values that shape a run, after the TOML, .env and CLI flags."""
-    t, o, lora = config.training, config.optimizer, config.lora
+    t, o = config.training, config.optimizer
     ignored = set(info.ignores)
     out: dict[str, Any] = {
         "lr": t.lr,
@@ -641,12 +816,7 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
             "eps": o.eps,
             "max_grad_norm": o.max_grad_norm,
         },
-        "lora": {
-            "rank": config.model.lora_rank,
-            "alpha": lora.alpha or 2 * config.model.lora_rank,
-            "dropout": lora.dropout,
-            "target_modules": list(lora.target_modules) or "all-linear",
-        },
+        "lora": _lora_used(config, ignored),
         "loss": {
             name: getattr(t, name)
             for name in (
@@ -696,6 +866,38 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
                 decoder = decoder_for(option, sampler, sharded)
                 out["inference"]["decode"] = describe_decoder(decoder, sampler)
     return out
+
+
+def _lora_used(config: Config, ignored: set[str]) -> dict[str, Any]:
+    """The LoRA settings the backend takes from the config; `backend_own` names those it
+    chooses itself (its `ignores`: tinker `[lora] alpha/dropout/target_modules`, prime_rl
+    the whole `[lora]` table, and with it the rank: its trainer's LoRA layout)."""
+    lora, rank = config.lora, config.model.lora_rank
+    values = {
+        "rank": rank,
+        "alpha": lora.alpha or 2 * rank,
+        "dropout": lora.dropout,
+        "target_modules": list(lora.target_modules) or "all-linear",
+    }
+    own: list[str] = list(values) if "[lora]" in ignored else []
+    for spec in ignored:
+        if spec.startswith("[lora] "):
+            own += spec.removeprefix("[lora] ").split("/")
+    used = {k: v for k, v in values.items() if k not in own}
+    return used | ({"backend_own": own} if own else {})
+
+
+def _lora_text(lora: dict[str, Any], backend: str) -> str:
+    parts = [
+        f"{name} {lora[name]:g}" if name == "dropout" else f"{name} {lora[name]}"
+        for name in ("rank", "alpha", "dropout", "target_modules")
+        if name in lora
+    ]
+    text = ", ".join(parts).replace("target_modules", "modules")
+    if lora.get("backend_own"):
+        own = f"{', '.join(lora['backend_own'])}: the {backend} backend's own"
+        text = f"{text}; {own}" if text else own
+    return text
 
 
 def _micro_batch_text(settings: dict[str, Any], est: dict[str, Any] | None) -> str:
@@ -752,10 +954,7 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
             f"Optimizer:   {o['name']} betas ({o['beta1']:g}, {o['beta2']:g}), eps {o['eps']:g}, "
             f"grad clip {o['max_grad_norm'] or 'off'}"
         )
-        lines.append(
-            f"LoRA:        rank {lora['rank']}, alpha {lora['alpha']}, dropout {lora['dropout']:g}, "
-            f"modules {lora['target_modules']}"
-        )
+        lines.append(f"LoRA:        {_lora_text(lora, report['backend']['name'])}")
         if s["loss"]:
             loss = ", ".join(f"{k} {v}" for k, v in s["loss"].items())
             lines.append(f"Loss:        {loss}{_base_of_campaign(report)}")
@@ -806,25 +1005,32 @@ def _backend_entry(info) -> dict[str, Any]:
 
 def build_report(
     config: Config,
-    path: str,
+    path: str | None,
     launch: ownership.Launch | None = None,
     *,
     ask: HubAsk | None = ask_hub,
     world: World | None = None,
 ) -> dict[str, Any]:
     """What the config would do, and every problem the run would stop on before its first
-    step. `launch`: the command line explained (its flags and --overwrite), for the
-    directories that hold another run; `ask`: the hub request of the model check (None
-    skips it)."""
+    step. `path`: the config file, None for the built-in defaults plus flags; `launch`:
+    the command line explained (its flags and --overwrite), for the directories that
+    hold another run and the keys flags set; `ask`: the hub request of the model check
+    (None skips it)."""
     if is_standalone_squeeze(config):
         return _squeeze_report(config, path)
     errors: list[str] = []
     world = world or world_of(config)  # torchrun's WORLD_SIZE, or --world-size
+    launch = launch or ownership.launch_for(path)
     info = _backend(config, errors)
-    errors += _flow_errors(config, info)
+    if config.campaign is None:  # a campaign's runs are preflighted per condition
+        errors += [
+            f"{key}{_where(config, path, key, launch)}: {problem}"
+            for key, problem in _flow_problems(config, info)
+        ]
     max_steps = (
         config.campaign.max_steps if config.campaign is not None else config.training.max_steps
     )
+    lora = _lora_used(config, set(info.ignores))
     report: dict[str, Any] = {
         "config": path,
         "kind": "campaign" if config.campaign is not None else "run",
@@ -832,8 +1038,8 @@ def build_report(
         "backend": _backend_entry(info),
         "model": {
             "model": config.model.model,
-            "lora_rank": config.model.lora_rank,
-            "lora_alpha": config.lora.alpha or 2 * config.model.lora_rank,
+            "lora_rank": lora.get("rank"),
+            "lora_alpha": lora.get("alpha"),
         },
         "data": data_summary(config),
         "reward": reward_summary(config),
@@ -855,12 +1061,15 @@ def build_report(
         "wandb": config.logging.wandb_project or None,
     }
     if config.campaign is not None:
-        report["campaign"] = _campaign_report(config, errors)
+        report["campaign"] = _campaign_report(config, info, errors)
+        report["campaign"]["wall_time"] = _campaign_wall_time(
+            report["campaign"], report["estimates"].get("step_time_s")
+        )
         report["total_steps"] = report["campaign"]["total_steps"]
         report["sepa"] = _campaign_sepa(report["campaign"]["condition_details"])
         # the base config's own condition is no run's: each condition is named below
         report["condition"] = report["algorithm"] = None
-    launch = launch or ownership.launch_for(path)
+        errors += _campaign_flag_errors(config, launch)
     errors += [
         f"{key}{_where(config, path, key, launch)}: {problem}"
         for key, problem in startup_problems(config, ask, world)
@@ -901,11 +1110,14 @@ def _world_line(w: dict[str, Any]) -> list[str]:
 
 
 def _input_errors(
-    config: Config, path: str, report: dict[str, Any], launch: ownership.Launch
+    config: Config, path: str | None, report: dict[str, Any], launch: ownership.Launch
 ) -> list[str]:
     """The environment and the JSONL files, probed as the run's start loads them: their
-    summaries go into `report`, what the run would stop with is returned."""
-    report["environment"], env_errors = environment_report(config)
+    summaries go into `report` (the environment's turn cap into its per-step bound), what
+    the run would stop with is returned."""
+    env, env_errors = environment_report(config)
+    report["environment"] = env.summary() if env is not None else None
+    report["per_step"] = _per_step(config, env)
     examples, data_errors = data_file_report(config)
     if examples is not None:
         report["data"] += f"; {examples:,} example{'s' if examples != 1 else ''}"
@@ -935,8 +1147,8 @@ def data_file_report(config: Config) -> tuple[int | None, list[tuple[str, str]]]
     return count, errors
 
 
-def environment_report(config: Config) -> tuple[str | None, list[str]]:
-    """An `[environment]` imported and instantiated (no model, a timeout): its summary,
+def environment_report(config: Config) -> tuple[EnvironmentReport | None, list[str]]:
+    """An `[environment]` imported and instantiated (no model, a timeout): what it is,
     or the error the run would stop with at its start."""
     env = config.environment
     if not env.provider or (env.provider == "verifiers" and _missing_modules(("verifiers",))):
@@ -945,7 +1157,7 @@ def environment_report(config: Config) -> tuple[str | None, list[str]]:
     from retrain.errors import RetrainError
 
     try:
-        return probe_environment(config).summary(), []
+        return probe_environment(config), []
     except RetrainError as exc:
         key = "[environment] module" if env.module else "[environment] id"
         if env.provider == "openenv":
@@ -956,7 +1168,7 @@ def environment_report(config: Config) -> tuple[str | None, list[str]]:
 def render(report: dict[str, Any]) -> str:
     if report["kind"] == "squeeze":
         lines = [
-            f"Config: {report['config']}  (standalone LoRA-Squeeze)",
+            f"Config: {report['config'] or 'none: the built-in defaults plus the flags'}  (standalone LoRA-Squeeze)",
             f"Adapter: {report['adapter_path']}",
             f"Keep >= {report['min_variance_retention']:.0%} of the variance; ranks: {report['target_ranks']}",
             f"Compress: {'to ' + str(report['compress_to']) + ' -> ' + report['output_path'] if report['output_path'] else 'no (analysis only)'}",
@@ -971,7 +1183,7 @@ def render(report: dict[str, Any]) -> str:
     ps = report["per_step"]
     ck = report["checkpoints"]
     lines = [
-        f"Config:      {report['config']}",
+        f"Config:      {report['config'] or 'none: the built-in defaults plus the flags given'}",
         f"Condition:   {report['condition'] or _campaign_conditions(report['campaign'])}",
         f"Backend:     {b['name']} ({b['source']}): {caps}",
     ]
@@ -980,7 +1192,7 @@ def render(report: dict[str, Any]) -> str:
             f"Ignored:     {', '.join(b['ignored_sections'])} (not used by the {b['name']} backend)"
         )
     lines += [
-        f"Model:       {report['model']['model']} (LoRA rank {report['model']['lora_rank']}, alpha {report['model']['lora_alpha']})",
+        f"Model:       {report['model']['model']} ({_model_lora(report['model'], b['name'])})",
         f"Data:        {report['data']}",
         *([f"Environment: {report['environment']}"] if report.get("environment") else []),
         f"Reward:      {report['reward']}   uncertainty: {report['uncertainty_kind']}",
@@ -988,7 +1200,7 @@ def render(report: dict[str, Any]) -> str:
         *([f"Algorithm:   {report['algorithm']['text']}"] if report.get("algorithm") else []),
         *_render_settings(report),
         *_world_line(report["world"]),
-        f"Per step:    {ps['batch_size']} prompts x {ps['group_size']} completions = {ps['completions']} completions, <= {ps['sampled_token_upper_bound']:,} sampled tokens ({ps['max_new_tokens_per_completion']} per {ps['tokens_per']})",
+        f"Per step:    {ps['batch_size']} prompts x {ps['group_size']} completions = {ps['completions']} completions, <= {ps['sampled_token_upper_bound']:,} sampled tokens ({ps['max_new_tokens_per_completion']} per {ps['tokens_per']}{_turns_text(ps)})",
         f"Shaping:     {report['shaping']}",
         f"Steps:       {report['total_steps']:,}",
         f"Checkpoints: {('every ' + str(ck['every']) + ' steps (' + str(ck['periodic']) + ') + final') if ck['every'] else 'final only'} -> {ck['adapter_path']}",
@@ -1007,6 +1219,7 @@ def render(report: dict[str, Any]) -> str:
             f"Campaign:    {len(camp['conditions'])} conditions x {len(camp['seeds'])} seeds = {camp['runs']} runs x {_steps_per_run(camp)} = {camp['total_steps']:,} steps ({camp['executor']}"
             + (f", {camp['max_workers']} workers)" if camp["executor"] != "sequential" else ")"),
             f"Seeds:       {', '.join(map(str, camp['seeds']))}",
+            *_wall_time_line(camp, report.get("estimates") or {}),
         ]
         lines += _render_conditions(camp)
         if camp["auto_squeeze"]:
@@ -1018,6 +1231,33 @@ def render(report: dict[str, Any]) -> str:
     for e in report["errors"]:
         lines.append(f"ERROR: {e}")
     return "\n".join(lines)
+
+
+def _turns_text(ps: dict[str, Any]) -> str:
+    if not ps.get("turns_source"):
+        return ""
+    return f" x {ps['turns']} turn{'s' if ps['turns'] != 1 else ''}: {ps['turns_source']}"
+
+
+def _model_lora(model: dict[str, Any], backend: str) -> str:
+    """The Model line's LoRA part: what of rank and alpha the backend takes from the config."""
+    if model["lora_rank"] is None:
+        return f"LoRA: the {backend} backend's own"
+    alpha = f", alpha {model['lora_alpha']}" if model["lora_alpha"] is not None else ""
+    return f"LoRA rank {model['lora_rank']}{alpha}"
+
+
+def _wall_time_line(camp: dict[str, Any], est: dict[str, Any]) -> list[str]:
+    wall = camp.get("wall_time")
+    if not wall:
+        return []
+    at_once = f" / {wall['at_once']} runs at once" if wall["at_once"] > 1 else ""
+    shared = "; runs sharing a device slow each other" if wall["at_once"] > 1 else ""
+    return [
+        f"Wall time:   ~{format_duration(wall['seconds'])}, an estimate: {camp['total_steps']:,} "
+        f"steps x ~{est['step_time_s']:g} s/step{at_once} (the base config's step time; "
+        f"conditions differ{shared})"
+    ]
 
 
 def _base_of_campaign(report: dict[str, Any]) -> str:
@@ -1077,8 +1317,8 @@ def main(argv: list[str]) -> int:
         help="as the run's --overwrite: directories holding another run are moved aside",
     )
     known, rest = parser.parse_known_args(argv)
-    given, flags = split_config_args(rest)
-    path = given or DEFAULT_CONFIG
+    # the run's rule: flags alone without ./retrain.toml run on the built-in defaults
+    path, flags = config_path(rest)
     load_dotenv()
     try:
         config = load_config(path, flags)

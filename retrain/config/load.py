@@ -433,6 +433,7 @@ def load_config(
     overlay, flag_origins, problems = _overrides_to_overlay(overrides)
     if problems:
         raise ConfigError(problems, source=source)
+    _campaign_steps_from_flag(raw, overlay, flag_origins)
     origin = _Origin(source=source, lines=locate_keys(text), flags=flag_origins)
     return build_config(_merge(raw, overlay), origin)
 
@@ -444,7 +445,24 @@ def config_from_dict(
     overlay, flag_origins, problems = _overrides_to_overlay(overrides)
     if problems:
         raise ConfigError(problems)
+    _campaign_steps_from_flag(raw, overlay, flag_origins)
     return build_config(_merge(dict(raw), overlay), _Origin(flags=flag_origins))
+
+
+def _campaign_steps_from_flag(
+    raw: Mapping[str, Any], overlay: dict[str, dict[str, Any]], origins: dict
+) -> None:
+    """`--max-steps N` on a campaign: every run's steps, as asked on the command line (a
+    campaign's runs take `[campaign] max_steps`, which would otherwise override it
+    silently), unless `--campaign-max-steps` is given too."""
+    steps = overlay.get("training", {}).get("max_steps")
+    if steps is None or not isinstance(raw.get("campaign"), Mapping):
+        return
+    campaign = overlay.setdefault("campaign", {})
+    if "max_steps" not in campaign:
+        campaign["max_steps"] = steps
+        if ("training", "max_steps") in origins:
+            origins[("campaign", "max_steps")] = origins[("training", "max_steps")]
 
 
 def _overrides_to_overlay(

@@ -211,7 +211,9 @@ def test_a_remote_backend_still_loads_the_tokenizer(project, hub):
     (project / "c.toml").write_text(
         '[backend]\nbackend = "tinker"\n[model]\nmodel = "foo/bar"\n[training]\nseed = 1\n'
     )
-    explain = retrain(project, machine(project, hub), "explain", "c.toml")
+    explain = retrain(
+        project, machine(project, hub, TINKER_API_KEY="tml-test"), "explain", "c.toml"
+    )
     errors = [line for line in explain.stdout.splitlines() if line.startswith("ERROR")]
     assert explain.returncode == 2 and len(errors) == 1
     assert errors[0].startswith("ERROR: [model] model (c.toml:4): the tinker backend runs the")

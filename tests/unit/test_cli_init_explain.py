@@ -134,7 +134,7 @@ def test_explain_json_fields(tmp_path, capsys):
     assert report["condition"] == "maxrl+gtpo_sepa"
     assert report["backend"]["capabilities"]["preserves_token_advantages"] is True
     assert report["per_step"]["sampled_token_upper_bound"] == 4 * 8 * 24
-    assert report["checkpoints"]["periodic"] == 3
+    assert report["checkpoints"]["periodic"] == 2  # steps 10 and 20; 30 is the final one
     assert "linear" in report["sepa"]
 
 
@@ -183,7 +183,8 @@ def test_explain_warns_about_an_unseeded_run(tmp_path, capsys, one_gpu):
     )
 
 
-def test_explain_tinker_ignores_inference(tmp_path, capsys):
+def test_explain_tinker_ignores_inference(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TINKER_API_KEY", "tml-test")
     path = tmp_path / "t.toml"
     path.write_text('[backend]\nbackend = "tinker"\n[training]\nseed = 1\n')
     code, out, _ = run(["explain", str(path)], capsys)

@@ -26,8 +26,9 @@ def test_there_are_original_configs():
 
 
 @pytest.mark.parametrize("path", [_param(p) for p in ORIGINAL_CONFIGS])
-def test_original_config_explains_cleanly(path, capsys, one_gpu):
-    """On the machine they were written for: a CUDA device, the hub reachable."""
+def test_original_config_explains_cleanly(path, capsys, one_gpu, monkeypatch):
+    """On the machine they were written for: a CUDA device, the hub reachable, a Tinker key."""
+    monkeypatch.setenv("TINKER_API_KEY", "tml-test")
     code = main(["explain", str(path)])
     err = capsys.readouterr().err
     assert code == 0, err
