@@ -77,7 +77,8 @@ Controller
   value whenever the concurrency changes, so it always describes the current batch size.
   The USL fit uses the raw observations; the EMA feeds the regime and ``bp_throughput``.
 * Roofline hint: with ``peak_gflops > 0`` and ``peak_bw_gb_s > 0``, an ``observe`` call that
-  passes ``flops`` and ``bytes_moved`` for the step gets its arithmetic intensity
+  passes ``flops`` and ``bytes_moved`` for the step (the trainer counts them from the
+  model's shape and the step's tokens: retrain/roofline.py) gets its arithmetic intensity
   ``flops / bytes_moved`` compared with the ridge point ``peak_gflops / peak_bw_gb_s``
   (FLOP per byte): below -> ``memory_bound``, at or above -> ``compute_bound``.
   The hint only labels the regime; it never moves the batch size.
@@ -386,6 +387,8 @@ class Decision:
             "bp_kappa": _finite(self.kappa),
             "bp_utilization": _finite(self.utilization),
             "bp_throughput": _finite(self.throughput),
+            # the step's own side of the ridge point, where peaks were given (roofline.py)
+            **({"bp_roofline": self.roofline} if self.roofline is not None else {}),
         }
 
 

@@ -7,10 +7,11 @@ every plugin is resolved once, here. The flow checks run before anything heavy l
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,16 +21,17 @@ import numpy as np
 import retrain.compat  # noqa: F401
 from retrain import hardware, registry
 from retrain.advantages import AdvantagePipeline, PlanningDetector, make_detector
-from retrain.backends.base import Backend, backend_info
+from retrain.backends.base import Backend, BackendInfo, backend_info
 from retrain.backpressure import BackPressureController
 from retrain.config import Config
 from retrain.config.validate import (
+    backend_option_problems,
     devices_problems,
     flow_problems,
     kernel_problems,
     samples_through_engine,
 )
-from retrain.errors import ConfigError, TrainingError
+from retrain.errors import ConfigError, PluginError, TrainingError
 from retrain.kernels.windows import refusal
 from retrain.models import HubAsk, ModelSource, ask_hub, find_model, model_config
 from retrain.sepa import SEPAScheduler
@@ -110,16 +112,37 @@ def build_pipeline(config: Config) -> AdvantagePipeline:
     )
 
 
-def preflight(config: Config) -> tuple[BackendCapabilities, AdvantagePipeline]:
+def preflight(config: Config) -> tuple[BackendInfo, AdvantagePipeline]:
     """Resolve the backend's capabilities and the advantage flow, and refuse a flow the
     backend cannot carry, before any model loads."""
-    search_paths = tuple(config.plugins.search_paths)
-    caps = backend_info(config.backend.backend, search_paths).capabilities
+    info = backend_info(config.backend.backend, tuple(config.plugins.search_paths))
     pipeline = build_pipeline(config)
-    problems = flow_problems(config, caps, token_varying=pipeline.varies_per_token())
+    problems = flow_problems(config, info.capabilities, token_varying=pipeline.varies_per_token())
     if problems:
         raise TrainingError("; ".join(f"{key}: {message}" for key, message in problems))
-    return caps, pipeline
+    return info, pipeline
+
+
+def backend_line(info: BackendInfo) -> str:
+    """The run's first line: what its backend guarantees (the capabilities `retrain
+    explain` and `retrain backends` list), the missing ones said too."""
+    c = info.capabilities
+    said = [
+        "reports its loss" if c.reports_sync_loss else "no loss reported (a placeholder)",
+        "per-token advantages" if c.preserves_token_advantages else "one advantage per completion",
+        "resumes from checkpoints" if c.supports_checkpoint_resume else "cannot resume",
+    ]
+    if c.resume_runtime_dependent:
+        said.append("resume needs its service to keep the checkpoints")
+    if c.multi_process:
+        said.append("trains under torchrun")
+    data = f"; token data: {', '.join(c.token_data)}" if c.token_data else ""
+    options = f"; {len(c.loss_options)} loss options" if c.loss_options else "; no loss options"
+    source = {"plugin/default": "plugin without capability hooks: conservative defaults"}
+    return (
+        f"Backend: {info.name} ({source.get(info.source, info.source)}): "
+        f"{', '.join(said)}{data}{options}"
+    )
 
 
 def seed_everything(seed: int) -> None:
@@ -278,7 +301,8 @@ def build(config: Config, say: Callable[[str], None]) -> Components:
     search_paths = tuple(config.plugins.search_paths)
     registry.add_search_paths(search_paths)
     check_startup(config)
-    caps, pipeline = preflight(config)
+    info, pipeline = preflight(config)
+    say(backend_line(info))
     seed_everything(config.training.seed)
     say(f"Loading tokenizer for {config.model.model} ...")
     tokenizer = load_tokenizer(config.model.model)
@@ -299,7 +323,7 @@ def build(config: Config, say: Callable[[str], None]) -> Components:
     )
     backend = build_backend(config, tokenizer, say)
     parts = Components(
-        capabilities=caps,
+        capabilities=info.capabilities,
         pipeline=pipeline,
         rollout=build_rollout(config, data, backend, reward, renderer),
         tokenizer=tokenizer,
@@ -450,7 +474,12 @@ def build_backend(
     name = config.backend.backend
     cls = registry.BACKENDS.resolve(name, tuple(config.plugins.search_paths))
     entry = registry.BACKENDS.entry(name)
-    if entry is None:
+    if entry is None:  # a plugin gets the Config, its options' schema defaults filled in
+        schema = backend_info(name, tuple(config.plugins.search_paths)).options
+        if schema:
+            options = {key: spec.default for key, spec in schema.items()}
+            options.update(config.backend.options)
+            config = replace(config, backend=replace(config.backend, options=options))
         return cls(config, tokenizer, say=say, **extra)
     settings = BACKEND_SETTINGS[entry.name](config)
     if samples_through_engine(config):
@@ -540,11 +569,14 @@ def resume_problems(config: Config) -> Problems:
     if not start:
         return []
     if config.campaign is None:
+        refused = _cannot_resume(config)
+        if refused:
+            return refused
         m = config.model
         problems = run_problems(
             start, backend=config.backend.backend, model=m.model, lora_rank=m.lora_rank
         )
-        return problems or _sizes_kept(config)
+        return problems or _dirs_elsewhere(config) or _sizes_kept(config)
     if (Path(start).expanduser() / "manifest.json").is_file():
         return []
     return [
@@ -554,6 +586,104 @@ def resume_problems(config: Config) -> Problems:
             "directory the campaign wrote (its manifest.json), or drop --resume",
         )
     ]
+
+
+def _cannot_resume(config: Config) -> Problems:
+    """A backend whose capabilities say it cannot resume (supports_checkpoint_resume =
+    false; a plugin without capability hooks gets that default) is refused a resume."""
+    from retrain.errors import PluginError
+
+    name = config.backend.backend
+    try:
+        info = backend_info(name, tuple(config.plugins.search_paths))
+    except (PluginError, TypeError, ValueError):
+        return []  # the backend itself is the problem, which its own check reports
+    if info.capabilities.supports_checkpoint_resume:
+        return []
+    hooks = " (it has no capability hooks, so retrain assumes it cannot)"
+    return [
+        (
+            "[resume] from",
+            f"the {name!r} backend cannot resume from a checkpoint: its capabilities say "
+            f"supports_checkpoint_resume = false{hooks if info.source == 'plugin/default' else ''}"
+            f" (`retrain backends {name}`). Fix: drop --resume / [resume] from and start a new "
+            "run, or use a backend that resumes (a plugin declares supports_checkpoint_resume "
+            "in retrain_backend_capabilities and implements load_checkpoint)",
+        )
+    ]
+
+
+def _dirs_elsewhere(config: Config) -> Problems:
+    """A relative `[logging] log_dir` or `[backend] adapter_path` that, read from here,
+    names another directory than the run's own, which it names from the directory the
+    run was started in: the resume would write its rows or checkpoints somewhere new. A
+    resumed run writes into its own directories: it is run from where the run started."""
+    from pathlib import Path
+
+    from retrain.checkpoint import load_state, run_workdir
+    from retrain.logs.rundir import RunDir
+    from retrain.logs.status import resume_command
+
+    start = Path(config.resume.from_).expanduser()
+    workdir = run_workdir(start)
+    here = Path.cwd().resolve()
+    if workdir is None or workdir.resolve() == here:
+        return []
+    saved = load_state(start).checkpoint
+    own = {
+        ("logging", "log_dir"): lambda there: there == start.resolve(),
+        ("backend", "adapter_path"): lambda there: any(
+            p and Path(p).resolve().is_relative_to(there) for p in (saved.adapter, saved.state)
+        ),
+    }
+    problems = []
+    for (table, key), names_own in own.items():
+        value = getattr(getattr(config, table), key)
+        if not value or Path(value).expanduser().is_absolute():
+            continue
+        there = (workdir / value).resolve()
+        if there != (here / value).resolve() and names_own(there):
+            problems.append(
+                (
+                    f"[{table}] {key}",
+                    f"{value!r} is read from the directory retrain runs in, where it names "
+                    f"{here / value}; the run in {config.resume.from_} was started in "
+                    f"{workdir}, where it names that run's own directory, and a resumed run "
+                    f"writes only into its own directories. Fix: resume from there: "
+                    f"{resume_command(RunDir(start))}",
+                )
+            )
+    return problems
+
+
+def resume_horizon(config: Config, where: str) -> str | None:
+    """What a resume whose `[training] max_steps` differs from the run's (its
+    config.resolved.toml, read before the resumed run rewrites it) trains now, and where
+    that max_steps comes from (`where`: " (retrain.toml:9)", " (from --max-steps)", ""
+    for the default). None when it is the run's own."""
+    from pathlib import Path
+
+    from retrain.checkpoint import load_state
+    from retrain.logs.rundir import RunDir
+
+    start = Path(config.resume.from_).expanduser()
+    before = RunDir(start).config_value("training", "max_steps")
+    t, state = config.training, load_state(start)
+    if not isinstance(before, int) or before == t.max_steps or state.step >= t.max_steps:
+        return None
+    line = (
+        f"Resuming after step {state.step} with [training] max_steps {before} -> "
+        f"{t.max_steps}{where or ' (the default)'}: "
+        + ("the run had finished; " if state.finished else "")
+        + f"it now trains {_steps(state.step, t.max_steps - 1)}."
+    )
+    if t.lr_schedule != "constant":
+        line += f" The {t.lr_schedule} lr schedule now runs over {t.max_steps} steps, not {before}."
+    return line
+
+
+def _steps(first: int, last: int) -> str:
+    return f"step {first}" if first == last else f"steps {first} to {last}"
 
 
 def resume_changes(config: Config) -> list[Change]:
@@ -594,7 +724,7 @@ def startup_problems(
     that has none (nvidia-smi's compute capability), a model that cannot be had
     (`ask`: the hub request, None to skip it), a `[resume] from` directory it cannot
     resume from, a config that cannot run on `world`'s ranks (default: torchrun's
-    environment), a judge endpoint that cannot judge."""
+    environment), a judge endpoint that cannot judge, a Tinker run without its key."""
     return (
         devices_problems(
             config, hardware.cuda_device_count, hardware.torch_build, hardware.hidden_gpus
@@ -604,7 +734,32 @@ def startup_problems(
         + model_problems(config, ask)
         + resume_problems(config)
         + reward_problems(config)
+        + tinker_problems(config)
+        + plugin_option_problems(config)
     )
+
+
+def plugin_option_problems(config: Config) -> Problems:
+    """A plugin backend's `[backend.options]` against the option schema its hook gives
+    (a built-in's are checked when the config loads; a plugin without a schema takes
+    any). A plugin that does not import is the preflight's to report."""
+    name = config.backend.backend
+    if registry.BACKENDS.entry(name) is not None:
+        return []
+    try:
+        schema = backend_info(name, tuple(config.plugins.search_paths)).options
+    except PluginError:
+        return []
+    return backend_option_problems(config.backend.options, schema, name) if schema else []
+
+
+def tinker_problems(config: Config) -> Problems:
+    """The tinker backend's credential (a missing SDK is a module problem of its own)."""
+    if config.backend.backend != "tinker" or importlib.util.find_spec("tinker") is None:
+        return []
+    from retrain.backends.tinker import credential_problems
+
+    return credential_problems()
 
 
 def reward_problems(config: Config) -> Problems:

@@ -3,6 +3,10 @@
 The backend writes the weights (+ optimizer) to a checkpoint directory first; only then
 is `trainer_state.json` replaced atomically to point at it. A crash at any moment leaves
 the previous state file and the checkpoint it names intact.
+
+The paths a run writes are relative to the directory it was started in (its `workdir`,
+recorded in the state), as the user gave them; reading the state from another directory
+reads them from there.
 """
 
 from __future__ import annotations
@@ -10,7 +14,8 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, field
+import tomllib
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +23,7 @@ import numpy as np
 
 from retrain.errors import CheckpointError
 from retrain.logs.jsonl import write_json_atomic
+from retrain.logs.rundir import RUN_INFO, read_json
 from retrain.types import CheckpointInfo
 
 STATE_FILE = "trainer_state.json"
@@ -41,6 +47,48 @@ class TrainerState:
     finished: bool = False
     saved_at: float = field(default_factory=time.time)
     version: int = STATE_VERSION
+    # The directory the run was started in: the relative paths of its config and of
+    # `checkpoint` are read from there ("" in states written before it was recorded).
+    workdir: str = ""
+    # The command that started the run, without --resume/--overwrite: what the hints
+    # that continue it type (["retrain", "run.toml", "--max-steps", "12"]).
+    launch: list[str] = field(default_factory=list)
+
+
+def run_workdir(
+    log_dir: str | Path, files: tuple[str, ...] = (STATE_FILE, RUN_INFO)
+) -> Path | None:
+    """The directory the run in `log_dir` was started in: recorded in the first of `files`
+    that says (trainer_state.json: where its checkpoint's path is relative to; run.json:
+    where the last start's config.resolved.toml is), else (a run of an earlier retrain)
+    the directory its config.resolved.toml's relative `[logging] log_dir` names `log_dir`
+    from. None when nothing says."""
+    log_dir = Path(log_dir).expanduser()
+    for name in files:
+        recorded = (read_json(log_dir / name) or {}).get("workdir")
+        if isinstance(recorded, str) and recorded:
+            return Path(recorded)
+    try:
+        resolved = tomllib.loads((log_dir / "config.resolved.toml").read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    written = (resolved.get("logging") or {}).get("log_dir")
+    if not isinstance(written, str) or not written:
+        return None
+    rel = Path(written)
+    if rel.is_absolute() or any(part in ("..", ".", "~") for part in rel.parts):
+        return None
+    here = log_dir.resolve()
+    if here.parts[-len(rel.parts) :] != rel.parts:
+        return None
+    return here.parents[len(rel.parts) - 1]
+
+
+def _read_from(path: str, workdir: Path) -> str:
+    """A local relative `path` of the run as seen from here (remote ones stay)."""
+    if not path or "://" in path or Path(path).expanduser().is_absolute():
+        return path
+    return str(workdir / path)
 
 
 def capture_rng() -> dict[str, Any]:
@@ -90,7 +138,13 @@ def load_state(resume_dir: str | Path) -> TrainerState:
         state = TrainerState(**raw)
     except TypeError as exc:
         raise CheckpointError(f"{path} is missing fields: {exc}") from exc
-    state.checkpoint = CheckpointInfo.from_dict(raw["checkpoint"] or {})
+    info = CheckpointInfo.from_dict(raw["checkpoint"] or {})
+    workdir = run_workdir(path.parent)
+    if workdir is not None and workdir.resolve() != Path.cwd().resolve():
+        info = replace(
+            info, adapter=_read_from(info.adapter, workdir), state=_read_from(info.state, workdir)
+        )
+    state.checkpoint = info
     return state
 
 
@@ -126,7 +180,10 @@ def _gone_files(info: CheckpointInfo) -> list[str]:
         return []
     path = Path(state)
     if not path.exists():
-        return [] if info.extra else [f"the checkpoint directory {path}"]
+        if info.extra:
+            return []
+        where = "" if path.is_absolute() else f" (read from here, {Path.cwd()})"
+        return [f"the checkpoint directory {path}{where}"]
     weights = path / "adapter_model.safetensors"
     if (path / "adapter_config.json").is_file() and not weights.is_file():
         return [f"{weights}"]

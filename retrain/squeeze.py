@@ -309,8 +309,8 @@ def _resolve_source_rank(requested: int, detected: int, path: Path) -> int:
 def _torch_device(device: str):
     import torch
 
-    try:
-        dev = torch.device(device)
+    try:  # [backend] devices' spelling: gpu:N is torch's cuda:N
+        dev = torch.device(device.strip().replace("gpu:", "cuda:"))
         torch.zeros(1, device=dev)
     except Exception as e:
         raise SqueezeError(f"[squeeze] device = {device!r} is not usable here: {e}") from e
@@ -506,14 +506,22 @@ def compress_adapter(
     return out
 
 
+# The local backend's optimizer (AdamW moments of the rank-r factors) and RNG state in a
+# checkpoint directory: it belongs to the source's weights, and a resume that read it
+# beside rank-k weights would load moments of the wrong shapes.
+TRAINING_STATE = "training_state.pt"
+
+
 def _write_adapter(source: Path, out: Path, weights: dict, cfg: dict) -> None:
     """The compressed adapter beside copies of the source's other files (README,
-    tokenizer files, ...); the weights are written to a temporary name first."""
+    tokenizer files, ...; not its training state); the weights are written to a
+    temporary name first."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
+    not_copied = (CONFIG_NAME, SAFETENSORS_NAME, BIN_NAME, TRAINING_STATE)
     for item in source.iterdir():
-        if item.is_file() and item.name not in (CONFIG_NAME, SAFETENSORS_NAME, BIN_NAME):
+        if item.is_file() and item.name not in not_copied:
             shutil.copy2(item, out / item.name)
     stale = out / BIN_NAME
     if stale.exists():

@@ -21,6 +21,7 @@ from retrain.build import (
     build,
     check_world,
     resume_changes,
+    resume_horizon,
     resume_problems,
     world_of,
 )
@@ -42,6 +43,7 @@ from retrain.logs.ownership import Launch, claim, launch_for, occupied_dirs
 from retrain.logs.runlog import RunLog
 from retrain.logs.timer import PhaseTimer
 from retrain.rollout import build_datums, correct_rate, planning_masks, token_groups
+from retrain.roofline import StepWork, step_work_of
 from retrain.schedule import lr_at
 from retrain.shaping import merge_counters, sample_step
 from retrain.stepping import SampledStep, StepTraining, step_training
@@ -121,6 +123,7 @@ class Trainer:
         self.log_dir = Path(config.logging.log_dir)
         self.log = RunLog(config, self.log_dir, config_path, self.say)
         self.parts: Components | None = None
+        self.step_work: Callable[[StepResult], StepWork] | None = None  # set up with the parts
         self.counters = RunCounters()
         self.start_step = 0
         self.last_saved_step: int | None = None
@@ -145,6 +148,12 @@ class Trainer:
         # samples one optimizer step behind.
         overlap = self.config.backend.options.get("overlap") is True
         self.training = step_training(c.backend, overlap=overlap)
+        self.log.backend = {
+            "name": self.config.backend.backend,
+            "capabilities": c.capabilities.as_dict(),
+        }
+        # back pressure's roofline hint: each step's FLOPs and bytes, where peaks are given
+        self.step_work = step_work_of(self.config) if c.backpressure is not None else None
 
     def restore(self, resume_from: str) -> None:
         """Load trainer_state.json + the backend checkpoint."""
@@ -153,7 +162,16 @@ class Trainer:
         check_compatible(
             state, cfg.backend.backend, cfg.model.model, cfg.model.lora_rank, resume_from
         )
-        c.backend.load_checkpoint(state.checkpoint)
+        load = getattr(c.backend, "load_checkpoint", None)
+        if load is None:  # a plugin that claims supports_checkpoint_resume without it
+            raise CheckpointError(
+                f"[resume] from: the {cfg.backend.backend!r} backend "
+                f"({type(c.backend).__name__}) has no load_checkpoint method, though its "
+                "capabilities say supports_checkpoint_resume = true. Fix: implement "
+                "load_checkpoint(info) in the backend (or declare supports_checkpoint_resume "
+                "= false), or drop --resume and start a new run"
+            )
+        load(state.checkpoint)
         c.data.load_state_dict(state.data)
         c.sepa.load_state_dict(state.sepa)
         if c.backpressure is not None and state.backpressure:
@@ -275,7 +293,13 @@ class Trainer:
         row["off_policy_steps"] = result.off_policy_steps
         if c.backpressure is not None:
             # the step's own size: with overlap the next step has sampled already
-            decision = c.backpressure.observe(result.batch_size, self._throughput(result))
+            work = self.step_work(result) if self.step_work is not None else None
+            decision = c.backpressure.observe(
+                result.batch_size,
+                self._throughput(result),
+                flops=work.flops if work else None,
+                bytes_moved=work.bytes_moved if work else None,
+            )
             row.update(decision.as_metrics())
             self.batch_size = self._whole_ranks(decision.batch_size)
         for g in result.groups[: self.config.logging.group_lines]:
@@ -383,6 +407,8 @@ class Trainer:
             backpressure=c.backpressure.state_dict() if c.backpressure is not None else None,
             rng=rng,
             finished=final,
+            workdir=os.getcwd(),  # the checkpoint's and the config's paths are relative to it
+            launch=list(self.launch.command),
         )
         save_state(self.log_dir, state)
         distributed.barrier(self.world, "the checkpoint")  # every rank past a whole save
@@ -444,6 +470,10 @@ class Trainer:
                 f"is {cfg.training.max_steps} (set --max-steps above {done} to continue)."
             )
             return 0
+        where = self.launch.origin("training", "max_steps")
+        horizon = resume_horizon(cfg, where) if done is not None else None
+        if horizon:  # max_steps is no setting change: it is how far the resume trains
+            self.say(horizon)
         changes = resume_changes(cfg) if done is not None else []
         if changes:  # before config.resolved.toml is rewritten with them
             self.say(resumed_with(changes, done))

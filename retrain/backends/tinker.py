@@ -44,6 +44,7 @@ import concurrent.futures
 import inspect
 import logging
 import math
+import os
 import re
 import threading
 import time
@@ -186,8 +187,8 @@ def call_with_retries(
             sleep(delay)
     raise BackendError(
         f"Tinker {what} failed after {attempts} attempts: {describe(last)}. "
-        "The service looks unavailable; the last checkpoint is kept: "
-        "resume with --resume once the service is back"
+        "The service looks unavailable: check [model] base_url (the service's address) "
+        "and the service's status"
     ) from last
 
 
@@ -276,6 +277,30 @@ def _resolve(value: Any, tinker: Any, timeout: float | None) -> Any:
     if isinstance(value, concurrent.futures.Future):
         return value.result(timeout)
     return value
+
+
+def _bounded(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """`fn()` in a daemon thread of its own, waited on for `timeout_s`: some SDK calls
+    block (retrying inside) where others return a future, and an unreachable service (a
+    wrong [model] base_url) would hold the run there without a word. A call that
+    overruns is left behind, its result unused (a daemon thread: the process still
+    exits); its TimeoutError is retried as any timeout is."""
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=call, name="retrain-tinker-call", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise TimeoutError(f"Tinker {what} did not answer within {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def _to_list(value: Any) -> list:
@@ -555,12 +580,16 @@ class TinkerBackend:
         seed = settings.seed if settings.seed >= 0 else None
         try:
             self.training = self._call(
-                lambda: _resolve(
-                    self.service.create_lora_training_client(
-                        base_model=self.model, rank=self.rank, seed=seed
+                lambda: _bounded(
+                    lambda: _resolve(
+                        self.service.create_lora_training_client(
+                            base_model=self.model, rank=self.rank, seed=seed
+                        ),
+                        self.tinker,
+                        self.timeout_s,
                     ),
-                    self.tinker,
                     self.timeout_s,
+                    "training-client creation",
                 ),
                 "training-client creation",
             )
@@ -850,8 +879,8 @@ def close_service(
                 takes_status = "status" in inspect.signature(close).parameters
             except (TypeError, ValueError):
                 takes_status = False
-        if takes_status:
-            result = close(status)
+        if takes_status:  # the call itself may block on an unreachable service
+            result = _bounded(lambda: close(status), timeout, "session close")
             if hasattr(result, "result"):
                 result.result(timeout)
             return
@@ -1028,3 +1057,30 @@ def fetch_adapter(
         shutil.rmtree(work, ignore_errors=True)
         if service is not None:
             close_service(service)
+
+
+def credential_problems() -> list[tuple[str, str]]:
+    """The service's credential, which the run needs only when it connects (after the
+    data loads), found as the tinker SDK finds it (`resolve_auth_provider`): a
+    TINKER_API_KEY (environment or .env) that starts with tml- (or is a JWT), else
+    TINKER_CREDENTIAL_CMD, else a key stored by `tinker auth login`. Mirrored rather than
+    asked, so that the run's start and explain check it without importing the SDK.
+    retrain has no config key for it."""
+    key, command = os.environ.get("TINKER_API_KEY", ""), os.environ.get("TINKER_CREDENTIAL_CMD")
+    stored = Path("~/.tinker/credentials.json").expanduser().is_file()
+    if key.startswith(("tml-", "eyJ")) or command or (stored and not key):
+        return []
+    why = (
+        "TINKER_API_KEY is set but the tinker SDK refuses it (a key starts with 'tml-')"
+        if key
+        else "TINKER_API_KEY is not set (in the environment or .env), nor "
+        "TINKER_CREDENTIAL_CMD, and no key is stored by `tinker auth login`"
+    )
+    return [
+        (
+            "[backend] backend",
+            f"tinker needs a Tinker API key: {why}; the run would stop when it connects. "
+            "Fix: TINKER_API_KEY=tml-... in the environment, or in .env in the directory "
+            "retrain runs in",
+        )
+    ]

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import fields, replace
-from pathlib import Path
 from typing import Any
 
 from retrain import hardware, registry
@@ -253,10 +251,11 @@ def _driver_advice(config: Config) -> list[str]:
     ]
 
 
-def _resume_advice(config: Config) -> list[str]:
-    """What `[resume] from` continues with changed settings (a batch or group size the
-    checkpoint would override is an error of the startup checks)."""
-    from retrain.build import resume_changes
+def _resume_advice(config: Config, launch: ownership.Launch) -> list[str]:
+    """How far `[resume] from` trains now, where its max_steps changed, and the settings
+    it continues with changed (a batch or group size the checkpoint would override is an
+    error of the startup checks)."""
+    from retrain.build import resume_changes, resume_horizon
     from retrain.checkpoint import load_state
     from retrain.config.diff import KEPT_BY_CHECKPOINT, resumed_with
     from retrain.errors import CheckpointError
@@ -265,8 +264,11 @@ def _resume_advice(config: Config) -> list[str]:
         state = load_state(config.resume.from_) if config.resume.from_ else None
     except CheckpointError:  # an error of the startup checks
         return []
+    if state is None:
+        return []
+    horizon = resume_horizon(config, launch.origin("training", "max_steps"))
     changes = [c for c in resume_changes(config) if (c.table, c.key) not in KEPT_BY_CHECKPOINT]
-    return [resumed_with(changes, state.step)] if state is not None and changes else []
+    return ([horizon] if horizon else []) + ([resumed_with(changes, state.step)] if changes else [])
 
 
 def _wandb_advice(config: Config) -> list[str]:
@@ -679,34 +681,6 @@ def _data_problems(config: Config) -> list[tuple[str, str]]:
     return []
 
 
-def tinker_problems(config: Config) -> list[tuple[str, str]]:
-    """The tinker backend's credential, which the run needs only when it connects (after
-    the data loads), found as the tinker SDK finds it (`resolve_auth_provider`): a
-    TINKER_API_KEY (environment or .env) that starts with tml- (or is a JWT), else
-    TINKER_CREDENTIAL_CMD, else a key stored by `tinker auth login`. Mirrored rather than
-    asked: importing the SDK imports torch. retrain has no config key for it."""
-    if config.backend.backend != "tinker" or _missing_modules(("tinker",)):
-        return []  # another backend, or the missing SDK is reported already
-    key, command = os.environ.get("TINKER_API_KEY", ""), os.environ.get("TINKER_CREDENTIAL_CMD")
-    stored = Path("~/.tinker/credentials.json").expanduser().is_file()
-    if key.startswith(("tml-", "eyJ")) or command or (stored and not key):
-        return []
-    why = (
-        "TINKER_API_KEY is set but the tinker SDK refuses it (a key starts with 'tml-')"
-        if key
-        else "TINKER_API_KEY is not set (in the environment or .env), nor "
-        "TINKER_CREDENTIAL_CMD, and no key is stored by `tinker auth login`"
-    )
-    return [
-        (
-            "[backend] backend",
-            f"tinker needs a Tinker API key: {why}; the run would stop when it connects. "
-            "Fix: TINKER_API_KEY=tml-... in the environment, or in .env in the directory "
-            "retrain runs in",
-        )
-    ]
-
-
 def _reward_problems(config: Config) -> list[tuple[str, str]]:
     """A custom reward is imported the way the run imports it (its module runs)."""
     r = config.reward
@@ -728,15 +702,14 @@ def startup_problems(
 ) -> list[tuple[str, str]]:
     """(key, problem) for everything the run would refuse at start before its first step,
     found without loading a model: missing modules of the configured entries, the
-    reasoning-gym task, the custom reward's module and function, the tinker backend's API
-    key, and the run's own startup checks (retrain/build.py: the devices, the model, the
-    resume directory). The files the config names are checked when it loads; the flow
+    reasoning-gym task, the custom reward's module and function, and the run's own startup
+    checks (retrain/build.py: the devices, the model, the resume directory, the tinker
+    backend's API key). The files the config names are checked when it loads; the flow
     checks (the run's preflight) and the backend's probe are reported beside these."""
     return (
         module_problems(config)
         + _data_problems(config)
         + _reward_problems(config)
-        + tinker_problems(config)
         + run_startup_problems(config, ask, world)
     )
 
@@ -1081,7 +1054,7 @@ def build_report(
     # problems are errors; a backend's own probe (prime_rl) may find a server started later.
     errors += [f"{key}: {problem}" for key, problem in engine_problems(config)]
     probed = [f"{key}: {problem}" for key, problem in backend_problems(config)]
-    report["warnings"] = _advice(config) + probed + moved + _resume_advice(config)
+    report["warnings"] = _advice(config) + probed + moved + _resume_advice(config, launch)
     memory = report["estimates"].get("memory_problem")
     if memory and config.backend.backend == "local":  # the local backend refuses it too
         (errors if memory["level"] == "error" else report["warnings"]).append(memory["message"])

@@ -60,15 +60,15 @@ class Launch:
         return shlex.join([*self.command, *extra])
 
 
-def _without_resume(flags: Sequence[str]) -> list[str]:
-    """The flags minus any that set [resume] from (with its value): the hints add their own."""
+def _without(flags: Sequence[str], table: str, key: str) -> list[str]:
+    """The flags minus any that set [table] key (with its value): the hints add their own."""
     from retrain.config.flags import flag_table
 
-    resume = {n for n, spec in flag_table().items() if (spec.table, spec.key) == ("resume", "from")}
+    names = {n for n, spec in flag_table().items() if (spec.table, spec.key) == (table, key)}
     kept, i = [], 0
     while i < len(flags):
         name, eq, _ = flags[i].partition("=")
-        if name in resume:
+        if name in names:
             i += 1 if eq else 2  # `--resume=DIR` or `--resume DIR`
             continue
         kept.append(flags[i])
@@ -85,7 +85,7 @@ def launch_for(
 
     path = [config_path] if config_path and config_path != DEFAULT_CONFIG else []
     return Launch(
-        command=("retrain", *path, *_without_resume(flags)),
+        command=("retrain", *path, *_without(flags, "resume", "from")),
         overwrite=overwrite,
         origin=key_origin(config_path, flags),
     )
@@ -102,6 +102,7 @@ class Occupied:
     resumable: bool = False  # it holds the trainer_state.json that --resume reads
     finished: bool = False  # ... of a run that finished its max_steps
     writer: Path | None = None  # adapters: the log dir of the run whose checkpoints they are
+    state: dict | None = None  # the trainer state of the run in the log dir
 
 
 def _rows(path: Path) -> int:
@@ -151,7 +152,9 @@ def occupied_dirs(config) -> list[Occupied]:
         found, state = log_dir_holds(log_dir)
         if found:
             finished = state is not None and state.get("finished") is True
-            out.append(Occupied(*LOG_DIR, log_dir, tuple(found), state is not None, finished))
+            out.append(
+                Occupied(*LOG_DIR, log_dir, tuple(found), state is not None, finished, state=state)
+            )
     entry = registry.BACKENDS.entry(config.backend.backend)
     writes_adapters = entry is None or "[backend] adapter_path" not in entry.ignores
     if writes_adapters and not resume:
@@ -159,7 +162,7 @@ def occupied_dirs(config) -> list[Occupied]:
         found = _adapter_dir_holds(adapters)
         if found:
             writer = log_dir if _checkpoint_within(state, adapters) else None
-            out.append(Occupied(*ADAPTER_PATH, adapters, tuple(found), writer=writer))
+            out.append(Occupied(*ADAPTER_PATH, adapters, tuple(found), writer=writer, state=state))
     return out
 
 
@@ -170,20 +173,63 @@ def _checkpoint_within(state: dict | None, adapters: Path) -> bool:
     saved = checkpoint.get("adapter") if isinstance(checkpoint, dict) else None
     if not isinstance(saved, str) or not saved:
         return False
-    return Path(saved).expanduser().resolve().is_relative_to(adapters.expanduser().resolve())
+    # relative to the directory that run started in (recorded since it is)
+    saved_path = _workdir(state or {}, Path.cwd()) / Path(saved).expanduser()
+    return saved_path.resolve().is_relative_to(adapters.expanduser().resolve())
 
 
-def _problem(occ: Occupied, launch: Launch) -> str:
+def _workdir(state: dict, default: Path) -> Path:
+    recorded = state.get("workdir")
+    return Path(recorded) if isinstance(recorded, str) and recorded else default
+
+
+def continue_line(state: dict, log_dir: Path, launch: Launch, max_steps: int) -> str:
+    """The command that continues the run in `log_dir` (`state`: its trainer state), as the
+    other resume hints are built: the command that started it (its state records it;
+    else `launch`, this one) with --resume, from the directory it started in. A finished
+    run stops again at once, so its --max-steps is raised to `max_steps` (this config's)
+    when that is further, else to N; what it will train is said after the command."""
+    recorded = state.get("launch")
+    if isinstance(recorded, list) and recorded and all(isinstance(w, str) for w in recorded):
+        words = recorded
+    else:
+        words = list(launch.command)
+    done, extra, note = state.get("step"), [], ""
+    if state.get("finished") is True:
+        words = _without(words, "training", "max_steps")
+        if isinstance(done, int) and max_steps > done:
+            extra = ["--max-steps", str(max_steps)]
+            origin = launch.origin("training", "max_steps").strip()[1:-1]  # "(...)"
+            if origin and not origin.startswith("from "):
+                origin = f"from {origin}"
+            note = (
+                f" (it finished its {done} steps; this trains steps {done} to {max_steps - 1}: "
+                f"--max-steps {max_steps} is this command's max_steps"
+                f"{', ' + origin if origin else ''})"
+            )
+        else:
+            extra = ["--max-steps", "N"]
+            note = f" (it finished its {done} steps: N above {done} is how far it trains on)"
+    here = Path.cwd().resolve()
+    workdir = _workdir(state, here).resolve()
+    if workdir == here:
+        return shlex.join([*words, "--resume", str(log_dir), *extra]) + note
+    full = log_dir.resolve()
+    typed = full.relative_to(workdir) if full.is_relative_to(workdir) else full
+    command = shlex.join([*words, "--resume", str(typed), *extra])
+    return f"cd {shlex.quote(str(workdir))} && {command}{note}"
+
+
+def _problem(occ: Occupied, launch: Launch, max_steps: int) -> str:
     label = f"[{occ.table}] {occ.key}"
     what = "another run's checkpoints" if occ.key == "adapter_path" else "another run"
     choices = []
     if occ.resumable:
-        finished = " (it finished: add --max-steps N to train on)" if occ.finished else ""
-        choices.append(f"continue that run: {launch.line('--resume', str(occ.path))}{finished}")
+        resume = continue_line(occ.state or {}, occ.path, launch, max_steps)
+        choices.append(f"continue that run: {resume}")
     elif occ.writer is not None:  # the run in this config's log_dir
-        choices.append(
-            f"continue the run that wrote them: {launch.line('--resume', str(occ.writer))}"
-        )
+        resume = continue_line(occ.state or {}, occ.writer, launch, max_steps)
+        choices.append(f"continue the run that wrote them: {resume}")
     elif occ.key == "adapter_path":
         choices.append("resume the run that wrote them (--resume ITS_LOG_DIR)")
     choices.append(f"set a new {label}")
@@ -204,7 +250,7 @@ def check(config, launch: Launch) -> tuple[list[str], list[str]]:
     where the run will move it."""
     occupied = occupied_dirs(config)
     if not launch.overwrite:
-        return [_problem(occ, launch) for occ in occupied], []
+        return [_problem(occ, launch, config.training.max_steps) for occ in occupied], []
     return [], [
         f"[{occ.table}] {occ.key}: {occ.path} holds another run; --overwrite moves it aside "
         f"to {occ.path}.old-YYYYmmdd-HHMMSS at start"
@@ -253,7 +299,7 @@ def claim(config, launch: Launch, say: Callable[[str], None]) -> None:
         return
     if not launch.overwrite:
         raise ConfigError(
-            [_problem(occ, launch) for occ in occupied],
+            [_problem(occ, launch, config.training.max_steps) for occ in occupied],
             head="another run's files are in the way",
         )
     for occ in occupied:  # all checked before anything moves

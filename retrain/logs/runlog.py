@@ -29,6 +29,8 @@ class RunLog:
         self.started = time.time()
         self.wandb = None
         self._writers: dict[str, JsonlWriter] = {}
+        # the run's backend and what it guarantees, once built (run.json's `backend`)
+        self.backend: dict[str, Any] | None = None
 
     def open(self, start_step: int) -> None:
         """Create the directory, set aside rows of steps a resumed run will redo, write the
@@ -88,6 +90,8 @@ class RunLog:
             "max_steps": self.config.training.max_steps,
             "started_at": self.started,
             "heartbeat": time.time(),
+            "workdir": os.getcwd(),  # the run's relative paths are read from there
+            **({"backend": self.backend} if self.backend else {}),
             **extra,
         }
         write_json_atomic(self.log_dir / RUN_INFO, data)

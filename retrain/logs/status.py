@@ -30,6 +30,7 @@ from retrain.logs.ownership import log_dir_holds
 from retrain.logs.rundir import (
     MANIFEST,
     METRICS,
+    RUN_INFO,
     RUN_MARKERS,
     TRAINER_STATE,
     CampaignDir,
@@ -192,19 +193,36 @@ def _process_gone(st: RunStatus) -> bool:
 def resume_command(run: RunDir) -> str:
     """The command that continues the run: its resolved config with `--resume` when a
     checkpoint exists, else the config alone: the run starts over, with `--overwrite` when
-    it logged rows (moved aside: a run never writes into another run's files)."""
+    it logged rows (moved aside: a run never writes into another run's files). It starts
+    with `cd` into the directory the run was started in, when that is known: the relative
+    paths of its config and checkpoints are read from there, so the command works from
+    any directory and the run goes on writing where it did."""
+    from retrain.checkpoint import STATE_FILE, run_workdir
+
+    workdir = run_workdir(run.path, (RUN_INFO, STATE_FILE))  # the resolved config's
     resolved = run.path / "config.resolved.toml"
     configured = run.run_info.get("config")
     if resolved.is_file():
-        config = str(resolved)
+        config = _typed_in(workdir, resolved)
     elif isinstance(configured, str) and configured:
-        config = configured
+        config = configured  # as typed where the run started
     else:
         config = "CONFIG.toml"
     command = f"retrain {shlex.quote(config)}"
     if (run.path / TRAINER_STATE).is_file():
-        return f"{command} --resume {shlex.quote(str(run.path))}"
-    return f"{command} --overwrite" if log_dir_holds(run.path)[0] else command
+        command += f" --resume {shlex.quote(_typed_in(workdir, run.path))}"
+    elif log_dir_holds(run.path)[0]:
+        command += " --overwrite"
+    return f"cd {shlex.quote(str(workdir))} && {command}" if workdir is not None else command
+
+
+def _typed_in(workdir: Path | None, path: Path) -> str:
+    """`path` as typed in `workdir`: relative to it when inside it, else absolute (as
+    given when `workdir` is unknown)."""
+    if workdir is None:
+        return str(path)
+    full, base = path.resolve(), workdir.resolve()
+    return str(full.relative_to(base)) if full.is_relative_to(base) else str(full)
 
 
 def _state(run: RunDir, st: RunStatus, stale_after: float | None) -> str:

@@ -82,3 +82,27 @@ def test_batch_size_follows_the_controller_and_survives_resume(tiny_raw, tmp_pat
     assert [r["batch_size"] for r in rows2] == sizes
     assert [r["bp_regime"] for r in rows2] == [r["bp_regime"] for r in rows]
     assert [r["bp_p_star"] for r in rows2] == [r["bp_p_star"] for r in rows]
+
+
+def test_peaks_give_each_step_its_side_of_the_ridge_point(tiny_raw, tmp_path):
+    """With both peaks set, every step's FLOPs and bytes (retrain/roofline.py, from the
+    tiny model's config.json) meet the ridge point: a tiny peak rate puts any step above
+    it (compute_bound), a tiny bandwidth below it (memory_bound)."""
+    for name, peaks, regime in (
+        ("fast_memory", {"peak_gflops": 1e-6, "peak_bw_gb_s": 1e6}, "compute_bound"),
+        ("slow_memory", {"peak_gflops": 1e6, "peak_bw_gb_s": 1e-6}, "memory_bound"),
+    ):
+        raw = copy.deepcopy(tiny_raw)
+        raw["training"].update(max_steps=2, save_every=0)
+        raw["logging"]["log_dir"] = str(tmp_path / name)
+        raw["backend"]["adapter_path"] = str(tmp_path / f"{name}_adapter")
+        raw["backpressure"] = {"enabled": True, "warmup_steps": 4, **peaks}
+        _run(raw)
+        rows, _ = read_jsonl(tmp_path / name / "metrics.jsonl")
+        assert [r["bp_roofline"] for r in rows] == [regime, regime]
+    raw["backpressure"] = {"enabled": True, "warmup_steps": 4}  # no peaks: no hint
+    raw["logging"]["log_dir"] = str(tmp_path / "none")
+    raw["backend"]["adapter_path"] = str(tmp_path / "none_adapter")
+    _run(raw)
+    rows, _ = read_jsonl(tmp_path / "none" / "metrics.jsonl")
+    assert all("bp_roofline" not in r for r in rows)

@@ -226,6 +226,10 @@ def test_double_ctrl_c_after_a_checkpoint_names_it_and_its_resume_command_works(
     code, out, err = cli(tmp_path, *more)
     assert code == 0, out + err
     assert out.splitlines()[0] == (
+        "Resuming after step 3 with [training] max_steps 3 -> 4 (from --max-steps): the run "
+        "had finished; it now trains step 3."
+    )
+    assert out.splitlines()[1] == (
         "Resuming with 1 setting changed since the run last started (its "
         "config.resolved.toml): [training] lr 4e-05 -> 0.01. They apply from step 3 on; "
         "the steps before it ran with the old values."

@@ -87,7 +87,11 @@ def test_the_refusal_names_every_key_where_it_was_set_and_the_fixes(tmp_path):
     assert caught.value.exit_code == 2
     log_line, adapter_line = caught.value.problems
     assert log_line.startswith(f"[logging] log_dir ({toml}:2): {tmp_path / 'logs'} holds another")
-    assert f"--seed 3 --resume {tmp_path / 'logs'} (it finished: add --max-steps N" in log_line
+    # the run finished its 2 steps: the command raises max_steps to this config's (500)
+    assert (
+        f"--seed 3 --resume {tmp_path / 'logs'} --max-steps 500 (it finished its 2 steps; "
+        "this trains steps 2 to 499: --max-steps 500 is this command's max_steps)"
+    ) in log_line
     assert adapter_line.startswith("[backend] adapter_path (from --adapter-path): ")
     assert "--seed 3 --overwrite (moves" in adapter_line and "nothing is deleted" in adapter_line
 

@@ -282,6 +282,13 @@ def test_bad_inputs_raise_clear_errors(tmp_path, adapter64, monkeypatch):
 def test_device_selection(adapter64):
     with pytest.raises(SqueezeError, match="device"):
         analyze_adapter(adapter64, device="no-such-device")
+    if not torch.cuda.is_available():  # gpu:N, [backend] devices' spelling, is CUDA's N
+        with pytest.raises(SqueezeError) as got:
+            analyze_adapter(adapter64, device="gpu:0")
+        assert "'gpu:0' is not usable here" in str(got.value)
+        assert "device type at start of device string" not in str(got.value)
+    else:
+        assert analyze_adapter(adapter64, device="gpu:0").recommended_rank
     if torch.cuda.is_available():
         cpu, gpu = analyze_adapter(adapter64), analyze_adapter(adapter64, device="cuda")
         assert gpu.recommended_rank == cpu.recommended_rank
