@@ -26,6 +26,8 @@ from retrain.backpressure import BackPressureController
 from retrain.config import Config
 from retrain.config.validate import (
     backend_option_problems,
+    device_kind,
+    device_part,
     devices_problems,
     flow_problems,
     kernel_problems,
@@ -33,7 +35,8 @@ from retrain.config.validate import (
 )
 from retrain.errors import ConfigError, PluginError, TrainingError
 from retrain.kernels.windows import refusal
-from retrain.models import HubAsk, ModelSource, ask_hub, find_model, model_config
+from retrain.models import HubAsk, ModelSource, ask_hub, find_model, model_config, model_shape
+from retrain.roofline import StepWork, step_work
 from retrain.sepa import SEPAScheduler
 from retrain.settings import (
     EngineSettings,
@@ -47,7 +50,7 @@ from retrain.settings import (
     TinkerSettings,
 )
 from retrain.shaping import Shaping
-from retrain.types import BackendCapabilities, SamplingParams, TrainHyper
+from retrain.types import BackendCapabilities, SamplingParams, StepResult, TrainHyper
 from retrain.world import World, world_from_env
 
 if TYPE_CHECKING:  # heavy modules: imported where the components are built
@@ -463,6 +466,32 @@ BACKEND_SETTINGS: dict[str, Callable[[Config], Any]] = {
     "tinker": tinker_settings,
     "prime_rl": prime_rl_settings,
 }
+
+
+def step_work_of(config: Config) -> Callable[[StepResult], StepWork] | None:
+    """Each step's FLOPs and bytes for back pressure's roofline hint (retrain/roofline.py),
+    where it asks (both peaks set) and the model's config.json, on disk by the time the
+    run steps, gives its sizes; None otherwise (no hint). Weights count in the local
+    backend's matmul dtype on its training device, else bf16 (a service's)."""
+    bp = config.backpressure
+    if not (bp.enabled and bp.peak_gflops > 0 and bp.peak_bw_gb_s > 0):
+        return None
+    shape = model_shape(config.model.model)
+    if shape is None:
+        return None
+    value_bytes = 2
+    if config.backend.backend == "local":
+        part = device_part(config, last=True)
+        index = int(part.split(":")[1]) if ":" in part else 0
+        option = str(config.backend.options.get("dtype", "auto"))
+        dtype = hardware.matmul_dtype(option, device_kind(config, last=True), index)
+        value_bytes = 2 if dtype == "bf16" else 4
+
+    def work(result: StepResult) -> StepWork:
+        rows = [(len(g.prompt_ids), len(s.token_ids)) for g in result.groups for s in g.samples]
+        return step_work(shape, value_bytes, rows)
+
+    return work
 
 
 def build_backend(

@@ -20,15 +20,10 @@ tokens after prompts of p_i:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from retrain.memory import ModelShape
-
-if TYPE_CHECKING:
-    from retrain.config import Config
-    from retrain.types import StepResult
 
 TRAINING_WEIGHT_READS = 3  # forward, backward, the log-probabilities' pass
 
@@ -54,35 +49,3 @@ def step_work(shape: ModelShape, value_bytes: int, rows: Sequence[tuple[int, int
             + kv_positions * shape.kv_bytes_per_token(value_bytes)
         ),
     )
-
-
-def step_work_of(config: Config) -> Callable[[StepResult], StepWork] | None:
-    """What back pressure's hint needs of each step, where it asks (both peaks set) and
-    the model's config.json, on disk by the time the run steps, gives its sizes; None
-    otherwise (no hint). Weights count in the local backend's matmul dtype (its
-    `[backend.options] dtype` on its training device), else bf16 (a service's)."""
-    bp = config.backpressure
-    if not (bp.enabled and bp.peak_gflops > 0 and bp.peak_bw_gb_s > 0):
-        return None
-    from retrain.models import model_shape
-
-    shape = model_shape(config.model.model)
-    if shape is None:
-        return None
-    value_bytes = 2
-    if config.backend.backend == "local":
-        from retrain.config.validate import device_kind, device_part
-        from retrain.hardware import matmul_dtype
-
-        part = device_part(config, last=True)
-        index = int(part.split(":")[1]) if ":" in part else 0
-        option = str(config.backend.options.get("dtype", "auto"))
-        value_bytes = (
-            2 if matmul_dtype(option, device_kind(config, last=True), index) == "bf16" else 4
-        )
-
-    def work(result: StepResult) -> StepWork:
-        rows = [(len(g.prompt_ids), len(s.token_ids)) for g in result.groups for s in g.samples]
-        return step_work(shape, value_bytes, rows)
-
-    return work

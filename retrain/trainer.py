@@ -23,6 +23,7 @@ from retrain.build import (
     resume_changes,
     resume_horizon,
     resume_problems,
+    step_work_of,
     world_of,
 )
 from retrain.checkpoint import (
@@ -43,7 +44,7 @@ from retrain.logs.ownership import Launch, claim, launch_for, occupied_dirs
 from retrain.logs.runlog import RunLog
 from retrain.logs.timer import PhaseTimer
 from retrain.rollout import build_datums, correct_rate, planning_masks, token_groups
-from retrain.roofline import StepWork, step_work_of
+from retrain.roofline import StepWork
 from retrain.schedule import lr_at
 from retrain.shaping import merge_counters, sample_step
 from retrain.stepping import SampledStep, StepTraining, step_training

@@ -1034,15 +1034,7 @@ def build_report(
         "wandb": config.logging.wandb_project or None,
     }
     if config.campaign is not None:
-        report["campaign"] = _campaign_report(config, info, errors)
-        report["campaign"]["wall_time"] = _campaign_wall_time(
-            report["campaign"], report["estimates"].get("step_time_s")
-        )
-        report["total_steps"] = report["campaign"]["total_steps"]
-        report["sepa"] = _campaign_sepa(report["campaign"]["condition_details"])
-        # the base config's own condition is no run's: each condition is named below
-        report["condition"] = report["algorithm"] = None
-        errors += _campaign_flag_errors(config, launch)
+        errors += _add_campaign(report, config, info, launch)
     errors += [
         f"{key}{_where(config, path, key, launch)}: {problem}"
         for key, problem in startup_problems(config, ask, world)
@@ -1060,6 +1052,20 @@ def build_report(
         (errors if memory["level"] == "error" else report["warnings"]).append(memory["message"])
     report["errors"] = errors
     return report
+
+
+def _add_campaign(
+    report: dict[str, Any], config: Config, info: BackendInfo, launch: ownership.Launch
+) -> list[str]:
+    """The matrix in `report` (the base config's own condition is no run's: each
+    condition is named in it); the errors of its runs and flags."""
+    errors: list[str] = []
+    campaign = report["campaign"] = _campaign_report(config, info, errors)
+    campaign["wall_time"] = _campaign_wall_time(campaign, report["estimates"].get("step_time_s"))
+    report["total_steps"] = campaign["total_steps"]
+    report["sepa"] = _campaign_sepa(campaign["condition_details"])
+    report["condition"] = report["algorithm"] = None
+    return errors + _campaign_flag_errors(config, launch)
 
 
 def _world(config: Config, world: World) -> dict[str, Any]:

@@ -31,7 +31,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     (
         "pure math",
-        ("retrain.advantages", "retrain.sepa", "retrain.backpressure", "retrain.shaping"),
+        (
+            "retrain.advantages",
+            "retrain.sepa",
+            "retrain.backpressure",
+            "retrain.roofline",
+            "retrain.shaping",
+        ),
     ),
     ("configuration", ("retrain.config",)),
     ("kernels", ("retrain.kernels",)),
