@@ -14,77 +14,19 @@ import sys
 from pathlib import Path
 
 from cli_run import REPO, run_retrain
-
-from retrain.logs.jsonl import read_jsonl
-
-# Presses Ctrl-C twice, as a user would, at its ABORT_AT_CALL-th call.
-ABORTING_REWARD = """\
-import os
-import signal
-
-calls = 0
-
-
-def score(response, reference):
-    global calls
-    calls += 1
-    if str(calls) == os.environ.get("ABORT_AT_CALL"):
-        signal.raise_signal(signal.SIGINT)
-        signal.raise_signal(signal.SIGINT)
-    return float(sum(map(ord, response)) % 2)
-"""
-
-CONFIG = """\
-[backend]
-backend = "local"
-devices = "cpu"
-adapter_path = "adapters/tiny"
-options = {{ threads = 1, dtype = "fp32" }}
-
-[model]
-model = "{model}"
-lora_rank = 4
-
-[algorithm]
-advantage_mode = "grpo"
-transform_mode = "none"
-
-[training]
-seed = 3
-max_steps = {steps}
-batch_size = 2
-group_size = 4
-max_tokens = 6
-save_every = 2
-
-[data]
-source = "reasoning_gym"
-task = "basic_arithmetic"
-size = 50
-args = {{ min_terms = 2, max_terms = 2, min_digits = 1, max_digits = 1 }}
-
-[reward]
-type = "custom"
-custom_module = "{reward}"
-
-[logging]
-log_dir = "logs/tiny"
-group_lines = 0
-"""
+from test_run_dirs_cli import ABORTING_REWARD, CONFIG, steps_in
 
 
 def project(work: Path, model: Path, *, steps: int) -> Path:
+    """test_run_dirs_cli's project, its reward named by absolute path (a config read
+    from elsewhere still finds it) and a checkpoint every 2 steps."""
     work.mkdir(parents=True, exist_ok=True)
-    (work / "reward.py").write_text(ABORTING_REWARD)
-    reward = work / "reward.py"  # absolute: a config read from elsewhere still finds it
-    (work / "retrain.toml").write_text(CONFIG.format(model=model, steps=steps, reward=reward))
+    reward = work / "reward.py"
+    reward.write_text(ABORTING_REWARD)
+    text = CONFIG.format(model=model, steps=steps, eval_every=0)
+    text = text.replace('custom_module = "reward.py"', f'custom_module = "{reward}"')
+    (work / "retrain.toml").write_text(text.replace("save_every = 1", "save_every = 2"))
     return work
-
-
-def steps_in(path: Path) -> list[int]:
-    rows, bad = read_jsonl(path)
-    assert not bad
-    return [r["step"] for r in rows]
 
 
 def line_with(text: str, start: str) -> str:
