@@ -32,6 +32,7 @@ from retrain.config.validate import (
     flow_problems,
     kernel_problems,
     samples_through_engine,
+    static_token_varying,
 )
 from retrain.errors import ConfigError, PluginError, TrainingError
 from retrain.kernels.windows import refusal
@@ -117,13 +118,66 @@ def build_pipeline(config: Config) -> AdvantagePipeline:
 
 def preflight(config: Config) -> tuple[BackendInfo, AdvantagePipeline]:
     """Resolve the backend's capabilities and the advantage flow, and refuse a flow the
-    backend cannot carry, before any model loads."""
+    backend cannot carry, before any model loads (`preflight_problems`, which explain
+    and doctor report)."""
     info = backend_info(config.backend.backend, tuple(config.plugins.search_paths))
-    pipeline = build_pipeline(config)
-    problems = flow_problems(config, info.capabilities, token_varying=pipeline.varies_per_token())
-    if problems:
+    problems, pipeline = preflight_problems(config, info)
+    if problems or pipeline is None:
         raise TrainingError("; ".join(f"{key}: {message}" for key, message in problems))
     return info, pipeline
+
+
+# The [algorithm] keys that may name a dotted-path plugin, in the order the pipeline
+# resolves them (retrain/advantages/pipeline.py).
+_FLOW_KEYS = ("algorithm_mode", "transform_mode", "advantage_mode", "uncertainty_kind")
+
+
+def preflight_problems(
+    config: Config, info: BackendInfo
+) -> tuple[Problems, AdvantagePipeline | None]:
+    """The preflight of the advantage flow, which needs no model, and the pipeline it
+    built (None where it could not): the pipeline built as the run builds it (its
+    plugins imported, the advantage params checked, a plugin transform probed on a
+    synthetic group for whether it varies per token), then the flow checks against the
+    backend's capabilities. Each problem names the key it comes from."""
+    problems: Problems = []
+    token_varying = static_token_varying(config)  # where the pipeline cannot be built
+    pipeline = None
+    try:
+        pipeline = build_pipeline(config)
+    except ConfigError as exc:  # its problems name their keys already
+        problems += [_keyed(p, "[algorithm.advantage_params]") for p in exc.problems]
+    except (PluginError, ValueError) as exc:
+        key = _plugin_key(config, str(exc))
+        fix = (
+            f"Fix: make {key} a built-in name or an importable pkg.module.attr "
+            "([plugins] search_paths are put on sys.path)"
+        )
+        problems.append((key, f"{exc}. {fix}" if "Fix:" not in str(exc) else str(exc)))
+    else:
+        try:  # a plugin transform is called on a synthetic group here
+            token_varying = pipeline.varies_per_token()
+        except (PluginError, ValueError) as exc:
+            problems.append((_plugin_key(config, str(exc)), str(exc)))
+    flow = flow_problems(config, info.capabilities, token_varying=token_varying)
+    problems += [(key, f"{message} ({info.source} backend)") for key, message in flow]
+    return problems, pipeline
+
+
+def _keyed(problem: str, default: str) -> tuple[str, str]:
+    """`[table] key: message` split into (key, message); `default` where no key leads."""
+    key, _, message = problem.partition(": ")
+    return (key, message) if key.startswith("[") else (default, problem)
+
+
+def _plugin_key(config: Config, message: str) -> str:
+    """The [algorithm] key whose dotted path a plugin error names: the error says which
+    plugin failed, not which key named it."""
+    for name in _FLOW_KEYS:
+        value = getattr(config.algorithm, name)
+        if value and repr(value) in message:
+            return f"[algorithm] {name}"
+    return "[algorithm]"
 
 
 def backend_line(info: BackendInfo) -> str:

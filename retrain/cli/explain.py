@@ -13,7 +13,7 @@ from typing import Any
 
 from retrain import hardware, registry
 from retrain.backends.base import BackendInfo, backend_info
-from retrain.build import backend_problems, build_pipeline, engine_problems, world_of
+from retrain.build import backend_problems, engine_problems, preflight_problems, world_of
 from retrain.build import startup_problems as run_startup_problems
 from retrain.campaign.expand import (
     Condition,
@@ -29,8 +29,6 @@ from retrain.config.schema import FALLBACK_MAX_TURNS
 from retrain.config.validate import (
     asked_gpus,
     device_kind,
-    flow_problems,
-    static_token_varying,
 )
 from retrain.data.env_probe import EnvironmentReport
 from retrain.engines.decoders import decoder_for, sharded_problem
@@ -151,54 +149,6 @@ def _backend(config: Config, errors: list[str]) -> BackendInfo:
     except PluginError as exc:
         errors.append(str(exc))
         return BackendInfo(name, BackendCapabilities(), {}, "plugin/default")
-
-
-# The [algorithm] keys that may name a dotted-path plugin, in the order the run's
-# pipeline resolves them (retrain/advantages/pipeline.py).
-_FLOW_KEYS = ("algorithm_mode", "transform_mode", "advantage_mode", "uncertainty_kind")
-
-
-def _flow_problems(config: Config, info: BackendInfo) -> list[tuple[str, str]]:
-    """The run's preflight of the advantage flow (retrain/build.py `preflight`), which
-    needs no model: the pipeline built as the run builds it (its plugins imported, the
-    advantage params checked, a plugin transform probed on a synthetic group for whether
-    it varies per token), then the flow checks against the backend's capabilities."""
-    problems: list[tuple[str, str]] = []
-    token_varying = static_token_varying(config)  # where the pipeline cannot be built
-    try:
-        pipeline = build_pipeline(config)
-    except ConfigError as exc:  # its problems name their keys already
-        problems += [_keyed(p, "[algorithm.advantage_params]") for p in exc.problems]
-    except (PluginError, ValueError) as exc:
-        key = _plugin_key(config, str(exc))
-        fix = (
-            f"Fix: make {key} a built-in name or an importable pkg.module.attr "
-            "([plugins] search_paths are put on sys.path)"
-        )
-        problems.append((key, f"{exc}. {fix}" if "Fix:" not in str(exc) else str(exc)))
-    else:
-        try:  # a plugin transform is called on a synthetic group here
-            token_varying = pipeline.varies_per_token()
-        except (PluginError, ValueError) as exc:
-            problems.append((_plugin_key(config, str(exc)), str(exc)))
-    flow = flow_problems(config, info.capabilities, token_varying=token_varying)
-    return problems + [(key, f"{message} ({info.source} backend)") for key, message in flow]
-
-
-def _keyed(problem: str, default: str) -> tuple[str, str]:
-    """`[table] key: message` split into (key, message); `default` where no key leads."""
-    key, _, message = problem.partition(": ")
-    return (key, message) if key.startswith("[") else (default, problem)
-
-
-def _plugin_key(config: Config, message: str) -> str:
-    """The [algorithm] key whose dotted path a plugin error names: the error says which
-    plugin failed, not which key named it."""
-    for name in _FLOW_KEYS:
-        value = getattr(config.algorithm, name)
-        if value and repr(value) in message:
-            return f"[algorithm] {name}"
-    return "[algorithm]"
 
 
 def _advice(config: Config) -> list[str]:
@@ -457,7 +407,7 @@ def _campaign_report(config: Config, info: BackendInfo, errors: list[str]) -> di
     errors += check_runs(runs[0] for _, runs in matrix if runs)
     found: dict[tuple[str, str], list[str]] = {}  # one line per problem, not per condition
     for cond, runs in matrix:
-        for problem in _flow_problems(runs[0].config, info) if runs else []:
+        for problem in preflight_problems(runs[0].config, info)[0] if runs else []:
             found.setdefault(problem, []).append(cond.label)
     errors += [
         f"{key}: {msg} (condition{'s' if len(labels) > 1 else ''} {', '.join(labels)})"
@@ -998,7 +948,7 @@ def build_report(
     if config.campaign is None:  # a campaign's runs are preflighted per condition
         errors += [
             f"{key}{_where(config, path, key, launch)}: {problem}"
-            for key, problem in _flow_problems(config, info)
+            for key, problem in preflight_problems(config, info)[0]
         ]
     max_steps = (
         config.campaign.max_steps if config.campaign is not None else config.training.max_steps
