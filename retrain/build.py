@@ -774,12 +774,14 @@ def resume_changes(config: Config) -> list[Change]:
     the run's config.resolved.toml (read before the resumed run rewrites it)."""
     from pathlib import Path
 
+    from retrain.checkpoint import run_workdir
     from retrain.config.diff import config_changes
     from retrain.logs.rundir import RunDir
 
     if not config.resume.from_ or config.campaign is not None:
         return []
-    return config_changes(RunDir(Path(config.resume.from_).expanduser()).config, config)
+    log_dir = Path(config.resume.from_).expanduser()
+    return config_changes(RunDir(log_dir).config, config, run_workdir(log_dir))
 
 
 def _sizes_kept(config: Config) -> Problems:

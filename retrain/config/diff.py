@@ -10,6 +10,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from retrain.config.schema import Config
@@ -37,10 +38,14 @@ class Change:
         return f"{self.name} {value_to_toml(self.before)} -> {value_to_toml(self.after)}"
 
 
-def config_changes(recorded: Mapping[str, Any], config: Config) -> list[Change]:
+def config_changes(
+    recorded: Mapping[str, Any], config: Config, workdir: Path | None = None
+) -> list[Change]:
     """Each key whose value in `config` differs from `recorded`, in the manual's order.
     A table or key the run did not record (an older retrain, an optional table) is not a
-    change: nothing says what it was."""
+    change: nothing says what it was. The run's directories are compared as places, its
+    recorded relative ones read from `workdir` (where it started) when known: the same
+    directory written another way (absolute, from another directory) is no change."""
     now = tomllib.loads(config_to_toml(config))
     changes = []
     for table, values in now.items():
@@ -50,8 +55,21 @@ def config_changes(recorded: Mapping[str, Any], config: Config) -> list[Change]:
         for key, value in values.items():
             if (table, key) in EXPECTED or key not in theirs or theirs[key] == value:
                 continue
+            if (table, key) in RUN_DIRS and _same_place(theirs[key], value, workdir):
+                continue
             changes.append(Change(table, key, theirs[key], value))
     return changes
+
+
+RUN_DIRS = (("logging", "log_dir"), ("backend", "adapter_path"))
+
+
+def _same_place(before: Any, after: Any, workdir: Path | None) -> bool:
+    if not (isinstance(before, str) and isinstance(after, str) and before and after):
+        return False
+    then = Path(before).expanduser()
+    then = then if then.is_absolute() or workdir is None else workdir / then
+    return then.resolve() == Path(after).expanduser().resolve()
 
 
 def resumed_with(changes: list[Change], step: int) -> str:

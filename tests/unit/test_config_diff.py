@@ -61,3 +61,18 @@ def test_what_the_run_did_not_record_is_no_change():
     del old["training"]["lr"]  # nor this key
     now = changed(BASE, training={"lr": 1e-3}, sepa={"steps": 7}, gtpo={"beta": 0.5})
     assert config_changes(old, config_from_dict(now)) == [Change("gtpo", "beta", 0.1, 0.5)]
+
+
+def test_the_run_directories_are_compared_as_places(tmp_path):
+    """A resume from elsewhere names the run's directories absolutely: no change where
+    they are the places the run, started in `tmp_path`, wrote relatively."""
+    raw = changed(BASE, logging={"log_dir": "logs/tiny"}, backend={"adapter_path": "adapters/t"})
+    here = changed(
+        BASE,
+        logging={"log_dir": str(tmp_path / "logs" / "tiny")},
+        backend={"adapter_path": str(tmp_path / "adapters" / "t")},
+    )
+    assert config_changes(recorded(raw), config_from_dict(here), tmp_path) == []
+    elsewhere = changed(here, logging={"log_dir": str(tmp_path / "logs" / "other")})
+    (change,) = config_changes(recorded(raw), config_from_dict(elsewhere), tmp_path)
+    assert change.name == "[logging] log_dir" and change.before == "logs/tiny"
