@@ -383,9 +383,10 @@ def _data(config: Config) -> Problems:
 
 def _environment_keys_without_provider(env) -> list[str]:
     """The `[environment]` keys set to other than their defaults, which only a provider
-    reads (a forgotten provider would otherwise train on [data] silently)."""
+    reads (a forgotten provider would otherwise train on [data] silently). Not
+    turn_timeout_s: the multi-turn loop reads it for a plugin data source's own turns."""
     defaults = type(env)()
-    keys = ("id", "module", "base_url", "args", "max_turns", "auto_install", "turn_timeout_s")
+    keys = ("id", "module", "base_url", "args", "max_turns", "auto_install")
     return [k for k in keys if getattr(env, k) != getattr(defaults, k)]
 
 

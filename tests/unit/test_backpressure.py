@@ -475,9 +475,12 @@ def test_decisions_always_in_bounds(xs, min_b, span, group, warmup, follow, roof
         assert min_b <= d.batch_size <= max_b
         assert d.action in ACTIONS and d.regime in REGIMES
         m = d.as_metrics()
-        assert set(m) == METRIC_KEYS
+        # the roofline's side of the ridge point, where peaks are given and FLOPs usable
+        hinted = roof and math.isfinite(x) and x >= 0
+        assert set(m) == METRIC_KEYS | ({"bp_roofline"} if hinted else set())
+        assert m.get("bp_roofline", "memory_bound") in ("memory_bound", "compute_bound")
         for key, value in m.items():
-            if key not in ("bp_action", "bp_regime"):
+            if key not in ("bp_action", "bp_regime", "bp_roofline"):
                 assert value is None or (isinstance(value, float) and math.isfinite(value))
         b = d.batch_size
     json.dumps(ctrl.state_dict(), allow_nan=False)

@@ -273,7 +273,7 @@ def test_the_run_stops_before_the_tokenizer_loads(tmp_path, monkeypatch, hub):
     check_startup(config)  # the hub has it now
 
 
-def test_a_model_whose_layers_cannot_be_packed_stops_the_local_run(caches):
+def test_a_model_whose_layers_cannot_be_packed_stops_the_local_run(caches, monkeypatch):
     """A hybrid model (linear-attention layers, as Qwen3-Next's config.json lists them):
     the local backend refuses it by name before anything loads; a service backend,
     which does not pack rows here, does not."""
@@ -286,6 +286,7 @@ def test_a_model_whose_layers_cannot_be_packed_stops_the_local_run(caches):
     assert problem[0] == "[model] model"
     assert problem[1].startswith(f"{model} has 'linear_attention' layers. The local backend")
     service = config_from_dict({"model": {"model": str(model)}, "backend": {"backend": "tinker"}})
+    monkeypatch.setenv("TINKER_API_KEY", "tml-test")  # its own start check, passed
     assert startup_problems(service, never) == []
     (model / "config.json").write_text(
         json.dumps({"layer_types": kinds[2:] + ["sliding_attention"]})

@@ -293,7 +293,7 @@ def test_retries_are_bounded_and_end_in_a_clear_error():
     assert fn.calls == 3 and sleeps == [1.0, 2.0]
     message = str(info.value)
     assert "optim_step failed after 3 attempts" in message
-    assert "InternalServerError" in message and "last checkpoint is kept" in message
+    assert "InternalServerError" in message and "check [model] base_url" in message
     assert tb.backoff_delay(10, 2.0) == tb.MAX_BACKOFF_S
 
 
