@@ -1050,7 +1050,7 @@ def _input_errors(
     examples, data_errors = data_file_report(config)
     if examples is not None:
         report["data"] += f"; {examples:,} example{'s' if examples != 1 else ''}"
-    return env_errors + [f"{key}{_where(config, path, key, launch)}: {p}" for key, p in data_errors]
+    return [f"{key}{_where(config, path, key, launch)}: {p}" for key, p in env_errors + data_errors]
 
 
 def data_file_report(config: Config) -> tuple[int | None, list[tuple[str, str]]]:
@@ -1076,7 +1076,9 @@ def data_file_report(config: Config) -> tuple[int | None, list[tuple[str, str]]]
     return count, errors
 
 
-def environment_report(config: Config) -> tuple[EnvironmentReport | None, list[str]]:
+def environment_report(
+    config: Config,
+) -> tuple[EnvironmentReport | None, list[tuple[str, str]]]:
     """An `[environment]` imported and instantiated (no model, a timeout): what it is,
     or the error the run would stop with at its start."""
     env = config.environment
@@ -1091,7 +1093,7 @@ def environment_report(config: Config) -> tuple[EnvironmentReport | None, list[s
         key = "[environment] module" if env.module else "[environment] id"
         if env.provider == "openenv":
             key = "[environment] base_url" if env.base_url else "[environment] id"
-        return None, [f"{key}: {exc}"]
+        return None, [(key, str(exc))]
 
 
 def render(report: dict[str, Any]) -> str:

@@ -55,7 +55,9 @@ def test_explain_and_doctor_refuse_an_environment_that_does_not_load(tmp_path):
     path = config(tmp_path, 'id = "interim-env"')
     proc = cli(tmp_path, "explain", str(path))
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "ERROR: [environment] id: verifiers environment 'interim-env'" in proc.stdout
+    assert f"ERROR: [environment] id ({path}:9): verifiers environment 'interim-env'" in (
+        proc.stdout
+    )
     assert "interim verifiers API" in proc.stdout and "Traceback" not in proc.stderr
     proc = cli(tmp_path, "doctor", str(path), "--no-network")
     assert proc.returncode == 1
