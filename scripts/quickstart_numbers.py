@@ -34,7 +34,7 @@ BLOCKS = {README: ("output", "numbers"), MANUAL: ("seeds",)}
 # The console lines the README shows: loading, the first step with its group lines, the
 # last step, the end of the run.
 SHOWN = re.compile(
-    r"^(Loading |Vocabulary|Loaded |Pre-encoded|Held-out set|trainable params|Local backend|"
+    r"^(Backend: |Loading |Vocabulary|Loaded |Pre-encoded|Held-out set|trainable params|Local backend|"
     r"Eval after|Saved final|Done:)"
 )
 
