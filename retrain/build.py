@@ -26,13 +26,12 @@ from retrain.backpressure import BackPressureController
 from retrain.config import Config
 from retrain.config.validate import (
     backend_option_problems,
-    device_kind,
-    device_part,
     devices_problems,
     flow_problems,
     kernel_problems,
     samples_through_engine,
     static_token_varying,
+    training_device,
 )
 from retrain.errors import ConfigError, PluginError, TrainingError
 from retrain.kernels.windows import refusal
@@ -535,10 +534,9 @@ def step_work_of(config: Config) -> Callable[[StepResult], StepWork] | None:
         return None
     value_bytes = 2
     if config.backend.backend == "local":
-        part = device_part(config, last=True)
-        index = int(part.split(":")[1]) if ":" in part else 0
+        _, kind, index = training_device(config)
         option = str(config.backend.options.get("dtype", "auto"))
-        dtype = hardware.matmul_dtype(option, device_kind(config, last=True), index)
+        dtype = hardware.matmul_dtype(option, kind, index)
         value_bytes = 2 if dtype == "bf16" else 4
 
     def work(result: StepResult) -> StepWork:
@@ -674,8 +672,6 @@ def resume_problems(config: Config) -> Problems:
 def _cannot_resume(config: Config) -> Problems:
     """A backend whose capabilities say it cannot resume (supports_checkpoint_resume =
     false; a plugin without capability hooks gets that default) is refused a resume."""
-    from retrain.errors import PluginError
-
     name = config.backend.backend
     try:
         info = backend_info(name, tuple(config.plugins.search_paths))

@@ -27,6 +27,9 @@ from retrain.logs.rundir import RUN_INFO, read_json
 from retrain.types import CheckpointInfo
 
 STATE_FILE = "trainer_state.json"
+# Beside a local checkpoint's adapter: its optimizer (AdamW's moments of the rank-r
+# factors) and RNG state, which belong to those weights alone (a squeezed copy has none).
+TRAINING_STATE = "training_state.pt"
 STATE_VERSION = 1
 
 

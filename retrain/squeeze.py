@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from retrain.checkpoint import TRAINING_STATE
 from retrain.errors import RetrainError
 
 __all__ = [
@@ -504,12 +505,6 @@ def compress_adapter(
     new_cfg["alpha_pattern"] = {}
     _write_adapter(path, out, new_weights, new_cfg)
     return out
-
-
-# The local backend's optimizer (AdamW moments of the rank-r factors) and RNG state in a
-# checkpoint directory: it belongs to the source's weights, and a resume that read it
-# beside rank-k weights would load moments of the wrong shapes.
-TRAINING_STATE = "training_state.pt"
 
 
 def _write_adapter(source: Path, out: Path, weights: dict, cfg: dict) -> None:

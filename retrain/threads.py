@@ -22,7 +22,12 @@ fixed `[backend.options] threads` turns the policy off.
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -155,3 +160,30 @@ class ThreadPolicy:
             if others is not None:
                 out[f"cpu_busy_others_{phase}"] = round(others, 2)
         return out
+
+
+class Overran(TimeoutError):
+    """`call_within`'s call did not return in time (not a TimeoutError of the call's own)."""
+
+
+def call_within(fn: Callable[[], T], timeout_s: float, name: str) -> T:
+    """`fn()` in a daemon thread of its own (`name`), waited on for `timeout_s`: for a call
+    that may block without end (a server that never answers, an import that waits on a
+    download). Its result, or its exception re-raised here; Overran when it overruns,
+    left behind, its result unused (a daemon thread: the process still exits)."""
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=call, name=name, daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise Overran(f"no answer within {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

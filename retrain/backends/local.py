@@ -39,6 +39,7 @@ from torch.autograd.graph import increment_version
 from retrain import distributed
 from retrain.backends.device_fit import CudaMemory, back_off, fit_to_device
 from retrain.backends.peak_memory import PeakMemory
+from retrain.checkpoint import TRAINING_STATE
 from retrain.engines.base import Engine, ServerEngine, UnboundEngine
 from retrain.errors import (
     BackendError,
@@ -109,8 +110,6 @@ from retrain.types import (
 from retrain.world import World
 
 log = logging.getLogger("retrain.backends.local")
-
-TRAINING_STATE = "training_state.pt"
 
 
 def parse_devices(spec: str, warn: Callable[[str], None]) -> list[torch.device]:

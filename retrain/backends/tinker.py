@@ -58,6 +58,7 @@ from retrain.errors import BackendError, CheckpointError
 from retrain.loss import cispo_clipped, ppo_clipped, token_scales
 from retrain.registry import BACKENDS
 from retrain.settings import TinkerSettings
+from retrain.threads import Overran, call_within
 from retrain.types import (
     CheckpointInfo,
     Datum,
@@ -280,27 +281,14 @@ def _resolve(value: Any, tinker: Any, timeout: float | None) -> Any:
 
 
 def _bounded(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    """`fn()` in a daemon thread of its own, waited on for `timeout_s`: some SDK calls
-    block (retrying inside) where others return a future, and an unreachable service (a
-    wrong [model] base_url) would hold the run there without a word. A call that
-    overruns is left behind, its result unused (a daemon thread: the process still
-    exits); its TimeoutError is retried as any timeout is."""
-    box: dict[str, Any] = {}
-
-    def call() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # re-raised in the caller's thread
-            box["error"] = exc
-
-    worker = threading.Thread(target=call, name="retrain-tinker-call", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
-        raise TimeoutError(f"Tinker {what} did not answer within {timeout_s:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    """`fn()` waited on for `timeout_s` (`threads.call_within`): some SDK calls block
+    (retrying inside) where others return a future, and an unreachable service (a wrong
+    [model] base_url) would hold the run there without a word. Its TimeoutError is
+    retried as any timeout is."""
+    try:
+        return call_within(fn, timeout_s, "retrain-tinker-call")
+    except Overran:
+        raise TimeoutError(f"Tinker {what} did not answer within {timeout_s:g} s") from None
 
 
 def _to_list(value: Any) -> list:

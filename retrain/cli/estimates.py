@@ -13,7 +13,7 @@ from typing import Any
 from retrain import registry
 from retrain.backends.base import BackendInfo, backend_options
 from retrain.config import Config
-from retrain.config.validate import device_kind, device_part
+from retrain.config.validate import device_kind, training_device
 from retrain.errors import BackendError
 from retrain.hardware import MEASURED_GPU, device_memory, gpu_name, gpu_peaks, matmul_dtype
 from retrain.memory import (
@@ -139,13 +139,6 @@ def _recent_rates(config: Config) -> dict[str, Any] | None:
         "sampled_tokens_per_s": statistics.median(rates) if rates else None,
         "differs": differs,
     }
-
-
-def training_device(config: Config) -> tuple[str, str, int]:
-    """(as written, kind, index) of `[backend] devices`' last entry: the device that trains."""
-    part = device_part(config, last=True)
-    index = int(part.split(":")[1]) if ":" in part else 0
-    return part, device_kind(config, last=True), index
 
 
 def _gib(value: float | None) -> float | None:

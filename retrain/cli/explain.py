@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 from retrain import hardware, registry
@@ -22,14 +22,11 @@ from retrain.campaign.expand import (
     check_runs,
     expand_run,
 )
-from retrain.cli.estimates import engine_traits, estimates, local_options, training_device
+from retrain.cli.estimates import engine_traits, estimates, local_options
 from retrain.cli.run import config_path, is_standalone_squeeze, refuse_overwrite
 from retrain.config import Config, load_config, load_dotenv
-from retrain.config.schema import FALLBACK_MAX_TURNS
-from retrain.config.validate import (
-    asked_gpus,
-    device_kind,
-)
+from retrain.config.schema import FALLBACK_MAX_TURNS, away_from_defaults
+from retrain.config.validate import asked_gpus, device_kind, training_device
 from retrain.data.env_probe import EnvironmentReport
 from retrain.engines.decoders import decoder_for, sharded_problem
 from retrain.engines.decoders import describe as describe_decoder
@@ -259,12 +256,12 @@ def _data_keys_unread(config: Config) -> list[str]:
     d = config.data
     if config.environment.provider or d.source not in ("jsonl", "math", "reasoning_gym"):
         return []
-    default = type(d)()
+    changed = away_from_defaults(d, tuple(_DATA_KEY_READERS))
     return [
         f"[data] {key} is read by source {' and '.join(readers)} only; source "
         f"{d.source!r} ignores it (remove it, or set the source that reads it)"
         for key, readers in _DATA_KEY_READERS.items()
-        if d.source not in readers and getattr(d, key) != getattr(default, key)
+        if d.source not in readers and key in changed
     ]
 
 
@@ -281,20 +278,17 @@ def _flow_keys_unread(config: Config) -> list[str]:
 def _unread_by(config: Config, transform: str) -> list[str]:
     warnings = []
     fix = "(remove it, or set the transform that reads it)"
-    if transform == "none" and config.gtpo.beta != type(config.gtpo)().beta:
+    if transform == "none" and away_from_defaults(config.gtpo, ("beta",)):
         warnings.append(
             f"[gtpo] beta = {config.gtpo.beta:g} is read by every transform but 'none'; "
             f"transform 'none' ignores it {fix}"
         )
-    if transform != "gtpo_hicra" and config.hicra.alpha != type(config.hicra)().alpha:
+    if transform != "gtpo_hicra" and away_from_defaults(config.hicra, ("alpha",)):
         warnings.append(
             f"[hicra] alpha = {config.hicra.alpha:g} is read by transform 'gtpo_hicra' only; "
             f"{transform!r} ignores it {fix}"
         )
-    default = type(config.sepa)()
-    sepa = [
-        f.name for f in fields(default) if getattr(config.sepa, f.name) != getattr(default, f.name)
-    ]
+    sepa = away_from_defaults(config.sepa)
     if "sepa" not in transform and sepa:
         warnings.append(
             f"[sepa] {', '.join(sepa)}: read by the SEPA transforms (gtpo_sepa, gtpo_sepa_amp, "
@@ -304,7 +298,7 @@ def _unread_by(config: Config, transform: str) -> list[str]:
     return warnings
 
 
-def _per_step(config: Config, env: EnvironmentReport | None = None) -> dict[str, Any]:
+def _per_step(config: Config, env: EnvironmentReport | None) -> dict[str, Any]:
     """A step's completions and its sampled-token upper bound. With an environment the
     cap applies to each model turn of a conversation: the turns are the probed
     environment's cap (`env`), else the configured one, else the fallback cap."""
@@ -972,7 +966,7 @@ def build_report(
         "settings": resolved_settings(config, info),
         "estimates": estimates(config, info, world),
         "world": _world(config, world),
-        "per_step": _per_step(config),
+        "per_step": None,  # with the probed environment's turns: `_input_errors`
         "total_steps": max_steps,
         "checkpoints": _checkpoints(config, info, max_steps),
         "sepa": sepa_summary(config),

@@ -8,6 +8,7 @@ all derive from this one place. Defaults follow the product specification.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
@@ -905,6 +906,14 @@ def _default(f: Any) -> Any:
     if f.default is not MISSING:
         return f.default
     return f.default_factory()
+
+
+def away_from_defaults(table: Any, names: Sequence[str] | None = None) -> list[str]:
+    """The fields of a table's record (`names`, default all) set to other than their
+    defaults: the keys a config sets, for checks of keys nothing would read."""
+    default = type(table)()
+    names = [f.name for f in fields(table)] if names is None else names
+    return [n for n in names if getattr(table, n) != getattr(default, n)]
 
 
 def table_fields(table: str) -> list[FieldSpec]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from retrain import registry
 from retrain.config import hints
-from retrain.config.schema import Config
+from retrain.config.schema import Config, away_from_defaults
 from retrain.hardware import HIDDEN_FIX, TorchBuild, compiler_missing, torch_without_gpu
 from retrain.types import USER_OBJECTIVE, BackendCapabilities, EngineTraits, check_option
 
@@ -385,9 +385,9 @@ def _environment_keys_without_provider(env) -> list[str]:
     """The `[environment]` keys set to other than their defaults, which only a provider
     reads (a forgotten provider would otherwise train on [data] silently). Not
     turn_timeout_s: the multi-turn loop reads it for a plugin data source's own turns."""
-    defaults = type(env)()
-    keys = ("id", "module", "base_url", "args", "max_turns", "auto_install")
-    return [k for k in keys if getattr(env, k) != getattr(defaults, k)]
+    return away_from_defaults(
+        env, ("id", "module", "base_url", "args", "max_turns", "auto_install")
+    )
 
 
 def _not_found(key: str, what: str, path: str, fix: str) -> tuple[str, str]:
@@ -512,6 +512,17 @@ def device_kind(config: Config, last: bool = False) -> str:
     """ "cpu", "cuda" or "mps" of `device_part`."""
     kind = device_part(config, last).split(":")[0]
     return "cuda" if kind in ("gpu", "cuda") else kind
+
+
+def device_index(config: Config, last: bool = False) -> int:
+    """The number of `device_part` ("gpu:1" -> 1; 0 for "cpu")."""
+    part = device_part(config, last)
+    return int(part.split(":")[1]) if ":" in part else 0
+
+
+def training_device(config: Config) -> tuple[str, str, int]:
+    """(as written, kind, index) of `[backend] devices`' last entry: the device that trains."""
+    return device_part(config, True), device_kind(config, True), device_index(config, True)
 
 
 def _decode(config: Config) -> Problems:
@@ -755,7 +766,7 @@ def kernel_problems(config: Config, lacks: Callable[[str, str, int], str | None]
         if not bf16 or opts.get(key) != value or device_kind(config, last) != "cuda":
             continue
         part = device_part(config, last)
-        why = lacks("bf16", "cuda", int(part.split(":")[1]) if ":" in part else 0)
+        why = lacks("bf16", "cuda", device_index(config, last))
         if not why:
             continue
         if value == "varlen":

@@ -6,12 +6,12 @@ and whether it needs tool calls."""
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from retrain.errors import DataError, RetrainError
+from retrain.threads import Overran, call_within
 
 if TYPE_CHECKING:
     from retrain.config import Config
@@ -67,38 +67,30 @@ def probe_environment(config: Config, timeout_s: float = PROBE_TIMEOUT_S) -> Env
     waited on forever), describe it and close it. DataError when it fails to load."""
     from retrain.data import build_data_source
 
-    out: dict[str, Any] = {}
-
-    def load() -> None:
+    def load() -> EnvironmentReport:
+        source = build_data_source(
+            config.data,
+            environment=config.environment,
+            max_examples=config.training.max_examples,
+            shuffle_seed=0,
+            search_paths=tuple(config.plugins.search_paths),
+        )
         try:
-            source = build_data_source(
-                config.data,
-                environment=config.environment,
-                max_examples=config.training.max_examples,
-                shuffle_seed=0,
-                search_paths=tuple(config.plugins.search_paths),
-            )
-            try:
-                out["report"] = describe(source)
-            finally:
-                source.close()
-        except Exception as exc:  # reported by the caller, with the key
-            out["error"] = exc
+            return describe(source)
+        finally:
+            source.close()
 
-    worker = threading.Thread(target=load, name="retrain-env-probe", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
+    try:
+        report = call_within(load, timeout_s, "retrain-env-probe")
+    except Overran:
         raise DataError(
             f"the environment did not load within {timeout_s:g} s (import and instantiate, "
             "no model): check that it does not wait on a server or a download that never comes"
-        )
-    if "error" in out:
-        exc = out["error"]
-        if isinstance(exc, RetrainError):
-            raise exc
+        ) from None
+    except RetrainError:
+        raise
+    except Exception as exc:  # reported by the caller, with the key
         raise DataError(f"loading the environment failed: {type(exc).__name__}: {exc}") from exc
-    report = out["report"]
     if report.needs_tools:
         report = replace(report, tool_format=_tool_format(config.model.model))
     return report

@@ -214,10 +214,17 @@ def continue_line(state: dict, log_dir: Path, launch: Launch, max_steps: int) ->
     workdir = _workdir(state, here).resolve()
     if workdir == here:
         return shlex.join([*words, "--resume", str(log_dir), *extra]) + note
-    full = log_dir.resolve()
-    typed = full.relative_to(workdir) if full.is_relative_to(workdir) else full
-    command = shlex.join([*words, "--resume", str(typed), *extra])
+    command = shlex.join([*words, "--resume", typed_in(workdir, log_dir), *extra])
     return f"cd {shlex.quote(str(workdir))} && {command}{note}"
+
+
+def typed_in(workdir: Path | None, path: Path) -> str:
+    """`path` as typed in `workdir`: relative to it when inside it, else absolute (as
+    given when `workdir` is unknown)."""
+    if workdir is None:
+        return str(path)
+    full, base = path.resolve(), workdir.resolve()
+    return str(full.relative_to(base)) if full.is_relative_to(base) else str(full)
 
 
 def _problem(occ: Occupied, launch: Launch, max_steps: int) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain.logs.metrics import read_eval_rows
-from retrain.logs.ownership import log_dir_holds
+from retrain.logs.ownership import log_dir_holds, typed_in
 from retrain.logs.rundir import (
     MANIFEST,
     METRICS,
@@ -203,26 +203,17 @@ def resume_command(run: RunDir) -> str:
     resolved = run.path / "config.resolved.toml"
     configured = run.run_info.get("config")
     if resolved.is_file():
-        config = _typed_in(workdir, resolved)
+        config = typed_in(workdir, resolved)
     elif isinstance(configured, str) and configured:
         config = configured  # as typed where the run started
     else:
         config = "CONFIG.toml"
     command = f"retrain {shlex.quote(config)}"
     if (run.path / TRAINER_STATE).is_file():
-        command += f" --resume {shlex.quote(_typed_in(workdir, run.path))}"
+        command += f" --resume {shlex.quote(typed_in(workdir, run.path))}"
     elif log_dir_holds(run.path)[0]:
         command += " --overwrite"
     return f"cd {shlex.quote(str(workdir))} && {command}" if workdir is not None else command
-
-
-def _typed_in(workdir: Path | None, path: Path) -> str:
-    """`path` as typed in `workdir`: relative to it when inside it, else absolute (as
-    given when `workdir` is unknown)."""
-    if workdir is None:
-        return str(path)
-    full, base = path.resolve(), workdir.resolve()
-    return str(full.relative_to(base)) if full.is_relative_to(base) else str(full)
 
 
 def _state(run: RunDir, st: RunStatus, stale_after: float | None) -> str:
