@@ -30,9 +30,11 @@ class Claims:  # says it resumes, but has no load_checkpoint
 """
 
 
-def a_state(log_dir, backend: str) -> None:
-    state = TrainerState(
-        step=1,
+def small_state(step: int, checkpoint: CheckpointInfo) -> TrainerState:
+    """A trainer state of a run of model "m", LoRA rank 4 (tests/unit/test_resume_paths.py
+    too)."""
+    return TrainerState(
+        step=step,
         model="m",
         lora_rank=4,
         condition="grpo+none",
@@ -41,9 +43,12 @@ def a_state(log_dir, backend: str) -> None:
         data={},
         counters={},
         sepa={},
-        checkpoint=CheckpointInfo(backend, extra={"carried": True}),
+        checkpoint=checkpoint,
     )
-    save_state(log_dir, state)
+
+
+def a_state(log_dir, backend: str) -> None:
+    save_state(log_dir, small_state(1, CheckpointInfo(backend, extra={"carried": True})))
 
 
 def config(backend: str, project):

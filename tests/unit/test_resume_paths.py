@@ -11,8 +11,10 @@ import json
 import shlex
 from pathlib import Path
 
+from test_resume_backend_capability import small_state
+
 from retrain.build import resume_problems as config_problems
-from retrain.checkpoint import TrainerState, load_state, resume_problems, save_state
+from retrain.checkpoint import load_state, resume_problems, save_state
 from retrain.config import config_from_dict
 from retrain.logs.rundir import RunDir
 from retrain.logs.status import resume_command
@@ -29,19 +31,7 @@ def a_run(work: Path, *, recorded: bool) -> Path:
     (ckpt / "adapter_config.json").write_text("{}")
     (ckpt / "adapter_model.safetensors").write_bytes(b"")
     logs = work / "logs" / "r"
-    state = TrainerState(
-        step=2,
-        model="m",
-        lora_rank=4,
-        condition="grpo+none",
-        batch_size=1,
-        group_size=2,
-        data={},
-        counters={},
-        sepa={},
-        checkpoint=CheckpointInfo("local", CHECKPOINT, CHECKPOINT),
-    )
-    save_state(logs, state)
+    save_state(logs, small_state(2, CheckpointInfo("local", CHECKPOINT, CHECKPOINT)))
     raw = json.loads((logs / "trainer_state.json").read_text())
     for key in ("workdir", "launch"):
         raw.pop(key, None)
