@@ -11,10 +11,9 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from retrain import hardware, registry
+from retrain import hardware
 from retrain.backends.base import BackendInfo, backend_info
 from retrain.build import backend_problems, engine_problems, preflight_problems, world_of
-from retrain.build import startup_problems as run_startup_problems
 from retrain.campaign.expand import (
     Condition,
     RunSpec,
@@ -22,11 +21,25 @@ from retrain.campaign.expand import (
     check_runs,
     expand_run,
 )
+from retrain.cli.advice import advice, resume_advice
 from retrain.cli.estimates import engine_traits, estimates, local_options
 from retrain.cli.run import config_path, is_standalone_squeeze, refuse_overwrite
+from retrain.cli.startup_checks import missing_modules, startup_problems, where_set
+from retrain.cli.summaries import (
+    backpressure_summary,
+    checkpoint_steps,
+    data_summary,
+    eval_summary,
+    named_algorithm,
+    objective_summary,
+    reward_summary,
+    sepa_summary,
+    shaping_summary,
+    uses_sepa,
+)
 from retrain.config import Config, load_config, load_dotenv
-from retrain.config.schema import FALLBACK_MAX_TURNS, away_from_defaults
-from retrain.config.validate import asked_gpus, device_kind, training_device
+from retrain.config.schema import FALLBACK_MAX_TURNS
+from retrain.config.validate import device_kind, training_device
 from retrain.data.env_probe import EnvironmentReport
 from retrain.engines.decoders import decoder_for, sharded_problem
 from retrain.engines.decoders import describe as describe_decoder
@@ -38,88 +51,6 @@ from retrain.logs.console import format_duration
 from retrain.models import HubAsk, ask_hub
 from retrain.types import BackendCapabilities
 from retrain.world import World
-
-
-def uses_sepa(config: Config) -> bool:
-    """Whether the flow's transform reads the SEPA lambda (gtpo_sepa and its amp forms)."""
-    algo = config.algorithm
-    alias = registry.ALGORITHM_MODES.entry(algo.algorithm_mode) if algo.algorithm_mode else None
-    transform = (
-        alias.alias_of[1] if alias is not None else algo.algorithm_mode or algo.transform_mode
-    )
-    return "sepa" in transform
-
-
-def builtin_transform(config: Config) -> str | None:
-    """The built-in transform the flow runs (an algorithm alias's own), or None where a
-    dotted-path transform or algorithm plugin runs (it may read any key)."""
-    algo = config.algorithm
-    if algo.algorithm_mode:
-        alias = registry.ALGORITHM_MODES.entry(algo.algorithm_mode)
-        return alias.alias_of[1] if alias is not None and alias.alias_of else None
-    entry = registry.TRANSFORM_MODES.entry(algo.transform_mode)
-    return entry.name if entry is not None else None
-
-
-def sepa_summary(config: Config) -> str:
-    if not uses_sepa(config):
-        return f"not used by {config.condition}"
-    s = config.sepa
-    if s.steps == 0:
-        ramp = f"lambda jumps to 1 at step {s.delay_steps}"
-    else:
-        ramp = f"lambda 0 until step {s.delay_steps}, rises linearly to 1 at step {s.delay_steps + s.steps}"
-    if s.schedule == "auto":
-        ramp += f"; auto: after {s.warmup} warmup steps lambda also follows the decay of execution-uncertainty variance (threshold {s.var_threshold}, EMA {s.ema_decay})"
-    gate = (
-        f"gate: opens once a batch correct rate >= {s.correct_rate_gate} (sticky)"
-        if s.correct_rate_gate > 0
-        else "no correctness gate"
-    )
-    if config.training.max_steps <= s.delay_steps and s.schedule == "linear":
-        ramp += f" (never reached: max_steps is {config.training.max_steps})"
-    return f"{s.schedule}: {ramp}; {gate}"
-
-
-def checkpoint_steps(max_steps: int, save_every: int) -> list[int]:
-    """Steps after which a periodic checkpoint is written, the trainer's rule (its `_loop`):
-    every save_every steps before the last one, whose save is the final checkpoint."""
-    if save_every <= 0:
-        return []
-    return list(range(save_every, max_steps, save_every))
-
-
-def data_summary(config: Config) -> str:
-    env = config.environment
-    if env.provider:
-        return f"{env.provider} environment {env.id!r} (args {env.args})"
-    d = config.data
-    if d.source == "reasoning_gym":
-        return (
-            f"reasoning_gym task {d.task!r} ({d.size} problems, data seed {d.seed}, args {d.args})"
-        )
-    if d.source == "jsonl":
-        return f"jsonl {d.path} (prompt={d.prompt_field!r}, answer={d.answer_field!r})"
-    if d.source == "math":
-        where = f"local copy {d.path}" if d.path else "EleutherAI/hendrycks_math from the hub"
-        return f"MATH, five subjects, {where}"
-    return f"plugin {d.source}"
-
-
-def reward_summary(config: Config) -> str:
-    """The reward type, with what a judge asks and a custom reward calls."""
-    r = config.reward
-    if config.environment.provider:  # the environment scores with its own rubric
-        return f"the environment's rubric ({config.environment.id})"
-    if r.type == "judge":
-        from retrain.rewards.judge import DEFAULT_MODEL, endpoint
-
-        base, source = endpoint(r.judge_base_url)
-        where = "" if r.judge_base_url else f" ({source})"
-        return f"judge: {r.judge_model or DEFAULT_MODEL} at {base}{where}"
-    if r.type == "custom":
-        return f"custom: {r.custom_function}() of {r.custom_module}"
-    return r.type
 
 
 def _squeeze_report(config: Config, path: str | None) -> dict[str, Any]:
@@ -146,156 +77,6 @@ def _backend(config: Config, errors: list[str]) -> BackendInfo:
     except PluginError as exc:
         errors.append(str(exc))
         return BackendInfo(name, BackendCapabilities(), {}, "plugin/default")
-
-
-def _advice(config: Config) -> list[str]:
-    """Settings that are valid but probably not what was meant."""
-    warnings = []
-    algo = config.algorithm
-    # a campaign's runs take their seeds from [campaign] seeds
-    if config.training.seed == -1 and config.campaign is None:
-        warnings.append(
-            "[training] seed = -1: the run is not reproducible; set a seed to compare conditions"
-        )
-    if algo.transform_mode.startswith("gtpo") and config.gtpo.beta == 0 and not algo.algorithm_mode:
-        warnings.append("[gtpo] beta = 0: GTPO weighting is off, the transform reduces to its base")
-    if algo.transform_mode == "gtpo_hicra" and config.hicra.alpha == 0:
-        warnings.append("[hicra] alpha = 0: gtpo_hicra behaves exactly like gtpo")
-    if config.reward.type == "gym" and config.data.source != "reasoning_gym":
-        warnings.append(
-            "[reward] type = gym scores with reasoning-gym's task scorer; it needs [data] source = reasoning_gym"
-        )
-    if config.eval.every > 0 and config.eval.temperature <= 0 and config.eval.samples > 1:
-        warnings.append(
-            f"[eval] samples = {config.eval.samples} with temperature 0: greedy samples are identical, "
-            "so pass@k equals the correct rate; raise [eval] temperature for pass@k"
-        )
-    warnings += _data_keys_unread(config) + _flow_keys_unread(config)
-    warnings += _wandb_advice(config) + _driver_advice(config)
-    if config.data.source == "reasoning_gym" and config.reward.type == "math":
-        warnings.append(
-            "reasoning-gym answers are plain strings: reward 'match' or 'gym' fits them better than 'math'"
-        )
-    return warnings
-
-
-def _driver_advice(config: Config) -> list[str]:
-    """A GPU run whose torch is built for a newer CUDA major version than the driver
-    runs: torch will see no GPU (the backend then refuses the devices), unless CUDA's
-    forward-compatibility package stands in for the driver, hence a warning here."""
-    info = registry.BACKENDS.entry(config.backend.backend)
-    if info is None or "[backend] devices" in info.ignores:
-        return []
-    if not asked_gpus(config.backend.devices):
-        return []
-    build = hardware.torch_build()
-    old = hardware.driver_too_old(build, hardware.driver_cuda()) if build and build.cuda else None
-    if old is None:
-        return []
-    return [
-        f"[backend] devices: {old[0]}, unless CUDA's forward-compatibility package is "
-        f"installed. Fix: {old[1]}"
-    ]
-
-
-def _resume_advice(config: Config, launch: ownership.Launch) -> list[str]:
-    """How far `[resume] from` trains now, where its max_steps changed, and the settings
-    it continues with changed (a batch or group size the checkpoint would override is an
-    error of the startup checks)."""
-    from retrain.build import resume_changes, resume_horizon
-    from retrain.checkpoint import load_state
-    from retrain.config.diff import KEPT_BY_CHECKPOINT, resumed_with
-    from retrain.errors import CheckpointError
-
-    try:
-        state = load_state(config.resume.from_) if config.resume.from_ else None
-    except CheckpointError:  # an error of the startup checks
-        return []
-    if state is None:
-        return []
-    horizon = resume_horizon(config, launch.origin("training", "max_steps"))
-    changes = [c for c in resume_changes(config) if (c.table, c.key) not in KEPT_BY_CHECKPOINT]
-    return ([horizon] if horizon else []) + ([resumed_with(changes, state.step)] if changes else [])
-
-
-def _wandb_advice(config: Config) -> list[str]:
-    """`[logging] wandb_project` where wandb will not take the run (doctor says it too):
-    wandb missing, or no login. The run goes on, logging to JSONL only."""
-    import importlib.util
-
-    from retrain.logs.wandb import LOGIN_FIX, login, not_logged_in
-
-    project = config.logging.wandb_project
-    if not project:
-        return []
-    if importlib.util.find_spec("wandb") is None:
-        return [
-            "[logging] wandb_project: is set but wandb is not installed, so the run logs to "
-            "JSONL only. Fix: pip install 'retrain[wandb]'"
-        ]
-    if login()[0]:
-        return []
-    return [f"[logging] wandb_project: {not_logged_in(project)}. Fix: {LOGIN_FIX}"]
-
-
-# [data] keys only some built-in sources read; set for another source, they do nothing.
-_DATA_KEY_READERS = {
-    "path": ("jsonl", "math"),
-    "task": ("reasoning_gym",),
-    "args": ("reasoning_gym",),
-    "size": ("reasoning_gym",),
-    "split": ("math",),
-    "prompt_field": ("jsonl",),
-    "answer_field": ("jsonl",),
-}
-
-
-def _data_keys_unread(config: Config) -> list[str]:
-    """`[data]` keys set away from their defaults that the configured built-in source
-    does not read (a plugin source may read any; an environment brings its own data)."""
-    d = config.data
-    if config.environment.provider or d.source not in ("jsonl", "math", "reasoning_gym"):
-        return []
-    changed = away_from_defaults(d, tuple(_DATA_KEY_READERS))
-    return [
-        f"[data] {key} is read by source {' and '.join(readers)} only; source "
-        f"{d.source!r} ignores it (remove it, or set the source that reads it)"
-        for key, readers in _DATA_KEY_READERS.items()
-        if d.source not in readers and key in changed
-    ]
-
-
-def _flow_keys_unread(config: Config) -> list[str]:
-    """`[gtpo] beta`, `[hicra] alpha` and `[sepa]` keys set away from their defaults
-    that the flow's built-in transform does not read. Not for a campaign (a condition
-    may use them) nor a plugin transform or algorithm (it may read any)."""
-    transform = builtin_transform(config)
-    if config.campaign is None and transform is not None:
-        return _unread_by(config, transform)
-    return []
-
-
-def _unread_by(config: Config, transform: str) -> list[str]:
-    warnings = []
-    fix = "(remove it, or set the transform that reads it)"
-    if transform == "none" and away_from_defaults(config.gtpo, ("beta",)):
-        warnings.append(
-            f"[gtpo] beta = {config.gtpo.beta:g} is read by every transform but 'none'; "
-            f"transform 'none' ignores it {fix}"
-        )
-    if transform != "gtpo_hicra" and away_from_defaults(config.hicra, ("alpha",)):
-        warnings.append(
-            f"[hicra] alpha = {config.hicra.alpha:g} is read by transform 'gtpo_hicra' only; "
-            f"{transform!r} ignores it {fix}"
-        )
-    sepa = away_from_defaults(config.sepa)
-    if "sepa" not in transform and sepa:
-        warnings.append(
-            f"[sepa] {', '.join(sepa)}: read by the SEPA transforms (gtpo_sepa, gtpo_sepa_amp, "
-            f"gtpo_sepa_amp_c) only; {transform!r} ignores them (remove them, or set a SEPA "
-            "transform)"
-        )
-    return warnings
 
 
 def _per_step(config: Config, env: EnvironmentReport | None) -> dict[str, Any]:
@@ -443,260 +224,6 @@ def _campaign_flag_errors(config: Config, launch: ownership.Launch) -> list[str]
         f"({config.campaign.max_steps}, from --campaign-max-steps), so {steps} would be "
         "ignored. Fix: give only one of --max-steps and --campaign-max-steps"
     ]
-
-
-def named_algorithm(config: Config) -> dict[str, Any] | None:
-    """The rows of the map (`retrain man --topic algorithms`) the config amounts to."""
-    from retrain.algorithms import describe, identify
-
-    rows = identify(config)
-    if not rows:
-        return None
-    return {"text": describe(rows), "rows": [row.as_dict() for row in rows]}
-
-
-def _backpressure(config: Config) -> str:
-    bp = config.backpressure
-    if not bp.enabled:
-        return "off"
-    return f"on: batch size adapts within [{bp.min_batch_size}, {bp.max_batch_size}] after {bp.warmup_steps} warmup steps"
-
-
-def _shaping(config: Config) -> str:
-    """Batch shaping ([training]; retrain/shaping.py) in one line."""
-    t, parts = config.training, []
-    if t.dynamic_sampling:
-        parts.append(
-            f"dynamic sampling (all-equal groups dropped, up to {t.dynamic_sampling_max_rounds} "
-            f"extra rounds to reach {t.batch_size} informative groups)"
-        )
-    if t.mask_truncated:
-        parts.append(f"completions cut at {t.max_tokens} tokens masked")
-    if t.overlong_buffer:
-        start = t.max_tokens - t.overlong_buffer
-        parts.append(
-            f"overlong penalty from {start} tokens, -{t.overlong_penalty:g} at {t.max_tokens}"
-        )
-    return "; ".join(parts) or "off"
-
-
-def objective_summary(config: Config) -> str:
-    """The training objective in one line: policy loss, aggregation, off-policy
-    correction, KL, lr schedule."""
-    t = config.training
-    if config.backend.backend == "prime_rl":  # its trainer computes the loss, not retrain
-        return (
-            "the prime-rl trainer's own [trainer.loss] (by default DPPO with kl_tau 1e-3, "
-            "retrain's dppo + dppo_kl_coef = 0.001); retrain's [training] loss keys do not "
-            f"apply; lr {t.lr:g} {t.lr_schedule}"
-        )
-    high = t.clip_eps_high or t.clip_eps
-    band = f"[{1 - t.clip_eps:g}, {1 + high:g}]"
-    dual = f", dual clip c={t.clip_ratio_c:g}" if t.clip_ratio_c > 0 else ""
-    level = " of the sequence ratio" if t.ratio_level == "sequence" else ""
-    losses = {
-        "is": "is (importance-sampling policy gradient)",
-        "ppo_clip": f"ppo_clip (ratio clipped to {band}{dual})",
-        "gspo": f"gspo (sequence ratio clipped to {band}{dual})",
-        "cispo": f"cispo (detached weight{level} clipped to {band})",
-        "sapo": f"sapo (soft gate{level}, tau +{t.sapo_tau_pos:g} / -{t.sapo_tau_neg:g})",
-        "vespo": "vespo (Gamma weight of the sequence ratio)",
-        "clip_cov": f"clip_cov (ratio clipped to {band}, {t.clip_cov_fraction:g} of the tokens "
-        f"with covariance in ({t.clip_cov_lb:g}, {t.clip_cov_ub:g}) cut out)",
-        "kl_cov": f"kl_cov ({t.kl_cov_beta:g} |log r| on the top {t.kl_cov_fraction:g} of the "
-        "tokens by covariance)",
-        "gpg": "gpg (plain policy gradient -A logp, no ratio)",
-        "gmpo": f"gmpo (geometric mean of the ratios, log r clipped to [{-t.clip_eps:g}, {high:g}])",
-        "dppo": f"dppo (tokens whose probability moved beyond -{t.clip_eps:g} / +{high:g} "
-        "dropped" + (f", {t.dppo_kl_coef:g} (log r)^2" if t.dppo_kl_coef > 0 else "") + ")",
-    }
-    # a dotted path otherwise (config validation admits nothing else)
-    loss = losses.get(
-        t.policy_loss, f"{t.policy_loss} (your objective: fn(inputs, hyper) -> TokenLoss)"
-    )
-    agg = f"agg {t.loss_agg}"
-    if t.loss_agg == "bnpo":
-        agg += f" (local batches of {t.bnpo_batch_size or 'all'} completions)"
-    parts = [loss, agg]
-    if t.adv_clip_max > 0:
-        parts.append(f"advantages clipped to +-{t.adv_clip_max:g}")
-    if t.tis_cap > 0:
-        parts.append(f"IS weight truncated at {t.tis_cap:g} (token)")
-    elif t.is_correction != "none":
-        low = f"{t.is_low:g}" if t.is_low > 0 else "0"
-        parts.append(f"IS weight {t.is_correction} to [{low}, {t.is_high:g}] ({t.is_level})")
-    parts.append(
-        f"KL {t.kl_estimator} x {t.kl_coef:g} to the base model (LoRA off)"
-        if t.kl_coef > 0
-        else "KL off"
-    )
-    warmup = f", {t.warmup_steps} warmup steps" if t.warmup_steps else ""
-    parts.append(f"lr {t.lr:g} {t.lr_schedule}{warmup}")
-    return "; ".join(parts)
-
-
-def _eval(config: Config) -> str:
-    """The held-out evaluation ([eval]) in words (its file is checked when the config loads)."""
-    from retrain.evaluate import describe
-
-    if config.eval.every <= 0:
-        return "off ([eval] every = 0)"
-    return describe(config)
-
-
-# ----------------------------------------------------------------------------- what the
-# run checks at start, done here without loading a model (doctor runs the same)
-
-
-def _missing_modules(modules: tuple[str, ...]) -> list[str]:
-    import importlib.util
-
-    missing = []
-    for name in modules:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            missing.append(name)
-    return missing
-
-
-def _configured_entries(config: Config) -> list[tuple[str, str, str]]:
-    """(registry kind, config key, name) of the built-in names the run will resolve."""
-    named = [
-        ("backend", "[backend] backend", config.backend.backend),
-        ("reward", "[reward] type", config.reward.type),
-        ("planning_detector", "[planning] detector", config.planning.detector),
-    ]
-    if not config.environment.provider:
-        named.append(("data_source", "[data] source", config.data.source))
-    backend = registry.BACKENDS.entry(config.backend.backend)
-    if backend is None or "[inference]" not in backend.ignores:
-        named.append(("engine", "[inference] engine", config.inference.engine))
-    return named
-
-
-def module_problems(config: Config) -> list[tuple[str, str]]:
-    """Modules a configured built-in entry `requires` that are not installed."""
-    problems = []
-    for kind, key, name in _configured_entries(config):
-        entry = registry.ALL_REGISTRIES[kind].entry(name)
-        if entry is None or not entry.available or not entry.requires:
-            continue
-        missing = _missing_modules(entry.requires)
-        if missing:
-            how = f"; {entry.install}" if entry.install else ""
-            problems.append(
-                (key, f"{name} needs {', '.join(missing)}, which is not installed{how}")
-            )
-    if config.environment.provider == "verifiers" and _missing_modules(("verifiers",)):
-        problems.append(
-            (
-                "[environment] provider",
-                "verifiers is not installed; pip install 'retrain[verifiers]'",
-            )
-        )
-    return problems
-
-
-def _data_problems(config: Config) -> list[tuple[str, str]]:
-    """A reasoning-gym task this install does not have (the files the config names are
-    checked when it loads)."""
-    d = config.data
-    if config.environment.provider:
-        return []
-    if d.source == "reasoning_gym":
-        if _missing_modules(("reasoning_gym",)):
-            return []  # reported by module_problems
-        from retrain.data.reasoning_gym import task_names
-        from retrain.errors import DataError
-
-        try:
-            names = task_names()
-        except DataError as exc:
-            return [("[data] source", str(exc))]
-        if d.task not in names:
-            import difflib
-
-            close = difflib.get_close_matches(d.task, names, n=3)
-            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-            return [("[data] task", f"unknown reasoning-gym task {d.task!r}{hint}")]
-    return []
-
-
-def _reward_problems(config: Config) -> list[tuple[str, str]]:
-    """A custom reward is imported the way the run imports it (its module runs)."""
-    r = config.reward
-    if r.type != "custom":
-        return []
-    from retrain.errors import RetrainError
-    from retrain.rewards.custom import load_custom_function
-
-    try:
-        load_custom_function(r.custom_module, r.custom_function, config.plugins.search_paths)
-    except RetrainError as exc:
-        key, _, message = str(exc).partition(": ")
-        return [(key, message)] if key.startswith("[") else [("[reward] custom_module", str(exc))]
-    return []
-
-
-def startup_problems(
-    config: Config, ask: HubAsk | None = ask_hub, world: World | None = None
-) -> list[tuple[str, str]]:
-    """(key, problem) for everything the run would refuse at start before its first step,
-    found without loading a model: missing modules of the configured entries, the
-    reasoning-gym task, the custom reward's module and function, and the run's own startup
-    checks (retrain/build.py: the devices, the model, the resume directory, the tinker
-    backend's API key). The files the config names are checked when it loads; the flow
-    checks (the run's preflight) and the backend's probe are reported beside these."""
-    return (
-        module_problems(config)
-        + _data_problems(config)
-        + _reward_problems(config)
-        + run_startup_problems(config, ask, world)
-    )
-
-
-def _where(
-    config: Config, path: str | None, key: str, launch: ownership.Launch | None = None
-) -> str:
-    """ " (from --flag)" of `[table] key` when a flag of `launch` set it, else " (FILE:LINE)"
-    when the config file sets it to the value the run uses. The startup checks run on
-    the loaded Config, which keeps no origin; a value set otherwise gets no line rather
-    than a wrong one."""
-    from retrain.config.load import locate_keys, read_toml
-    from retrain.config.schema import TABLES, table_fields
-
-    table, _, name = key.lstrip("[").partition("] ")
-    # a key of a table-valued key (`[backend.options] shard`, `[algorithm.advantage_params]
-    # eps`) is set by its own flag entry or by the flag of the whole table
-    top, _, field = table.partition(".")
-    if launch is not None:
-        parent = (top, field) if field else (table, name)
-        for t, k in dict.fromkeys([(table, name), parent]):
-            if (flag := launch.origin(t, k)).startswith(" (from "):
-                return flag
-    spec = (
-        next((f for f in table_fields(table) if f.key == name), None) if table in TABLES else None
-    )
-    try:
-        raw, text = read_toml(path) if path else ({}, "")
-    except (ConfigError, OSError):
-        return ""
-    if field and top in TABLES:
-        outer = next((f for f in table_fields(top) if f.key == field), None)
-        inner = raw.get(top, {}).get(field) if isinstance(raw.get(top), dict) else None
-        written = inner.get(name) if isinstance(inner, dict) and outer is not None else None
-        used = getattr(getattr(config, top), outer.attr, {}) if written is not None else {}
-        same = written is not None and written == used.get(name)
-        line = locate_keys(text).get((table, name)) if same else None
-        return f" ({path}:{line})" if line else ""
-    written = raw.get(table, {}).get(name) if isinstance(raw.get(table), dict) else None
-    if spec is None or written is None or written != getattr(getattr(config, table), spec.attr):
-        return ""
-    line = locate_keys(text).get((table, name))
-    return f" ({path}:{line})" if line else ""
 
 
 # ----------------------------------------------------------------------------- resolved
@@ -941,7 +468,7 @@ def build_report(
     info = _backend(config, errors)
     if config.campaign is None:  # a campaign's runs are preflighted per condition
         errors += [
-            f"{key}{_where(config, path, key, launch)}: {problem}"
+            f"{key}{where_set(config, path, key, launch)}: {problem}"
             for key, problem in preflight_problems(config, info)[0]
         ]
     max_steps = (
@@ -970,9 +497,9 @@ def build_report(
         "total_steps": max_steps,
         "checkpoints": _checkpoints(config, info, max_steps),
         "sepa": sepa_summary(config),
-        "backpressure": _backpressure(config),
-        "shaping": _shaping(config),
-        "eval": _eval(config),
+        "backpressure": backpressure_summary(config),
+        "shaping": shaping_summary(config),
+        "eval": eval_summary(config),
         "log_dir": config.logging.log_dir,
         "resume_from": config.resume.from_ or None,
         "wandb": config.logging.wandb_project or None,
@@ -980,7 +507,7 @@ def build_report(
     if config.campaign is not None:
         errors += _add_campaign(report, config, info, launch)
     errors += [
-        f"{key}{_where(config, path, key, launch)}: {problem}"
+        f"{key}{where_set(config, path, key, launch)}: {problem}"
         for key, problem in startup_problems(config, ask, world)
     ]
     errors += _input_errors(config, path, report, launch)
@@ -990,7 +517,7 @@ def build_report(
     # problems are errors; a backend's own probe (prime_rl) may find a server started later.
     errors += [f"{key}: {problem}" for key, problem in engine_problems(config)]
     probed = [f"{key}: {problem}" for key, problem in backend_problems(config)]
-    report["warnings"] = _advice(config) + probed + moved + _resume_advice(config, launch)
+    report["warnings"] = advice(config) + probed + moved + resume_advice(config, launch)
     memory = report["estimates"].get("memory_problem")
     if memory and config.backend.backend == "local":  # the local backend refuses it too
         (errors if memory["level"] == "error" else report["warnings"]).append(memory["message"])
@@ -1044,7 +571,9 @@ def _input_errors(
     examples, data_errors = data_file_report(config)
     if examples is not None:
         report["data"] += f"; {examples:,} example{'s' if examples != 1 else ''}"
-    return [f"{key}{_where(config, path, key, launch)}: {p}" for key, p in env_errors + data_errors]
+    return [
+        f"{key}{where_set(config, path, key, launch)}: {p}" for key, p in env_errors + data_errors
+    ]
 
 
 def data_file_report(config: Config) -> tuple[int | None, list[tuple[str, str]]]:
@@ -1076,7 +605,7 @@ def environment_report(
     """An `[environment]` imported and instantiated (no model, a timeout): what it is,
     or the error the run would stop with at its start."""
     env = config.environment
-    if not env.provider or (env.provider == "verifiers" and _missing_modules(("verifiers",))):
+    if not env.provider or (env.provider == "verifiers" and missing_modules(("verifiers",))):
         return None, []  # no environment, or the missing module is reported already
     from retrain.data.env_probe import probe_environment
     from retrain.errors import RetrainError

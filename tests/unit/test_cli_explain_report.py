@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from retrain.cli.explain import checkpoint_steps
+from retrain.cli.summaries import checkpoint_steps
 from retrain.cli.main import main
 from retrain.config.schema import FALLBACK_MAX_TURNS
 

@@ -561,12 +561,12 @@ def test_explain_custom_reward_without_its_function(tmp_path, capsys, monkeypatc
 def test_explain_reports_missing_modules_of_configured_entries(
     tmp_path, capsys, monkeypatch, one_gpu
 ):
-    from retrain.cli import explain
+    from retrain.cli import startup_checks
 
-    real = explain._missing_modules
+    real = startup_checks.missing_modules
     monkeypatch.setattr(
-        explain,
-        "_missing_modules",
+        startup_checks,
+        "missing_modules",
         lambda mods: [m for m in mods if m in ("reasoning_gym", "math_verify")] or real(mods),
     )
     path = _write(

@@ -607,7 +607,7 @@ def test_tinker_takes_cispo_and_every_aggregation():
 
 
 def test_explain_names_the_objective_and_the_correction():
-    from retrain.cli.explain import objective_summary
+    from retrain.cli.summaries import objective_summary
 
     line = objective_summary(
         config_from_dict(

@@ -25,7 +25,7 @@ from reference_loss import (  # tests/unit: the plain reference
 )
 
 from retrain import registry
-from retrain.cli.explain import objective_summary
+from retrain.cli.summaries import objective_summary
 from retrain.config import config_from_dict
 from retrain.config.validate import loss_options_used
 from retrain.errors import ConfigError, PluginError

@@ -465,7 +465,7 @@ def test_explain_and_doctor_run_the_probe_before_any_model_load(tmp_path):
 def test_explain_says_the_prime_rl_trainer_owns_the_loss(tmp_path):
     """The default policy_loss "is" would otherwise read as the objective, while the prime-rl
     trainer applies its own [trainer.loss]."""
-    from retrain.cli.explain import objective_summary
+    from retrain.cli.summaries import objective_summary
 
     cfg = prime_config(tmp_path)
     summary = objective_summary(cfg)
