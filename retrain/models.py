@@ -369,15 +369,12 @@ def _hub_answer(name: str, timeout: float) -> tuple[str, str]:
 def ask_hub(name: str, timeout: float = HUB_TIMEOUT_S) -> tuple[str, str]:
     """`_hub_answer` within `timeout` seconds of wall time, name lookup included (a
     resolver that hangs must not hold the run's start)."""
-    import threading
+    from retrain.threads import Overran, call_within
 
-    answer: list[tuple[str, str]] = []
-    worker = threading.Thread(
-        target=lambda: answer.append(_hub_answer(name, timeout)), name="retrain-hub", daemon=True
-    )
-    worker.start()
-    worker.join(timeout)
-    return answer[0] if answer else ("unreachable", f"no answer within {timeout:g} s")
+    try:
+        return call_within(lambda: _hub_answer(name, timeout), timeout, "retrain-hub")
+    except Overran as exc:
+        return "unreachable", str(exc)
 
 
 def _uncached_source(name: str, ask: HubAsk | None) -> ModelSource:
