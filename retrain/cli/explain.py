@@ -27,11 +27,11 @@ from retrain.cli.run import config_path, is_standalone_squeeze, refuse_overwrite
 from retrain.cli.startup_checks import missing_modules, startup_problems, where_set
 from retrain.cli.summaries import (
     backpressure_summary,
-    checkpoint_steps,
     data_summary,
     eval_summary,
     named_algorithm,
     objective_summary,
+    periodic_checkpoints,
     reward_summary,
     sepa_summary,
     shaping_summary,
@@ -119,7 +119,7 @@ def _checkpoints(config: Config, info: BackendInfo, max_steps: int) -> dict[str,
         path = f"{campaign_root(config)}/campaign_*/runs/CONDITION_sSEED/adapter"
     return {
         "every": every,
-        "periodic": len(checkpoint_steps(max_steps, every)),
+        "periodic": periodic_checkpoints(max_steps, every),
         "final": True,
         "adapter_path": "on the backend's service" if remote else path,
     }

@@ -50,12 +50,11 @@ def sepa_summary(config: Config) -> str:
     return f"{s.schedule}: {ramp}; {gate}"
 
 
-def checkpoint_steps(max_steps: int, save_every: int) -> list[int]:
-    """Steps after which a periodic checkpoint is written, the trainer's rule (its `_loop`):
-    every save_every steps before the last one, whose save is the final checkpoint."""
-    if save_every <= 0:
-        return []
-    return list(range(save_every, max_steps, save_every))
+def periodic_checkpoints(max_steps: int, save_every: int) -> int:
+    """How many periodic checkpoints a run writes, the trainer's rule (its `_loop`): one
+    after every save_every steps before the last one, whose save is the final checkpoint.
+    Counted, not listed: a huge max_steps costs nothing."""
+    return max(0, (max_steps - 1) // save_every) if save_every > 0 else 0
 
 
 def data_summary(config: Config) -> str:

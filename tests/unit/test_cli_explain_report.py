@@ -9,9 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from retrain.cli.summaries import checkpoint_steps
 from retrain.cli.main import main
+from retrain.cli.summaries import periodic_checkpoints
 from retrain.config.schema import FALLBACK_MAX_TURNS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,10 +53,20 @@ def test_flags_alone_without_a_config_file_run_on_the_defaults(capsys):
     assert [c["status"] for c in checks if c["name"] == "config"] == ["WARN"]
 
 
+@given(st.integers(0, 200), st.integers(0, 50))
+def test_checkpoint_count_is_the_trainers_rule(max_steps, save_every):
+    """The trainer's `_loop`: a save after `done` steps when done % save_every == 0 and
+    done < max_steps."""
+    writes = [
+        d for d in range(1, max_steps + 1) if save_every and d % save_every == 0 and d < max_steps
+    ]
+    assert periodic_checkpoints(max_steps, save_every) == len(writes)
+
+
 def test_checkpoints_are_the_ones_the_trainer_writes(capsys):
     """The trainer skips the periodic save at the last step: the final one is written."""
-    assert checkpoint_steps(30, 10) == [10, 20]
-    assert checkpoint_steps(25, 10) == [10, 20] and checkpoint_steps(5, 10) == []
+    assert periodic_checkpoints(30, 10) == 2 and periodic_checkpoints(25, 10) == 2
+    assert periodic_checkpoints(5, 10) == 0 and periodic_checkpoints(10**30, 10**29) == 9
     code, out = explain(capsys, str(QUICKSTART))
     assert code == 0
     assert line(out, "Checkpoints:").startswith("Checkpoints: every 10 steps (2) + final")
