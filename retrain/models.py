@@ -444,6 +444,37 @@ def model_config(name: str) -> dict | None:
     return None
 
 
+def weight_names(name: str) -> list[str] | None:
+    """The names of `[model] model`'s weights, from the headers of its safetensors files
+    on disk (never the network; read without torch: a little-endian u64 length, then a
+    JSON header), or None when none is on disk."""
+    import struct
+
+    for directory in _config_dirs(name):
+        files = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
+        names: list[str] = []
+        try:
+            for file in files:
+                with open(file, "rb") as f:
+                    (length,) = struct.unpack("<Q", f.read(8))
+                    names += [k for k in json.loads(f.read(length)) if k != "__metadata__"]
+        except (OSError, ValueError, struct.error):
+            continue
+        if names:
+            return names
+    return None
+
+
+def unknown_targets(targets: list[str], weights: list[str]) -> list[str]:
+    """The LoRA `targets` that name no module holding a weight: PEFT matches a target
+    against the end of a module's dotted name, and silently skips a target that matches
+    nothing as long as another one matches. Lenient where a checkpoint's names and the
+    model's modules may differ (fused experts): any run of a weight's dotted components
+    counts; `lm_head` always does (a tied head has no weight of its own)."""
+    modules = {"." + w.rsplit(".", 1)[0] + "." for w in weights} | {".lm_head."}
+    return [t for t in targets if not any(f".{t.strip('.')}." in m for m in modules)]
+
+
 def model_shape(name: str) -> ModelShape | None:
     """The shape of `[model] model` from its config.json on disk (retrain/memory.py's
     `shape_from_config`); None when it is not on disk or gives no usable sizes."""
