@@ -35,7 +35,16 @@ from retrain.config.validate import (
 )
 from retrain.errors import ConfigError, PluginError, TrainingError
 from retrain.kernels.windows import refusal
-from retrain.models import HubAsk, ModelSource, ask_hub, find_model, model_config, model_shape
+from retrain.models import (
+    HubAsk,
+    ModelSource,
+    ask_hub,
+    find_model,
+    model_config,
+    model_shape,
+    unknown_targets,
+    weight_names,
+)
 from retrain.roofline import StepWork, step_work
 from retrain.sepa import SEPAScheduler
 from retrain.settings import (
@@ -132,13 +141,15 @@ _FLOW_KEYS = ("algorithm_mode", "transform_mode", "advantage_mode", "uncertainty
 
 
 def preflight_problems(
-    config: Config, info: BackendInfo
+    config: Config, info: BackendInfo | None
 ) -> tuple[Problems, AdvantagePipeline | None]:
     """The preflight of the advantage flow, which needs no model, and the pipeline it
     built (None where it could not): the pipeline built as the run builds it (its
     plugins imported, the advantage params checked, a plugin transform probed on a
     synthetic group for whether it varies per token), then the flow checks against the
-    backend's capabilities. Each problem names the key it comes from."""
+    backend's capabilities (`info`; None for a backend that does not resolve, which is
+    its own problem: a guess at its capabilities would add false ones). Each problem
+    names the key it comes from."""
     problems: Problems = []
     token_varying = static_token_varying(config)  # where the pipeline cannot be built
     pipeline = None
@@ -152,14 +163,15 @@ def preflight_problems(
             f"Fix: make {key} a built-in name or an importable pkg.module.attr "
             "([plugins] search_paths are put on sys.path)"
         )
-        problems.append((key, f"{exc}. {fix}" if "Fix:" not in str(exc) else str(exc)))
+        problems.append((key, _with_fix(str(exc), fix)))
     else:
         try:  # a plugin transform is called on a synthetic group here
             token_varying = pipeline.varies_per_token()
         except (PluginError, ValueError) as exc:
             problems.append((_plugin_key(config, str(exc)), str(exc)))
-    flow = flow_problems(config, info.capabilities, token_varying=token_varying)
-    problems += [(key, f"{message} ({info.source} backend)") for key, message in flow]
+    if info is not None:
+        flow = flow_problems(config, info.capabilities, token_varying=token_varying)
+        problems += [(key, f"{message} ({info.source} backend)") for key, message in flow]
     return problems, pipeline
 
 
@@ -624,7 +636,32 @@ def model_problems(config: Config, ask: HubAsk | None = ask_hub) -> Problems:
     on_disk = model_config(config.model.model) if config.backend.backend == "local" else None
     if on_disk is not None and (why := refusal(on_disk, config.model.model)):
         problems.append(("[model] model", why))
+    if on_disk is not None and config.lora.target_modules:
+        problems += _target_problems(config)
     return problems
+
+
+def _target_problems(config: Config) -> Problems:
+    """`[lora] target_modules` against the model's weights on disk: a name no layer
+    matches, which PEFT skips without a word while another name matches."""
+    import difflib
+
+    weights = weight_names(config.model.model)
+    unknown = unknown_targets(list(config.lora.target_modules), weights or [])
+    if not weights or not unknown:
+        return []
+    layers = sorted({w.rsplit(".", 2)[-2] for w in weights if w.count(".") >= 1})
+    close = {t: difflib.get_close_matches(t, layers, n=1) for t in unknown}
+    hints = [f"{t!r} (did you mean {c[0]!r}?)" if c else repr(t) for t, c in close.items()]
+    return [
+        (
+            "[lora] target_modules",
+            f"{', '.join(hints)} names no layer of {config.model.model} (PEFT would skip it, "
+            f"or stop once the weights have loaded); its layers with weights: "
+            f"{', '.join(layers)}. Fix: target_modules = [] for every attention and MLP "
+            "projection, or names from that list",
+        )
+    ]
 
 
 def source_problems(config: Config, found: ModelSource) -> Problems:
@@ -805,7 +842,8 @@ def startup_problems(
     that has none (nvidia-smi's compute capability), a model that cannot be had
     (`ask`: the hub request, None to skip it), a `[resume] from` directory it cannot
     resume from, a config that cannot run on `world`'s ranks (default: torchrun's
-    environment), a judge endpoint that cannot judge, a Tinker run without its key."""
+    environment), a judge endpoint that cannot judge, a Tinker run without its key, a
+    log or adapter directory that cannot be written."""
     return (
         devices_problems(
             config, hardware.cuda_device_count, hardware.torch_build, hardware.hidden_gpus
@@ -817,7 +855,149 @@ def startup_problems(
         + reward_problems(config)
         + tinker_problems(config)
         + plugin_option_problems(config)
+        + output_dir_problems(config)
+        + custom_reward_problems(config)
+        + plugin_problems(config)
+        + gym_problems(config)
     )
+
+
+def gym_problems(config: Config) -> Problems:
+    """A reasoning-gym task this install does not have (its names are cached: no import),
+    or `[data.args]` it refuses (checked only when given: the task's defaults need no
+    import of reasoning-gym, ~2 s). A missing reasoning-gym is a module problem."""
+    d = config.data
+    if config.environment.provider or d.source != "reasoning_gym":
+        return []
+    if importlib.util.find_spec("reasoning_gym") is None:
+        return []
+    from retrain.data.reasoning_gym import args_problems, task_names
+    from retrain.errors import DataError
+
+    try:
+        names = task_names()
+    except DataError as exc:
+        return [("[data] source", str(exc))]
+    if d.task not in names:
+        import difflib
+
+        close = difflib.get_close_matches(d.task, names, n=3)
+        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+        fix = f"Fix: one of reasoning-gym's {len(names)} tasks, e.g. {', '.join(names[:5])}"
+        return [("[data] task", f"unknown reasoning-gym task {d.task!r}{hint}. {fix}")]
+    return args_problems(d.task, dict(d.args), d.seed) if d.args else []
+
+
+def condition_problems(
+    runs: list[tuple[str, Config, bool]],
+    skip: Problems,
+    check: Callable[[Config], Problems],
+) -> list[str]:
+    """A campaign's conditions, each checked as its runs will check themselves at start:
+    `runs` holds (label, the condition's first run config, whether its overrides change
+    the base config); every one is preflighted, an overriding one also `check`ed (the
+    startup checks). Problems in `skip` (the base config's, reported on their own) are
+    not repeated; one line per problem, naming the conditions that have it."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for label, cfg, overridden in runs:
+        try:
+            info: BackendInfo | None = backend_info(
+                cfg.backend.backend, tuple(cfg.plugins.search_paths)
+            )
+        except (PluginError, TypeError, ValueError):
+            info = None  # an unresolved backend is its own (startup) problem
+        problems = preflight_problems(cfg, info)[0] + (check(cfg) if overridden else [])
+        for problem in problems:
+            if problem not in skip and label not in found.get(problem, []):
+                found.setdefault(problem, []).append(label)
+    return [
+        f"{key}: {msg} (condition{'s' if len(labels) > 1 else ''} {', '.join(labels)})"
+        for (key, msg), labels in found.items()
+    ]
+
+
+def plugin_problems(config: Config) -> Problems:
+    """The dotted-path backend, policy loss and data source imported as the run imports
+    them (the advantage flow's plugins are the preflight's): otherwise the first fails
+    with no key, the loss only as the backend loads the model, the data source after
+    the tokenizer."""
+    from retrain.loss import resolve_objective
+
+    paths = tuple(config.plugins.search_paths)
+    fix = "Fix: a built-in name or an importable pkg.module.attr ([plugins] search_paths are put on sys.path)"
+    found: Problems = []
+    if registry.BACKENDS.is_plugin(config.backend.backend):
+        try:
+            backend_info(config.backend.backend, paths)
+        except (PluginError, TypeError, ValueError) as exc:
+            found.append(("[backend] backend", _with_fix(str(exc), fix)))
+    if registry.OBJECTIVES.is_plugin(config.training.policy_loss):
+        try:
+            resolve_objective(config.training.policy_loss, paths)
+        except PluginError as exc:
+            why = str(exc).removeprefix("[training] policy_loss ")
+            found.append(("[training] policy_loss", _with_fix(why, fix)))
+    source = config.data.source
+    if not config.environment.provider and registry.DATA_SOURCES.is_plugin(source):
+        try:
+            obj = registry.DATA_SOURCES.resolve(source, paths)
+        except PluginError as exc:
+            found.append(("[data] source", _with_fix(str(exc), fix)))
+        else:
+            if not callable(obj):
+                why = f"{source!r} is a {type(obj).__name__} value, not a function or class"
+                found.append(("[data] source", f"{why}. {fix}"))
+    return found
+
+
+def _with_fix(message: str, fix: str) -> str:
+    return message if "Fix:" in message else f"{message}. {fix}"
+
+
+def custom_reward_problems(config: Config) -> Problems:
+    """A custom reward imported the way the run imports it (its module runs): a module
+    that cannot be found, fails as it runs, or lacks the function."""
+    from retrain.errors import RetrainError
+    from retrain.rewards.custom import load_custom_function
+
+    r = config.reward
+    if r.type != "custom":
+        return []
+    try:
+        load_custom_function(r.custom_module, r.custom_function, config.plugins.search_paths)
+    except RetrainError as exc:
+        return [_keyed(str(exc), "[reward] custom_module")]
+    return []
+
+
+def output_dir_problems(config: Config) -> Problems:
+    """`[logging] log_dir` and (where the backend writes checkpoints there) `[backend]
+    adapter_path` must be directories this user can make and write: otherwise the run
+    would load the model and fail opening its logs, or lose its steps at the first save."""
+    from retrain.logs.ownership import writes_adapters
+
+    dirs = [("[logging] log_dir", config.logging.log_dir)]
+    if config.campaign is None and writes_adapters(config):  # a campaign's runs get their own
+        dirs.append(("[backend] adapter_path", config.backend.adapter_path))
+    return [(key, why) for key, value in dirs if (why := _unwritable(key, value))]
+
+
+def _unwritable(key: str, value: str) -> str | None:
+    """Why the directory `value` cannot be made or written, or None. os.access, so that
+    a non-root user's missing write permission is found too."""
+    from pathlib import Path
+
+    path = Path(value).expanduser().absolute()
+    fix = f"Fix: set {key} to a directory you can write"
+    if path.exists() and not path.is_dir():
+        return f"{value!r} is a file, not a directory. {fix} (or move the file away)"
+    nearest = next(p for p in (path, *path.parents) if p.exists())
+    if not nearest.is_dir():
+        return f"{value!r} cannot be made: {nearest} is a file, not a directory. {fix}"
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        made = "" if nearest == path else f" cannot be made: {nearest}"
+        return f"{value!r}{made} is not writable by this user. {fix}"
+    return None
 
 
 def plugin_option_problems(config: Config) -> Problems:

@@ -285,9 +285,14 @@ def decoding_batches(
 def sampling_rows(
     batch_size: int, group_size: int, prompt_batch: int, max_rows: int | None = None
 ) -> int:
-    """Completions the pytorch engine decodes at once: the largest of its batches."""
-    batches = decoding_batches(batch_size, group_size, prompt_batch, max_rows)
-    return max((prompts * rows for _, prompts, rows in batches), default=0)
+    """Completions the pytorch engine decodes at once: the largest of `decoding_batches`,
+    counted rather than listed (explain sizes any batch without building the list)."""
+    rows = SAMPLE_ROWS if max_rows is None else max_rows
+    if batch_size <= 0:
+        return 0
+    if prompt_batch or group_size <= rows:
+        return min(prompt_batch or rows // group_size, batch_size) * group_size
+    return rows  # one prompt's completions in parts of `rows`
 
 
 @dataclass(frozen=True)

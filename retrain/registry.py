@@ -91,6 +91,10 @@ def import_object(path: str, search_paths: Iterable[str] = ()) -> Any:
         module = _import_module(mod_name)
     except ImportError as exc:
         raise PluginError(f"cannot import module {mod_name!r} for plugin {path!r}: {exc}") from exc
+    except Exception as exc:  # the plugin's own code failed as it ran: its error, not a bug here
+        raise PluginError(
+            f"importing module {mod_name!r} for plugin {path!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
     obj = module
     for part in attr.split("."):
         try:
@@ -519,6 +523,7 @@ BACKENDS = Registry(
             "PyTorch + PEFT on this machine's CPU/GPUs",
             requires=("torch", "transformers", "peft"),
             install="pip install 'retrain[local]'  (torch, transformers, peft, safetensors, gguf)",
+            ignores=("[model] base_url",),  # the tinker backend's service address
             capabilities=BackendCapabilities(
                 reports_sync_loss=True,
                 preserves_token_advantages=True,
@@ -758,6 +763,7 @@ BACKENDS = Registry(
                 "[training] lr/weight_decay",
                 "[optimizer]",
                 "[lora]",
+                "[model] base_url",
             ),
             probe="retrain.backends.prime_rl:probe",
         ),

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 from collections.abc import Callable, Iterable
@@ -44,6 +45,8 @@ from typing import Any
 
 from retrain.checkpoint import TRAINING_STATE
 from retrain.errors import RetrainError
+from retrain.hardware import cuda_device_count
+from retrain.logs.rundir import run_dir_holding
 
 __all__ = [
     "LayerSpectrum",
@@ -52,6 +55,7 @@ __all__ = [
     "SqueezeResult",
     "analyze_adapter",
     "compress_adapter",
+    "config_problems",
     "default_target_ranks",
     "squeeze_from_options",
 ]
@@ -203,17 +207,27 @@ def saved_adapters_in(path: Path) -> list[Path]:
     return sorted((d for d in path.iterdir() if (d / SAFETENSORS_NAME).is_file()), key=order)
 
 
-def _check_local(adapter_path: str | Path) -> Path:
-    text = str(adapter_path)
-    path = _fetch_tinker(text) if text.startswith("tinker://") else Path(text).expanduser()
+def _adapter_problem(path: Path) -> str | None:
+    """Why the local directory `path` is not a PEFT adapter to read, or None."""
+    if not path.exists():
+        return f"adapter directory not found: {path}"
     if not path.is_dir():
-        raise SqueezeError(f"adapter directory not found: {path}")
+        return f"{path} is a file, not a directory (an adapter is a directory with {CONFIG_NAME})"
     if not (path / CONFIG_NAME).is_file():
         saved = saved_adapters_in(path)
         inside = f"; it holds the saved adapters {', '.join(map(str, saved[:4]))}" if saved else ""
-        raise SqueezeError(f"{path} is not a PEFT adapter: {CONFIG_NAME} is missing{inside}")
+        return f"{path} is not a PEFT adapter: {CONFIG_NAME} is missing{inside}"
     if not (path / SAFETENSORS_NAME).is_file() and not (path / BIN_NAME).is_file():
-        raise SqueezeError(f"{path} holds neither {SAFETENSORS_NAME} nor {BIN_NAME}")
+        return f"{path} holds neither {SAFETENSORS_NAME} nor {BIN_NAME}"
+    return None
+
+
+def _check_local(adapter_path: str | Path) -> Path:
+    text = str(adapter_path)
+    path = _fetch_tinker(text) if text.startswith("tinker://") else Path(text).expanduser()
+    problem = _adapter_problem(path)
+    if problem is not None:
+        raise SqueezeError(problem)
     return path
 
 
@@ -340,6 +354,123 @@ def _core_svd(b2, a2):
 
 
 # ------------------------------------------------------------------------------------------
+# Checks before any weights load
+
+
+def _output_problem(out: Path, adapter: Path | None, force: bool) -> str | None:
+    """Why the compressed adapter cannot go to `out`, or None. Nothing saved is
+    overwritten: another run's checkpoint (its training_state.pt would no longer match
+    the weights beside it) and a run's log directory never, other files only with force."""
+    if adapter is not None and out.resolve() == adapter.resolve():
+        return "must differ from the adapter it compresses"
+    if out.exists() and not out.is_dir():
+        return f"{out} is a file, not a directory"
+    if (out / TRAINING_STATE).exists():
+        return f"{out} holds {TRAINING_STATE}: it is a run's checkpoint, which stays as saved"
+    run = run_dir_holding(out)
+    if run is not None:
+        return f"{out} is inside the log directory of a run ({run}), which stays as saved"
+    if out.is_dir() and any(out.iterdir()) and not force:
+        return f"{out} is not empty; name a new directory (or pass --force to write into it)"
+    parent = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
+    if not parent.is_dir():
+        return f"{parent} is a file, not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot write in {parent} (permission denied)"
+    return None
+
+
+def _local_rank(path: Path) -> tuple[int | None, str | None]:
+    """(the rank `r` in the adapter's config or None, why the config is unusable or None),
+    read without torch."""
+    try:
+        cfg = _read_config(path)
+    except SqueezeError as exc:
+        return None, str(exc)
+    r = cfg.get("r")
+    return (r if isinstance(r, int) and not isinstance(r, bool) and r > 0 else None), None
+
+
+def _device_problem(device: str, count_cuda: Callable[[], int]) -> str | None:
+    kind, _, index = device.strip().partition(":")
+    if kind not in ("gpu", "cuda"):
+        return None
+    n = int(index or 0) if (index or "0").isdigit() else 0
+    present = count_cuda()
+    if n < present:
+        return None
+    has = f"{present} CUDA device(s)" if present else "no CUDA device (nvidia-smi finds none)"
+    return f"{device!r} asks for CUDA device {n}, but this machine has {has}. Fix: cpu"
+
+
+def config_problems(
+    adapter_path: str | Path,
+    *,
+    target_ranks: Iterable[int] | None = None,
+    source_rank: int = 0,
+    output_path: str | Path | None = "",
+    compress_to: int = 0,
+    device: str = "cpu",
+    force: bool = False,
+    count_cuda: Callable[[], int] = cuda_device_count,
+) -> list[tuple[str, str]]:
+    """What would make a squeeze fail or do other than asked, as ("[squeeze] KEY",
+    problem) pairs, found before any weights load and without torch: the adapter (a
+    PEFT directory; its rank from adapter_config.json), the ranks against that rank,
+    the output directory (`force`: a non-empty one may be written into), the device.
+    A `tinker://` adapter is fetched only by the run, so its rank is not known here."""
+    problems: list[tuple[str, str]] = []
+    text = str(adapter_path or "").strip()
+    local = None if text.startswith("tinker://") else Path(text).expanduser()
+    rank = None
+    if not text:
+        problems.append(("[squeeze] adapter_path", "is empty: set it to a PEFT adapter directory"))
+    elif local is not None:
+        problem = _adapter_problem(local)
+        if problem is None:
+            rank, problem = _local_rank(local)
+        if problem is not None:
+            problems.append(("[squeeze] adapter_path", problem))
+    if source_rank and rank is not None and source_rank != rank:
+        problems.append(
+            (
+                "[squeeze] source_rank",
+                f"{source_rank}, but the adapter at {local} has rank {rank}; "
+                "0 detects it, or point at the right adapter",
+            )
+        )
+    ranks = list(target_ranks or ())
+    twice = sorted({k for k in ranks if ranks.count(k) > 1})
+    if twice:
+        problems.append(("[squeeze] target_ranks", f"{ranks} lists {twice} more than once"))
+    above = [k for k in ranks if rank is not None and k > rank]
+    if above:
+        problems.append(
+            ("[squeeze] target_ranks", f"{above} above the adapter's rank {rank} ({local})")
+        )
+    if compress_to and not output_path:
+        problems.append(
+            (
+                "[squeeze] compress_to",
+                f"{compress_to} needs an output directory for the compressed adapter "
+                "([squeeze] output_path, or --output DIR); without one it is only analysed",
+            )
+        )
+    if compress_to and rank is not None and compress_to > rank:
+        problems.append(
+            ("[squeeze] compress_to", f"{compress_to} is above the adapter's rank {rank} ({local})")
+        )
+    if output_path:
+        problem = _output_problem(Path(str(output_path)).expanduser(), local, force)
+        if problem is not None:
+            problems.append(("[squeeze] output_path", problem))
+    problem = _device_problem(device, count_cuda)
+    if problem is not None:
+        problems.append(("[squeeze] device", problem))
+    return problems
+
+
+# ------------------------------------------------------------------------------------------
 # Analysis
 
 
@@ -445,15 +576,18 @@ def compress_adapter(
     *,
     source_rank: int = 0,
     device: str = "cpu",
+    force: bool = False,
 ) -> Path:
     """Write a rank-`target_rank` PEFT adapter whose deltas are the truncated SVD of the
-    original ones. Returns the output directory."""
+    original ones (into a new or empty directory; a non-empty one only with `force`).
+    Returns the output directory."""
     import torch
 
     path = _check_local(adapter_path)
     out = Path(output_path).expanduser()
-    if out.resolve() == path.resolve():
-        raise SqueezeError("[squeeze] output_path must differ from adapter_path")
+    problem = _output_problem(out, path, force)
+    if problem is not None:
+        raise SqueezeError(f"[squeeze] output_path: {problem}")
     cfg = _read_config(path)
     if cfg.get("use_dora"):
         raise SqueezeError(
@@ -542,11 +676,30 @@ def squeeze_from_options(
     compress_to: int = 0,
     device: str = "cpu",
     print_fn: Callable[[str], Any] | None = print,
+    *,
+    force: bool = False,
+    where: Callable[[str], str] = lambda key: key,
 ) -> SqueezeResult:
     """Analyse the adapter, print the table, and compress it when `output_path` is set
-    (to `compress_to`, or to the recommended rank when that is 0)."""
+    (to `compress_to`, or to the recommended rank when that is 0). Every problem
+    `config_problems` finds is raised first, each named by `where(key)` (how the caller
+    set it: a flag, or the key with its file and line)."""
     if not str(adapter_path or "").strip():
         raise SqueezeError("[squeeze] adapter_path is empty: set it to a PEFT adapter directory")
+    problems = config_problems(
+        adapter_path,
+        target_ranks=target_ranks,
+        source_rank=source_rank,
+        output_path=output_path,
+        compress_to=compress_to,
+        device=device,
+        force=force,
+    )
+    if problems:
+        lines = [f"{where(key)}: {problem}" for key, problem in problems]
+        raise SqueezeError(
+            lines[0] if len(lines) == 1 else "\n  ".join(["cannot squeeze:", *lines])
+        )
     result = analyze_adapter(
         adapter_path,
         min_variance_retention=min_variance_retention,
@@ -561,7 +714,7 @@ def squeeze_from_options(
             )
         rank = compress_to or result.recommended_rank
         out = compress_adapter(
-            adapter_path, output_path, rank, source_rank=source_rank, device=device
+            adapter_path, output_path, rank, source_rank=source_rank, device=device, force=force
         )
         result.compressed_path = str(out)
         result.compressed_rank = rank

@@ -52,11 +52,10 @@ Group-size edge cases (the trainer never meets them: ``[training] group_size`` i
 least 2 and a group of one is always skipped): a group of one gets A = 0 under every
 built-in (its only baseline is itself), and a batch of one completion has var_B = 0.
 
-``params`` is accepted (and ignored by ``grpo``; ``maxrl`` reads ``eps``) so that
-built-ins and dotted-path plugins share one calling convention: ``fn(rewards)`` or
-``fn(rewards, params)`` (``opo`` also takes ``lengths=``). ``grpo_std``, ``rloo``, ``opo``,
-``reinforce_pp`` and ``reinforce_pp_baseline`` check theirs (:func:`check_params`): ``eps`` (> 0) where the
-formula has one, nothing else.
+``params`` is accepted so that built-ins and dotted-path plugins share one calling
+convention: ``fn(rewards)`` or ``fn(rewards, params)`` (``opo`` also takes ``lengths=``).
+Every built-in checks its own (:func:`check_params`): ``eps`` (> 0) where the formula has
+one, nothing else.
 """
 
 from __future__ import annotations
@@ -73,9 +72,12 @@ MAXRL_EPS = 1e-6
 GRPO_STD_EPS = 1e-6  # verl's default epsilon (TRL adds 1e-4)
 REINFORCE_PP_EPS = 1e-8  # added to the variance under the square root, as verl's masked_whiten
 
-# The [algorithm.advantage_params] keys each checked built-in reads, with their defaults.
-# grpo and maxrl are not checked (they always ignored unknown keys; configs keep meaning).
+# The [algorithm.advantage_params] keys each built-in reads, with their defaults. grpo
+# and maxrl once ignored keys they do not read: a typo (`epsilon`) then changed nothing
+# without a word, and a string eps failed only at the first step.
 PARAMS: dict[str, dict[str, float]] = {
+    "grpo": {},
+    "maxrl": {"eps": MAXRL_EPS},
     "grpo_std": {"eps": GRPO_STD_EPS},
     "rloo": {},
     "reinforce_pp": {"eps": REINFORCE_PP_EPS},
@@ -96,8 +98,8 @@ def _as_rewards(rewards_G: Sequence[float] | np.ndarray) -> np.ndarray:
 def check_params(mode: str, params: Mapping[str, Any] | None) -> dict[str, float]:
     """The parameters of built-in advantage mode `mode` (its defaults, overridden by
     `params`). A key the mode does not read, or an ``eps`` that is not a number > 0, is
-    a ConfigError naming ``[algorithm.advantage_params]`` and the fix. Modes outside
-    :data:`PARAMS` (grpo, maxrl) are not checked: {} is returned."""
+    a ConfigError naming ``[algorithm.advantage_params]`` and the fix. A mode outside
+    :data:`PARAMS` (a plugin) is not checked: {} is returned."""
     if mode not in PARAMS:
         return {}
     known = PARAMS[mode]
@@ -126,7 +128,8 @@ def grpo(
     """Dr. GRPO episode advantages: each reward minus the group mean, no std scale.
 
     A_i = r_i - mean(r) (Liu et al. 2025, arXiv 2503.20783, who drop GRPO's division by
-    the group's standard deviation; see ``grpo_std`` for that form). Params are ignored."""
+    the group's standard deviation; see ``grpo_std`` for that form). No parameters."""
+    check_params("grpo", params)
     r = _as_rewards(rewards_G)
     if r.size == 0:
         return r
@@ -142,7 +145,7 @@ def maxrl(
     most eps (for 0/1 rewards: nobody solved it) gets all zeros.
     """
     r = _as_rewards(rewards_G)
-    eps = float((params or {}).get("eps", MAXRL_EPS))
+    eps = check_params("maxrl", params)["eps"]
     if r.size == 0:
         return r
     mean = r.mean()
@@ -235,6 +238,7 @@ def _group_means(rewards: np.ndarray, sizes: np.ndarray) -> np.ndarray:
 def grpo_grouped(
     rewards: np.ndarray, sizes: np.ndarray, params: Mapping[str, Any] | None = None
 ) -> np.ndarray:
+    check_params("grpo", params)
     if rewards.size == 0:
         return np.zeros(0)
     return rewards - np.repeat(_group_means(rewards, sizes), sizes)
@@ -243,9 +247,9 @@ def grpo_grouped(
 def maxrl_grouped(
     rewards: np.ndarray, sizes: np.ndarray, params: Mapping[str, Any] | None = None
 ) -> np.ndarray:
+    eps = check_params("maxrl", params)["eps"]
     if rewards.size == 0:
         return np.zeros(0)
-    eps = float((params or {}).get("eps", MAXRL_EPS))
     mean = _group_means(rewards, sizes)
     empty = mean <= eps
     out = (rewards - np.repeat(mean, sizes)) / np.repeat(np.where(empty, 1.0, mean + eps), sizes)

@@ -91,6 +91,12 @@ def _options_from(value: Any, name: str) -> dict[str, OptionSpec]:
 
 def _plugin_info(name: str, search_paths: tuple[str, ...]) -> BackendInfo:
     obj = registry.BACKENDS.resolve(name, search_paths)
+    if not callable(obj):  # a module or a constant: the run would fail constructing it
+        raise PluginError(
+            f"backend {name!r} names a {type(obj).__name__}, not a backend class (the run "
+            "constructs it as Cls(config, tokenizer, say=...)). Fix: the dotted path of the "
+            "backend class, pkg.module.ClassName"
+        )
     module_name = getattr(obj, "__module__", None)
     module = importlib.import_module(module_name) if module_name else None
     caps = _hook(obj, module, CAPABILITY_HOOKS)

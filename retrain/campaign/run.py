@@ -782,6 +782,20 @@ def _manifest_entries(manifest: dict[str, Any], campaign_dir: Path) -> list:
     return entries
 
 
+def _condition_problems(config: Config, runs: list[RunSpec]) -> list[str]:
+    """What each condition's runs would refuse at their start (build.condition_problems:
+    the preflight, and the startup checks where a condition overrides the base), found
+    before any run starts. The base config's own problems are each run's to report."""
+    from retrain.build import condition_problems, startup_problems
+
+    firsts: dict[str, RunSpec] = {}
+    for run in runs:
+        firsts.setdefault(run.condition, run)
+    listed = [(label, run.config, bool(run.overrides)) for label, run in firsts.items()]
+    base = startup_problems(config) if any(overridden for *_, overridden in listed) else []
+    return condition_problems(listed, base, startup_problems)
+
+
 def run_campaign(
     config: Config, config_path: str | None = None, *, out: Callable[[str], Any] = print
 ) -> int:
@@ -816,7 +830,7 @@ def run_campaign(
     else:
         campaign_dir = None
         runs = expand_campaign(config, "CAMPAIGN_DIR")  # validated before any dir is made
-    problems = check_runs(runs)
+    problems = check_runs(runs) + _condition_problems(config, runs)
     if problems:
         raise ConfigError(problems, source=config_path)
     if campaign_dir is None:

@@ -16,9 +16,14 @@ def advice(config: Config) -> list[str]:
     warnings = []
     algo = config.algorithm
     # a campaign's runs take their seeds from [campaign] seeds
-    if config.training.seed == -1 and config.campaign is None:
+    if config.campaign is None and config.training.seed == -1:
         warnings.append(
             "[training] seed = -1: the run is not reproducible; set a seed to compare conditions"
+        )
+    if config.campaign is not None and -1 in config.campaign.seeds:
+        warnings.append(
+            "[campaign] seeds include -1: those runs are unseeded and not reproducible; set a "
+            "seed to compare conditions"
         )
     if algo.transform_mode.startswith("gtpo") and config.gtpo.beta == 0 and not algo.algorithm_mode:
         warnings.append("[gtpo] beta = 0: GTPO weighting is off, the transform reduces to its base")
@@ -33,7 +38,8 @@ def advice(config: Config) -> list[str]:
             f"[eval] samples = {config.eval.samples} with temperature 0: greedy samples are identical, "
             "so pass@k equals the correct rate; raise [eval] temperature for pass@k"
         )
-    warnings += _data_keys_unread(config) + _flow_keys_unread(config)
+    warnings += _data_keys_unread(config) + _eval_keys_unread(config)
+    warnings += _flow_keys_unread(config) + _search_paths_advice(config)
     warnings += _wandb_advice(config) + _driver_advice(config)
     if config.data.source == "reasoning_gym" and config.reward.type == "math":
         warnings.append(
@@ -125,6 +131,50 @@ def _data_keys_unread(config: Config) -> list[str]:
         f"{d.source!r} ignores it (remove it, or set the source that reads it)"
         for key, readers in _DATA_KEY_READERS.items()
         if d.source not in readers and key in changed
+    ]
+
+
+def _eval_keys_unread(config: Config) -> list[str]:
+    """`[eval]` keys set away from their defaults that no evaluation reads: any with
+    `every = 0` (warned, not refused, so `--eval-every 0` turns a configured evaluation
+    off), and `path` where the held-out set does not come from a JSONL file."""
+    e = config.eval
+    if e.every <= 0:
+        unread = [k for k in away_from_defaults(e) if k != "every"]
+        if not unread:
+            return []
+        return [
+            f"[eval] {', '.join(unread)}: read only with [eval] every > 0, and every = 0 "
+            "turns the held-out evaluation off (remove them, or set every)"
+        ]
+    # evaluate.held_out_data: only a jsonl source reads its held-out set from a file
+    source, provider = config.data.source, config.environment.provider
+    if not e.path or (source == "jsonl" and not provider):
+        return []
+    where = "the environment's eval dataset" if provider else f"[data] source {source!r}"
+    return [
+        f"[eval] path is read for [data] source 'jsonl' only; the held-out set comes from "
+        f"{where} (remove it, or set the source that reads it)"
+    ]
+
+
+def _search_paths_advice(config: Config) -> list[str]:
+    """`[plugins] search_paths` entries that are no directory: nothing is imported from
+    them (the default `plugins` is only there when a project has one)."""
+    from pathlib import Path
+
+    default = type(config.plugins)().search_paths
+    bad = [
+        p
+        for p in config.plugins.search_paths
+        if p not in default and not Path(p).expanduser().is_dir()
+    ]
+    return [
+        f"[plugins] search_paths: {p!r} "
+        f"{'is a file, not a directory' if Path(p).expanduser().is_file() else 'does not exist'} "
+        "(relative paths are read from the directory retrain runs in); nothing is imported "
+        "from it (remove it, or fix the path)"
+        for p in bad
     ]
 
 

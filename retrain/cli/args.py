@@ -32,10 +32,13 @@ def split_config_args(argv: Sequence[str]) -> tuple[str | None, list[str]]:
         if "=" in token or i >= len(argv):
             continue
         following = argv[i]
-        # A config flag always takes a value. An unknown one (a typo) takes the next token
+        # A config flag always takes a value, but never another flag (`--seed --lr 1e-4`:
+        # the loader says --seed needs one). An unknown one (a typo) takes the next token
         # as the loader does, except a `.toml` one: that is the path, and the loader then
         # names the typo rather than a missing ./retrain.toml.
-        if token in known or not (following.startswith("--") or following.endswith(".toml")):
+        if following.startswith("--"):
+            continue
+        if token in known or not following.endswith(".toml"):
             flags.append(following)
             i += 1
     if len(paths) > 1:

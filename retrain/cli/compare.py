@@ -27,6 +27,7 @@ from retrain.compare import (
 )
 from retrain.compare.runs import RunData
 from retrain.errors import RetrainError, UsageError
+from retrain.logs.rundir import run_dir_holding
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="condition the others are compared with (default grpo+none if present, else the first)",
     )
-    p.add_argument("--out", default=None, help="write compare.md, compare.json and PNGs here")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="write compare.md, compare.json and PNGs here (never into a run's log directory)",
+    )
     p.add_argument(
         "--steps",
         type=int,
@@ -105,6 +110,12 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--steps must be >= 1")
     if args.smooth < 1:
         raise UsageError("--smooth must be >= 1")
+    run = run_dir_holding(args.out) if args.out else None
+    if run is not None:
+        raise UsageError(
+            f"--out {args.out} is inside the log directory of a run ({run}); a command never "
+            "writes into a run's files. Fix: --out another directory, e.g. --out compare_out"
+        )
 
 
 def _write_plots(comparisons: list[Comparison], out: Path) -> dict[str, list[Path]]:

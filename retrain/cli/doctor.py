@@ -438,6 +438,10 @@ def check_config(path: str | None, flags: list[str] | None = None) -> tuple[list
         labels = [c.label for c in campaign_conditions(config)]
         what = f"a campaign of {', '.join(labels)} x {len(config.campaign.seeds)} seeds"
     detail = f"{p} is valid ({what}, backend {config.backend.backend})"
+    from retrain.cli.run import is_standalone_squeeze
+
+    if is_standalone_squeeze(config):
+        detail = f"{p} is valid (a standalone LoRA-Squeeze of {config.squeeze.adapter_path})"
     return [Check("config", OK, detail)], config
 
 
@@ -646,6 +650,7 @@ def run_checks(
     overwrite: bool = False,
 ) -> list[Check]:
     """`flags` and `overwrite`: the run's command line, checked as the run would take it."""
+    from retrain.cli.run import is_standalone_squeeze
     from retrain.config import load_dotenv
     from retrain.logs.ownership import launch_for
 
@@ -653,14 +658,22 @@ def run_checks(
     checks = [check_python(), check_retrain()]
     config_checks, config = check_config(config_path, flags)
     checks += config_checks
+    # the file the config came from: None where it is the defaults plus flags
+    path = config_path or ("retrain.toml" if Path("retrain.toml").is_file() else None)
+    launch = launch_for(path, flags or [], overwrite=overwrite)
+    if config is not None and is_standalone_squeeze(config):
+        # a squeeze reads one adapter on [squeeze] device: no model, backend or training
+        # device to check (its own checks are explain's, in `run checks`)
+        return [
+            *checks,
+            *(c for c in (check_torch(None) if torch else []) if c.name == "torch"),
+            *check_run(config, path, launch),
+        ]
     checks += check_extras(config)
     if torch:
         checks += check_torch(config)
     checks += check_memory(config)
     checks.append(check_backend(config))
-    # the file the config came from: None where it is the defaults plus flags
-    path = config_path or ("retrain.toml" if Path("retrain.toml").is_file() else None)
-    launch = launch_for(path, flags or [], overwrite=overwrite)
     checks += check_run(config, path, launch)
     if network:
         checks += check_backend_probe(config)

@@ -20,9 +20,11 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from retrain.cli.init import check_output_file
 from retrain.cli.run import quiet_libraries
 from retrain.config import DEFAULT_CONFIG, load_config, load_dotenv
 from retrain.errors import RetrainError, UsageError
+from retrain.logs.rundir import run_dir_holding
 from retrain.squeeze import SAFETENSORS_NAME, saved_adapters_in
 
 BASE = "base"
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("adapter", metavar="ADAPTER", help="adapter directory (PEFT), or 'base'")
     p.add_argument("--config", default=DEFAULT_CONFIG, help="the run's TOML (default retrain.toml)")
     p.add_argument("--out", default="", metavar="FILE", help="also write the result as JSON here")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--size", type=int, default=None, help="held-out problems ([eval] size)")
     p.add_argument("--samples", type=int, default=None, help="completions per problem (k)")
@@ -52,20 +55,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _adapter_overrides(adapter: str) -> list[str]:
+def _adapter_overrides(adapter: str, flags: list[str]) -> list[str]:
     """A local PEFT adapter's rank and alpha, as config flags, so the model is built
-    with the LoRA layers the adapter holds."""
+    with the LoRA layers the adapter holds; a flag of the user's that sets either to
+    another value is refused (the adapter's shape is not a choice)."""
+    from retrain.config.load import parse_overrides
+
     config_file = Path(adapter) / "adapter_config.json"
     try:
         data = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []
-    flags = []
-    if isinstance(data.get("r"), int):
-        flags += ["--model-lora-rank", str(data["r"])]
-    if isinstance(data.get("lora_alpha"), int):
-        flags += ["--lora-alpha", str(data["lora_alpha"])]
-    return flags
+    given, origins, _ = parse_overrides(flags)  # its problems are the loader's to report
+    out = []
+    for table, key, field, flag in (
+        ("model", "lora_rank", "r", "--model-lora-rank"),
+        ("lora", "alpha", "lora_alpha", "--lora-alpha"),
+    ):
+        value = data.get(field)
+        if not isinstance(value, int):
+            continue
+        if key not in given.get(table, {}):
+            out += [flag, str(value)]
+        elif given[table][key] != value:
+            raise UsageError(
+                f"{origins[(table, key)]} {given[table][key]} contradicts the adapter's "
+                f"{field} = {value} ({config_file}): the model is built with the adapter's "
+                "LoRA layers. Fix: drop the flag"
+            )
+    return out
 
 
 def _check_saved_adapter(path: Path, rest: list[str]) -> None:
@@ -88,6 +106,19 @@ def _check_saved_adapter(path: Path, rest: list[str]) -> None:
         else " (a run saves one at [backend] adapter_path/final and each checkpoint_step_N)"
     )
     raise UsageError(f"adapter {str(path)!r} holds no {SAFETENSORS_NAME}{inside}")
+
+
+def _check_out(out: Path, force: bool) -> None:
+    """--out is checked before any model loads (an evaluation takes minutes); it never
+    names a file of a run's log directory, whose rows the run (and status, compare)
+    read back."""
+    run = run_dir_holding(out)
+    if run is not None:
+        raise UsageError(
+            f"--out {out} is inside the log directory of a run ({run}); a command never "
+            "writes into a run's files. Fix: --out another path, e.g. --out eval.json"
+        )
+    check_output_file(out, force, "--out")
 
 
 def _step_of(adapter: str) -> int | None:
@@ -134,6 +165,10 @@ def main(argv: list[str]) -> int:
         rest = list(argv)
         rest.remove(adapter)
         _check_saved_adapter(Path(adapter), rest)
+    if args.out:
+        _check_out(Path(args.out), args.force)
+    elif args.force:
+        raise UsageError("--force applies to --out FILE; there is no --out here")
     for name, value in (
         ("size", args.size),
         ("samples", args.samples),
@@ -143,7 +178,7 @@ def main(argv: list[str]) -> int:
             flags += [f"--eval-{name}", str(value)]
     if load_dotenv():
         print("Loaded .env")
-    overrides = [] if adapter == BASE else _adapter_overrides(adapter)
+    overrides = [] if adapter == BASE else _adapter_overrides(adapter, flags)
     config = load_config(args.config, overrides + flags)
     quiet_libraries()
     quiet = args.json

@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from retrain import hardware
 from retrain.backends.base import BackendInfo, backend_info
-from retrain.build import backend_problems, engine_problems, preflight_problems, world_of
+from retrain.build import (
+    Problems,
+    backend_problems,
+    condition_problems,
+    engine_problems,
+    preflight_problems,
+    world_of,
+)
 from retrain.campaign.expand import (
     Condition,
     RunSpec,
@@ -53,8 +62,22 @@ from retrain.types import BackendCapabilities
 from retrain.world import World
 
 
-def _squeeze_report(config: Config, path: str | None) -> dict[str, Any]:
+def _squeeze_report(
+    config: Config, path: str | None, launch: ownership.Launch | None
+) -> dict[str, Any]:
+    """A standalone squeeze: what it does, and what it would refuse before any weights
+    load (retrain/squeeze.py's `config_problems`, the squeeze run's own check)."""
+    from retrain.squeeze import config_problems
+
     sq = config.squeeze
+    problems = config_problems(
+        sq.adapter_path,
+        target_ranks=sq.target_ranks,
+        source_rank=sq.source_rank,
+        output_path=sq.output_path,
+        compress_to=sq.compress_to,
+        device=sq.device,
+    )
     return {
         "config": path,
         "kind": "squeeze",
@@ -64,19 +87,19 @@ def _squeeze_report(config: Config, path: str | None) -> dict[str, Any]:
         "output_path": sq.output_path or None,
         "compress_to": sq.compress_to or "recommended",
         "warnings": [],
-        "errors": [],
+        "errors": [f"{key}{where_set(config, path, key, launch)}: {p}" for key, p in problems],
     }
 
 
-def _backend(config: Config, errors: list[str]) -> BackendInfo:
-    """The configured backend's info; a plugin that cannot be imported is reported as an
-    error and described with conservative defaults."""
+def _backend(config: Config) -> tuple[BackendInfo, bool]:
+    """The configured backend's info, and whether it resolved: a plugin that cannot be
+    imported is described with conservative defaults (the startup checks report it,
+    under its key: build.plugin_problems)."""
     name = config.backend.backend
     try:
-        return backend_info(name, tuple(config.plugins.search_paths))
-    except PluginError as exc:
-        errors.append(str(exc))
-        return BackendInfo(name, BackendCapabilities(), {}, "plugin/default")
+        return backend_info(name, tuple(config.plugins.search_paths)), True
+    except (PluginError, TypeError, ValueError):
+        return BackendInfo(name, BackendCapabilities(), {}, "plugin/default"), False
 
 
 def _per_step(config: Config, env: EnvironmentReport | None) -> dict[str, Any]:
@@ -163,10 +186,13 @@ def _campaign_sepa(conds: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def _campaign_report(config: Config, info: BackendInfo, errors: list[str]) -> dict[str, Any]:
+def _campaign_report(
+    config: Config, errors: list[str], check: Callable[[Config], Problems], base: Problems
+) -> dict[str, Any]:
     """The matrix; each condition's first run is checked the way the campaign checks
-    every run before it starts, and preflighted as the run preflights it (its problems
-    go to `errors`)."""
+    every run before it starts: reloaded, preflighted as the run preflights it and, where
+    its overrides change the base config, `check`ed (the startup checks); problems the
+    base config has (`base`) are its own (its problems go to `errors`)."""
     camp = config.campaign
     seeds = list(camp.seeds)
     matrix = [
@@ -180,14 +206,8 @@ def _campaign_report(config: Config, info: BackendInfo, errors: list[str]) -> di
     else:
         executor = "parallel" if camp.parallel else "sequential"
     errors += check_runs(runs[0] for _, runs in matrix if runs)
-    found: dict[tuple[str, str], list[str]] = {}  # one line per problem, not per condition
-    for cond, runs in matrix:
-        for problem in preflight_problems(runs[0].config, info)[0] if runs else []:
-            found.setdefault(problem, []).append(cond.label)
-    errors += [
-        f"{key}: {msg} (condition{'s' if len(labels) > 1 else ''} {', '.join(labels)})"
-        for (key, msg), labels in found.items()
-    ]
+    firsts = [(cond.label, runs[0].config, bool(cond.overrides)) for cond, runs in matrix if runs]
+    errors += condition_problems(firsts, base, check)
     return {
         "conditions": [cond.label for cond, _ in matrix],
         "condition_details": conds,
@@ -461,15 +481,16 @@ def build_report(
     hold another run and the keys flags set; `ask`: the hub request of the model check
     (None skips it)."""
     if is_standalone_squeeze(config):
-        return _squeeze_report(config, path)
+        return _squeeze_report(config, path, launch)
     errors: list[str] = []
     world = world or world_of(config)  # torchrun's WORLD_SIZE, or --world-size
     launch = launch or ownership.launch_for(path)
-    info = _backend(config, errors)
+    info, resolved = _backend(config)
+    flow_info = info if resolved else None  # no flow checks against a guessed backend
     if config.campaign is None:  # a campaign's runs are preflighted per condition
         errors += [
             f"{key}{where_set(config, path, key, launch)}: {problem}"
-            for key, problem in preflight_problems(config, info)[0]
+            for key, problem in preflight_problems(config, flow_info)[0]
         ]
     max_steps = (
         config.campaign.max_steps if config.campaign is not None else config.training.max_steps
@@ -504,11 +525,12 @@ def build_report(
         "resume_from": config.resume.from_ or None,
         "wandb": config.logging.wandb_project or None,
     }
+    startup = startup_problems(config, ask, world)
     if config.campaign is not None:
-        errors += _add_campaign(report, config, info, launch)
+        check = partial(startup_problems, ask=ask, world=world)
+        errors += _add_campaign(report, config, launch, check, startup)
     errors += [
-        f"{key}{where_set(config, path, key, launch)}: {problem}"
-        for key, problem in startup_problems(config, ask, world)
+        f"{key}{where_set(config, path, key, launch)}: {problem}" for key, problem in startup
     ]
     errors += _input_errors(config, path, report, launch)
     occupied, moved = ownership.check(config, launch)
@@ -526,12 +548,16 @@ def build_report(
 
 
 def _add_campaign(
-    report: dict[str, Any], config: Config, info: BackendInfo, launch: ownership.Launch
+    report: dict[str, Any],
+    config: Config,
+    launch: ownership.Launch,
+    check: Callable[[Config], Problems],
+    base: Problems,
 ) -> list[str]:
     """The matrix in `report` (the base config's own condition is no run's: each
     condition is named in it); the errors of its runs and flags."""
     errors: list[str] = []
-    campaign = report["campaign"] = _campaign_report(config, info, errors)
+    campaign = report["campaign"] = _campaign_report(config, errors, check, base)
     campaign["wall_time"] = _campaign_wall_time(campaign, report["estimates"].get("step_time_s"))
     report["total_steps"] = campaign["total_steps"]
     report["sepa"] = _campaign_sepa(campaign["condition_details"])
@@ -627,7 +653,7 @@ def render(report: dict[str, Any]) -> str:
             f"Keep >= {report['min_variance_retention']:.0%} of the variance; ranks: {report['target_ranks']}",
             f"Compress: {'to ' + str(report['compress_to']) + ' -> ' + report['output_path'] if report['output_path'] else 'no (analysis only)'}",
         ]
-        return "\n".join(lines)
+        return "\n".join(lines + [f"ERROR: {e}" for e in report["errors"]])
     b = report["backend"]
     caps = ", ".join(
         f"{k}={str(v).lower()}"

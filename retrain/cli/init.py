@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from importlib import resources
 from pathlib import Path
@@ -36,13 +37,46 @@ def description(text: str) -> str:
     )
 
 
-def _write(path: Path, text: str, force: bool) -> None:
+def check_output_file(path: Path, force: bool, flag: str) -> None:
+    """Refuse, before any work, a file a command cannot or must not write: a directory,
+    an existing file without --force, a path under a file, or a place this user cannot
+    write. `flag` names the argument that chose the path."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory; name a file (e.g. {path / 'out.json'})")
     if path.exists() and not force:
         raise UsageError(
-            f"{path} already exists; pass --force to overwrite it, or --output another path"
+            f"{flag} {path} already exists; pass --force to overwrite it, or {flag} another path"
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"{flag} {path}: cannot write it (permission denied)")
+        return
+    # the directory it will be created in: the nearest part of the path that exists
+    parent = next(p for p in path.absolute().parents if p.exists())
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: cannot write in {parent} (permission denied)")
+
+
+def _write(path: Path, text: str, force: bool) -> None:
+    check_output_file(path, force, "--output")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:  # what the checks above cannot see (a full disk, a race)
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def output_path(given: str | None, default: str) -> Path:
+    """Where --output writes: `given`, or `default` in it when it names a directory
+    (an existing one, or any path ending in a slash), as `cp` does; `default` alone
+    when it is not given."""
+    if not given:
+        return Path(default)
+    if given.endswith(("/", os.sep)) or Path(given).is_dir():
+        return Path(given) / default
+    return Path(given)
 
 
 def in_git_tree(here: Path) -> bool:
@@ -90,7 +124,7 @@ def offer_gitignore(out: Path, text: str, write: bool) -> None:
     """In a git work tree or beside a .gitignore: append the missing entries with
     --gitignore, else print them and the flag that appends them."""
     gitignore = Path(".gitignore")
-    if not write and not (gitignore.exists() or in_git_tree(Path.cwd())):
+    if not write and not (gitignore.is_file() or in_git_tree(Path.cwd())):
         return
     missing = _missing_ignores(ignore_entries(out, text), gitignore)
     if not missing:
@@ -112,6 +146,16 @@ def offer_gitignore(out: Path, text: str, write: bool) -> None:
     gap = "" if not old or old.endswith("\n") else "\n"
     gitignore.write_text(old + gap + "\n".join(missing) + "\n", encoding="utf-8")
     print(f"Added to {gitignore}: {', '.join(missing)}")
+
+
+def _check_gitignore(gitignore: Path) -> None:
+    """--gitignore appends to `gitignore`: refuse, before the config is written, one that
+    cannot be appended to."""
+    if gitignore.exists() and not gitignore.is_file():
+        raise UsageError(f"--gitignore: {gitignore} is not a file, so nothing can be added to it")
+    where = gitignore if gitignore.exists() else gitignore.absolute().parent
+    if not os.access(where, os.W_OK):
+        raise UsageError(f"--gitignore: cannot write {gitignore} (permission denied)")
 
 
 def _ask(prompt: str, default: str, choices: tuple[str, ...] = ()) -> str:
@@ -179,7 +223,7 @@ def main(argv: list[str]) -> int:
         "--output",
         "-o",
         default=None,
-        help="where to write (default ./retrain.toml; ./campaign.toml and ./zoo.toml for the campaign and zoo templates)",
+        help="where to write (default ./retrain.toml; ./campaign.toml and ./zoo.toml for the campaign and zoo templates); a directory (or a path ending in /) gets that name inside it",
     )
     parser.add_argument("--force", action="store_true", help="overwrite an existing file")
     parser.add_argument(
@@ -193,6 +237,8 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
 
+    if args.gitignore:
+        _check_gitignore(Path(".gitignore"))
     available = templates()
     if args.list:
         width = max(map(len, available))
@@ -207,7 +253,7 @@ def main(argv: list[str]) -> int:
             )
             return 2
         text = _interactive()
-        out = Path(args.output or "retrain.toml")
+        out = output_path(args.output, "retrain.toml")
         _write(out, text, args.force)
         print(f"Wrote {out}. Next: retrain explain {out} && retrain {out}")
         offer_gitignore(out, text, args.gitignore)
@@ -219,7 +265,7 @@ def main(argv: list[str]) -> int:
         raise UsageError(
             f"unknown template {name!r}{suggest(name, available)}; available: {', '.join(available)}"
         )
-    out = Path(args.output or _DEFAULT_OUTPUT.get(name, "retrain.toml"))
+    out = output_path(args.output, _DEFAULT_OUTPUT.get(name, "retrain.toml"))
     _write(out, available[name], args.force)
     run_hint = (
         f"retrain {out}" if out.name != "retrain.toml" or out.parent != Path(".") else "retrain"

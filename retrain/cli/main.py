@@ -121,6 +121,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        # Last resort for a file the commands did not check first (unreadable, vanished,
+        # a full disk): the file and the reason are the user's to fix, not a traceback.
+        # Only OSError: any other exception is a bug and keeps its traceback.
+        where = exc.filename if exc.filename is not None else ""
+        print(
+            f"retrain: error: {f'{where}: ' if where else ''}{exc.strerror or exc}", file=sys.stderr
+        )
+        return 2
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ What is rewritten and what is listed is :mod:`retrain.compat.migrate`; this modu
 command. Modes: the default previews (a report and a diff, nothing written); `--check`
 exits 1 when anything needs doing; `--write` rewrites the file in place after copying it
 to CONFIG.bak; `--stdout` prints the rewritten TOML (the report goes to stderr).
-`--json` prints the report as JSON. Exit status: 1 when unsupported keys are left for
-you (or, with --check, when a rewrite is pending too), 2 for an unreadable config, else 0.
+`--json` prints the report as JSON. Exit status: 1 when keys are left for you
+(unsupported, in conflict, or unknown to the loader, with its did-you-mean), or with
+--check when a rewrite is pending too; 2 for an unreadable config; else 0.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from retrain.compat.migrate import plan, report, rewrite
-from retrain.config.load import DEFAULT_CONFIG, read_toml
+from retrain.config.load import DEFAULT_CONFIG, load_config, read_toml
 from retrain.errors import ConfigError
 
 
@@ -32,6 +33,29 @@ def _backup(path: Path) -> Path:
         n += 1
     shutil.copy2(path, backup)
     return backup
+
+
+def _unknown_keys(path: Path, raw: dict) -> list[str]:
+    """The loader's messages (with the did-you-mean and the line) for the keys and tables
+    that neither this build nor the original knows: migrate-config cannot rewrite them,
+    and the config will not load while they stand."""
+    from retrain.config import dialect
+    from retrain.config.schema import TABLES, table_fields
+
+    starts: list[str] = []
+    for table, section in dialect.current().normalize(raw).raw.items():
+        if table not in TABLES:
+            starts += [f"unknown table [{table}]", f"top-level key {table!r}", f"{table}."]
+        elif isinstance(section, dict):
+            known = {spec.key for spec in table_fields(table)}
+            starts += [f"[{table}] {k}{end}" for k in section if k not in known for end in " :"]
+    if not starts:
+        return []
+    try:
+        load_config(path)
+    except ConfigError as exc:
+        return [p for p in exc.problems if p.startswith(tuple(starts))]
+    return []
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,6 +91,12 @@ def main(argv: list[str]) -> int:
     if args.stdout:
         sys.stdout.write(new_text)
     lines = report(str(path), changes, manual)
+    problems = _unknown_keys(path, raw)
+    if problems:
+        if lines[-1] == f"{path}: nothing to migrate":
+            lines.pop()  # nothing to rewrite, but the file does not load either
+        lines.append(f"{path}: {len(problems)} unknown key(s) (left as they are):")
+        lines += [f"  {p}" for p in problems]
     if backup is not None:
         lines.append(f"wrote {path} (the original is kept as {backup})")
     elif changes and not (args.write or args.stdout or args.check):
@@ -78,11 +108,13 @@ def main(argv: list[str]) -> int:
         payload = {
             "config": str(path),
             "changes": [asdict(c) for c in changes],
-            "unsupported": [asdict(m) for m in manual],
+            "unsupported": [asdict(m) for m in manual if not m.conflict],
+            "conflicts": [asdict(m) for m in manual if m.conflict],
+            "unknown": problems,
             "written": backup is not None,
             "backup": str(backup) if backup else None,
         }
         print(json.dumps(payload, indent=2, default=str), file=sys.stderr if args.stdout else None)
     else:
         print("\n".join(lines), file=sys.stderr if args.stdout else sys.stdout)
-    return 1 if manual or (args.check and changes) else 0
+    return 1 if manual or problems or (args.check and changes) else 0

@@ -328,7 +328,16 @@ def collect(config_path: str | None = None, extra_paths: Iterable[str] = ()) -> 
     config, warnings = _load_config(config_path)
     search_paths = list(config.plugins.search_paths) if config is not None else ["plugins"]
     strict = config.plugins.strict if config is not None else True
+    configured_paths = [p for p in search_paths if p != "plugins"]  # "plugins": the default
     search_paths += [p for p in extra_paths if p not in search_paths]
+    # a path that names no directory finds nothing: say so, or a typo passes as "no plugins"
+    for raw, flag in [(p, "[plugins] search_paths") for p in configured_paths] + [
+        (p, "--search-path") for p in extra_paths if p not in configured_paths
+    ]:
+        if not Path(raw).exists():
+            warnings.append(f"{flag} {raw}: no such directory; nothing is searched there")
+        elif not Path(raw).is_dir():
+            warnings.append(f"{flag} {raw}: a file, not a directory; nothing is searched there")
     found, problems = discover(search_paths)
     if config is not None:
         known = {(p["kind"], p["name"]) for p in found}

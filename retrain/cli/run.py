@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
     if is_standalone_squeeze(config):
         from retrain.cli.squeeze import run_standalone
 
-        return run_standalone(config)
+        return run_standalone(config, path, flags)
     from retrain.logs.ownership import launch_for
     from retrain.trainer import train
 

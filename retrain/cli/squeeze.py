@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from retrain.config import Config
@@ -25,11 +26,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _ranks(text: str) -> list[int]:
-    ranks = []
+    ranks: list[int] = []
     for part in text.split(","):
         part = part.strip()
-        if not part:
-            continue
+        if not part:  # `4,,8` is a slip of the hand, not a list of two
+            raise argparse.ArgumentTypeError(
+                f"{text!r} has an empty entry (use e.g. --target-ranks 4,8,16)"
+            )
         try:
             value = int(part)
         except ValueError:
@@ -38,9 +41,9 @@ def _ranks(text: str) -> list[int]:
             ) from None
         if value < 1:
             raise argparse.ArgumentTypeError(f"ranks must be >= 1, got {value}")
+        if value in ranks:
+            raise argparse.ArgumentTypeError(f"{text!r} lists {value} twice")
         ranks.append(value)
-    if not ranks:
-        raise argparse.ArgumentTypeError("give at least one rank, e.g. --target-ranks 4,8")
     return ranks
 
 
@@ -95,7 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="R",
         help="expected rank of the adapter; 0 = detect (default)",
     )
-    p.add_argument("--output", default="", metavar="DIR", help="write a compressed adapter here")
+    p.add_argument(
+        "--output", default="", metavar="DIR", help="write a compressed adapter here (a new dir)"
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a non-empty --output directory (never a run's checkpoint or logs)",
+    )
     p.add_argument(
         "--compress-to",
         type=_non_negative,
@@ -108,6 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# How the command line sets each key `config_problems` names.
+_FLAGS = {
+    "[squeeze] adapter_path": "ADAPTER",
+    "[squeeze] target_ranks": "--target-ranks",
+    "[squeeze] source_rank": "--source-rank",
+    "[squeeze] output_path": "--output",
+    "[squeeze] compress_to": "--compress-to",
+    "[squeeze] device": "--device",
+}
+
+
 def _squeeze(
     adapter: str,
     *,
@@ -118,6 +139,8 @@ def _squeeze(
     compress_to: int,
     device: str,
     as_json: bool,
+    force: bool = False,
+    where: Callable[[str], str],
 ) -> dict[str, Any]:
     from retrain.squeeze import squeeze_from_options
 
@@ -130,6 +153,8 @@ def _squeeze(
         compress_to=compress_to,
         device=device,
         print_fn=None if as_json else print,
+        force=force,
+        where=where,
     )
     data = result.as_dict()
     if as_json:
@@ -141,6 +166,8 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.compress_to and not args.output:
         raise UsageError("--compress-to needs --output DIR to write the adapter to")
+    if args.force and not args.output:
+        raise UsageError("--force applies to --output DIR; there is no --output here")
     _squeeze(
         args.adapter,
         min_variance_retention=args.min_variance_retention,
@@ -150,15 +177,24 @@ def main(argv: list[str]) -> int:
         compress_to=args.compress_to,
         device=args.device,
         as_json=args.json,
+        force=args.force,
+        where=lambda key: _FLAGS.get(key, key),
     )
     return 0
 
 
-def run_standalone(config: Config) -> int:
-    """`retrain squeeze.toml`: a config whose `[squeeze]` table names the adapter."""
+def run_standalone(
+    config: Config, config_path: str | None = None, flags: Sequence[str] = ()
+) -> int:
+    """`retrain squeeze.toml`: a config whose `[squeeze]` table names the adapter. A
+    problem names its key with the file and line (or the flag) that set it, when
+    `config_path` and `flags` say."""
+    from retrain.logs.ownership import key_origin
+
     sq = config.squeeze
     if sq is None or not sq.adapter_path:
         raise UsageError('a standalone squeeze needs [squeeze] adapter_path = "path/to/adapter"')
+    origin = key_origin(config_path, flags)
     _squeeze(
         sq.adapter_path,
         min_variance_retention=sq.min_variance_retention,
@@ -168,5 +204,6 @@ def run_standalone(config: Config) -> int:
         compress_to=sq.compress_to,
         device=sq.device,
         as_json=False,
+        where=lambda key: key + origin(*key.strip("[").split("] ")),
     )
     return 0

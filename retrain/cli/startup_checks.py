@@ -1,7 +1,6 @@
 """What the run checks at its start, done without loading a model: `explain` and
 `doctor` report these before a run would refuse them (the run's own checks are in
-retrain/build.py; these add the installed modules, the reasoning-gym task and the custom
-reward's import)."""
+retrain/build.py; these add the installed modules)."""
 
 from __future__ import annotations
 
@@ -66,62 +65,16 @@ def module_problems(config: Config) -> list[tuple[str, str]]:
     return problems
 
 
-def _data_problems(config: Config) -> list[tuple[str, str]]:
-    """A reasoning-gym task this install does not have (the files the config names are
-    checked when it loads)."""
-    d = config.data
-    if config.environment.provider:
-        return []
-    if d.source == "reasoning_gym":
-        if missing_modules(("reasoning_gym",)):
-            return []  # reported by module_problems
-        from retrain.data.reasoning_gym import task_names
-        from retrain.errors import DataError
-
-        try:
-            names = task_names()
-        except DataError as exc:
-            return [("[data] source", str(exc))]
-        if d.task not in names:
-            import difflib
-
-            close = difflib.get_close_matches(d.task, names, n=3)
-            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-            return [("[data] task", f"unknown reasoning-gym task {d.task!r}{hint}")]
-    return []
-
-
-def _reward_problems(config: Config) -> list[tuple[str, str]]:
-    """A custom reward is imported the way the run imports it (its module runs)."""
-    r = config.reward
-    if r.type != "custom":
-        return []
-    from retrain.errors import RetrainError
-    from retrain.rewards.custom import load_custom_function
-
-    try:
-        load_custom_function(r.custom_module, r.custom_function, config.plugins.search_paths)
-    except RetrainError as exc:
-        key, _, message = str(exc).partition(": ")
-        return [(key, message)] if key.startswith("[") else [("[reward] custom_module", str(exc))]
-    return []
-
-
 def startup_problems(
     config: Config, ask: HubAsk | None = ask_hub, world: World | None = None
 ) -> list[tuple[str, str]]:
     """(key, problem) for everything the run would refuse at start before its first step,
-    found without loading a model: missing modules of the configured entries, the
-    reasoning-gym task, the custom reward's module and function, and the run's own startup
-    checks (retrain/build.py: the devices, the model, the resume directory, the tinker
-    backend's API key). The files the config names are checked when it loads; the flow
+    found without loading a model: missing modules of the configured entries, and the
+    run's own startup checks (retrain/build.py: the devices, the model, the resume
+    directory, the tinker backend's API key, the plugins and the custom reward imported,
+    the reasoning-gym task and its args, the output directories). The files the config names are checked when it loads; the flow
     checks (the run's preflight) and the backend's probe are reported beside these."""
-    return (
-        module_problems(config)
-        + _data_problems(config)
-        + _reward_problems(config)
-        + run_startup_problems(config, ask, world)
-    )
+    return module_problems(config) + run_startup_problems(config, ask, world)
 
 
 def where_set(
@@ -156,7 +109,9 @@ def where_set(
         written = inner.get(name) if isinstance(inner, dict) and outer is not None else None
         used = getattr(getattr(config, top), outer.attr, {}) if written is not None else {}
         same = written is not None and written == used.get(name)
-        line = locate_keys(text).get((table, name)) if same else None
+        lines = locate_keys(text) if same else {}
+        # an inline table (`advantage_params = {eps = 1}`) has only the outer key's line
+        line = lines.get((table, name)) or lines.get((top, field))
         return f" ({path}:{line})" if line else ""
     written = raw.get(table, {}).get(name) if isinstance(raw.get(table), dict) else None
     if spec is None or written is None or written != getattr(getattr(config, table), spec.attr):

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from retrain.errors import UsageError
+from retrain.logs.rundir import is_run_dir
 
 DEFAULT_WATCH_S = 5.0
 CLEAR = "\x1b[H\x1b[2J"
@@ -121,6 +123,18 @@ def main(argv: list[str]) -> int:
         raise UsageError(
             f"{root} does not exist (pass the log directory, e.g. retrain status logs)"
         )
+    if not root.is_dir():
+        fix = (
+            f"retrain status {root.parent}, the run it belongs to"
+            if is_run_dir(root.parent)
+            else "retrain status logs"
+        )
+        raise UsageError(f"{root} is a file, not a directory (pass a log directory, e.g. {fix})")
+    try:  # an unreadable directory would read as one holding no runs
+        with os.scandir(root) as entries:
+            next(entries, None)
+    except OSError as exc:
+        raise UsageError(f"cannot read {root}: {exc.strerror or exc}") from exc
     if args.stale_after is not None and args.stale_after <= 0:
         raise UsageError("--stale-after must be > 0 seconds")
     if args.interval <= 0:

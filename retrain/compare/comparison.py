@@ -141,6 +141,7 @@ class Comparison:
     curves: dict[str, Curve]
     n_resamples: int
     warnings: list[str] = field(default_factory=list)
+    incomplete: int = 0  # runs that lack some of the compared steps (see the warnings)
 
     def as_dict(self, *, curves: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -153,6 +154,7 @@ class Comparison:
             "conditions": [c.as_dict() for c in self.conditions],
             "pairwise": [p.as_dict() for p in self.pairwise],
             "warnings": list(self.warnings),
+            "runs_missing_steps": self.incomplete,
         }
         if curves:
             out["curves"] = {k: v.as_dict() for k, v in self.curves.items()}
@@ -202,19 +204,39 @@ def learning_curve(series: Sequence[tuple[np.ndarray, np.ndarray]], smooth: int 
 
 
 def _usable_runs(runs: Sequence[RunData], metric: str, warnings: list[str]) -> list[RunData]:
-    usable = []
+    usable, unreadable = [], []
     for run in runs:
         if not run.rows:
-            warnings.append(f"{run.label}: metrics.jsonl is empty; skipped")
+            # empty, or every line damaged: then the file, not the metric's name, is at fault
+            why = "; ".join(run.problems) or "metrics.jsonl is empty"
+            unreadable.append(f"{run.label}: {why}")
+            warnings.append(f"{run.label}: no readable metrics row; skipped")
         elif not run.has_metric(metric):
             warnings.append(f"{run.label}: no values of {metric!r}; skipped")
         else:
             usable.append(run)
+    if not usable and len(unreadable) == len(runs):
+        raise UsageError("no run has a readable metrics row: " + " | ".join(unreadable))
     if not usable:
         raise UsageError(
             f"no run logs the metric {metric!r}; check the name (e.g. correct_rate, mean_reward)"
         )
     return usable
+
+
+def _step_gaps(runs: list[RunData], metric: str, horizon: int) -> list[str]:
+    """A warning for each run that lacks some of the compared steps: its final and AUC
+    are then over fewer steps than the header's range says."""
+    out = []
+    for run in runs:
+        missing = run.missing_steps(metric, horizon)
+        if missing:
+            shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+            out.append(
+                f"{run.label}: {horizon - len(missing)} of the {horizon} steps 0..{horizon - 1} "
+                f"have a value of {metric!r}; missing step(s) {shown}"
+            )
+    return out
 
 
 def _common_horizon(runs: list[RunData], warnings: list[str]) -> int:
@@ -339,6 +361,8 @@ def compare_runs(
         horizon = _common_horizon(usable, warnings)
     else:
         usable = _reaching(usable, horizon, warnings)
+    gaps = [] if is_eval_metric(metric) else _step_gaps(usable, metric, horizon)
+    warnings += gaps
     final_window = min(final_window, horizon)  # what "final" averages: no more steps than there are
     conditions = _condition_order(usable, order)
     warnings += setup_differences(usable, conditions)
@@ -356,6 +380,9 @@ def compare_runs(
         for c, s in summaries.items()
         if s.n < 2
     ]
+    # what could not be read of the runs' files (asked last: the counts read files too)
+    # comes first, as it qualifies all the rest
+    warnings[:0] = dict.fromkeys(p for run in runs for p in run.problems)
     return Comparison(
         metric,
         horizon,
@@ -366,4 +393,5 @@ def compare_runs(
         curves,
         n_resamples,
         warnings,
+        incomplete=len(gaps),
     )

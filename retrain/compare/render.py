@@ -102,8 +102,13 @@ def _explain(comp: Comparison) -> str:
             "Fisher p: two-sided exact test on the last evaluation's correct counts pooled over "
             "seeds. Holm: adjusted over the comparisons."
         )
+    gaps = (
+        f" ({comp.incomplete} run(s) lack some of these steps: see the warnings)"
+        if comp.incomplete
+        else ""
+    )
     return (
-        f"Steps 0..{comp.horizon - 1}. final = mean of the last {comp.final_window} steps; "
+        f"Steps 0..{comp.horizon - 1}{gaps}. final = mean of the last {comp.final_window} steps; "
         f"AUC = mean over all compared steps. CIs: percentile bootstrap over seeds "
         f"({comp.n_resamples} resamples); p perm: two-sided permutation test over seeds; "
         "Fisher p: two-sided exact test on correct counts pooled over seeds and steps "

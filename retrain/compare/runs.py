@@ -58,6 +58,18 @@ class RunData:
         """Steps logged (the horizon this run reaches: last step + 1)."""
         return self.rows[-1]["step"] + 1 if self.rows else 0
 
+    @property
+    def problems(self) -> list[str]:
+        """What could not be read of this run's files (torn or corrupt metrics lines, an
+        unreadable run.json, ...): reading them here, so nothing damaged passes unsaid."""
+        _ = self.source.metrics, self.source.run_info, self.source.trainer_state
+        return list(self.source.warnings)
+
+    def missing_steps(self, metric: str, horizon: int) -> list[int]:
+        """The steps < horizon without a value of `metric` (a lost or corrupt row)."""
+        steps, _ = self.series(metric, horizon)
+        return sorted(set(range(horizon)) - set(steps.tolist()))
+
     @cached_property
     def eval_rows(self) -> list[dict[str, Any]]:
         """One row per held-out evaluation, by the number of training steps done."""

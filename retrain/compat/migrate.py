@@ -18,6 +18,7 @@ the experiment silently. The command itself (modes, files, output) is
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -52,11 +53,13 @@ class Change:
 
 @dataclass(frozen=True)
 class Manual:
-    """A key this build does not implement: where it is and what to do."""
+    """A key left for you: where it is and what to do. `conflict`: it is the original's
+    name of a key also written, to another value (else this build does not implement it)."""
 
     where: str
     message: str
     line: int | None = None
+    conflict: bool = False
 
 
 # ---------------------------------------------------------------- planning
@@ -76,8 +79,9 @@ def _renames(raw: dict[str, Any]) -> tuple[list[Change], list[Manual]]:
                 manual.append(
                     Manual(
                         f"[{table}] {old}",
-                        f"merging it into {new.key} would change {', '.join(clash)}: "
-                        "merge the two by hand",
+                        f"conflicts with {new.key}, its name here, which sets "
+                        f"{', '.join(clash)} differently: merge the two by hand",
+                        conflict=True,
                     )
                 )
                 continue
@@ -86,8 +90,10 @@ def _renames(raw: dict[str, Any]) -> tuple[list[Change], list[Manual]]:
             manual.append(
                 Manual(
                     f"[{table}] {old}",
-                    f"the original's name for {new.key}, which is also set, to another value: "
-                    "keep one",
+                    f"{old} = {value_to_toml(value)} conflicts with {new.key} = "
+                    f"{value_to_toml(current)}: both name one setting ({old} is the original's "
+                    f"spelling of {new.key}); keep one",
+                    conflict=True,
                 )
             )
             continue
@@ -154,7 +160,7 @@ def plan(raw: dict[str, Any], text: str) -> tuple[list[Change], list[Manual]]:
         Change(**{**asdict(c), "line": lines.get((c.table, c.key)) or lines.get((c.table, ""))})
         for c in changes
     ]
-    manual = [Manual(m.where, m.message, _line(m.where, lines)) for m in manual]
+    manual = [Manual(m.where, m.message, _line(m.where, lines), m.conflict) for m in manual]
     return changes, manual
 
 
@@ -165,10 +171,32 @@ def _line(where: str, lines: dict[tuple[str, str], int]) -> int | None:
     return lines.get((table.rstrip("]"), key)) or lines.get((table.rstrip("]"), ""))
 
 
+def _rename_in_place(lines: list[str], c: Change) -> bool:
+    """Rename a `key = value` line to the new key where it stands, so its value, layout
+    and trailing comment stay as written; False when `c` is not such a plain rename."""
+    if c.new_table != c.table or not c.new_key or c.line is None or c.line > len(lines):
+        return False
+    pattern = re.compile(rf"^(\s*){re.escape(c.key)}(\s*=)")
+    if not pattern.match(lines[c.line - 1]):
+        return False
+    lines[c.line - 1] = pattern.sub(rf"\g<1>{c.new_key}\g<2>", lines[c.line - 1], count=1)
+    return True
+
+
 def rewrite(text: str, changes: list[Change]) -> str:
     """`text` with `changes` applied, comments and layout kept."""
-    edits: dict[tuple[str, str], Any] = {}
+    raw = tomllib.loads(text)
+    lines = text.splitlines(keepends=True)
+    rest = []
     for c in changes:
+        section = raw.get(c.table)
+        # a plain rename: the new key is not written yet and the value stays as written
+        plain = isinstance(section, dict) and c.new_key not in section
+        if not (plain and c.value == section.get(c.key) and _rename_in_place(lines, c)):
+            rest.append(c)
+    text = "".join(lines)
+    edits: dict[tuple[str, str], Any] = {}
+    for c in rest:
         if (c.new_table, c.new_key) != (c.table, c.key):
             edits[(c.table, c.key)] = REMOVE
         if c.new_key:
@@ -191,11 +219,16 @@ def report(path: str, changes: list[Change], manual: list[Manual]) -> list[str]:
     if changes:
         lines.append(f"{path}: {len(changes)} key(s) to rewrite:")
         lines += [f"  {c.describe()}{_at(c.line)}" for c in changes]
-    if manual:
+    unsupported = [m for m in manual if not m.conflict]
+    conflicts = [m for m in manual if m.conflict]
+    if unsupported:
         lines.append(
-            f"{path}: {len(manual)} key(s) this build does not support (left as they are):"
+            f"{path}: {len(unsupported)} key(s) this build does not support (left as they are):"
         )
-        lines += [f"  {m.where}{_at(m.line)}: {m.message}" for m in manual]
+        lines += [f"  {m.where}{_at(m.line)}: {m.message}" for m in unsupported]
+    if conflicts:
+        lines.append(f"{path}: {len(conflicts)} key(s) in conflict (left as they are):")
+        lines += [f"  {m.where}{_at(m.line)}: {m.message}" for m in conflicts]
     if not changes and not manual:
         lines.append(f"{path}: nothing to migrate")
     return lines

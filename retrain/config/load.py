@@ -70,10 +70,15 @@ def locate_keys(text: str) -> dict[tuple[str, str], int]:
     table headers themselves map to (table, ""). Every key also maps by its whole dotted
     table path, ("actor_rollout_ref.rollout", "n"), for other trainers' nested keys."""
     where: dict[tuple[str, str], int] = {}
+    text = text.removeprefix("\ufeff")  # a byte-order mark read as text
     table = full = ""  # full: the header's whole dotted path (for nested keys' lines)
     header = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\]?\s*(#.*)?$")
     keyline = re.compile(r"^\s*([A-Za-z0-9_\-\"']+(?:\s*\.\s*[A-Za-z0-9_\-\"']+)*)\s*=")
+    quote, depth = "", 0  # a multi-line string or array left open by the lines so far
     for lineno, line in enumerate(text.splitlines(), start=1):
+        if quote or depth:  # a line of a value, however it reads (`lr = 5` in a prompt)
+            quote, depth = _value_state(line, quote, depth)
+            continue
         m = header.match(line)
         if m:
             parts = [p.strip().strip("\"'") for p in m.group(1).split(".")]
@@ -96,9 +101,43 @@ def locate_keys(text: str) -> dict[tuple[str, str], int]:
                 where.setdefault((table, parts[0]), lineno)
             elif len(parts) > 1:
                 where.setdefault((parts[0], parts[1]), lineno)
-            else:
+            else:  # `name = ...` at the top: a key, or a whole table written inline
                 where.setdefault(("", parts[0]), lineno)
+                where.setdefault((parts[0], ""), lineno)
+            quote, depth = _value_state(line[m.end() :], quote, depth)
     return where
+
+
+def _value_state(line: str, quote: str, depth: int) -> tuple[str, int]:
+    """After `line` of a value: the multi-line string still open (its three quotes, or
+    "") and how many arrays or inline tables are. Strings are skipped whole, so a bracket
+    or a quote inside one does not count; so is a comment."""
+    i = 0
+    while i < len(line):
+        if quote:
+            if quote == '"""' and line[i] == "\\":  # an escape: \" does not close it
+                i += 2
+            elif line.startswith(quote, i):
+                i, quote = i + 3, ""
+            else:
+                i += 1
+            continue
+        ch = line[i]
+        if ch == "#":
+            break
+        if line.startswith('"""', i) or line.startswith("'''", i):
+            i, quote = i + 3, line[i : i + 3]
+            continue
+        if ch in "\"'":  # a one-line string: to its closing quote
+            i += 1
+            while i < len(line) and line[i] != ch:
+                i += 2 if ch == '"' and line[i] == "\\" else 1
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+        i += 1
+    return quote, depth
 
 
 @dataclass
@@ -145,11 +184,13 @@ class _Origin:
 def _outside_tables(name: str, value: Any, origin: _Origin) -> list[str]:
     """The problems of a top-level `name` that is not one of retrain's tables: a key that
     belongs in one, another trainer's table, or an unknown table."""
-    if not isinstance(value, dict):
-        text = hints.top_level_text(name, value)
-        if text is not None:
-            return [f"top-level key {name!r}{origin.of('', name)}: {text}"]
     close = hints.did_you_mean(name, TABLES)
+    if not isinstance(value, dict):
+        text = hints.top_level_text(name, value) or (
+            f"unknown{close}; every setting belongs in a table. Fix: move it "
+            f"under its table (valid tables: {', '.join(TABLES)}), or remove it"
+        )
+        return [f"top-level key {name!r}{origin.of('', name)}: {text}"]
     unknown = f"unknown table [{name}]{origin.of(name)}{close}; valid tables: {', '.join(TABLES)}"
     return _peer_leaves([name], value, origin, misspelt=bool(close)) or [unknown]
 
@@ -283,7 +324,10 @@ def _add_param(overlay: dict[str, dict[str, Any]], flag: str, text: str) -> str 
     patch = overlay.setdefault(table, {}).setdefault(field, _DictPatch())
     if not isinstance(patch, _DictPatch):  # the whole table was also given as a flag
         patch = overlay[table][field] = _DictPatch(patch)
-    patch[key.strip()] = param_value(value)
+    key, value = key.strip(), param_value(value)
+    if key in patch and patch[key] != value:
+        return f"flag {flag} sets {key} twice, to {patch[key]!r} and {value!r}. Fix: give it once"
+    patch[key] = value
     return None
 
 
@@ -347,7 +391,7 @@ def parse_overrides(
             problems.append(_unknown_flag(name, value if eq or value else None, flags))
             continue
         if not eq:
-            if i >= len(argv):
+            if i >= len(argv) or argv[i].startswith("--"):  # `--seed --lr 1e-4`
                 what = f"{spec.label}, {spec.type}" if spec else "key=value"
                 problems.append(f"flag {name} needs a value ({what})")
                 continue
@@ -363,7 +407,15 @@ def parse_overrides(
             origins[(f"{table}.{field}", value.partition("=")[0].strip())] = name
             continue
         parsed = _parse_cli_value(spec, value)
-        overlay.setdefault(spec.table, {})[spec.key] = parsed
+        table = overlay.setdefault(spec.table, {})
+        if spec.key in table and table[spec.key] != parsed:  # as TOML refuses a key twice
+            first = origins[(spec.table, spec.key)]
+            who = f"flag {name} sets" if first == name else f"flags {first} and {name} set"
+            problems.append(
+                f"{who} {spec.label} twice, to {table[spec.key]!r} and {parsed!r}. Fix: give "
+                "it once"
+            )
+        table[spec.key] = parsed
         origins[(spec.table, spec.key)] = name
         for entry in parsed if isinstance(parsed, dict) else ():  # --backend-options '{...}'
             origins[(f"{spec.table}.{spec.key}", entry)] = name
@@ -397,6 +449,9 @@ def _merge(base: dict[str, Any], overlay: Mapping[str, Mapping[str, Any]]) -> di
 # ---------------------------------------------------------------- public entry point
 
 
+_UTF16 = (b"\xff\xfe", b"\xfe\xff")  # what Windows PowerShell 5's `>` writes
+
+
 def read_toml(path: str | Path) -> tuple[dict[str, Any], str]:
     """Parse a TOML file; a missing file or a syntax error is a ConfigError."""
     p = Path(path)
@@ -408,7 +463,21 @@ def read_toml(path: str | Path) -> tuple[dict[str, Any], str]:
         )
     if p.is_dir():
         raise ConfigError(f"{p} is a directory, not a TOML file", head="")
-    text = p.read_text(encoding="utf-8")
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the file: {exc.strerror or exc}", head="") from None
+    try:
+        # utf-8-sig: editors on Windows may start a UTF-8 file with a byte-order mark
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        utf16 = " (it starts with UTF-16's byte-order mark)" if data[:2] in _UTF16 else ""
+        raise ConfigError(
+            f"{p}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}){utf16}, and TOML files "
+            "are UTF-8. Fix: save the file as UTF-8",
+            head="",
+        ) from None
     try:
         return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as exc:

@@ -82,6 +82,21 @@ def _non_empty(value: str) -> str | None:
     return None if value.strip() else "must not be empty"
 
 
+# Caps far above any real run, so that a mistyped number is a config error rather than a
+# run (or explain's estimate) that allocates or loops without end: a billion steps is
+# decades at a second a step; a million prompts a step and a hundred thousand completions a
+# prompt are orders of magnitude past what RL runs use (hundreds to thousands of prompts,
+# tens to hundreds of completions); a held-out set of 100,000 problems takes hours to
+# evaluate.
+MAX_STEPS = 10**9
+MAX_PROMPTS = 10**6
+MAX_GROUP = 10**5
+MAX_HELD_OUT = 10**5
+# reasoning_gym's held-out seeds start EVAL_SEED_OFFSET above [data] seed (problem i is
+# drawn from seed + i): a training set this size never reaches them.
+MAX_GENERATED = 10**7
+
+
 # [environment] max_turns = -1 where the environment sets no cap of its own (an OpenEnv
 # environment never does): a conversation must end somewhere.
 FALLBACK_MAX_TURNS = 8
@@ -126,6 +141,15 @@ def _unique(value: list) -> str | None:
     return (
         None if len(set(map(str, value))) == len(value) else f"entries must be unique, got {value}"
     )
+
+
+def _seeds(value: list) -> str | None:
+    """`[campaign] seeds`, checked once here rather than as each run's [training] seed."""
+    if not value:
+        return "must name at least one seed: a campaign of no runs does nothing"
+    if any(v < -1 for v in value):
+        return f"every seed must be >= -1 (-1 = unseeded), got {value}"
+    return _unique(value)
 
 
 def _few_shot(value: list) -> str | None:
@@ -225,14 +249,18 @@ class AlgorithmConfig:
 
 @dataclass
 class TrainingConfig:
+    # at most 2**63 - 1, as every int key (config/values.py), which every consumer takes:
+    # torch.manual_seed (up to 2**64 - 1), random (any int), numpy (seed % 2**32), the
+    # step seeds (% (2**63 - 1)), the Tinker SDK's LoRA seed (a JSON integer)
     seed: int = opt(-1, "RNG seed. -1 disables seeding", ge=-1)
-    max_steps: int = opt(500, "Total training steps", ge=1)
-    batch_size: int = opt(8, "Prompts per step", ge=1)
+    max_steps: int = opt(500, "Total training steps", ge=1, le=MAX_STEPS)
+    batch_size: int = opt(8, "Prompts per step", ge=1, le=MAX_PROMPTS)
     group_size: int = opt(
         16,
         "Completions sampled per prompt",
         ge=2,
-        fix="GRPO-style advantages need at least 2 completions per prompt",
+        le=MAX_GROUP,
+        fix="GRPO-style advantages compare a prompt's completions: use 2 or more, e.g. 16",
     )
     max_tokens: int = opt(2048, "Max new tokens per completion", ge=1)
     temperature: float = opt(0.7, "Sampling temperature", gt=0.0)
@@ -449,7 +477,15 @@ class OptimizerConfig:
 @dataclass
 class LoraConfig:
     alpha: int = opt(0, "LoRA alpha. 0 = auto (2 x rank)", ge=0)
-    dropout: float = opt(0.0, "LoRA dropout rate", ge=0.0, le=1.0)
+    dropout: float = opt(
+        0.0,
+        "LoRA dropout rate, below 1",
+        ge=0.0,
+        check=lambda v: (
+            None if v < 1 else f"must be < 1, got {v!r}: every LoRA input would be dropped"
+        ),
+        fix="a small rate such as 0.05, or 0 for none",
+    )
     target_modules: list = opt(
         [],
         "Module names to adapt. [] = all attention and MLP projections",
@@ -471,7 +507,7 @@ class DataConfig:
     )
     task: str = opt("", "reasoning_gym: task name, e.g. chain_sum or basic_arithmetic")
     args: dict = opt({}, "reasoning_gym: task options ([data.args]), e.g. min_terms = 2")
-    size: int = opt(1000, "reasoning_gym: number of generated problems", ge=1)
+    size: int = opt(1000, "reasoning_gym: number of generated problems", ge=1, le=MAX_GENERATED)
     seed: int = opt(
         0,
         "Seed of the generated dataset (reasoning_gym). Kept apart from [training] seed so every run sees the same problems",
@@ -684,7 +720,7 @@ class EvalConfig:
         "and after the last step. 0 = off",
         ge=0,
     )
-    size: int = opt(64, "Held-out problems per evaluation", ge=1)
+    size: int = opt(64, "Held-out problems per evaluation", ge=1, le=MAX_HELD_OUT)
     temperature: float = opt(
         0.0, "Sampling temperature of the evaluation. 0 = greedy (argmax)", ge=0.0
     )
@@ -692,6 +728,7 @@ class EvalConfig:
         1,
         "Completions per held-out problem: the k of pass@k (with temperature 0 they are all the same)",
         ge=1,
+        le=MAX_GROUP,
     )
     split: str = opt(
         "test",
@@ -712,8 +749,8 @@ class BackpressureConfig:
         0.85, "Target fraction of the optimal concurrency p*", gt=0.0, le=1.0
     )
     increase_margin: float = opt(0.5, "Hysteresis gap for batch size increases", gt=0.0, le=1.0)
-    min_batch_size: int = opt(1, "Floor for the adaptive batch size", ge=1)
-    max_batch_size: int = opt(64, "Ceiling for the adaptive batch size", ge=1)
+    min_batch_size: int = opt(1, "Floor for the adaptive batch size", ge=1, le=MAX_PROMPTS)
+    max_batch_size: int = opt(64, "Ceiling for the adaptive batch size", ge=1, le=MAX_PROMPTS)
     peak_gflops: float = opt(0.0, "Hardware peak GFLOPS for roofline hints. 0 = skip", ge=0.0)
     peak_bw_gb_s: float = opt(0.0, "Hardware peak memory bandwidth (GB/s)", ge=0.0)
 
@@ -770,11 +807,12 @@ class LoggingConfig:
 class CampaignConfig:
     seeds: list = opt(
         [42, 101, 202, 303, 404, 505, 606, 707],
-        "Seeds to run for every condition",
-        check=_unique,
+        "Seeds to run for every condition (-1: an unseeded run)",
+        check=_seeds,
         item="int",
+        fix="e.g. seeds = [42, 101, 202]",
     )
-    max_steps: int = opt(500, "Steps per run (overrides [training] max_steps)", ge=1)
+    max_steps: int = opt(500, "Steps per run (overrides [training] max_steps)", ge=1, le=MAX_STEPS)
     parallel: bool = opt(False, "Run conditions x seeds in parallel subprocess workers")
     max_workers: int = opt(0, "Max parallel workers. 0 = all runs at once", ge=0)
     stagger_seconds: float = opt(0.0, "Delay between worker launches", ge=0.0)

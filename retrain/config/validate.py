@@ -227,6 +227,14 @@ def _objective(config: Config) -> Problems:
                 "covariance would lie between them. Fix: e.g. clip_cov_lb = 1, clip_cov_ub = 5",
             )
         )
+    if t.kl_coef == 0 and t.kl_estimator != defaults["kl_estimator"]:
+        problems.append(
+            (
+                "[training] kl_estimator",
+                "only used with kl_coef > 0 (it is 0: no KL penalty). Fix: set kl_coef, or "
+                "remove the key",
+            )
+        )
     if t.bnpo_batch_size and t.loss_agg != "bnpo":
         problems.append(
             (
@@ -331,13 +339,58 @@ def _shaping(config: Config) -> Problems:
 
 
 def _reward(config: Config) -> Problems:
-    if config.reward.type != "custom" or config.reward.custom_module:
+    """custom_module for the custom reward; its keys set for another built-in reward (a
+    plugin reward gets the whole table and may read them)."""
+    r = config.reward
+    if r.type == "custom":
+        if r.custom_module:
+            return []
+        return [
+            (
+                "[reward] custom_module",
+                "reward type 'custom' needs custom_module (a module name or a .py path). "
+                'Fix: set [reward] custom_module = "my_rewards"',
+            )
+        ]
+    if not registry.REWARDS.is_builtin(r.type):
         return []
     return [
         (
-            "[reward] custom_module",
-            "reward type 'custom' needs custom_module (a module name or a .py path). "
-            'Fix: set [reward] custom_module = "my_rewards"',
+            f"[reward] {key}",
+            f'only used with type = "custom" (type is {r.type!r}). Fix: set type = '
+            '"custom", or remove the key',
+        )
+        for key in away_from_defaults(r, ("custom_module", "custom_function"))
+    ]
+
+
+def _sepa(config: Config) -> Problems:
+    """The auto schedule's keys, which the linear schedule does not read."""
+    if config.sepa.schedule != "linear":
+        return []
+    return [
+        (
+            f"[sepa] {key}",
+            'only used with schedule = "auto" (schedule is "linear"). Fix: set schedule = '
+            '"auto", or remove the key',
+        )
+        for key in away_from_defaults(config.sepa, ("warmup", "ema_decay", "var_threshold"))
+    ]
+
+
+def _model_url(config: Config) -> Problems:
+    """`[model] base_url` (a training service's address) with a built-in backend that
+    connects to no such service (its entry's `ignores` says so)."""
+    entry = registry.BACKENDS.entry(config.backend.backend)
+    if not config.model.base_url.strip() or entry is None:
+        return []
+    if "[model] base_url" not in entry.ignores:
+        return []
+    return [
+        (
+            "[model] base_url",
+            f"is set, but backend {entry.name!r} connects to no training service and reads "
+            'no URL. Fix: backend = "tinker" (the service it addresses), or base_url = ""',
         )
     ]
 
@@ -391,9 +444,10 @@ def _environment_keys_without_provider(env) -> list[str]:
 
 
 def _not_found(key: str, what: str, path: str, fix: str) -> tuple[str, str]:
+    found = "is a directory" if Path(path).expanduser().is_dir() else "not found"
     return (
         key,
-        f"{what} {path!r} not found (relative paths are read from the directory retrain "
+        f"{what} {path!r} {found} (relative paths are read from the directory retrain "
         f"runs in, {Path.cwd()}). Fix: {fix}",
     )
 
@@ -720,6 +774,8 @@ CROSS_CHECKS: tuple[Callable[[Config], Problems], ...] = (
     _shaping,
     _backpressure,
     _reward,
+    _sepa,
+    _model_url,
     _data,
     _data_files,
     _reward_file,

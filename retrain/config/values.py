@@ -28,6 +28,17 @@ def describe_value(value: Any) -> str:
     return f"{kind} {shown}"
 
 
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _int64(value: int) -> str | None:
+    """TOML's integers are 64-bit, though Python's parser reads larger ones: past that
+    range a seed would load here and fail at torch.manual_seed when the run starts."""
+    if _INT64[0] <= value <= _INT64[1]:
+        return None
+    return f"outside TOML's 64-bit integer range (-2**63 to 2**63 - 1), got {value}"
+
+
 def coerce_value(spec: FieldSpec, value: Any) -> tuple[Any, str | None]:
     """Type-check a raw TOML value for `spec`; returns (value, error)."""
     t = spec.type
@@ -38,7 +49,7 @@ def coerce_value(spec: FieldSpec, value: Any) -> tuple[Any, str | None]:
         return value, f"expected a bool, got {describe_value(value)}{hint}"
     if t == "int":
         if isinstance(value, int) and not isinstance(value, bool):
-            return value, None
+            return value, _int64(value)
         return value, f"expected an integer, got {describe_value(value)}"
     if t == "float":
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -66,6 +77,8 @@ def coerce_value(spec: FieldSpec, value: Any) -> tuple[Any, str | None]:
                         value,
                         f"expected an array of {item}s, got an element {describe_value(v)}",
                     )
+                if item == "int" and _int64(v):
+                    return value, f"an element is {_int64(v)}"
         return value, None
     # "any": environment.args accepts a table or a JSON string holding an object.
     if spec.table == "environment" and spec.key == "args":

@@ -91,6 +91,77 @@ def _names_file() -> Path | None:
     return cache_dir() / "reasoning_gym" / f"tasks-{version}-{stamp}.json"
 
 
+def _create(rg: Any, task: str, args: dict[str, Any], size: int, seed: int) -> Any:
+    """reasoning-gym's dataset, its refusal of `args` as a DataError."""
+    try:
+        return rg.create_dataset(task, size=int(size), seed=int(seed), **args)
+    except TypeError as exc:
+        raise DataError(
+            f"[data.args] invalid option for reasoning-gym task {task!r}: {exc}"
+        ) from exc
+    except (ValueError, AssertionError) as exc:
+        raise DataError(f"[data.args] rejected by reasoning-gym task {task!r}: {exc}") from exc
+
+
+def args_problems(task: str, args: dict[str, Any], seed: int) -> list[tuple[str, str]]:
+    """(key, problem) for `[data.args]` of a registered `task`, found before the run
+    loads anything: an option the task's config does not have, a value of another type
+    than the option's, then what the task itself refuses, from a one-item dataset built
+    and its item generated as the run will (milliseconds; importing reasoning-gym is
+    the cost)."""
+    import dataclasses
+    import typing
+
+    rg = _import_reasoning_gym()
+    from reasoning_gym.factory import DATASETS
+
+    config_cls = DATASETS[task][1]
+    if dataclasses.is_dataclass(config_cls):
+        options = [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
+        hints = typing.get_type_hints(config_cls)
+        found = [
+            (f"[data.args] {key}", why)
+            for key, value in args.items()
+            if (why := _option_problem(task, key, value, options, hints.get(key)))
+        ]
+        if found:
+            return found
+    try:
+        _create(rg, task, args, 1, seed)[0]
+    except DataError as exc:
+        fix = ". Fix: change [data.args] to options the task accepts"
+        return [("[data] args", str(exc).removeprefix("[data.args] ") + fix)]
+    except Exception as exc:  # the task's generator failed on these options
+        return [
+            (
+                "[data] args",
+                f"reasoning-gym task {task!r} failed generating an item with them: "
+                f"{type(exc).__name__}: {exc}",
+            )
+        ]
+    return []
+
+
+def _option_problem(task: str, key: str, value: Any, options: list[str], hint: Any) -> str | None:
+    if key in ("seed", "size"):
+        return f"is set by [data] {key}, not in [data.args]. Fix: [data] {key} = {value!r}"
+    if key not in options:
+        close = difflib.get_close_matches(key, options, n=3)
+        hint_text = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+        return (
+            f"reasoning-gym task {task!r} has no option {key!r}{hint_text}; its options: "
+            f"{', '.join(options) or 'none'}. Fix: remove the key or correct its name"
+        )
+    # the simple types only; other hints (lists, optionals) are left to the task's own check
+    allowed = {int: (int,), float: (int, float), bool: (bool,), str: (str,)}.get(hint)
+    if allowed is None:
+        return None
+    if isinstance(value, allowed) and (hint is bool or not isinstance(value, bool)):
+        return None
+    kind = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[hint]
+    return f"must be {kind} for reasoning-gym task {task!r}, got {value!r}. Fix: {key} = {kind}"
+
+
 def load_gym_examples(
     task: str, args: dict[str, Any] | None = None, size: int = 1000, seed: int = 0
 ) -> list[Example]:
@@ -110,14 +181,7 @@ def load_gym_examples(
     if size < 1:
         raise DataError(f"[data] size must be >= 1, got {size}")
     args = dict(args or {})
-    try:
-        dataset = rg.create_dataset(task, size=int(size), seed=int(seed), **args)
-    except TypeError as exc:
-        raise DataError(
-            f"[data.args] invalid option for reasoning-gym task {task!r}: {exc}"
-        ) from exc
-    except (ValueError, AssertionError) as exc:
-        raise DataError(f"[data.args] rejected by reasoning-gym task {task!r}: {exc}") from exc
+    dataset = _create(rg, task, args, size, seed)
     examples = []
     for i in range(len(dataset)):
         entry = dataset[i]

@@ -12,7 +12,10 @@ an occupied directory: each campaign starts in a new directory of its own.
 
 from __future__ import annotations
 
+import os
 import shlex
+import socket
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,12 +24,15 @@ from pathlib import Path
 from retrain import registry
 from retrain.errors import ConfigError, UsageError
 from retrain.logs.metrics import EVAL
-from retrain.logs.rundir import GENERATIONS, METRICS, TRAINER_STATE, read_json
+from retrain.logs.rundir import GENERATIONS, METRICS, RUN_INFO, TRAINER_STATE, as_int, read_json
 
 # Files whose rows belong to one run (empty ones, left by a run that stopped before its
 # first step, hold nothing to mix with).
 ROW_FILES = (METRICS, EVAL, "emergence/steps.jsonl", str(GENERATIONS))
 LOG_DIR, ADAPTER_PATH = ("logging", "log_dir"), ("backend", "adapter_path")
+# A heartbeat younger than this says a run on another host is alive (its pid cannot be
+# asked); `retrain status` calls an older one stale.
+MIN_STALE_S = 300.0
 
 
 def key_origin(config_path: str | None, flags: Sequence[str] = ()) -> Callable[[str, str], str]:
@@ -155,15 +161,20 @@ def occupied_dirs(config) -> list[Occupied]:
             out.append(
                 Occupied(*LOG_DIR, log_dir, tuple(found), state is not None, finished, state=state)
             )
-    entry = registry.BACKENDS.entry(config.backend.backend)
-    writes_adapters = entry is None or "[backend] adapter_path" not in entry.ignores
-    if writes_adapters and not resume:
+    if writes_adapters(config) and not resume:
         adapters = Path(config.backend.adapter_path)
         found = _adapter_dir_holds(adapters)
         if found:
             writer = log_dir if _checkpoint_within(state, adapters) else None
             out.append(Occupied(*ADAPTER_PATH, adapters, tuple(found), writer=writer, state=state))
     return out
+
+
+def writes_adapters(config) -> bool:
+    """Whether the run writes checkpoints into `[backend] adapter_path` (a service backend
+    keeps them on its service; a plugin backend is taken to write them)."""
+    entry = registry.BACKENDS.entry(config.backend.backend)
+    return entry is None or "[backend] adapter_path" not in entry.ignores
 
 
 def _checkpoint_within(state: dict | None, adapters: Path) -> bool:
@@ -251,13 +262,105 @@ def _problem(occ: Occupied, launch: Launch, max_steps: int) -> str:
     )
 
 
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this host (one owned by another user
+    counts as alive)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+# /proc's start time counts clock ticks from a boot time in whole seconds
+PID_CLOCK_SLACK_S = 2.0
+
+
+def process_start(pid: int) -> float | None:
+    """When the process `pid` of this host started (epoch seconds), from Linux's /proc;
+    None elsewhere or when it cannot be read."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, counted after the name
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def run_process_alive(pid: int, started_at: object) -> bool:
+    """Whether the process of a run of this host that started at `started_at` (run.json's)
+    still lives. A run killed without a word (OOM, SIGKILL) leaves "running" behind, and
+    its pid may since be another process's: one born after the run started is not it (a
+    container reuses pids)."""
+    if not process_alive(pid):
+        return False
+    born = process_start(pid)
+    if born is None or not isinstance(started_at, int | float):
+        return True
+    return born <= started_at + PID_CLOCK_SLACK_S
+
+
+def live_run(log_dir: Path) -> str | None:
+    """ "running as pid N" when run.json in `log_dir` says its run is running and that run
+    lives: on this host its pid exists; on another its heartbeat is fresh. None else
+    (no run, a finished one, one killed without a word)."""
+    info = read_json(log_dir / RUN_INFO) or {}
+    pid, host = as_int(info.get("pid")), info.get("host")
+    if info.get("status") != "running" or pid is None:
+        return None
+    if host == socket.gethostname():
+        # this process's own earlier run (started from the library) is over by now
+        alive = pid != os.getpid() and run_process_alive(pid, info.get("started_at"))
+        return f"running as pid {pid}" if alive else None
+    beat = info.get("heartbeat")
+    age = time.time() - beat if isinstance(beat, int | float) else None
+    if age is None or age > MIN_STALE_S:
+        return None
+    return f"running as pid {pid} on {host} (heartbeat {age:.0f} s ago)"
+
+
+def live_problems(config, launch: Launch) -> list[str]:
+    """The directory this run would write into, or the run it resumes, held by a run that
+    is still running: --overwrite would move its files away while it writes on, and a
+    resume would write beside it. Refused whatever the flags."""
+    if config.campaign is not None:
+        return []  # a campaign makes its own directories and resumes its own runs
+    targets = {Path(config.logging.log_dir).expanduser().resolve(): LOG_DIR}
+    if config.resume.from_:
+        targets[Path(config.resume.from_).expanduser().resolve()] = ("resume", "from")
+    problems = []
+    for path, (table, key) in targets.items():
+        live = live_run(path)
+        if live:
+            fix = "then resume it" if table == "resume" else "or set a new [logging] log_dir"
+            problems.append(
+                f"[{table}] {key}{launch.origin(table, key)}: the run in {path} is {live}; "
+                "stop it first (or wait for it to finish): a run never writes into a live "
+                f"run's files. Fix: stop that run, {fix}"
+            )
+    return problems
+
+
 def check(config, launch: Launch) -> tuple[list[str], list[str]]:
     """(errors, warnings) for `retrain explain` and `doctor`: each occupied directory is an
     error naming its key, where it was set and the fix; with --overwrite, a warning saying
     where the run will move it."""
-    occupied = occupied_dirs(config)
+    occupied, live = occupied_dirs(config), live_problems(config, launch)
     if not launch.overwrite:
-        return [_problem(occ, launch, config.training.max_steps) for occ in occupied], []
+        return live + [_problem(occ, launch, config.training.max_steps) for occ in occupied], []
+    if live:  # nothing is moved aside while a run writes there
+        return live, []
     return [], [
         f"[{occ.table}] {occ.key}: {occ.path} holds another run; --overwrite moves it aside "
         f"to {occ.path}.old-YYYYmmdd-HHMMSS at start"
@@ -300,7 +403,11 @@ def move_aside(occ: Occupied, now: datetime) -> Path | None:
 
 def claim(config, launch: Launch, say: Callable[[str], None]) -> None:
     """Before the run builds anything: refuse directories that hold another run (exit 2,
-    every problem at once), or with --overwrite move them aside and say where."""
+    every problem at once), or with --overwrite move them aside and say where. A live
+    run's directory is refused either way (and so is resuming a live run)."""
+    live = live_problems(config, launch)
+    if live:
+        raise ConfigError(live, head="another run is still running there")
     occupied = occupied_dirs(config)
     if not occupied:
         return

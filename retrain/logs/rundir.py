@@ -94,6 +94,14 @@ def is_run_dir(path: str | Path) -> bool:
     return any((Path(path) / name).exists() for name in RUN_MARKERS)
 
 
+def run_dir_holding(path: str | Path) -> Path | None:
+    """The run directory `path` is, or lies inside (a directory with metrics.jsonl,
+    run.json or trainer_state.json at or above it), or None: what a command that writes
+    files must stay out of, since a command never writes into a run's files."""
+    path = Path(path).expanduser().absolute()
+    return next((d for d in (path, *path.parents) if d.is_dir() and is_run_dir(d)), None)
+
+
 class RunDir:
     """One run directory; each property reads its file once, on first use."""
 
@@ -116,9 +124,17 @@ class RunDir:
         """trainer_state.json ({} when absent or unreadable)."""
         return read_json(self.path / TRAINER_STATE, self.warnings) or {}
 
+    def _read_rows(self, path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+        """read_jsonl's answer, or no rows and a warning when the file cannot be read."""
+        try:
+            return read_jsonl(path)
+        except OSError as exc:
+            self.warnings.append(f"cannot read {path}: {exc.strerror or exc}")
+            return [], []
+
     @cached_property
     def _metrics_file(self) -> tuple[list[dict[str, Any]], list[int]]:
-        rows, bad = read_jsonl(self.path / METRICS)
+        rows, bad = self._read_rows(self.path / METRICS)
         if bad:
             self.warnings.append(
                 f"skipped {len(bad)} corrupt line(s) in {self.path / METRICS}: line(s) "
@@ -251,7 +267,7 @@ class RunDir:
 
     def generation_counts(self, horizon: int | None = None) -> tuple[int, int] | None:
         """(correct, completions) from emergence/generations.jsonl over steps < horizon."""
-        rows, _ = read_jsonl(self.path / GENERATIONS)
+        rows, _ = self._read_rows(self.path / GENERATIONS)
         correct = total = 0
         for row in rows:
             if "correct" not in row:

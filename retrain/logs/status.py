@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain.logs.metrics import read_eval_rows
-from retrain.logs.ownership import log_dir_holds, typed_in
+from retrain.logs.ownership import MIN_STALE_S, log_dir_holds, run_process_alive, typed_in
 from retrain.logs.rundir import (
     MANIFEST,
     METRICS,
@@ -40,7 +40,6 @@ from retrain.logs.rundir import (
     is_run_dir,
 )
 
-MIN_STALE_S = 300.0
 RESUMABLE = ("dead", "stale", "interrupted")
 STALE_STEP_FACTOR = 3.0
 
@@ -168,26 +167,13 @@ def _fill_eval(st: RunStatus, run: RunDir) -> None:
         st.last_eval_pass_at_k = as_number(last.get("eval_pass_at_k"))
 
 
-def process_alive(pid: int) -> bool:
-    """Whether a process with this id exists on this host (one owned by another user
-    counts as alive)."""
-    if pid <= 0:
+def _process_gone(st: RunStatus, started_at: object) -> bool:
+    """run.json was written on this host by a process that no longer exists (or whose pid
+    another process has taken since). Without a host (an older run.json) or from another
+    host nothing is known: the heartbeat decides."""
+    if st.pid is None or st.host != socket.gethostname():
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
-
-
-def _process_gone(st: RunStatus) -> bool:
-    """run.json was written on this host by a process that no longer exists. Without a
-    host (an older run.json) or from another host nothing is known: the heartbeat decides."""
-    return st.pid is not None and st.host == socket.gethostname() and not process_alive(st.pid)
+    return not run_process_alive(st.pid, started_at)
 
 
 def resume_command(run: RunDir) -> str:
@@ -225,7 +211,7 @@ def _state(run: RunDir, st: RunStatus, stale_after: float | None) -> str:
         return "finished"
     if status in ("failed", "interrupted"):
         return status
-    if status == "running" and _process_gone(st):
+    if status == "running" and _process_gone(st, run.run_info.get("started_at")):
         return "dead"
     if status == "running" or (not run.run_info and run.metrics):
         fresh = st.heartbeat_age_s is not None and st.heartbeat_age_s <= limit

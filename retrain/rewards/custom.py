@@ -87,6 +87,10 @@ def load_custom_function(
                 f"[reward] custom_module: cannot import {module!r}{extra}: {exc}; "
                 "set [plugins] search_paths or give a path to a .py file"
             ) from exc
+        except Exception as exc:  # the module's own code raised as it ran, as for a file
+            raise RewardError(
+                f"[reward] custom_module: importing {module!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
         where = module
     fn = getattr(mod, function, None)
     if fn is None:

@@ -241,7 +241,9 @@ def test_conditions_with_overrides_run_under_their_labels_and_resume(tmp_path, m
     """Two conditions that differ only by overrides: separate runs, labels, run.toml
     values and manifest entries; a resume rebuilds each run from the manifest."""
     tuned = "grpo+none~lr=0.0001,uncertainty_kind=shannon_entropy"
-    odd = "grpo+none~model.model=org/tiny"
+    # a model a condition overrides is checked before the campaign starts: one that can be had
+    small = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    odd = f"grpo+none~model.model={small}"
     odd_name = run_dir_name(odd, 1)
     fake = Fake(tmp_path, monkeypatch, {odd_name: {"exit": 3}})
     cfg = campaign_config(
@@ -255,7 +257,7 @@ def test_conditions_with_overrides_run_under_their_labels_and_resume(tmp_path, m
                 "lr": 1e-4,
                 "uncertainty_kind": "shannon_entropy",
             },
-            {"advantage_mode": "grpo", "transform_mode": "none", "model": {"model": "org/tiny"}},
+            {"advantage_mode": "grpo", "transform_mode": "none", "model": {"model": small}},
         ],
     )
     assert run_campaign(cfg, "camp.toml", out=lambda s: None) == 1
@@ -267,13 +269,13 @@ def test_conditions_with_overrides_run_under_their_labels_and_resume(tmp_path, m
         "lr": 1e-4,
         "uncertainty_kind": "shannon_entropy",
     }
-    assert by[odd]["overrides"] == {"model.model": "org/tiny"} and "/" not in by[odd]["name"]
+    assert by[odd]["overrides"] == {"model.model": small} and "/" not in by[odd]["name"]
     assert by["grpo+none"]["overrides"] == {}
     run_toml = config_from_dict(tomllib.loads(Path(by[tuned]["config_path"]).read_text()))
     assert run_toml.training.lr == 1e-4 and run_toml.algorithm.uncertainty_kind == "shannon_entropy"
     assert run_toml.logging.wandb_group == tuned
     odd_toml = config_from_dict(tomllib.loads(Path(by[odd]["config_path"]).read_text()))
-    assert odd_toml.model.model == "org/tiny" and odd_toml.training.lr == 4e-5
+    assert odd_toml.model.model == small and odd_toml.training.lr == 4e-5
 
     # resume from a TOML without the overrides: the manifest's conditions are used
     fake.set_plan({})
@@ -283,7 +285,7 @@ def test_conditions_with_overrides_run_under_their_labels_and_resume(tmp_path, m
     assert run_campaign(plain, "camp.toml", out=lines.append) == 0
     assert [e["name"] for e in fake.events() if e["kind"] == "start"][-1] == odd_name
     again = config_from_dict(tomllib.loads(Path(by[odd]["config_path"]).read_text()))
-    assert again.model.model == "org/tiny"
+    assert again.model.model == small
     assert manifest(d)["status"] == "finished"
 
 

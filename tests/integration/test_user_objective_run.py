@@ -78,7 +78,8 @@ def test_a_flipped_objective_flips_the_gradient(tiny_raw, tiny_model_dir, tmp_pa
 def test_a_run_trains_with_the_user_objective_resolved_once(tiny_raw, tmp_path, monkeypatch):
     """A 2-step `retrain` run with a recording copy of `is` logs exactly the losses of
     the built-in `is` run (same seed), its objective called on every micro-batch with
-    float32 logprobs that carry a gradient, and resolved once."""
+    float32 logprobs that carry a gradient, and resolved twice, never per micro-batch:
+    by the startup checks (before any model loads) and as the backend is built."""
     import retrain.loss as loss
 
     write_losses(tmp_path, "run_losses")
@@ -95,7 +96,7 @@ def test_a_run_trains_with_the_user_objective_resolved_once(tiny_raw, tmp_path, 
     )
     code, rows = run(mine)
     assert code == 0 and [r["step"] for r in rows] == [0, 1]
-    assert resolved == ["run_losses.recording_is"]
+    assert resolved == ["run_losses.recording_is"] * 2
     calls = sys.modules["run_losses"].CALLS
     assert len(calls) >= 2 and all(c[1] == torch.float32 and c[2] for c in calls)
     resolved.clear()
@@ -106,9 +107,10 @@ def test_a_run_trains_with_the_user_objective_resolved_once(tiny_raw, tmp_path, 
 
 
 def test_a_missing_objective_fails_when_the_run_starts(tiny_raw, tmp_path):
-    from retrain.errors import PluginError
+    from retrain.errors import ConfigError
     from retrain.trainer import train
 
     raw = with_training(tiny_raw, tmp_path, "missing", policy_loss="nowhere_losses.fn")
-    with pytest.raises(PluginError, match="cannot import module 'nowhere_losses'"):
+    said = r"\[training\] policy_loss: cannot import module 'nowhere_losses'"
+    with pytest.raises(ConfigError, match=said):
         train(config_from_dict(raw), console=QuietConsole())

@@ -31,6 +31,7 @@ from reference_advantages import (  # noqa: E402
 
 from retrain.advantages import AdvantagePipeline, compute_token_advantages, grpo  # noqa: E402
 from retrain.advantages.episode import (  # noqa: E402
+    MAXRL_EPS,
     PARAMS,
     check_params,
     grpo_grouped,
@@ -331,12 +332,19 @@ def test_params_are_checked_at_construction_through_algorithm_aliases_too():
         AdvantagePipeline(advantage_mode="reinforce_plus_plus", advantage_params={"epsilon": 1})
 
 
-def test_grpo_and_maxrl_params_keep_their_old_meaning():
-    # never checked: unknown keys were always ignored, and configs keep their meaning
-    AdvantagePipeline(advantage_mode="grpo", advantage_params={"normalize_std": True})
-    AdvantagePipeline(advantage_mode="maxrl", advantage_params={"eps": 1e-3, "other": 1})
-    assert check_params("grpo", {"anything": 1}) == {}
-    assert set(PARAMS) == {*NEW_MODES, "opo"}
+def test_grpo_and_maxrl_params_are_checked_like_the_others():
+    """A typo, a key grpo does not read, or a non-positive eps is refused, not ignored."""
+    AdvantagePipeline(advantage_mode="maxrl", advantage_params={"eps": 1e-3})
+    for mode, params, said in (
+        ("grpo", {"normalize_std": True}, "normalize_std"),
+        ("maxrl", {"epsilon": 1e-3}, "epsilon"),
+        ("maxrl", {"eps": -0.5}, "eps"),
+        ("maxrl", {"eps": "x"}, "eps"),
+    ):
+        with pytest.raises(ConfigError, match=said):
+            AdvantagePipeline(advantage_mode=mode, advantage_params=params)
+    assert check_params("maxrl", {}) == {"eps": MAXRL_EPS}
+    assert set(PARAMS) == {*NEW_MODES, "opo", "grpo", "maxrl"}
 
 
 def test_eps_param_reaches_the_batched_form():

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from retrain import algorithms as A
-from retrain.cli.summaries import named_algorithm
 from retrain.cli.init import templates
+from retrain.cli.summaries import named_algorithm
 from retrain.config import config_from_dict, load_config
 from retrain.config.toml_writer import value_to_toml
 

@@ -71,3 +71,26 @@ def test_unknown_exactly_where_peft_finds_no_module(tiny_llama, target):
         assert "not found" in str(exc) or "not supported" in str(exc)
         found = "not found" not in str(exc)
     assert unknown == (not found)
+
+
+def test_the_start_refuses_a_target_no_layer_matches(tiny_llama):
+    """Before any model loads (explain, doctor and the run share model_problems): a typo
+    beside a valid name, which PEFT would skip without a word."""
+    from retrain.build import model_problems
+    from retrain.config import config_from_dict
+
+    path, _ = tiny_llama
+
+    def problems(targets):
+        config = config_from_dict(
+            {
+                "model": {"model": str(path)},
+                "backend": {"devices": "cpu"},
+                "lora": {"target_modules": targets},
+            }
+        )
+        return dict(model_problems(config, ask=None))
+
+    said = problems(["q_proj", "v_porj"])["[lora] target_modules"]
+    assert "'v_porj' (did you mean 'v_proj'?) names no layer of" in said and "q_proj," in said
+    assert problems(["q_proj", "self_attn.v_proj", "lm_head"]) == {}

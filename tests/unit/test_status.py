@@ -16,11 +16,11 @@ from retrain.cli.main import main as cli_main
 from retrain.cli.status import main as status_main
 from retrain.cli.status import watch
 from retrain.errors import UsageError
+from retrain.logs.ownership import process_alive
 from retrain.logs.rundir import run_dir_name
 from retrain.logs.status import (
     collect,
     discover,
-    process_alive,
     read_campaign,
     read_run,
     render,
@@ -42,6 +42,7 @@ def write_run(
     torn=False,
     pid=1,
     host=None,
+    started_at=NOW - 1000,
 ):
     d.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -70,7 +71,7 @@ def write_run(
                     "pid": pid,
                     "condition": condition,
                     "max_steps": max_steps,
-                    "started_at": NOW - 1000,
+                    "started_at": started_at,
                     "heartbeat": NOW - 10 if heartbeat is None else heartbeat,
                     "step": len(rates),
                     **({"host": host} if host else {}),
@@ -308,10 +309,16 @@ def test_a_killed_run_on_this_host_is_dead_with_its_resume_command(tmp_path):
     assert "killed is dead: last step 2, checkpoint at step 3" in text
     assert f"resume: retrain {run / 'config.resolved.toml'} --resume {run}" in text
 
-    # the same record with a live pid is running; the fresh heartbeat keeps it so
-    write_run(run, rates=[0.5], status="running", pid=os.getpid(), host=here)
+    # the same record with a live pid is running; the fresh heartbeat keeps it so (the
+    # run started after its process did, as a run.json is written)
+    write_run(
+        run, rates=[0.5], status="running", pid=os.getpid(), host=here, started_at=time.time()
+    )
     alive = read_run(run, now=NOW)
     assert alive.state == "running" and alive.resume_command is None
+    # a live pid born after the run started is another process's (the pid was reused)
+    write_run(run, rates=[0.5], status="running", pid=os.getpid(), host=here)
+    assert read_run(run, now=NOW).state == "dead"
 
 
 def test_pid_is_only_checked_on_the_host_that_wrote_it(tmp_path):
@@ -384,6 +391,7 @@ def test_watch_sees_a_run_change_between_refreshes(tmp_path):
         pid=os.getpid(),
         host=socket.gethostname(),
         heartbeat=time.time(),
+        started_at=time.time(),
     )
     out = []
 

@@ -137,7 +137,7 @@ _nested = st.recursive(
     prompt=_text,
     args=st.dictionaries(st.text(min_size=1, max_size=8), _nested, max_size=3),
     shots=st.lists(st.fixed_dictionaries({"user": _text, "assistant": _text}), max_size=2),
-    seeds=st.lists(st.integers(min_value=0, max_value=10**6), unique=True, max_size=4),
+    seeds=st.lists(st.integers(min_value=0, max_value=10**6), unique=True, min_size=1, max_size=4),
 )
 def test_round_trip_property(lr, seed, prompt, args, shots, seeds):
     c = config_from_dict(
