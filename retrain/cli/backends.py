@@ -12,7 +12,6 @@ capability hooks is reported with conservative defaults as `source=plugin/defaul
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from dataclasses import fields
 from pathlib import Path
@@ -45,15 +44,9 @@ CAPABILITY_HELP = {
 
 def missing_modules(entry: Entry) -> list[str]:
     """The entry's required Python modules that cannot be found here."""
-    missing = []
-    for mod in entry.requires:
-        try:
-            found = importlib.util.find_spec(mod) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            missing.append(mod)
-    return missing
+    from retrain.cli.startup_checks import missing_modules as missing
+
+    return missing(entry.requires)
 
 
 def _options(info: BackendInfo | None) -> dict[str, Any]:

@@ -147,15 +147,10 @@ def _entry(kind: str, name: str) -> Any:
 
 def _named_extras(config: Any) -> dict[str, str]:
     """Extras named by the install hints of the configured built-in entries."""
-    named = [
-        ("backend", "[backend] backend", config.backend.backend),
-        ("reward", "[reward] type", config.reward.type),
-        ("planning_detector", "[planning] detector", config.planning.detector),
-    ]
-    if not config.environment.provider:
-        named.append(("data_source", "[data] source", config.data.source))
+    from retrain.cli.startup_checks import configured_entries
+
     need: dict[str, str] = {}
-    for kind, key, value in named:
+    for kind, key, value in configured_entries(config, engine=False):
         entry = _entry(kind, value)
         match = _EXTRA.search(entry.install) if entry is not None else None
         if match:

@@ -27,8 +27,9 @@ def missing_modules(modules: tuple[str, ...]) -> list[str]:
     return missing
 
 
-def _configured_entries(config: Config) -> list[tuple[str, str, str]]:
-    """(registry kind, config key, name) of the built-in names the run will resolve."""
+def configured_entries(config: Config, engine: bool = True) -> list[tuple[str, str, str]]:
+    """(registry kind, config key, name) of the built-in names the run will resolve (the
+    inference engine's only with `engine`)."""
     named = [
         ("backend", "[backend] backend", config.backend.backend),
         ("reward", "[reward] type", config.reward.type),
@@ -37,7 +38,7 @@ def _configured_entries(config: Config) -> list[tuple[str, str, str]]:
     if not config.environment.provider:
         named.append(("data_source", "[data] source", config.data.source))
     backend = registry.BACKENDS.entry(config.backend.backend)
-    if backend is None or "[inference]" not in backend.ignores:
+    if engine and (backend is None or "[inference]" not in backend.ignores):
         named.append(("engine", "[inference] engine", config.inference.engine))
     return named
 
@@ -45,7 +46,7 @@ def _configured_entries(config: Config) -> list[tuple[str, str, str]]:
 def module_problems(config: Config) -> list[tuple[str, str]]:
     """Modules a configured built-in entry `requires` that are not installed."""
     problems = []
-    for kind, key, name in _configured_entries(config):
+    for kind, key, name in configured_entries(config):
         entry = registry.ALL_REGISTRIES[kind].entry(name)
         if entry is None or not entry.available or not entry.requires:
             continue
