@@ -917,10 +917,10 @@ def condition_problems(
 
 
 def plugin_problems(config: Config) -> Problems:
-    """The dotted-path backend, policy loss and data source imported as the run imports
-    them (the advantage flow's plugins are the preflight's): otherwise the first fails
-    with no key, the loss only as the backend loads the model, the data source after
-    the tokenizer."""
+    """The dotted-path backend, policy loss, planning detector and data source imported as
+    the run imports them (the advantage flow's plugins are the preflight's): otherwise the
+    first fails with no key, the loss only as the backend loads the model, the detector
+    and the data source after the tokenizer."""
     from retrain.loss import resolve_objective
 
     paths = tuple(config.plugins.search_paths)
@@ -937,6 +937,16 @@ def plugin_problems(config: Config) -> Problems:
         except PluginError as exc:
             why = str(exc).removeprefix("[training] policy_loss ")
             found.append(("[training] policy_loss", _with_fix(why, fix)))
+    detector = config.planning.detector
+    if registry.PLANNING_DETECTORS.is_plugin(detector):  # built for every run
+        try:
+            obj = registry.PLANNING_DETECTORS.resolve(detector, paths)
+        except PluginError as exc:
+            found.append(("[planning] detector", _with_fix(str(exc), fix)))
+        else:
+            if not callable(obj):
+                why = f"{detector!r} is a {type(obj).__name__} value, not a detector class"
+                found.append(("[planning] detector", f"{why}. {fix}"))
     source = config.data.source
     if not config.environment.provider and registry.DATA_SOURCES.is_plugin(source):
         try:

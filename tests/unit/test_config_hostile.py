@@ -5,6 +5,7 @@ a run that fails later."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 from pathlib import Path
 
@@ -281,3 +282,15 @@ def test_search_paths_that_are_no_directory_are_warned_about(tmp_path):
     assert len(found) == 2
     assert "file.py' is a file, not a directory" in found[0]
     assert "none' does not exist" in found[1]
+
+
+def test_doctor_checks_no_model_for_a_config_that_does_not_load(tmp_path, capsys):
+    """The built-in default model is not the one the file names: no FAIL for it."""
+    from retrain.cli.main import main
+
+    path = tmp_path / "bad.toml"
+    path.write_text('[model]\nmodel = "org/named-here"\n[training]\nlr = "bad"\n')
+    code = main(["doctor", str(path), "--no-network", "--json"])
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert code == 1 and checks["config"]["status"] == "FAIL"
+    assert checks["model"]["status"] == "WARN" and "does not load" in checks["model"]["detail"]

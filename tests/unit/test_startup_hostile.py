@@ -146,6 +146,8 @@ def plugins(project):
         ),
         ('policy_loss = "good.NOT_CALLABLE"\n', "[training] policy_loss", "is not callable"),
         ('[data]\nsource = "good.nope"\n', "[data] source", "has no attribute 'nope'"),
+        ('[planning]\ndetector = "good.nope"\n', "[planning] detector", "has no attribute 'nope'"),
+        ('[planning]\ndetector = "good.NOT_CALLABLE"\n', "[planning] detector", "not a detector"),
         ('[data]\nsource = "good.NOT_CALLABLE"\n', "[data] source", "not a function or class"),
     ],
 )
