@@ -7,7 +7,8 @@ dialect: token-id prompts, one request per completion, the sampling truncation t
 (top_k 0, min_p 0) and the probabilities after the sampling chain (temperature applied).
 The test checks the returned ids and logprobs against the trainer's own
 (`LocalBackend.completion_logprobs` in fp32 on the same prompt and tokens, at T = 0.7:
-max |diff| < 0.02, mean < 0.002 — llama.cpp's f32 kernels are not torch's), and that
+mean |diff| < 0.002, 99th percentile < 0.01, max < 0.05 — llama.cpp's f32 kernels are
+not torch's, and its batching varies between runs), and that
 training against llama.cpp is refused before step 0: it cannot load a new LoRA adapter
 while it runs.
 
@@ -126,8 +127,11 @@ def test_openai_engine_samples_from_llamacpp_what_the_trainer_would(server, trai
     )
     # llama.cpp's own f32 kernels (accumulation order, norms, softmax) differ from torch's
     # more than vLLM's do: measured max 2e-3 at T = 1 and 7.5e-3 (mean 1e-3) at T = 0.7,
-    # where the logit error is scaled by 1/T. vLLM fp32 agrees to 5e-5.
-    assert diff.max() < 2e-2 and diff.mean() < 2e-3
+    # where the logit error is scaled by 1/T. vLLM fp32 agrees to 5e-5. Which requests
+    # the server batches together varies from run to run, and its sums with them: on
+    # 2026-11-28 nine runs of the same code gave three outcomes, one token at 2.5e-2
+    # (mean 1.1e-3, 99th percentile 7e-3). The mean and the 99th percentile hold tight.
+    assert diff.max() < 5e-2 and diff.mean() < 2e-3 and np.quantile(diff, 0.99) < 1e-2
     assert len(distinct) > 1  # one seed per completion: not n copies of one sample
     engine.close()
 
