@@ -916,6 +916,12 @@ def condition_problems(
     ]
 
 
+PLUGIN_FIX = (
+    "Fix: a built-in name or an importable pkg.module.attr ([plugins] search_paths are put on "
+    "sys.path)"
+)
+
+
 def plugin_problems(config: Config) -> Problems:
     """The dotted-path backend, policy loss, planning detector and data source imported as
     the run imports them (the advantage flow's plugins are the preflight's): otherwise the
@@ -924,40 +930,36 @@ def plugin_problems(config: Config) -> Problems:
     from retrain.loss import resolve_objective
 
     paths = tuple(config.plugins.search_paths)
-    fix = "Fix: a built-in name or an importable pkg.module.attr ([plugins] search_paths are put on sys.path)"
     found: Problems = []
     if registry.BACKENDS.is_plugin(config.backend.backend):
         try:
             backend_info(config.backend.backend, paths)
         except (PluginError, TypeError, ValueError) as exc:
-            found.append(("[backend] backend", _with_fix(str(exc), fix)))
+            found.append(("[backend] backend", _with_fix(str(exc), PLUGIN_FIX)))
     if registry.OBJECTIVES.is_plugin(config.training.policy_loss):
         try:
             resolve_objective(config.training.policy_loss, paths)
         except PluginError as exc:
             why = str(exc).removeprefix("[training] policy_loss ")
-            found.append(("[training] policy_loss", _with_fix(why, fix)))
+            found.append(("[training] policy_loss", _with_fix(why, PLUGIN_FIX)))
     detector = config.planning.detector
     if registry.PLANNING_DETECTORS.is_plugin(detector):  # built for every run
-        try:
-            obj = registry.PLANNING_DETECTORS.resolve(detector, paths)
-        except PluginError as exc:
-            found.append(("[planning] detector", _with_fix(str(exc), fix)))
-        else:
-            if not callable(obj):
-                why = f"{detector!r} is a {type(obj).__name__} value, not a detector class"
-                found.append(("[planning] detector", f"{why}. {fix}"))
+        found += _callable(registry.PLANNING_DETECTORS, detector, paths, "a detector class")
     source = config.data.source
     if not config.environment.provider and registry.DATA_SOURCES.is_plugin(source):
-        try:
-            obj = registry.DATA_SOURCES.resolve(source, paths)
-        except PluginError as exc:
-            found.append(("[data] source", _with_fix(str(exc), fix)))
-        else:
-            if not callable(obj):
-                why = f"{source!r} is a {type(obj).__name__} value, not a function or class"
-                found.append(("[data] source", f"{why}. {fix}"))
+        found += _callable(registry.DATA_SOURCES, source, paths, "a function or class")
     return found
+
+
+def _callable(reg: registry.Registry, name: str, paths: tuple[str, ...], what: str) -> Problems:
+    """Plugin `name` of `reg` resolved: its import's problem, or that it cannot be called."""
+    try:
+        obj = reg.resolve(name, paths)
+    except PluginError as exc:
+        return [(reg.key, _with_fix(str(exc), PLUGIN_FIX))]
+    if callable(obj):
+        return []
+    return [(reg.key, f"{name!r} is a {type(obj).__name__} value, not {what}. {PLUGIN_FIX}")]
 
 
 def _with_fix(message: str, fix: str) -> str:
