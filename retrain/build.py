@@ -999,17 +999,20 @@ def _unwritable(key: str, value: str) -> str | None:
     a non-root user's missing write permission is found too."""
     from pathlib import Path
 
+    from retrain.logs.rundir import blocked_at
+
     path = Path(value).expanduser().absolute()
+    blocked = blocked_at(path)
+    if blocked is None:
+        return None
+    nearest, why = blocked
     fix = f"Fix: set {key} to a directory you can write"
-    if path.exists() and not path.is_dir():
+    if why == "file" and nearest == path:
         return f"{value!r} is a file, not a directory. {fix} (or move the file away)"
-    nearest = next(p for p in (path, *path.parents) if p.exists())
-    if not nearest.is_dir():
+    if why == "file":
         return f"{value!r} cannot be made: {nearest} is a file, not a directory. {fix}"
-    if not os.access(nearest, os.W_OK | os.X_OK):
-        made = "" if nearest == path else f" cannot be made: {nearest}"
-        return f"{value!r}{made} is not writable by this user. {fix}"
-    return None
+    made = "" if nearest == path else f" cannot be made: {nearest}"
+    return f"{value!r}{made} is not writable by this user. {fix}"
 
 
 def plugin_option_problems(config: Config) -> Problems:

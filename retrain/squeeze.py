@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
 from collections.abc import Callable, Iterable
@@ -46,7 +45,7 @@ from typing import Any
 from retrain.checkpoint import TRAINING_STATE
 from retrain.errors import RetrainError
 from retrain.hardware import cuda_device_count
-from retrain.logs.rundir import run_dir_holding
+from retrain.logs.rundir import cannot_write_in, run_dir_holding
 
 __all__ = [
     "LayerSpectrum",
@@ -372,12 +371,7 @@ def _output_problem(out: Path, adapter: Path | None, force: bool) -> str | None:
         return f"{out} is inside the log directory of a run ({run}), which stays as saved"
     if out.is_dir() and any(out.iterdir()) and not force:
         return f"{out} is not empty; name a new directory (or pass --force to write into it)"
-    parent = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
-    if not parent.is_dir():
-        return f"{parent} is a file, not a directory"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"cannot write in {parent} (permission denied)"
-    return None
+    return cannot_write_in(out)
 
 
 def _local_rank(path: Path) -> tuple[int | None, str | None]:

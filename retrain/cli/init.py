@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 from retrain.errors import UsageError
+from retrain.logs.rundir import cannot_write_in
 
 TEMPLATE_DIR = "config/templates"
 # Campaign templates get a file of their own, so a run's retrain.toml beside them stays.
@@ -52,11 +53,9 @@ def check_output_file(path: Path, force: bool, flag: str) -> None:
             raise UsageError(f"{flag} {path}: cannot write it (permission denied)")
         return
     # the directory it will be created in: the nearest part of the path that exists
-    parent = next(p for p in path.absolute().parents if p.exists())
-    if not parent.is_dir():
-        raise UsageError(f"{flag} {path}: {parent} is a file, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: cannot write in {parent} (permission denied)")
+    problem = cannot_write_in(path)
+    if problem is not None:
+        raise UsageError(f"{flag} {path}: {problem}")
 
 
 def _write(path: Path, text: str, force: bool) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import tomllib
 from collections import Counter
@@ -100,6 +101,31 @@ def run_dir_holding(path: str | Path) -> Path | None:
     files must stay out of, since a command never writes into a run's files."""
     path = Path(path).expanduser().absolute()
     return next((d for d in (path, *path.parents) if d.is_dir() and is_run_dir(d)), None)
+
+
+def blocked_at(path: Path) -> tuple[Path, str] | None:
+    """Where a file or directory at `path` could not be made or written: its nearest
+    existing part (`path` itself when it exists) and why, "file" (not a directory) or
+    "unwritable" (os.access: this user may not write there, which root always may); None
+    when nothing stands in the way."""
+    path = path.absolute()
+    nearest = next(p for p in (path, *path.parents) if p.exists())
+    if not nearest.is_dir():
+        return nearest, "file"
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        return nearest, "unwritable"
+    return None
+
+
+def cannot_write_in(path: Path) -> str | None:
+    """`blocked_at(path)` in words, for a path that does not exist yet (or a directory)."""
+    blocked = blocked_at(path)
+    if blocked is None:
+        return None
+    where, why = blocked
+    if why == "file":
+        return f"{where} is a file, not a directory"
+    return f"cannot write in {where} (permission denied)"
 
 
 class RunDir:

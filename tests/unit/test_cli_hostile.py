@@ -276,3 +276,17 @@ def test_eval_takes_the_adapters_lora_shape_and_refuses_a_flag_against_it(tmp_pa
     assert _adapter_overrides(str(path), ["--lora-rank", "4"]) == ["--lora-alpha", "8"]
     with pytest.raises(UsageError, match=r"--lora-rank 8 contradicts the adapter's r = 4"):
         _adapter_overrides(str(path), ["--lora-rank", "8"])
+
+
+def test_blocked_at_names_the_part_of_the_path_in_the_way(tmp_path):
+    """The one check behind init's, eval's, squeeze's and the run's output paths."""
+    from retrain.logs.rundir import blocked_at, cannot_write_in
+
+    (tmp_path / "plain").write_text("")
+    assert blocked_at(tmp_path / "plain" / "a" / "b") == (tmp_path / "plain", "file")
+    assert blocked_at(tmp_path / "plain") == (tmp_path / "plain", "file")
+    assert blocked_at(tmp_path / "new" / "dir") is None and cannot_write_in(tmp_path) is None
+    assert (
+        cannot_write_in(tmp_path / "plain" / "x")
+        == f"{tmp_path / 'plain'} is a file, not a directory"
+    )
