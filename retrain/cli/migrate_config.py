@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from retrain.compat.migrate import plan, report, rewrite
-from retrain.config.load import DEFAULT_CONFIG, load_config, read_toml
+from retrain.config.load import DEFAULT_CONFIG, read_toml, unknown_names
 from retrain.errors import ConfigError
 
 
@@ -33,29 +33,6 @@ def _backup(path: Path) -> Path:
         n += 1
     shutil.copy2(path, backup)
     return backup
-
-
-def _unknown_keys(path: Path, raw: dict) -> list[str]:
-    """The loader's messages (with the did-you-mean and the line) for the keys and tables
-    that neither this build nor the original knows: migrate-config cannot rewrite them,
-    and the config will not load while they stand."""
-    from retrain.config import dialect
-    from retrain.config.schema import TABLES, table_fields
-
-    starts: list[str] = []
-    for table, section in dialect.current().normalize(raw).raw.items():
-        if table not in TABLES:
-            starts += [f"unknown table [{table}]", f"top-level key {table!r}", f"{table}."]
-        elif isinstance(section, dict):
-            known = {spec.key for spec in table_fields(table)}
-            starts += [f"[{table}] {k}{end}" for k in section if k not in known for end in " :"]
-    if not starts:
-        return []
-    try:
-        load_config(path)
-    except ConfigError as exc:
-        return [p for p in exc.problems if p.startswith(tuple(starts))]
-    return []
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -91,7 +68,7 @@ def main(argv: list[str]) -> int:
     if args.stdout:
         sys.stdout.write(new_text)
     lines = report(str(path), changes, manual)
-    problems = _unknown_keys(path, raw)
+    problems = unknown_names(raw, text, str(path))
     if problems:
         if lines[-1] == f"{path}: nothing to migrate":
             lines.pop()  # nothing to rewrite, but the file does not load either

@@ -221,6 +221,25 @@ def _peer_leaves(path: list[str], value: Any, origin: _Origin, misspelt: bool = 
     return problems
 
 
+def unknown_names(raw: Mapping[str, Any], text: str, source: str) -> list[str]:
+    """The loader's problems (with the did-you-mean and the file and line) for the tables
+    and keys of a parsed TOML (`raw`, its `text`, from `source`) that retrain does not
+    have, and nothing else: what `migrate-config` cannot rewrite."""
+    origin = _Origin(source=source, lines=locate_keys(text))
+    normalized = dialect.current().normalize(raw)
+    origin.renamed = normalized.renamed
+    problems: list[str] = []
+    for name, value in normalized.raw.items():
+        if name not in TABLES:
+            problems += _outside_tables(name, value, origin)
+        elif isinstance(value, dict):
+            known = {s.key for s in table_fields(name)}
+            for key, val in value.items():
+                if key not in known:
+                    problems += _unknown_key(name, key, val, origin)
+    return problems
+
+
 # ---------------------------------------------------------------- building Config
 
 
