@@ -478,11 +478,21 @@ class Trainer:
         changes = resume_changes(cfg) if done is not None else []
         if changes:  # before config.resolved.toml is rewritten with them
             self.say(resumed_with(changes, done))
-        self.setup()
-        if resume_from:
-            self.restore(resume_from)
         if self.world.is_main:
-            self.log.open(self.start_step)
+            self.log.reserve(done or 0)  # a second run is refused while the model loads
+        try:
+            self.setup()
+            if resume_from:
+                self.restore(resume_from)
+            if self.world.is_main:
+                self.log.open(self.start_step)
+        except BaseException as exc:
+            if self.log.is_open:  # e.g. the wandb mirror failed to start
+                status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+                self.log.close(status, self.last_saved_step)
+            else:
+                self.log.release()
+            raise
         self.context = replace(self.context, started=self.log.started)
         stop = _StopRequest()
         stop.install()

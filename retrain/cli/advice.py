@@ -137,7 +137,7 @@ def _data_keys_unread(config: Config) -> list[str]:
 def _eval_keys_unread(config: Config) -> list[str]:
     """`[eval]` keys set away from their defaults that no evaluation reads: any with
     `every = 0` (warned, not refused, so `--eval-every 0` turns a configured evaluation
-    off), and `path` where the held-out set does not come from a JSONL file."""
+    off), and `path` and `split` where the held-out set does not come from them."""
     e = config.eval
     if e.every <= 0:
         unread = [k for k in away_from_defaults(e) if k != "every"]
@@ -147,14 +147,29 @@ def _eval_keys_unread(config: Config) -> list[str]:
             f"[eval] {', '.join(unread)}: read only with [eval] every > 0, and every = 0 "
             "turns the held-out evaluation off (remove them, or set every)"
         ]
-    # evaluate.held_out_data: only a jsonl source reads its held-out set from a file
+    # evaluate.held_out_data: jsonl reads [eval] path, reasoning_gym draws from a seed
+    # stream, an environment has its own eval dataset; math and plugin sources load split
     source, provider = config.data.source, config.environment.provider
-    if not e.path or (source == "jsonl" and not provider):
-        return []
-    where = "the environment's eval dataset" if provider else f"[data] source {source!r}"
+    where = (
+        "the environment's eval dataset"
+        if provider
+        else {"jsonl": "[eval] path", "reasoning_gym": "reasoning-gym's held-out seed stream"}.get(
+            source, f"[data] source {source!r}"
+        )
+    )
+    readers = {
+        "path": "for [data] source 'jsonl' only",
+        "split": "for [data] source 'math' and plugin sources only",
+    }
+    reads = {
+        "path": source == "jsonl" and not provider,
+        "split": source not in ("jsonl", "reasoning_gym") and not provider,
+    }
     return [
-        f"[eval] path is read for [data] source 'jsonl' only; the held-out set comes from "
-        f"{where} (remove it, or set the source that reads it)"
+        f"[eval] {key} is read {readers[key]}; the held-out set comes from {where} "
+        "(remove it, or set the source that reads it)"
+        for key in away_from_defaults(e, tuple(readers))
+        if not reads[key]
     ]
 
 

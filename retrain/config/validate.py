@@ -338,13 +338,18 @@ def _shaping(config: Config) -> Problems:
     return problems
 
 
+# The keys of [reward] that one built-in type reads and every other built-in ignores.
+_REWARD_TYPE_KEYS = {
+    "custom": ("custom_module", "custom_function"),
+    "judge": ("judge_model", "judge_base_url", "judge_api_key"),
+}
+
+
 def _reward(config: Config) -> Problems:
-    """custom_module for the custom reward; its keys set for another built-in reward (a
-    plugin reward gets the whole table and may read them)."""
+    """custom_module for the custom reward; the keys of one type set for another (no
+    reward reads another type's keys: your own code comes in through type = "custom")."""
     r = config.reward
-    if r.type == "custom":
-        if r.custom_module:
-            return []
+    if r.type == "custom" and not r.custom_module:
         return [
             (
                 "[reward] custom_module",
@@ -353,14 +358,16 @@ def _reward(config: Config) -> Problems:
             )
         ]
     if not registry.REWARDS.is_builtin(r.type):
-        return []
+        return []  # an unknown type: its own error says so
     return [
         (
             f"[reward] {key}",
-            f'only used with type = "custom" (type is {r.type!r}). Fix: set type = '
-            '"custom", or remove the key',
+            f'only used with type = "{owner}" (type is {r.type!r}). Fix: set type = '
+            f'"{owner}", or remove the key',
         )
-        for key in away_from_defaults(r, ("custom_module", "custom_function"))
+        for owner, keys in _REWARD_TYPE_KEYS.items()
+        if owner != r.type
+        for key in away_from_defaults(r, keys)
     ]
 
 

@@ -31,6 +31,49 @@ class RunLog:
         self._writers: dict[str, JsonlWriter] = {}
         # the run's backend and what it guarantees, once built (run.json's `backend`)
         self.backend: dict[str, Any] | None = None
+        # what reserve() found, for release() to put back: the directories it made
+        # (deepest first) and the previous run.json
+        self._held: tuple[list[Path], bytes | None] | None = None
+
+    def reserve(self, step: int) -> None:
+        """Before the model loads (seconds to minutes): run.json says this run is running,
+        so a second run started meanwhile is refused as live (logs/ownership.live_run)
+        instead of writing beside it. The rows and the resolved config come with open()."""
+        made = [p for p in (self.log_dir, *self.log_dir.parents) if not p.exists()]
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            before = (self.log_dir / RUN_INFO).read_bytes()
+        except FileNotFoundError:
+            before = None
+        except OSError as exc:
+            raise RetrainError(f"cannot write in {self.log_dir}: {exc.strerror or exc}") from exc
+        self._held = (made, before)
+        self.started = time.time()
+        self.write_status("running", step=step)
+
+    def release(self) -> None:
+        """The run ended before open(): put back what reserve() found (the previous run.json
+        of a resumed run; no directories where there were none), as if it had not started."""
+        if self._held is None or self.is_open:
+            return
+        made, before = self._held
+        self._held = None
+        path = self.log_dir / RUN_INFO
+        try:
+            if before is not None:
+                tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+                tmp.write_bytes(before)
+                os.replace(tmp, path)  # never half a file
+                return
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            self.say(f"warning: could not put back {path}: {exc.strerror or exc}")
+            return
+        for directory in made:
+            try:
+                directory.rmdir()  # only when empty: nothing else is removed
+            except OSError:
+                break  # something else is in it now, so it and those above stay
 
     def open(self, start_step: int) -> None:
         """Create the directory, set aside rows of steps a resumed run will redo, write the

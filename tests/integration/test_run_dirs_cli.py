@@ -8,10 +8,12 @@ the first checkpoint, then the command the message prints.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from retrain.logs.jsonl import read_jsonl
@@ -236,3 +238,77 @@ def test_double_ctrl_c_after_a_checkpoint_names_it_and_its_resume_command_works(
     )
     resolved = (tmp_path / "logs" / "tiny" / "config.resolved.toml").read_text()
     assert "\nlr = 0.01\n" in resolved and "\nmax_steps = 4\n" in resolved
+
+
+# A plugin backend that holds the run where the model would load (after the run claimed
+# its directories, before its first row) until the test writes `go`, then fails.
+GATE_BACKEND = """\
+import time
+from pathlib import Path
+
+from retrain.errors import TrainingError
+
+
+class Gate:
+    def __init__(self, config, tokenizer, say=print, **extra):
+        Path("loading").write_text("")
+        deadline = time.time() + 120
+        while not Path("go").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        raise TrainingError("the gate backend stops here")
+"""
+
+GATE_CONFIG = """\
+[backend]
+backend = "gate.Gate"
+devices = "cpu"
+
+[model]
+model = "{model}"
+
+[algorithm]
+advantage_mode = "grpo"
+transform_mode = "none"
+
+[data]
+source = "reasoning_gym"
+task = "basic_arithmetic"
+size = 5
+
+[logging]
+log_dir = "logs/tiny"
+"""
+
+
+def test_a_run_still_loading_its_model_is_live_and_a_failed_start_leaves_nothing(
+    tmp_path, tiny_model_dir
+):
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "gate.py").write_text(GATE_BACKEND)
+    (tmp_path / "run.toml").write_text(GATE_CONFIG.format(model=tiny_model_dir))
+    python_path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "retrain.cli.main", "run.toml"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": python_path, "OMP_WAIT_POLICY": "PASSIVE"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while not (tmp_path / "loading").exists():
+            assert first.poll() is None, first.communicate()
+            time.sleep(0.05)
+        # it has written no row yet, and its run.json already holds the directory
+        log_dir = tmp_path / "logs" / "tiny"
+        assert sorted(p.name for p in log_dir.iterdir()) == ["run.json"]
+        info = json.loads((log_dir / "run.json").read_text())
+        assert (info["status"], info["pid"]) == ("running", first.pid)
+        code, out, err = cli(tmp_path, "run.toml", "--overwrite")
+        assert code == 2 and f"is running as pid {first.pid}; stop it first" in err, out + err
+        assert not list((tmp_path / "logs").glob("tiny.old-*"))  # nothing moved aside
+    finally:
+        (tmp_path / "go").write_text("")
+        out, err = first.communicate(timeout=120)
+    assert first.returncode != 0 and "the gate backend stops here" in err, out + err
+    assert not (tmp_path / "logs").exists()  # as if it had never started

@@ -240,6 +240,11 @@ def test_a_key_set_twice_by_flags_is_refused_naming_both():
         ({"training": {"kl_estimator": "k1"}}, "[training] kl_estimator"),
         ({"reward": {"custom_function": "f"}}, "[reward] custom_function"),
         ({"reward": {"type": "math", "custom_module": "m"}}, "[reward] custom_module"),
+        ({"reward": {"judge_model": "gpt-4o"}}, "[reward] judge_model"),
+        (
+            {"reward": {"type": "custom", "custom_module": "m", "judge_base_url": "http://h"}},
+            "[reward] judge_base_url",
+        ),
         ({"sepa": {"ema_decay": 0.9}}, "[sepa] ema_decay"),
         ({"sepa": {"warmup": 3, "var_threshold": 0.5}}, "[sepa] warmup"),
     ],
@@ -254,6 +259,7 @@ def test_the_same_keys_load_where_they_are_read():
     config_from_dict({"training": {"kl_estimator": "k1", "kl_coef": 0.1}})
     config_from_dict({"sepa": {"schedule": "auto", "ema_decay": 0.9, "warmup": 3}})
     config_from_dict({"reward": {"type": "custom", "custom_module": "m", "custom_function": "f"}})
+    config_from_dict({"reward": {"type": "judge", "judge_model": "m", "judge_api_key": "k"}})
 
 
 def test_a_service_url_on_a_backend_that_reads_none_is_an_error():
@@ -272,6 +278,15 @@ def test_eval_keys_no_evaluation_reads_are_warned_about():
     math = cpu_advice(eval={"every": 2, "path": "h.jsonl"})
     assert any(w.startswith("[eval] path is read for [data] source 'jsonl' only") for w in math)
     assert not [w for w in cpu_advice(eval={"every": 2}) if w.startswith("[eval]")]
+    assert not [w for w in cpu_advice(eval={"every": 2, "split": "dev"}) if w.startswith("[eval]")]
+    gym = cpu_advice(
+        data={"source": "reasoning_gym", "task": "chain_sum"}, eval={"every": 2, "split": "dev"}
+    )
+    assert any(
+        w.startswith("[eval] split is read for [data] source 'math' and plugin sources only")
+        and "reasoning-gym's held-out seed stream" in w
+        for w in gym
+    )
 
 
 def test_search_paths_that_are_no_directory_are_warned_about(tmp_path):

@@ -369,6 +369,40 @@ def test_runlog_records_pid_and_host(tmp_path):
     assert read_run(tmp_path).state == "dead"
 
 
+
+def test_a_start_that_fails_before_its_first_row_puts_back_what_it_found(tmp_path):
+    """RunLog.reserve holds the directory while the model loads; release undoes it."""
+    from retrain.config import config_from_dict
+    from retrain.logs.runlog import RunLog
+
+    def log_in(path):
+        return RunLog(config_from_dict({}), path, None, say=said.append)
+
+    said: list[str] = []
+    fresh = log_in(tmp_path / "a" / "b" / "logs")
+    fresh.reserve(0)
+    assert json.loads((tmp_path / "a/b/logs/run.json").read_text())["status"] == "running"
+    fresh.release()
+    assert list(tmp_path.iterdir()) == []  # every directory it made, and only those
+    # a resumed run: the previous run.json comes back byte for byte, the rest untouched
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    previous = b'{"status": "interrupted", "step": 7}'
+    (resumed / "run.json").write_bytes(previous)
+    (resumed / "metrics.jsonl").write_text('{"step": 6}\n')
+    log = log_in(resumed)
+    log.reserve(7)
+    assert json.loads((resumed / "run.json").read_text())["step"] == 7
+    log.release()
+    assert (resumed / "run.json").read_bytes() == previous
+    assert sorted(p.name for p in resumed.iterdir()) == ["metrics.jsonl", "run.json"]
+    # a directory something else wrote into meanwhile stays, with what is in it
+    shared = log_in(tmp_path / "shared" / "logs")
+    shared.reserve(0)
+    (tmp_path / "shared" / "other").mkdir()
+    shared.release()
+    assert [p.name for p in (tmp_path / "shared").iterdir()] == ["other"] and said == []
+
 # ------------------------------------------------------------------ --watch
 
 
