@@ -369,7 +369,6 @@ def test_runlog_records_pid_and_host(tmp_path):
     assert read_run(tmp_path).state == "dead"
 
 
-
 def test_a_start_that_fails_before_its_first_row_puts_back_what_it_found(tmp_path):
     """RunLog.reserve holds the directory while the model loads; release undoes it."""
     from retrain.config import config_from_dict
@@ -402,6 +401,7 @@ def test_a_start_that_fails_before_its_first_row_puts_back_what_it_found(tmp_pat
     (tmp_path / "shared" / "other").mkdir()
     shared.release()
     assert [p.name for p in (tmp_path / "shared").iterdir()] == ["other"] and said == []
+
 
 # ------------------------------------------------------------------ --watch
 
