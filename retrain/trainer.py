@@ -16,16 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from retrain import distributed
-from retrain.build import (
-    Components,
-    build,
-    check_world,
-    resume_changes,
-    resume_horizon,
-    resume_problems,
-    step_work_of,
-    world_of,
-)
+from retrain.build import Components, step_work_of, world_of
 from retrain.checkpoint import (
     TrainerState,
     capture_rng,
@@ -47,6 +38,13 @@ from retrain.rollout import build_datums, correct_rate, planning_masks, token_gr
 from retrain.roofline import StepWork
 from retrain.schedule import lr_at
 from retrain.shaping import merge_counters, sample_step
+from retrain.startup import (
+    check_world,
+    checked_build,
+    resume_changes,
+    resume_horizon,
+    resume_problems,
+)
 from retrain.stepping import SampledStep, StepTraining, step_training
 from retrain.types import Datum, EvalResult, GroupRollout, RunPosition, StepResult
 from retrain.zero_signal import ZeroSignalGuard
@@ -133,7 +131,7 @@ class Trainer:
         self.guard = ZeroSignalGuard(config.training.zero_signal_steps)
 
     def setup(self) -> None:
-        self.parts = c = build(self.config, self.say)
+        self.parts = c = checked_build(self.config, self.say)
         # With back pressure on, the controller picks every batch size (its warmup
         # explores from the bottom of the ladder); [training] batch_size only seeds it.
         bp = c.backpressure

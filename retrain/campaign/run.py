@@ -783,10 +783,10 @@ def _manifest_entries(manifest: dict[str, Any], campaign_dir: Path) -> list:
 
 
 def _condition_problems(config: Config, runs: list[RunSpec]) -> list[str]:
-    """What each condition's runs would refuse at their start (build.condition_problems:
+    """What each condition's runs would refuse at their start (startup.condition_problems:
     the preflight, and the startup checks where a condition overrides the base), found
     before any run starts. The base config's own problems are each run's to report."""
-    from retrain.build import condition_problems, startup_problems
+    from retrain.startup import condition_problems, startup_problems
 
     firsts: dict[str, RunSpec] = {}
     for run in runs:

@@ -71,10 +71,10 @@ def resume_advice(config: Config, launch: ownership.Launch) -> list[str]:
     """How far `[resume] from` trains now, where its max_steps changed, and the settings
     it continues with changed (a batch or group size the checkpoint would override is an
     error of the startup checks)."""
-    from retrain.build import resume_changes, resume_horizon
     from retrain.checkpoint import load_state
     from retrain.config.diff import KEPT_BY_CHECKPOINT, resumed_with
     from retrain.errors import CheckpointError
+    from retrain.startup import resume_changes, resume_horizon
 
     try:
         state = load_state(config.resume.from_) if config.resume.from_ else None

@@ -489,7 +489,7 @@ def check_backend_probe(config: Any) -> list[Check]:
     before any model load; nothing for backends without one."""
     if config is None:
         return []
-    from retrain.build import backend_problems, engine_problems, probes
+    from retrain.startup import backend_problems, engine_problems, probes
 
     entry = _entry("backend", config.backend.backend)
     if entry is None or not probes(config):
@@ -539,8 +539,8 @@ def check_model(config: Any, network: bool, ask: HubAsk | None = None) -> Check:
     """Whether the configured model can be had, decided as the run's start decides it
     (retrain/models.py's `find_model`: on disk, in a cache, or one metadata request to the
     hub; `ask` replaces that request). Without the network the hub is not asked."""
-    from retrain.build import source_problems
     from retrain.models import ask_hub, find_model
+    from retrain.startup import source_problems
 
     model = config.model.model if config is not None else "Qwen/Qwen3-4B-Instruct-2507"
     found = find_model(model, (ask or ask_hub) if network else None)

@@ -131,13 +131,13 @@ def _step_of(adapter: str) -> int | None:
 def evaluate_adapter(adapter: str, config, say=print) -> dict[str, Any]:
     """Build the run's components (no training), load `adapter` unless it is `base`,
     evaluate on the held-out set; the result row."""
-    from retrain.build import build
     from retrain.evaluate import build_evaluator, prepare_held_out
     from retrain.logs.console import eval_line
     from retrain.logs.metrics import eval_row
+    from retrain.startup import checked_build
     from retrain.types import CheckpointInfo
 
-    parts = build(config, say)
+    parts = checked_build(config, say)
     try:
         evaluator = parts.evaluator or build_evaluator(
             config, parts.rollout, prepare_held_out(config, parts.data, parts.renderer, say)

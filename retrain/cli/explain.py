@@ -15,14 +15,7 @@ from typing import Any
 
 from retrain import hardware
 from retrain.backends.base import BackendInfo, backend_info
-from retrain.build import (
-    Problems,
-    backend_problems,
-    condition_problems,
-    engine_problems,
-    preflight_problems,
-    world_of,
-)
+from retrain.build import world_of
 from retrain.campaign.expand import (
     Condition,
     RunSpec,
@@ -48,7 +41,7 @@ from retrain.cli.summaries import (
 )
 from retrain.config import Config, load_config, load_dotenv
 from retrain.config.schema import FALLBACK_MAX_TURNS
-from retrain.config.validate import device_kind, training_device
+from retrain.config.validate import Problems, device_kind, training_device
 from retrain.data.env_probe import EnvironmentReport
 from retrain.engines.decoders import decoder_for, sharded_problem
 from retrain.engines.decoders import describe as describe_decoder
@@ -58,6 +51,12 @@ from retrain.kernels import flex
 from retrain.logs import ownership
 from retrain.logs.console import format_duration
 from retrain.models import HubAsk, ask_hub
+from retrain.startup import (
+    backend_problems,
+    condition_problems,
+    engine_problems,
+    preflight_problems,
+)
 from retrain.types import BackendCapabilities
 from retrain.world import World
 
@@ -94,7 +93,7 @@ def _squeeze_report(
 def _backend(config: Config) -> tuple[BackendInfo, bool]:
     """The configured backend's info, and whether it resolved: a plugin that cannot be
     imported is described with conservative defaults (the startup checks report it,
-    under its key: build.plugin_problems)."""
+    under its key: startup.plugin_problems)."""
     name = config.backend.backend
     try:
         return backend_info(name, tuple(config.plugins.search_paths)), True

@@ -1,15 +1,15 @@
 """What the run checks at its start, done without loading a model: `explain` and
 `doctor` report these before a run would refuse them (the run's own checks are in
-retrain/build.py; these add the installed modules)."""
+retrain/startup.py; these add the installed modules)."""
 
 from __future__ import annotations
 
 from retrain import registry
-from retrain.build import startup_problems as run_startup_problems
 from retrain.config import Config
 from retrain.errors import ConfigError
 from retrain.logs import ownership
 from retrain.models import HubAsk, ask_hub
+from retrain.startup import startup_problems as run_startup_problems
 from retrain.world import World
 
 
@@ -71,7 +71,7 @@ def startup_problems(
 ) -> list[tuple[str, str]]:
     """(key, problem) for everything the run would refuse at start before its first step,
     found without loading a model: missing modules of the configured entries, and the
-    run's own startup checks (retrain/build.py: the devices, the model, the resume
+    run's own startup checks (retrain/startup.py: the devices, the model, the resume
     directory, the tinker backend's API key, the plugins and the custom reward imported,
     the reasoning-gym task and its args, the output directories). The files the config names are checked when it loads; the flow
     checks (the run's preflight) and the backend's probe are reported beside these."""

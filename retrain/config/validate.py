@@ -507,7 +507,7 @@ def _reward_file(config: Config) -> Problems:
 
 def _backend_options(config: Config) -> Problems:
     """`[backend.options]` against a built-in backend's option schema (a plugin's is
-    checked where the plugin is imported: build.startup_problems)."""
+    checked where the plugin is imported: startup.startup_problems)."""
     entry = registry.BACKENDS.entry(config.backend.backend)
     if entry is None or not entry.available:
         return []
@@ -623,7 +623,7 @@ def _attention(config: Config) -> Problems:
     backward there, and the variable-length kernel is CUDA's; the former also on a GPU
     without triton, which compiles it; the latter also with fp32
     matmuls asked for (flash attention has no float32 kernel; `dtype = "auto"` on a GPU
-    without native bf16 is the startup's check, retrain/build.py)."""
+    without native bf16 is the startup's check, retrain/startup.py)."""
     option = config.backend.options.get("attention")
     if option not in ("flex", "varlen") or "attention" not in _options_of(config):
         return []
@@ -804,7 +804,7 @@ def cross_checks(config: Config) -> Problems:
 
 # ---------------------------------------------------------------- this machine
 # Not among the cross checks: a config loads the same on every machine; the startup
-# checks (retrain/build.py) compare it with the machine.
+# checks (retrain/startup.py) compare it with the machine.
 
 
 def kernel_problems(config: Config, lacks: Callable[[str, str, int], str | None]) -> Problems:

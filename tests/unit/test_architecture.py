@@ -68,7 +68,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("compat", ("retrain.compat",)),
-    ("loop", ("retrain.build", "retrain.trainer", "retrain.stepping", "retrain.campaign")),
+    (
+        "loop",
+        (
+            "retrain.startup",
+            "retrain.build",
+            "retrain.trainer",
+            "retrain.stepping",
+            "retrain.campaign",
+        ),
+    ),
     ("commands", ("retrain.cli", "retrain.__main__")),
 ]
 # Package façades that serve the original API's names lazily (inside `__getattr__`).

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from retrain.build import preflight
 from retrain.cli.main import main
 from retrain.config import load_config
 from retrain.errors import RetrainError
+from retrain.startup import preflight
 
 BASE = (
     '[backend]\ndevices = "cpu"\n[model]\nmodel = "HuggingFaceTB/SmolLM2-135M-Instruct"\n'
@@ -57,7 +57,7 @@ def refused_by_the_run(path: Path) -> str:
 def test_a_plugin_that_cannot_be_imported(project, capsys, key):
     path = project / "c.toml"
     path.write_text(BASE + f'[algorithm]\n{key} = "foo.bar.baz"\n')
-    # the run names the key too (build.preflight_problems, shared with explain)
+    # the run names the key too (startup.preflight_problems, shared with explain)
     assert refused_by_the_run(path).startswith(f"[algorithm] {key}: cannot import module 'foo.bar'")
     code, report = explain(capsys, str(path))
     assert code == 2

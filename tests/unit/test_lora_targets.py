@@ -76,8 +76,8 @@ def test_unknown_exactly_where_peft_finds_no_module(tiny_llama, target):
 def test_the_start_refuses_a_target_no_layer_matches(tiny_llama):
     """Before any model loads (explain, doctor and the run share model_problems): a typo
     beside a valid name, which PEFT would skip without a word."""
-    from retrain.build import model_problems
     from retrain.config import config_from_dict
+    from retrain.startup import model_problems
 
     path, _ = tiny_llama
 

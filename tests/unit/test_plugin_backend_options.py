@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 
-from retrain.build import build_backend, plugin_option_problems
+from retrain.build import build_backend
 from retrain.cli.main import main
 from retrain.config import load_config
+from retrain.startup import plugin_option_problems
 
 PLUGIN = """\
 class Hooked:

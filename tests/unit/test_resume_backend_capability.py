@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 from cli_run import run_retrain
 
-from retrain.build import resume_problems
 from retrain.checkpoint import TrainerState, save_state
 from retrain.config import config_from_dict
 from retrain.errors import CheckpointError
 from retrain.registry import import_object
+from retrain.startup import resume_problems
 from retrain.trainer import Trainer
 from retrain.types import CheckpointInfo
 

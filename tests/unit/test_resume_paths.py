@@ -13,11 +13,11 @@ from pathlib import Path
 
 from test_resume_backend_capability import small_state
 
-from retrain.build import resume_problems as config_problems
 from retrain.checkpoint import load_state, resume_problems, save_state
 from retrain.config import config_from_dict
 from retrain.logs.rundir import RunDir
 from retrain.logs.status import resume_command
+from retrain.startup import resume_problems as config_problems
 from retrain.types import CheckpointInfo
 
 CHECKPOINT = "adapters/r/checkpoint_step_2"

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from retrain.build import build, check_startup, startup_problems
 from retrain.checkpoint import TrainerState, resume_problems, save_state
 from retrain.config import config_from_dict
 from retrain.config.validate import devices_problems
 from retrain.errors import ConfigError
 from retrain.hardware import TorchBuild, torch_build
 from retrain.models import EMBEDDED_MODELS, ask_hub, find_model
+from retrain.startup import check_startup, checked_build, startup_problems
 from retrain.types import CheckpointInfo
 
 EMBEDDED = next(iter(EMBEDDED_MODELS))
@@ -265,7 +265,7 @@ def test_the_run_stops_before_the_tokenizer_loads(tmp_path, monkeypatch, hub):
     config = config_from_dict({"model": {"model": "org/gone"}, "backend": {"devices": "cpu"}})
     said: list[str] = []
     with pytest.raises(ConfigError) as exc:
-        build(config, said.append)
+        checked_build(config, said.append)
     assert exc.value.exit_code == 2 and said == []
     assert str(exc.value).startswith("the run cannot start (checked before any model loads")
     assert "[model] model: 'org/gone' is not a local directory" in str(exc.value)

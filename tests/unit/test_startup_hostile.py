@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from retrain.advantages import AdvantagePipeline
-from retrain.build import check_startup, preflight
 from retrain.cli.main import main
 from retrain.config import load_config
 from retrain.errors import ConfigError, RetrainError
 from retrain.logs.ownership import claim, launch_for
+from retrain.startup import check_startup, preflight
 
 BASE = (
     '[backend]\ndevices = "cpu"\n[model]\nmodel = "HuggingFaceTB/SmolLM2-135M-Instruct"\n'

@@ -36,7 +36,7 @@ def test_round_trip_default_and_templates():
 
 
 def test_round_trip_redacts_secrets():
-    c = config_from_dict({"reward": {"judge_api_key": "sk-secret"}})
+    c = config_from_dict({"reward": {"type": "judge", "judge_api_key": "sk-secret"}})
     text = config_to_toml(c)
     assert "sk-secret" not in text
     assert 'judge_api_key = ""  # redacted' in text
