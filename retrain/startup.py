@@ -418,7 +418,7 @@ def gym_problems(config: Config) -> Problems:
         return []
     if importlib.util.find_spec("reasoning_gym") is None:
         return []
-    from retrain.data.reasoning_gym import args_problems, task_names
+    from retrain.data.reasoning_gym import args_problems, task_names, unknown_task
     from retrain.errors import DataError
 
     try:
@@ -426,12 +426,7 @@ def gym_problems(config: Config) -> Problems:
     except DataError as exc:
         return [("[data] source", str(exc))]
     if d.task not in names:
-        import difflib
-
-        close = difflib.get_close_matches(d.task, names, n=3)
-        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-        fix = f"Fix: one of reasoning-gym's {len(names)} tasks, e.g. {', '.join(names[:5])}"
-        return [("[data] task", f"unknown reasoning-gym task {d.task!r}{hint}. {fix}")]
+        return [("[data] task", unknown_task(d.task, list(names)))]
     return args_problems(d.task, dict(d.args), d.seed) if d.args else []
 
 

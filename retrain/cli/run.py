@@ -11,7 +11,7 @@ from pathlib import Path
 
 from retrain.cli.args import split_config_args
 from retrain.config import DEFAULT_CONFIG, load_config, load_dotenv
-from retrain.errors import UsageError
+from retrain.errors import ConfigError, UsageError
 
 
 def config_path(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -78,6 +78,28 @@ def own_switches(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args(argv)
 
 
+def started_elsewhere(flags: list[str]) -> str | None:
+    """For a config that failed to load with `--resume DIR`: when that run was started in
+    another directory, the relative paths of its config (a data file, a reward module)
+    were read from there; the command that resumes it from there."""
+    from retrain.checkpoint import run_workdir
+    from retrain.config.load import parse_overrides
+    from retrain.logs.rundir import RunDir
+    from retrain.logs.status import resume_command
+
+    resume = parse_overrides(flags)[0].get("resume", {}).get("from")
+    if not isinstance(resume, str) or not Path(resume).expanduser().is_dir():
+        return None
+    workdir = run_workdir(Path(resume).expanduser())
+    if workdir is None or workdir.resolve() == Path.cwd().resolve():
+        return None
+    return (
+        f"[resume] from: the run in {resume} was started in {workdir}, and a config's "
+        "relative paths are read from the directory retrain runs in: if a path above is "
+        f"one of them, resume from there: {resume_command(RunDir(Path(resume).expanduser()))}"
+    )
+
+
 def main(argv: list[str]) -> int:
     switches, rest = own_switches(argv)
     path, flags = config_path(rest)
@@ -85,7 +107,13 @@ def main(argv: list[str]) -> int:
         print("Loaded .env")
     if path is None:
         print(f"No ./{DEFAULT_CONFIG}: running on the built-in defaults plus the flags given")
-    config = load_config(path, flags)
+    try:
+        config = load_config(path, flags)
+    except ConfigError as exc:
+        note = started_elsewhere(flags)
+        if note is None:
+            raise
+        raise ConfigError([*exc.problems, note], exc.source) from exc
     if switches.overwrite:
         refuse_overwrite(config)
     if config.campaign is not None:

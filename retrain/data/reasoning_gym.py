@@ -162,6 +162,16 @@ def _option_problem(task: str, key: str, value: Any, options: list[str], hint: A
     return f"must be {kind} for reasoning-gym task {task!r}, got {value!r}. Fix: {key} = {kind}"
 
 
+def unknown_task(task: str, names: list[str]) -> str:
+    """The problem with a `[data] task` reasoning-gym does not have, with the close names."""
+    close = difflib.get_close_matches(task, names, n=3)
+    hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+    return (
+        f"unknown reasoning-gym task {task!r}{hint}. Fix: one of reasoning-gym's "
+        f"{len(names)} tasks, e.g. {', '.join(names[:5])}"
+    )
+
+
 def load_gym_examples(
     task: str, args: dict[str, Any] | None = None, size: int = 1000, seed: int = 0
 ) -> list[Example]:
@@ -172,12 +182,7 @@ def load_gym_examples(
         )
     names = _registered()  # imported here anyway: the registry itself, not the cache
     if task not in names:
-        close = difflib.get_close_matches(task, names, n=3)
-        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-        raise DataError(
-            f"[data] task: unknown reasoning-gym task {task!r}{hint}; "
-            f"{len(names)} tasks exist, e.g. {', '.join(names[:8])}"
-        )
+        raise DataError(f"[data] task: {unknown_task(task, names)}")
     if size < 1:
         raise DataError(f"[data] size must be >= 1, got {size}")
     args = dict(args or {})

@@ -99,6 +99,21 @@ def test_the_resume_command_of_status_works_from_any_directory(tmp_path, tiny_mo
     fix = f"Fix: resume from there: cd {work} && retrain logs/tiny/config.resolved.toml --resume logs/tiny"
     assert fix in direct.stderr
     assert list(elsewhere.iterdir()) == []
+    # a config whose relative reward file is read from here fails to load: the error
+    # says where the run started and the command that resumes it from there
+    relative = work / "relative.toml"
+    relative.write_text(
+        (work / "retrain.toml").read_text().replace(str(work / "reward.py"), "reward.py")
+    )
+    direct = run_retrain([str(relative), "--resume", str(logs)], elsewhere)
+    assert direct.returncode == 2 and "[reward] custom_module" in direct.stderr
+    assert (
+        f"[resume] from: the run in {logs} was started in {work}, and a config's relative "
+        "paths are read from the directory retrain runs in: if a path above is one of them, "
+        f"resume from there: cd {work} && retrain logs/tiny/config.resolved.toml --resume "
+        "logs/tiny"
+    ) in direct.stderr, direct.stderr
+    assert list(elsewhere.iterdir()) == []
 
     # status, from yet another directory, prints a command that works pasted anywhere
     status = run_retrain(["status", str(work / "logs")], tmp_path)
