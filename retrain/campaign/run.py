@@ -783,17 +783,22 @@ def _manifest_entries(manifest: dict[str, Any], campaign_dir: Path) -> list:
 
 
 def _condition_problems(config: Config, runs: list[RunSpec]) -> list[str]:
-    """What each condition's runs would refuse at their start (startup.condition_problems:
-    the preflight, and the startup checks where a condition overrides the base), found
-    before any run starts. The base config's own problems are each run's to report."""
+    """What the campaign's runs would refuse at their start, found before any directory is
+    made: the base config's startup problems (every run would fail on them, each after
+    the campaign had started), then each condition's (startup.condition_problems: the
+    preflight, and the startup checks where a condition overrides the base)."""
     from retrain.startup import condition_problems, startup_problems
 
     firsts: dict[str, RunSpec] = {}
     for run in runs:
         firsts.setdefault(run.condition, run)
     listed = [(label, run.config, bool(run.overrides)) for label, run in firsts.items()]
-    base = startup_problems(config) if any(overridden for *_, overridden in listed) else []
-    return condition_problems(listed, base, startup_problems)
+    # where every condition overrides the base, their own checks say what still holds
+    plain = any(not overridden for *_, overridden in listed)
+    base = startup_problems(config) if plain else []
+    return [f"{key}: {message}" for key, message in base] + condition_problems(
+        listed, base, startup_problems
+    )
 
 
 def run_campaign(

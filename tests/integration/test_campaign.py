@@ -92,6 +92,16 @@ class Fake:
         return rows
 
 
+BASE_MODEL = ""  # the tiny model's directory, set for each test by the fixture below
+
+
+@pytest.fixture(autouse=True)
+def _base_model(tiny_model_dir, monkeypatch):
+    """The stand-in runs load no model, but the campaign's start checks the base config's
+    model and devices as each run would: the tiny model on the CPU passes them."""
+    monkeypatch.setattr(sys.modules[__name__], "BASE_MODEL", str(tiny_model_dir))
+
+
 def campaign_config(tmp_path, **campaign):
     camp = {
         "seeds": [1, 2],
@@ -104,6 +114,8 @@ def campaign_config(tmp_path, **campaign):
     camp.update(campaign)
     return config_from_dict(
         {
+            "backend": {"devices": "cpu"},
+            "model": {"model": BASE_MODEL},
             "logging": {"log_dir": str(tmp_path / "logs" / "train")},
             "campaign": camp,
         }

@@ -259,6 +259,29 @@ def test_campaign_conditions_get_the_startup_checks(project, capsys, hub):
     assert not (project / "logs").exists()
 
 
+def test_a_campaign_whose_base_config_cannot_start_is_refused_before_any_run(project, hub):
+    """A problem of the base config would fail every run, each after the campaign had made
+    its directory and started it: the campaign's own start refuses it, once."""
+    from retrain.campaign.expand import expand_campaign
+    from retrain.campaign.run import _condition_problems, run_campaign
+
+    hub.missing.add("nope/nope")
+    base = (
+        '[backend]\ndevices = "cpu"\n[model]\nmodel = "nope/nope"\n'
+        "[campaign]\nseeds = [1, 2]\nmax_steps = 1\n"
+        '[[campaign.conditions]]\nadvantage_mode = "grpo"\ntransform_mode = "none"\n'
+    )
+    (project / "camp.toml").write_text(base)
+    with pytest.raises(ConfigError) as exc:
+        run_campaign(load_config("camp.toml"), "camp.toml", out=lambda s: None)
+    assert [p for p in exc.value.problems if p.startswith("[model] model: 'nope/nope'")]
+    assert not (project / "logs").exists()
+    # where every condition overrides the broken key, the campaign starts
+    (project / "camp.toml").write_text(base + 'model = "HuggingFaceTB/SmolLM2-135M-Instruct"\n')
+    config = load_config("camp.toml")
+    assert _condition_problems(config, expand_campaign(config, "CAMPAIGN_DIR")) == []
+
+
 # ----------------------------------------------------------------------- live runs
 
 
