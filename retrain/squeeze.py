@@ -71,7 +71,11 @@ _PAIRS = (
 
 
 class SqueezeError(RetrainError):
-    """The adapter cannot be analysed or compressed (missing files, bad ranks, ...)."""
+    """The adapter cannot be analysed or compressed (missing files, bad ranks, ...): a
+    problem with what was asked, found before anything is written (exit 2, as a config
+    error; a service that fails to answer is a BackendError, exit 1)."""
+
+    exit_code = 2
 
 
 # ------------------------------------------------------------------------------------------
@@ -192,7 +196,7 @@ def _fetch_tinker(tinker_path: str) -> Path:
     try:
         return fetch_adapter(tinker_path)
     except BackendError as e:
-        raise SqueezeError(f"cannot fetch the adapter {tinker_path}: {e}") from e
+        raise BackendError(f"cannot fetch the adapter {tinker_path}: {e}") from e
 
 
 def saved_adapters_in(path: Path) -> list[Path]:

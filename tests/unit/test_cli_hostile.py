@@ -103,7 +103,7 @@ def test_squeeze_output_never_overwrites_a_checkpoint_or_a_file(tmp_path, adapte
     ]
     for extra, said in cases:
         code, _, err = run(capsys, "squeeze", str(adapter), *extra)
-        assert code == 1 and "--output: " in err and said in err, err
+        assert code == 2 and "--output: " in err and said in err, err
     assert {p.name: p.read_bytes() for p in checkpoint.iterdir()} == saved
     assert afile.read_text() == "keep"
 
@@ -112,7 +112,7 @@ def test_squeeze_adapter_that_is_a_file_and_bad_rank_lists(tmp_path, capsys):
     afile = tmp_path / "afile"
     afile.write_text("")
     code, _, err = run(capsys, "squeeze", str(afile))
-    assert code == 1 and "is a file, not a directory" in err
+    assert code == 2 and "is a file, not a directory" in err
     for ranks, said in (("4,,8", "empty entry"), ("4,8,4", "lists 4 twice")):
         code, _, err = run(capsys, "squeeze", str(afile), "--target-ranks", ranks)
         assert code == 2 and said in err, err
@@ -155,7 +155,10 @@ def test_standalone_squeeze_names_the_key_file_and_line(tmp_path, adapter, capsy
         run_standalone(load_config("sq.toml"), "sq.toml")
     # the run, explain and doctor say the same, before any weights load
     code, _, err = run(capsys, "sq.toml")
-    assert code == 1 and "[squeeze] compress_to (sq.toml:3): 2 needs" in err, err  # SqueezeError
+    # a problem with what was asked exits 2 like the config error explain calls it
+    assert code == 2 and "[squeeze] compress_to (sq.toml:3): 2 needs" in err, err
+    code, _, err = run(capsys, "squeeze", "no/such/adapter")
+    assert code == 2 and "adapter directory not found" in err, err
     code, out, _ = run(capsys, "explain", "sq.toml")
     assert code == 2 and "ERROR: [squeeze] compress_to (sq.toml:3): 2 needs" in out
     code, out, _ = run(capsys, "doctor", "sq.toml", "--no-network")
