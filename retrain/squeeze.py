@@ -12,8 +12,9 @@ rank whose mean V(k) reaches ``min_variance_retention``.
 
 Conventions:
 * A layer whose update is exactly zero (e.g. a freshly initialised LoRA, where B = 0) has no
-  spectrum; it counts as fully retained (V = 1) at every rank, so it neither drags the mean
-  down nor blocks a recommendation. Its count is reported (``zero_layers``).
+  spectrum: it is left out of the mean, min and max, which it would otherwise pull up (as
+  V = 1) or down (as V = 0). Its count is reported (``zero_layers``); an adapter that is
+  zero throughout retains everything (V = 1).
 * A layer whose own rank is below k (``rank_pattern``) retains everything at k: V(k) = 1.
 * Default target ranks: powers of two below the source rank, plus the source rank. The
   source rank is always part of the table (V = 1 there), so a recommendation always exists.
@@ -68,6 +69,10 @@ _PAIRS = (
     ("lora_A.weight", "lora_B.weight"),
     ("lora_embedding_A", "lora_embedding_B"),
 )
+
+
+# lora_alpha where adapter_config.json has none: PEFT's LoraConfig default
+PEFT_DEFAULT_ALPHA = 8.0
 
 
 class SqueezeError(RetrainError):
@@ -244,6 +249,14 @@ def _read_config(path: Path) -> dict[str, Any]:
     peft_type = str(cfg.get("peft_type", "LORA")).upper()
     if peft_type != "LORA":
         raise SqueezeError(f"{path} is a {peft_type} adapter; LoRA-Squeeze handles LORA only")
+    if cfg.get("target_parameters"):
+        # PEFT stacks one rank-r block per expert into each factor (r*E rows of lora_A):
+        # read as one layer, its spectrum and a compression of it would both be wrong
+        raise SqueezeError(
+            f"{path} adapts parameters (target_parameters = {cfg['target_parameters']!r}, "
+            "e.g. mixture-of-experts weights), whose LoRA factors stack one block per expert; "
+            "LoRA-Squeeze handles adapters of target_modules only"
+        )
     return cfg
 
 
@@ -528,7 +541,7 @@ def analyze_adapter(
 
     rows = []
     for k in ranks:
-        vs = [sp.variance_at(k) for sp in spectra]
+        vs = [sp.variance_at(k) for sp in spectra if sp.energy > 0.0] or [1.0]
         rows.append(RankRow(k, math.fsum(vs) / len(vs), min(vs), max(vs)))
     # Tolerance so a mean that is 1 up to rounding still counts as reaching thr = 1.0.
     recommended = next(
@@ -556,9 +569,10 @@ def _module_name(layer_name: str) -> str:
 
 
 def _pattern_value(patterns: dict[str, Any] | None, module: str, default: Any) -> Any:
-    """PEFT's rule: a pattern key applies to a module whose name ends with it (regex)."""
+    """PEFT's rule: a pattern key applies to a module whose name ends with it (a regex,
+    grouped: `q_proj|v_proj` matches both)."""
     for key, value in (patterns or {}).items():
-        if re.match(rf"(.*\.)?{key}$", module):
+        if re.match(rf"(.*\.)?({key})$", module):
             return value
     return default
 
@@ -602,7 +616,7 @@ def compress_adapter(
         )
     dev = _torch_device(device)
 
-    alpha = float(cfg.get("lora_alpha", src))
+    alpha = float(cfg.get("lora_alpha", PEFT_DEFAULT_ALPHA))
     rslora = bool(cfg.get("use_rslora", False))
     new_alpha = alpha * (math.sqrt(k / src) if rslora else k / src)
     new_scale = _scale(new_alpha, k, rslora)
@@ -629,6 +643,9 @@ def compress_adapter(
         new_weights[layer.a_key] = (
             a_new.reshape((k, *a.shape[1:])).to(device="cpu", dtype=a.dtype)
         ).contiguous()
+        bias = layer.b_key.removesuffix("weight") + "bias"  # lora_bias: scaled like B A
+        if bias in weights:
+            new_weights[bias] = (weights[bias] * ratio).to(dtype=weights[bias].dtype)
 
     new_cfg = dict(cfg)
     new_cfg["r"] = k

@@ -192,7 +192,7 @@ def test_qr_path_matches_dense_svd(tmp_path):
         assert got == pytest.approx(want, rel=1e-9, abs=1e-9)
 
 
-def test_zero_update_layers_count_as_fully_retained(tmp_path):
+def test_zero_update_layers_are_left_out_of_the_statistics(tmp_path):
     from peft import LoraConfig, get_peft_model
 
     fresh = tmp_path / "fresh"
@@ -211,9 +211,14 @@ def test_zero_update_layers_count_as_fully_retained(tmp_path):
     res = analyze_adapter(mixed)
     assert res.zero_layers == 2
     v1 = variance(SPECTRUM, 1)
-    assert res.row(1).mean_variance == pytest.approx((4 * v1 + 2) / 6)
+    # the four trained layers alone: a zero layer counted as V = 1 would lift the mean
+    assert res.row(1).mean_variance == pytest.approx(v1)
     assert res.row(1).min_variance == pytest.approx(v1)
-    assert res.row(1).max_variance == 1.0
+    assert res.row(1).max_variance == pytest.approx(v1)
+    make_adapter(tmp_path / "trained")  # the same layers, none of them zero
+    trained = analyze_adapter(tmp_path / "trained")
+    assert res.recommended_rank == trained.recommended_rank
+    assert res.row(1).mean_variance == pytest.approx(trained.row(1).mean_variance)
 
 
 def test_reads_adapter_model_bin(adapter64, tmp_path):
@@ -472,3 +477,50 @@ def test_random_adapters_have_monotone_rows(tmp_path_factory, seed, r):
     # narrow layers (3 outputs, 2 inputs) have at most 3 / 2 directions: complete there
     names = [layer.name for layer in res.layers]
     assert len(res.layers[names.index("base_model.model.layer2.proj")].singular_values) == min(r, 2)
+
+
+def test_patterns_and_lora_bias_compress_as_peft_scales_them(tmp_path):
+    """PEFT groups an alpha_pattern key (`q_proj|v_proj` names both) and scales lora_B's
+    bias like B A: with patterns, each layer's scale changes by its own ratio, and the
+    compressed bias must carry it. Checked through PEFT's own delta weights and biases."""
+    from peft import PeftModel
+
+    src = tmp_path / "src"
+    trained = make_adapter(
+        src,
+        dtype=torch.float32,
+        seed=5,
+        alpha_pattern={"q_proj|v_proj": 64, "layers.0.mlp.down_proj": 4},
+        lora_bias=True,
+    )
+    rng = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _, m in lora_modules(trained):
+            m.lora_B["default"].bias.copy_(
+                torch.randn(m.lora_B["default"].bias.shape, generator=rng)
+            )
+    trained.save_pretrained(str(src))
+    out = compress_adapter(src, tmp_path / "small", 4)
+    loaded = dict(lora_modules(PeftModel.from_pretrained(tiny_model(torch.float32), str(out))))
+    for name, ref in lora_modules(trained):
+        full = ref.get_delta_weight("default").double()
+        u, s, vh = torch.linalg.svd(full, full_matrices=False)
+        got = loaded[name]
+        want = u[:, :4] @ torch.diag(s[:4]) @ vh[:4]
+        assert torch.allclose(got.get_delta_weight("default").double(), want, atol=1e-5), name
+        bias = lambda m: m.lora_B["default"].bias * m.scaling["default"]  # noqa: E731
+        assert torch.allclose(bias(got), bias(ref), rtol=1e-5, atol=1e-6), name
+
+
+def test_adapters_of_target_parameters_are_refused(adapter64, tmp_path):
+    """Mixture-of-experts adapters stack one block per expert into each factor: read as
+    one layer, both the spectrum and a compression would be wrong."""
+    moe = tmp_path / "moe"
+    shutil.copytree(adapter64, moe)
+    cfg = json.loads((moe / "adapter_config.json").read_text())
+    cfg["target_parameters"] = ["experts.down_proj"]
+    (moe / "adapter_config.json").write_text(json.dumps(cfg))
+    for call in (lambda: analyze_adapter(moe), lambda: compress_adapter(moe, tmp_path / "o", 2)):
+        with pytest.raises(SqueezeError, match="target_parameters"):
+            call()
+    assert not (tmp_path / "o").exists()
