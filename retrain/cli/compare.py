@@ -1,5 +1,5 @@
 """`retrain compare LOGDIR... [--metric M] [--baseline C] [--out DIR]`: compare conditions
-across seeds with bootstrap CIs, permutation tests, a Fisher test and learning curves.
+across seeds with t intervals, permutation tests, a Fisher test and learning curves.
 
 The analysis lives in the :mod:`retrain.compare` package; this module parses arguments
 and writes the terminal table, `compare.md`, `compare.json` and the PNG plots.
@@ -25,6 +25,7 @@ from retrain.compare import (
     render_markdown,
     render_text,
 )
+from retrain.compare.comparison import NoValues
 from retrain.compare.runs import RunData
 from retrain.errors import RetrainError, UsageError
 from retrain.logs.rundir import run_dir_holding
@@ -34,10 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="retrain compare",
         description=(
-            "Compare conditions across seeds: final and AUC means with 95% bootstrap CIs, "
-            "differences against a baseline with CIs and permutation p-values, a Fisher test "
-            "on pooled correct counts, and learning-curve plots. LOGDIR is a run directory "
-            "(metrics.jsonl), a campaign directory (manifest.json), or a folder holding them."
+            "Compare conditions across seeds: final and AUC means with 95% t intervals, "
+            "differences against a baseline with Welch intervals and permutation p-values, a "
+            "Fisher test on pooled correct counts (correct rates), and learning-curve plots. "
+            "LOGDIR is a run directory (metrics.jsonl), a campaign directory (manifest.json), "
+            "or a folder holding them."
         ),
     )
     p.add_argument("logdirs", nargs="+", metavar="LOGDIR")
@@ -51,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--baseline",
         default=None,
-        help="condition the others are compared with (default grpo+none if present, else the first)",
+        help="condition the others are compared with (default grpo+none if present, else the "
+        "first); a metric added by default that it has no values of is skipped with a warning",
     )
     p.add_argument(
         "--out",
@@ -74,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--resamples",
         type=int,
         default=DEFAULT_RESAMPLES,
-        help=f"bootstrap resamples and Monte Carlo permutations (default {DEFAULT_RESAMPLES})",
+        help=f"Monte Carlo permutations, when there are too many relabellings to enumerate "
+        f"(default {DEFAULT_RESAMPLES})",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the resampling (default 0)")
     p.add_argument(
@@ -85,16 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _metrics(values: list[str] | None, runs: Sequence[RunData] = ()) -> list[str]:
-    """The metrics asked for; by default correct_rate, plus the held-out
-    eval_correct_rate when any run evaluated ([eval])."""
+def _metrics(values: list[str] | None, runs: Sequence[RunData] = ()) -> tuple[list[str], bool]:
+    """(the metrics asked for, whether they are the default): by default correct_rate,
+    plus the held-out eval_correct_rate when any run evaluated ([eval])."""
     default = ["correct_rate"]
     if any(r.has_metric("eval_correct_rate") for r in runs):
         default.append("eval_correct_rate")
     out: list[str] = []
-    for v in values or default:
+    for v in values or []:
         out += [m.strip() for m in v.split(",") if m.strip()]
-    return list(dict.fromkeys(out)) or default
+    return (list(dict.fromkeys(out)), False) if out else (default, True)
 
 
 def _safe(name: str) -> str:
@@ -155,28 +159,43 @@ def main(argv: list[str]) -> int:
     _check(args)
     warnings: list[str] = []
     runs, order = collect_runs(args.logdirs, warnings)
-    comparisons = []
-    for metric in _metrics(args.metric, runs):
-        comp = compare_runs(
-            runs,
-            metric,
-            order=order,
-            baseline=args.baseline,
-            n_resamples=args.resamples,
-            seed=args.seed,
-            final_window=args.final_window,
-            horizon=args.steps,
-            smooth=args.smooth,
-        )
-        comp.warnings[:0] = warnings
+    metrics, by_default = _metrics(args.metric, runs)
+    comparisons, skipped = [], []
+    for metric in metrics:
+        try:
+            comp = compare_runs(
+                runs,
+                metric,
+                order=order,
+                baseline=args.baseline,
+                n_resamples=args.resamples,
+                seed=args.seed,
+                final_window=args.final_window,
+                horizon=args.steps,
+                smooth=args.smooth,
+            )
+        except NoValues as exc:
+            if not by_default:  # a metric the user named fails
+                raise
+            skipped.append(exc)  # one retrain added: said, and the others compared
+            warnings.append(f"{metric} not compared: {exc}")
+            continue
         comparisons.append(comp)
+    if not comparisons:
+        raise skipped[0]
+    for comp in comparisons:
+        comp.warnings[:0] = warnings
     written = _write_report(comparisons, Path(args.out), not args.no_plots) if args.out else []
 
     if args.json:
         print(json.dumps({"comparisons": [c.as_dict(curves=False) for c in comparisons]}, indent=2))
         return 0
-    conditions = ", ".join(c.condition for c in comparisons[0].conditions)
-    print(f"{len(runs)} runs, conditions: {conditions}")
+    # the runs and conditions the comparisons use, not those found and skipped
+    used = {path for comp in comparisons for c in comp.conditions for path in c.runs}
+    conditions = ", ".join(
+        dict.fromkeys(c.condition for comp in comparisons for c in comp.conditions)
+    )
+    print(f"{len(used)} runs, conditions: {conditions}")
     for comp in comparisons:
         print()
         print(render_text(comp))

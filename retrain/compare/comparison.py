@@ -3,8 +3,8 @@
 For a metric and a step horizon H shared by every run (steps 0..H-1), each run gives
 two numbers: **final**, the mean of the metric over its last `final_window` logged
 steps before H, and **AUC**, the mean over all logged steps before H. Per condition the
-mean of each over seeds gets a bootstrap CI; each condition is compared with the
-baseline by the difference of means (bootstrap CI and permutation test) and by Fisher's
+mean of each over seeds gets a t interval; each condition is compared with the baseline
+by the difference of means (Welch's t interval and permutation test) and by Fisher's
 exact test on correct counts pooled over seeds and steps. Holm's correction is applied
 within each family of p-values (final, AUC, Fisher) over the conditions compared.
 
@@ -12,6 +12,11 @@ A held-out metric (`eval_correct_rate`, `eval_pass_at_k`, ...; `[eval]`) is comp
 same way over its evaluations up to H steps done, except that **final** is the last
 evaluation (the adapter after the most training) and Fisher's test uses that
 evaluation's counts.
+
+Counts exist only for a share of correct completions (COUNTED: correct_rate,
+eval_correct_rate): for any other metric there are no pooled counts and no Fisher test.
+A run without a value of the metric in the compared steps is left out of its condition
+with a warning, so a condition's n is the number of values its statistics use.
 """
 
 from __future__ import annotations
@@ -29,19 +34,29 @@ from retrain.compare.setup_differences import setup_differences
 from retrain.compare.stats import (
     DEFAULT_RESAMPLES,
     Interval,
-    bootstrap_ci,
-    bootstrap_diff_ci,
+    curve_band,
     fisher_exact_test,
     holm,
     json_float,
     moving_average,
     permutation_test,
     scipy_stats,
+    t_ci,
+    welch_ci,
 )
 from retrain.errors import UsageError
 
 DEFAULT_FINAL_WINDOW = 10
 STANDARD_BASELINE = "grpo+none"
+# The metrics that are a share of correct completions, with counts behind them: the
+# training steps' (metrics.jsonl) and the held-out evaluations' (eval_num_correct of
+# eval_num_completions, both counted, so exact).
+COUNTED = ("correct_rate", "eval_correct_rate")
+
+
+class NoValues(UsageError):
+    """The metric has no values where the comparison needs them (in no run, or not in
+    the baseline's runs): `retrain compare` skips a metric it added by default."""
 
 
 @dataclass
@@ -141,7 +156,12 @@ class Comparison:
     curves: dict[str, Curve]
     n_resamples: int
     warnings: list[str] = field(default_factory=list)
-    incomplete: int = 0  # runs that lack some of the compared steps (see the warnings)
+    incomplete: int = 0  # runs that lack some compared steps or evaluations (see the warnings)
+
+    @property
+    def counted(self) -> bool:
+        """Whether the metric has correct counts behind it (pooled counts, Fisher)."""
+        return self.metric in COUNTED
 
     def as_dict(self, *, curves: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -173,31 +193,41 @@ class _Settings:
     smooth: int
 
 
-def pick_baseline(order: Sequence[str], requested: str | None) -> str:
+def pick_baseline(
+    order: Sequence[str],
+    requested: str | None,
+    metric: str = "",
+    everywhere: Sequence[str] = (),
+) -> str:
+    """The baseline among the conditions `order` (those with values of `metric`);
+    `everywhere`: the conditions of all the runs, so that a requested one left without
+    values is told apart from a name that is not a condition at all."""
     if requested:
-        if requested not in order:
-            from retrain.registry import suggest
-
-            raise UsageError(
-                f"--baseline {requested!r} is not among the conditions{suggest(requested, order)}; "
-                f"found: {', '.join(order)}"
+        if requested in order:
+            return requested
+        if requested in everywhere:
+            raise NoValues(
+                f"--baseline {requested!r} has no values of {metric!r} (its runs lack them); "
+                f"conditions with values: {', '.join(order)}"
             )
-        return requested
+        from retrain.registry import suggest
+
+        raise UsageError(
+            f"--baseline {requested!r} is not among the conditions{suggest(requested, order)}; "
+            f"found: {', '.join(order)}"
+        )
     return STANDARD_BASELINE if STANDARD_BASELINE in order else order[0]
 
 
 def learning_curve(series: Sequence[tuple[np.ndarray, np.ndarray]], smooth: int = 1) -> Curve:
-    """Mean and 95% band (mean +- 1.96 standard errors over seeds) at each step."""
+    """Mean and 95% t band over seeds at each step (`stats.curve_band`: no band, NaN
+    bounds, at a step only one seed has)."""
     all_steps = np.unique(np.concatenate([s for s, _ in series])) if series else np.zeros(0, int)
     grid = np.full((len(series), all_steps.size), np.nan)
     for i, (steps, values) in enumerate(series):
         grid[i, np.searchsorted(all_steps, steps)] = moving_average(values, smooth)
-    n = np.sum(np.isfinite(grid), axis=0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.nanmean(grid, axis=0) if grid.size else np.zeros(0)
-        sd = np.nanstd(grid, axis=0, ddof=1) if grid.shape[0] > 1 else np.zeros(all_steps.size)
-        se = np.where(n > 1, sd / np.sqrt(np.maximum(n, 1)), 0.0)
-    return Curve(all_steps, mean, mean - 1.96 * se, mean + 1.96 * se, n)
+    mean, low, high, n = curve_band(grid)
+    return Curve(all_steps, mean, low, high, n)
 
 
 # ----------------------------------------------------------------------------- steps
@@ -218,24 +248,89 @@ def _usable_runs(runs: Sequence[RunData], metric: str, warnings: list[str]) -> l
     if not usable and len(unreadable) == len(runs):
         raise UsageError("no run has a readable metrics row: " + " | ".join(unreadable))
     if not usable:
-        raise UsageError(
+        raise NoValues(
             f"no run logs the metric {metric!r}; check the name (e.g. correct_rate, mean_reward)"
         )
     return usable
 
 
+def _shown(steps: Sequence[int]) -> str:
+    return ", ".join(map(str, steps[:10])) + (" ..." if len(steps) > 10 else "")
+
+
+def _with_values(
+    runs: list[RunData], metric: str, horizon: int, warnings: list[str]
+) -> list[RunData]:
+    """The runs with a value of the metric in the compared steps; a warning for each
+    other one (it has values, but only later), which would otherwise be a NaN final."""
+    kept = []
+    for run in runs:
+        if run.series(metric, horizon)[0].size:
+            kept.append(run)
+            continue
+        first = int(run.series(metric)[0][0])
+        where = (
+            f"up to {horizon} steps done (its first evaluation is after {first})"
+            if is_eval_metric(metric)
+            else f"in steps 0..{horizon - 1} (its first is at step {first})"
+        )
+        warnings.append(f"{run.label}: no value of {metric!r} {where}; left out of {run.condition}")
+    if not kept:
+        raise NoValues(f"no run has a value of {metric!r} in the compared steps 0..{horizon - 1}")
+    return kept
+
+
 def _step_gaps(runs: list[RunData], metric: str, horizon: int) -> list[str]:
     """A warning for each run that lacks some of the compared steps: its final and AUC
-    are then over fewer steps than the header's range says."""
+    (and, for correct_rate, its pooled counts) are then over fewer steps than the
+    header's range says."""
     out = []
     for run in runs:
         missing = run.missing_steps(metric, horizon)
         if missing:
-            shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
             out.append(
                 f"{run.label}: {horizon - len(missing)} of the {horizon} steps 0..{horizon - 1} "
-                f"have a value of {metric!r}; missing step(s) {shown}"
+                f"have a value of {metric!r}; missing step(s) {_shown(missing)}"
             )
+    return out
+
+
+def _eval_gaps(runs: list[RunData], metric: str, horizon: int) -> list[str]:
+    """A warning for each run that lacks some of the evaluations the other runs have:
+    its AUC is then over other points, and when its last evaluation is missing its
+    final (and Fisher counts) come from an earlier one."""
+    steps = {run.label: run.series(metric, horizon)[0].tolist() for run in runs}
+    everyone = sorted(set().union(*steps.values()))
+    out = []
+    for run in runs:
+        mine = steps[run.label]
+        missing = sorted(set(everyone) - set(mine))
+        if not missing:
+            continue
+        text = (
+            f"{run.label}: {len(mine)} of the {len(everyone)} evaluations the runs have "
+            f"(after {_shown(everyone)} steps) have a value of {metric!r}; missing after "
+            f"{_shown(missing)} steps, so its AUC is over other points"
+        )
+        if mine[-1] < everyone[-1]:
+            text += (
+                f"; its final is its last evaluation, after {mine[-1]} steps, where other "
+                f"runs' is after {everyone[-1]}"
+            )
+        out.append(text)
+    return out
+
+
+def _unfinished(runs: list[RunData], horizon: int) -> list[str]:
+    """A warning for each run its records say did not finish, and a note when the
+    compared steps stop before the runs' max_steps."""
+    out = [f"{r.label}: not finished ({state})" for r in runs if (state := r.unfinished)]
+    planned = max((m for r in runs if (m := r.source.max_steps)), default=0)
+    if planned > horizon:
+        out.append(
+            f"compared over steps 0..{horizon - 1}, fewer than the {planned} steps the runs "
+            "are configured for (max_steps): the results describe training part way"
+        )
     return out
 
 
@@ -270,16 +365,28 @@ def _condition_order(runs: list[RunData], order: Sequence[str] | None) -> list[s
 
 
 def _pooled_counts(
-    members: list[RunData], horizon: int, metric: str = "correct_rate"
+    members: list[RunData], horizon: int, metric: str, warnings: list[str]
 ) -> tuple[int, int] | None:
-    """Correct counts summed over the runs; None when any run's counts are unknown."""
-    correct = total = 0
-    for run in members:
-        counts = run.correct_counts(horizon, metric)
-        if not counts:
-            return None
-        correct, total = correct + counts[0], total + counts[1]
-    return correct, total
+    """Correct counts summed over the runs; None, with a warning naming the runs, when
+    some run's counts are unknown (a pool of the others would be another sample)."""
+    if metric not in COUNTED:
+        return None
+    counts = [run.correct_counts(horizon, metric) for run in members]
+    unknown = [run.label for run, c in zip(members, counts) if not c]
+    if unknown:
+        where = (
+            "its evaluation rows lack eval_num_correct / eval_num_completions"
+            if is_eval_metric(metric)
+            else "its metrics rows lack num_correct / num_completions (or batch_size and "
+            "group_size, without extra dynamic sampling rounds) and it has no readable "
+            "emergence/generations.jsonl"
+        )
+        warnings.append(
+            f"{members[0].condition}: no pooled correct counts or Fisher test: the counts of "
+            f"{', '.join(unknown)} are unknown ({where})"
+        )
+        return None
+    return sum(c[0] for c in counts if c), sum(c[1] for c in counts if c)
 
 
 def _summarise(
@@ -289,21 +396,18 @@ def _summarise(
     dup = [seed for seed, c in Counter(seeds).items() if c > 1 and seed is not None]
     if dup:
         warnings.append(f"{cond}: several runs share seed(s) {dup}; each counts as a replicate")
-    series = [r.series(s.metric, s.horizon) for r in members]
-    window = 1 if is_eval_metric(s.metric) else s.final_window  # eval: the last evaluation
-    finals = [float(values[-window:].mean()) for _, values in series]
+    series = [r.series(s.metric, s.horizon) for r in members]  # none empty: _with_values
+    finals = [float(values[-s.final_window :].mean()) for _, values in series]
     aucs = [float(values.mean()) for _, values in series]
-    counts = _pooled_counts(members, s.horizon, s.metric)
+    counts = _pooled_counts(members, s.horizon, s.metric, warnings)
     summary = ConditionSummary(
         cond,
         seeds,
         [str(r.path) for r in members],
         finals,
         aucs,
-        bootstrap_ci(
-            finals, n_resamples=s.n_resamples, seed=s.seed, label=f"{s.metric}:final:{cond}"
-        ),
-        bootstrap_ci(aucs, n_resamples=s.n_resamples, seed=s.seed, label=f"{s.metric}:auc:{cond}"),
+        t_ci(finals),
+        t_ci(aucs),
         counts[0] if counts else None,
         counts[1] if counts else None,
     )
@@ -311,9 +415,9 @@ def _summarise(
 
 
 def _difference(a: list[float], b: list[float], s: _Settings, label: str) -> tuple[Interval, float]:
-    """mean(a) - mean(b) with its bootstrap CI, and the permutation p-value."""
+    """mean(a) - mean(b) with its confidence interval, and the permutation p-value."""
     return (
-        bootstrap_diff_ci(a, b, n_resamples=s.n_resamples, seed=s.seed, label=label),
+        welch_ci(a, b),
         permutation_test(a, b, n_permutations=s.n_resamples, seed=s.seed, label=label),
     )
 
@@ -361,12 +465,22 @@ def compare_runs(
         horizon = _common_horizon(usable, warnings)
     else:
         usable = _reaching(usable, horizon, warnings)
-    gaps = [] if is_eval_metric(metric) else _step_gaps(usable, metric, horizon)
+    usable = _with_values(usable, metric, horizon, warnings)
+    held_out = is_eval_metric(metric)
+    gaps = (_eval_gaps if held_out else _step_gaps)(usable, metric, horizon)
     warnings += gaps
-    final_window = min(final_window, horizon)  # what "final" averages: no more steps than there are
+    warnings += _unfinished(usable, horizon)
+    # what "final" averages: the last evaluation of a held-out metric, else the last
+    # final_window steps, no more than there are
+    final_window = 1 if held_out else min(final_window, horizon)
     conditions = _condition_order(usable, order)
     warnings += setup_differences(usable, conditions)
-    base = pick_baseline(conditions, baseline)
+    everywhere = _condition_order(list(runs), order)
+    base = pick_baseline(conditions, baseline, metric, everywhere)
+    if baseline is None and base != STANDARD_BASELINE and STANDARD_BASELINE in everywhere:
+        warnings.append(
+            f"{STANDARD_BASELINE} has no values of {metric!r}: the baseline is {base} instead"
+        )
     settings = _Settings(metric, horizon, final_window, n_resamples, seed, smooth)
     summaries: dict[str, ConditionSummary] = {}
     curves: dict[str, Curve] = {}
@@ -376,7 +490,7 @@ def compare_runs(
     pairwise = [_versus(summaries[c], summaries[base], settings) for c in conditions if c != base]
     _apply_holm(pairwise)
     warnings += [
-        f"{c}: a single seed; its interval has zero width and tests against it are weak"
+        f"{c}: a single seed; its mean has no interval and tests against it are weak"
         for c, s in summaries.items()
         if s.n < 2
     ]

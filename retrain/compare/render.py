@@ -35,43 +35,37 @@ def _ci(iv: Interval) -> str:
 
 
 def condition_table(comp: Comparison) -> Table:
-    """(header, rows): each condition's seeds, final and AUC means with CIs, pooled counts."""
-    head = ["condition", "seeds", "final mean [95% CI]", "AUC mean [95% CI]", "pooled correct"]
+    """(header, rows): each condition's seeds, final and AUC means with CIs, and pooled
+    counts for a metric that has counts (correct_rate, eval_correct_rate)."""
+    head = ["condition", "seeds", "final mean [95% CI]", "AUC mean [95% CI]"]
+    head += ["pooled correct"] if comp.counted else []
     rows = []
     for c in comp.conditions:
-        pooled = (
-            f"{c.correct}/{c.completions} ({100 * (c.pooled_rate or 0):.1f}%)"
-            if c.completions
-            else "n/a"
-        )
         name = c.condition + (" (baseline)" if c.condition == comp.baseline else "")
-        rows.append([name, str(c.n), _ci(c.final), _ci(c.auc), pooled])
+        rows.append([name, str(c.n), _ci(c.final), _ci(c.auc)])
+        if comp.counted:
+            rows[-1].append(
+                f"{c.correct}/{c.completions} ({100 * (c.pooled_rate or 0):.1f}%)"
+                if c.completions
+                else "n/a"
+            )
     return head, rows
 
 
 def pairwise_table(comp: Comparison) -> Table:
-    """(header, rows): each condition against the baseline."""
-    head = [
-        f"vs {comp.baseline}",
-        "d final [95% CI]",
-        "p perm",
-        "d AUC [95% CI]",
-        "p perm",
-        "Fisher p",
-        "Holm p (final/AUC/Fisher)",
-    ]
-    rows = [
-        [
-            p.condition,
-            _ci(p.final_diff),
-            fmt_p(p.final_p),
-            _ci(p.auc_diff),
-            fmt_p(p.auc_p),
-            fmt_p(p.fisher_p),
-            f"{fmt_p(p.final_p_holm)} / {fmt_p(p.auc_p_holm)} / {fmt_p(p.fisher_p_holm)}",
-        ]
-        for p in comp.pairwise
-    ]
+    """(header, rows): each condition against the baseline; Fisher's test only for a
+    metric that has counts."""
+    fisher = comp.counted
+    head = [f"vs {comp.baseline}", "d final [95% CI]", "p perm", "d AUC [95% CI]", "p perm"]
+    head += ["Fisher p", "Holm p (final/AUC/Fisher)"] if fisher else ["Holm p (final/AUC)"]
+    rows = []
+    for p in comp.pairwise:
+        holm = [p.final_p_holm, p.auc_p_holm] + ([p.fisher_p_holm] if fisher else [])
+        rows.append(
+            [p.condition, _ci(p.final_diff), fmt_p(p.final_p), _ci(p.auc_diff), fmt_p(p.auc_p)]
+            + ([fmt_p(p.fisher_p)] if fisher else [])
+            + [" / ".join(fmt_p(x) for x in holm)]
+        )
     return head, rows
 
 
@@ -94,26 +88,35 @@ def _md_table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def _explain(comp: Comparison) -> str:
-    if is_eval_metric(comp.metric):
-        return (
-            f"Held-out evaluations after 0..{comp.horizon} training steps. final = the last "
-            f"evaluation; AUC = mean over the evaluations. CIs: percentile bootstrap over seeds "
-            f"({comp.n_resamples} resamples); p perm: two-sided permutation test over seeds; "
-            "Fisher p: two-sided exact test on the last evaluation's correct counts pooled over "
-            "seeds. Holm: adjusted over the comparisons."
-        )
+    held_out = is_eval_metric(comp.metric)
     gaps = (
-        f" ({comp.incomplete} run(s) lack some of these steps: see the warnings)"
+        f" ({comp.incomplete} run(s) lack some of these "
+        f"{'evaluations' if held_out else 'steps'}: see the warnings)"
         if comp.incomplete
         else ""
     )
-    return (
-        f"Steps 0..{comp.horizon - 1}{gaps}. final = mean of the last {comp.final_window} steps; "
-        f"AUC = mean over all compared steps. CIs: percentile bootstrap over seeds "
-        f"({comp.n_resamples} resamples); p perm: two-sided permutation test over seeds; "
-        "Fisher p: two-sided exact test on correct counts pooled over seeds and steps "
-        "(treats completions as independent: descriptive). Holm: adjusted over the comparisons."
+    tests = (
+        "CIs: t intervals over seeds (Welch's for a difference); p perm: two-sided "
+        "permutation test over seeds; "
     )
+    if held_out:
+        text = (
+            f"Held-out evaluations after 0..{comp.horizon} training steps{gaps}. final = the "
+            f"last evaluation; AUC = mean over the evaluations. {tests}"
+        )
+        fisher = "the last evaluation's correct counts pooled over seeds"
+    else:
+        text = (
+            f"Steps 0..{comp.horizon - 1}{gaps}. final = mean of the last {comp.final_window} "
+            f"steps; AUC = mean over all compared steps. {tests}"
+        )
+        fisher = (
+            "correct counts pooled over seeds and steps (treats completions as independent: "
+            "descriptive)"
+        )
+    if comp.counted:
+        text += f"Fisher p: two-sided exact test on {fisher}. "
+    return text + "Holm: adjusted over the comparisons."
 
 
 def render_text(comp: Comparison) -> str:

@@ -1,11 +1,12 @@
 """The runs `retrain compare` analyses, read through :mod:`retrain.logs.rundir`.
 
 A path given to `retrain compare` is a run directory (metrics.jsonl), a campaign
-directory (manifest.json, its runs under `runs/`), or a folder holding either a few
-levels down. Each run becomes a :class:`RunData`: its condition, seed and one metrics
-row per step, plus its held-out evaluations (eval.jsonl, `[eval]`): an `eval_*` metric
-is read from those, by the number of training steps done when each ran (0 = before
-training), so its curve starts at the base model.
+directory (manifest.json, its runs under `runs/`: those the manifest lists, a warning
+naming the others), or a folder holding either a few levels down. Each run becomes a
+:class:`RunData`: its condition, seed and one metrics row per step, plus its held-out
+evaluations (eval.jsonl, `[eval]`): an `eval_*` metric is read from those, by the number
+of training steps done when each ran (0 = before training), so its curve starts at the
+base model.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ import numpy as np
 from retrain.errors import UsageError
 from retrain.logs.metrics import read_eval_rows
 from retrain.logs.rundir import MANIFEST, METRICS, CampaignDir, RunDir, as_int, as_number
+from retrain.logs.status import read_run
 
 MAX_SEARCH_DEPTH = 5
 EVAL_PREFIX = "eval_"
+FINISHED = "finished"
 
 
 def is_eval_metric(metric: str) -> bool:
@@ -39,6 +42,7 @@ class RunData:
     source: RunDir
     condition: str
     seed: int | None
+    listed_status: str | None = None  # the campaign manifest's status of this run
 
     @property
     def path(self) -> Path:
@@ -60,10 +64,29 @@ class RunData:
 
     @property
     def problems(self) -> list[str]:
-        """What could not be read of this run's files (torn or corrupt metrics lines, an
-        unreadable run.json, ...): reading them here, so nothing damaged passes unsaid."""
-        _ = self.source.metrics, self.source.run_info, self.source.trainer_state
+        """What could not be read of this run's files (torn or corrupt metrics or eval
+        lines, an unreadable run.json, ...): reading them here, so nothing damaged passes
+        unsaid."""
+        _ = self.source.metrics, self.source.run_info, self.source.trainer_state, self.eval_rows
         return list(self.source.warnings)
+
+    @cached_property
+    def unfinished(self) -> str | None:
+        """How the run stands when its records say it did not finish ("failed, 12 of 20
+        steps done"), as `retrain status` reads it (a "running" run whose process is gone is
+        dead); None when it finished or nothing records how it stands (no run.json,
+        checkpoint or manifest status)."""
+        source, listed = self.source, self.listed_status
+        if listed == FINISHED or not (source.run_info or source.trainer_state or listed):
+            return None
+        st = read_run(self.path)
+        state = st.state
+        if listed in ("failed", "interrupted") and state in ("running", "stale", "dead", "unknown"):
+            state = listed  # the campaign saw the process end without it updating run.json
+        if state == FINISHED:
+            return None
+        steps = f"{st.steps_done} of {st.max_steps}" if st.max_steps else str(st.steps_done)
+        return f"{state}, {steps} steps done"
 
     def missing_steps(self, metric: str, horizon: int) -> list[int]:
         """The steps < horizon without a value of `metric` (a lost or corrupt row)."""
@@ -73,7 +96,7 @@ class RunData:
     @cached_property
     def eval_rows(self) -> list[dict[str, Any]]:
         """One row per held-out evaluation, by the number of training steps done."""
-        return read_eval_rows(self.path, self.source.metrics)
+        return read_eval_rows(self.path, self.source.metrics, self.source.warnings)
 
     def _rows_for(self, metric: str) -> list[dict[str, Any]]:
         return self.eval_rows if is_eval_metric(metric) else self.rows
@@ -137,12 +160,14 @@ def _from_entry(
             f"(status {entry.get('status', 'unknown')}); skipped"
         )
         return None
-    condition = entry.get("condition")
-    return load_run(
+    condition, status = entry.get("condition"), entry.get("status")
+    run = load_run(
         run_dir,
         condition=condition if isinstance(condition, str) else None,
         seed=as_int(entry.get("seed")),
     )
+    run.listed_status = status if isinstance(status, str) else None
+    return run
 
 
 def load_campaign(campaign_dir: str | Path, warnings: list[str]) -> tuple[list[RunData], list[str]]:
@@ -150,11 +175,20 @@ def load_campaign(campaign_dir: str | Path, warnings: list[str]) -> tuple[list[R
     campaign = CampaignDir(campaign_dir)
     entries = campaign.entries
     if entries is None:
-        warnings.append(
-            f"{campaign.path / MANIFEST} has no 'runs' list; scanning {campaign.path / 'runs'} instead"
-        )
+        # unreadable (campaign.warnings says why), or read but without a runs list
+        why = "; ".join(campaign.warnings) or f"{campaign.path / MANIFEST} has no 'runs' list"
+        warnings.append(f"{why}; scanning {campaign.path / 'runs'} instead")
         entries = [{"log_dir": str(p)} for p in campaign.run_dirs()]
     runs = [r for e in entries if (r := _from_entry(campaign, e, warnings)) is not None]
+    listed = {d.resolve() for e in entries if (d := campaign.run_dir(e)) is not None}
+    unlisted = [p.name for p in campaign.run_dirs() if p.resolve() not in listed]
+    if unlisted:
+        warnings.append(
+            f"campaign {campaign.path.name}: left out {len(unlisted)} run(s) under runs/ that "
+            f"its {MANIFEST} does not list: {', '.join(unlisted[:10])}"
+            + (" ..." if len(unlisted) > 10 else "")
+            + " (pass a run's directory itself to compare it)"
+        )
     return runs, list(dict.fromkeys(r.condition for r in runs))
 
 

@@ -1,21 +1,26 @@
 """The statistics of `retrain compare`, through scipy.stats.
 
-Seeds are the replicates: every function here takes one value per run. Confidence
-intervals are percentile bootstraps of the mean (`scipy.stats.bootstrap`), tests of a
+Seeds are the replicates: every function here takes one value per run. The confidence
+interval of a mean is the Student t interval, mean +- t_{0.975, n-1} * s / sqrt(n); that
+of a difference of two conditions' means is Welch's t interval (unpaired seeds, unequal
+variances, Welch-Satterthwaite degrees of freedom); the learning-curve band is the t
+interval at each step over the seeds that have it. They assume roughly normal per-seed
+values and hold their level at 2-8 seeds, where a percentile bootstrap covers far less
+(about 48% of the time at 2 seeds, 75% at 3, 85% at 8 for a nominal 95%). Tests of a
 difference of means are two-sided permutation tests (`scipy.stats.permutation_test`),
 pooled correct counts get Fisher's exact test (`scipy.stats.fisher_exact`), and Holm's
 step-down correction adjusts a family of p-values.
 
-Every resampling draws from a generator seeded by (seed, label), so a number does not
-depend on what else was computed before it. scipy is imported on use: `retrain --help`
-and `retrain status` work without it.
+Every Monte Carlo permutation test draws from a generator seeded by (seed, label), so a
+number does not depend on what else was computed before it. scipy is imported on use:
+`retrain --help` and `retrain status` work without it.
 """
 
 from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,102 +80,98 @@ def _as_array(values: Iterable[float]) -> np.ndarray:
     return arr[np.isfinite(arr)]
 
 
-def _mean(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    return np.mean(x, axis=axis)
+def _check_confidence(confidence: float) -> float:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
+    return float(confidence)
 
 
-def _percentile_bootstrap(
-    data: tuple[np.ndarray, ...],
-    statistic: Callable[..., np.ndarray],
-    estimate: float,
-    *,
-    n_resamples: int,
-    confidence: float,
-    rng: np.random.Generator,
-) -> Interval:
-    """The percentile-bootstrap interval of `statistic` (each sample resampled on its
-    own), widened to contain the point estimate."""
-    result = scipy_stats().bootstrap(
-        data,
-        statistic,
-        n_resamples=n_resamples,
-        confidence_level=confidence,
-        method="percentile",
-        vectorized=True,
-        rng=rng,
-    )
-    low, high = result.confidence_interval
-    return Interval(estimate, float(min(low, estimate)), float(max(high, estimate)))
+def t_quantile(confidence: float, df: float | np.ndarray) -> float | np.ndarray:
+    """The two-sided Student t critical value t_{(1 + confidence) / 2, df}: 4.303 for a
+    95% interval with df = 2, 2.262 with df = 9, 1.960 as df grows. `df` may be
+    fractional (Welch) or an array; df <= 0 or NaN gives NaN."""
+    level = 0.5 + _check_confidence(confidence) / 2
+    with np.errstate(invalid="ignore"):
+        q = scipy_stats().t.ppf(level, np.where(np.asarray(df, dtype=np.float64) > 0, df, np.nan))
+    return float(q) if np.ndim(q) == 0 else np.asarray(q, dtype=np.float64)
 
 
-def bootstrap_ci(
-    values: Iterable[float],
-    *,
-    n_resamples: int = DEFAULT_RESAMPLES,
-    confidence: float = 0.95,
-    seed: int = 0,
-    label: str = "",
-) -> Interval:
-    """Percentile-bootstrap CI of the mean. One value gives a zero-width interval."""
+def t_ci(values: Iterable[float], *, confidence: float = 0.95) -> Interval:
+    """Student t confidence interval of the mean of the finite values:
+    mean +- t_{(1 + confidence) / 2, n - 1} * s / sqrt(n), s the sample standard deviation
+    (ddof = 1). One value: the mean with no interval (NaN bounds); values all equal: the
+    zero-width [mean, mean]; none: NAN_INTERVAL. Non-finite values are dropped."""
     x = _as_array(values)
     if x.size == 0:
         return NAN_INTERVAL
     mean = float(x.mean())
-    if x.size == 1 or np.ptp(x) == 0:
+    if x.size == 1:
+        return Interval(mean, math.nan, math.nan)
+    if np.ptp(x) == 0:
         return Interval(mean, mean, mean)
-    return _percentile_bootstrap(
-        (x,),
-        _mean,
-        mean,
-        n_resamples=n_resamples,
-        confidence=confidence,
-        rng=_rng(seed, "ci:" + label),
-    )
+    half = float(t_quantile(confidence, x.size - 1)) * float(x.std(ddof=1)) / math.sqrt(x.size)
+    return Interval(mean, mean - half, mean + half)
 
 
-def _difference_of_means(
-    a: np.ndarray, b: np.ndarray
-) -> tuple[tuple[np.ndarray, ...], Callable[..., np.ndarray]] | None:
-    """(samples to resample, statistic) of mean(a) - mean(b). A single value is a
-    constant (resampling it changes nothing, and scipy needs two or more); None when
-    both sides are single values."""
-    if a.size > 1 and b.size > 1:
-        return (a, b), lambda x, y, axis=-1: np.mean(x, axis=axis) - np.mean(y, axis=axis)
-    if a.size > 1:
-        return (a,), lambda x, axis=-1: np.mean(x, axis=axis) - b[0]
-    if b.size > 1:
-        return (b,), lambda y, axis=-1: a[0] - np.mean(y, axis=axis)
-    return None
+def welch_df(var_a: float, n_a: int, var_b: float, n_b: int) -> float:
+    """Welch-Satterthwaite degrees of freedom of mean(a) - mean(b), from the sample
+    variances (ddof = 1) and sizes (each >= 2; not both variances 0):
+    (va/na + vb/nb)^2 / ((va/na)^2 / (na - 1) + (vb/nb)^2 / (nb - 1))."""
+    wa, wb = var_a / n_a, var_b / n_b
+    scale = max(wa, wb)  # the ratio is scale-free; dividing first keeps the squares finite
+    wa, wb = wa / scale, wb / scale
+    return (wa + wb) ** 2 / (wa**2 / (n_a - 1) + wb**2 / (n_b - 1))
 
 
-def bootstrap_diff_ci(
-    treatment: Iterable[float],
-    baseline: Iterable[float],
-    *,
-    n_resamples: int = DEFAULT_RESAMPLES,
-    confidence: float = 0.95,
-    seed: int = 0,
-    label: str = "",
+def welch_ci(
+    treatment: Iterable[float], baseline: Iterable[float], *, confidence: float = 0.95
 ) -> Interval:
-    """Percentile-bootstrap CI of mean(treatment) - mean(baseline), each side resampled
-    independently (unpaired seeds)."""
+    """Welch's t confidence interval of d = mean(treatment) - mean(baseline), the two
+    samples independent (unpaired seeds) with possibly unequal variances:
+    d +- t_{(1 + confidence) / 2, df} * sqrt(sa^2 / na + sb^2 / nb), df from `welch_df`.
+    A side with one value: d with no interval (NaN bounds; its variance is unknown); both
+    sides constant: the zero-width [d, d]; a side empty: NAN_INTERVAL. Non-finite values
+    are dropped."""
     a = _as_array(treatment)
     b = _as_array(baseline)
     if a.size == 0 or b.size == 0:
         return NAN_INTERVAL
     diff = float(a.mean() - b.mean())
-    problem = _difference_of_means(a, b)
-    if problem is None:
+    if a.size == 1 or b.size == 1:
+        return Interval(diff, math.nan, math.nan)
+    if np.ptp(a) == 0 and np.ptp(b) == 0:
         return Interval(diff, diff, diff)
-    data, statistic = problem
-    return _percentile_bootstrap(
-        data,
-        statistic,
-        diff,
-        n_resamples=n_resamples,
-        confidence=confidence,
-        rng=_rng(seed, "diff:" + label),
-    )
+    var_a, var_b = float(a.var(ddof=1)), float(b.var(ddof=1))
+    se = math.sqrt(var_a / a.size + var_b / b.size)
+    if se == 0:  # spreads too small for a float's square
+        return Interval(diff, diff, diff)
+    half = float(t_quantile(confidence, welch_df(var_a, a.size, var_b, b.size))) * se
+    return Interval(diff, diff - half, diff + half)
+
+
+def curve_band(
+    grid: np.ndarray, *, confidence: float = 0.95
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per column of `grid` (rows: seeds, columns: steps, NaN: no value), the mean over
+    the k seeds that have a value and its t interval, mean +- t_{(1 + confidence) / 2, k - 1}
+    * s / sqrt(k), as `t_ci` computes it: (mean, low, high, k). Where k < 2 there is no
+    band (NaN low and high); where the values are all equal, low = high = mean."""
+    grid = np.asarray(grid, dtype=np.float64)
+    if grid.ndim != 2:
+        raise ValueError(f"curve_band needs a 2-D grid (seeds x steps), got shape {grid.shape}")
+    grid = np.where(np.isfinite(grid), grid, np.nan)
+    k = np.sum(np.isfinite(grid), axis=0)
+    mean = np.full(grid.shape[1], np.nan)
+    some, several = k >= 1, k >= 2
+    if some.any():
+        mean[some] = np.nanmean(grid[:, some], axis=0)
+    half = np.full(grid.shape[1], np.nan)
+    if several.any():
+        cols = grid[:, several]
+        spread = np.nanmax(cols, axis=0) - np.nanmin(cols, axis=0)
+        sd = np.where(spread == 0, 0.0, np.nanstd(cols, axis=0, ddof=1))
+        half[several] = t_quantile(confidence, k[several] - 1) * sd / np.sqrt(k[several])
+    return mean, mean - half, mean + half, k
 
 
 def _abs_mean_difference(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:

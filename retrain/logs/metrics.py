@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain.logs.jsonl import read_jsonl
+from retrain.logs.rundir import skipped_lines
 from retrain.types import EvalResult, StepResult
 
 EVAL = "eval.jsonl"  # one row per held-out evaluation, in the run's log directory
@@ -95,6 +96,10 @@ def metrics_row(
         "loss_is_placeholder": ctx.loss_is_placeholder,
         "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
         "correct_rate": result.correct_rate,
+        # the counts behind correct_rate: with dynamic sampling a step holds more than
+        # batch_size x group_size completions, so the rate alone cannot give them back
+        "num_correct": result.num_correct,
+        "num_completions": result.num_completions,
         "running_correct_rate": counters.correct_rate,
         "num_datums": result.num_datums,
         "batch_size": result.batch_size,
@@ -205,11 +210,16 @@ def eval_row(result: EvalResult, condition: str) -> dict[str, Any]:
 
 
 def read_eval_rows(
-    log_dir: str | Path, metrics: list[dict[str, Any]] | None = None
+    log_dir: str | Path,
+    metrics: list[dict[str, Any]] | None = None,
+    warnings: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """A run's evaluations by step (the last row wins for a repeated step): eval.jsonl,
-    else the `eval_*` fields of its metrics rows (`metrics`, when given)."""
-    rows, _ = read_jsonl(Path(log_dir) / EVAL)
+    else the `eval_*` fields of its metrics rows (`metrics`, when given). Lines of
+    eval.jsonl that do not parse are skipped, and said in `warnings` when given."""
+    rows, bad = read_jsonl(Path(log_dir) / EVAL)
+    if bad and warnings is not None:
+        warnings.append(skipped_lines(Path(log_dir) / EVAL, bad))
     if not rows and metrics:
         rows = [
             {**r, "step": r["eval_step"]}

@@ -91,6 +91,12 @@ def as_number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def skipped_lines(path: Path, bad: list[int]) -> str:
+    """The warning for the lines of a JSONL file that did not parse (1-based numbers)."""
+    shown = ", ".join(map(str, bad[:10])) + (" ..." if len(bad) > 10 else "")
+    return f"skipped {len(bad)} corrupt line(s) in {path}: line(s) {shown}"
+
+
 def is_run_dir(path: str | Path) -> bool:
     return any((Path(path) / name).exists() for name in RUN_MARKERS)
 
@@ -98,9 +104,20 @@ def is_run_dir(path: str | Path) -> bool:
 def run_dir_holding(path: str | Path) -> Path | None:
     """The run directory `path` is, or lies inside (a directory with metrics.jsonl,
     run.json or trainer_state.json at or above it), or None: what a command that writes
-    files must stay out of, since a command never writes into a run's files."""
-    path = Path(path).expanduser().absolute()
-    return next((d for d in (path, *path.parents) if d.is_dir() and is_run_dir(d)), None)
+    files must stay out of, since a command never writes into a run's files. The path is
+    taken as written with `..` removed (`run/x/../../out` is not inside `run/x`), and as
+    the filesystem resolves it (through a symlink into a run, it is inside)."""
+    path = Path(path).expanduser()
+    written = Path(os.path.abspath(path))
+    try:
+        real = path.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: nothing can be written there anyway
+        real = written
+    for p in dict.fromkeys((written, real)):
+        found = next((d for d in (p, *p.parents) if d.is_dir() and is_run_dir(d)), None)
+        if found is not None:
+            return found
+    return None
 
 
 def blocked_at(path: Path) -> tuple[Path, str] | None:
@@ -162,11 +179,7 @@ class RunDir:
     def _metrics_file(self) -> tuple[list[dict[str, Any]], list[int]]:
         rows, bad = self._read_rows(self.path / METRICS)
         if bad:
-            self.warnings.append(
-                f"skipped {len(bad)} corrupt line(s) in {self.path / METRICS}: line(s) "
-                + ", ".join(map(str, bad[:10]))
-                + (" ..." if len(bad) > 10 else "")
-            )
+            self.warnings.append(skipped_lines(self.path / METRICS, bad))
         return rows, bad
 
     @property
@@ -276,33 +289,62 @@ class RunDir:
     def correct_counts(self, horizon: int | None = None) -> tuple[int, int] | None:
         """(correct, completions) over the steps < horizon, or None when unknown.
 
-        From metrics.jsonl: `round(correct_rate * batch_size * group_size)` per step, exact
-        because the rate was computed from those counts; from generations.jsonl when a
-        row lacks the batch or group size."""
+        From metrics.jsonl: a row's `num_correct` and `num_completions`. A row written
+        before those existed gives `round(correct_rate * batch_size * group_size)` of
+        `batch_size * group_size`, exact because the rate was computed from those counts,
+        except after dynamic sampling's extra rounds (`sampling_rounds` > 1: every group
+        sampled stays in the step, more than batch_size of them). Then, and when a row
+        lacks the sizes, every count comes from emergence/generations.jsonl. A row
+        without a correct_rate (null, damaged) adds nothing: compare's warning about
+        the steps missing from correct_rate names it."""
         correct = total = 0
         for row in self.step_rows:
             if horizon is not None and row["step"] >= horizon:
                 break
+            counted = as_int(row.get("num_correct")), as_int(row.get("num_completions"))
+            if counted[0] is not None and counted[1] is not None:
+                correct, total = correct + counted[0], total + counted[1]
+                continue
             rate = as_number(row.get("correct_rate"))
+            if rate is None:
+                continue
             batch, group = as_int(row.get("batch_size")), as_int(row.get("group_size"))
-            if rate is None or batch is None or group is None:
+            rounds = as_number(row.get("sampling_rounds"))
+            if batch is None or group is None or (rounds is not None and rounds > 1):
                 return self.generation_counts(horizon)
             correct += int(round(rate * batch * group))
             total += batch * group
         return (correct, total) if total else None
 
-    def generation_counts(self, horizon: int | None = None) -> tuple[int, int] | None:
-        """(correct, completions) from emergence/generations.jsonl over steps < horizon."""
-        rows, _ = self._read_rows(self.path / GENERATIONS)
-        correct = total = 0
+    @cached_property
+    def _generations(self) -> list[tuple[int, bool]]:
+        """(step, correct) of each completion in emergence/generations.jsonl. A line that
+        does not parse, or a row without a step number, is skipped with a warning: its
+        step, and so whether it lies within a horizon, is unknown."""
+        path = self.path / GENERATIONS
+        rows, bad = self._read_rows(path)
+        if bad:
+            self.warnings.append(skipped_lines(path, bad))
+        out, no_step = [], 0
         for row in rows:
             if "correct" not in row:
                 continue
-            if horizon is not None and int(row.get("step", 0)) >= horizon:
-                continue
-            total += 1
-            correct += bool(row["correct"])
-        return (correct, total) if total else None
+            step = as_int(row.get("step"))
+            if step is None:
+                no_step += 1
+            else:
+                out.append((step, bool(row["correct"])))
+        if no_step:
+            self.warnings.append(
+                f"skipped {no_step} row(s) of {path} without a step number (missing, null "
+                "or not an integer)"
+            )
+        return out
+
+    def generation_counts(self, horizon: int | None = None) -> tuple[int, int] | None:
+        """(correct, completions) from emergence/generations.jsonl over steps < horizon."""
+        kept = [ok for step, ok in self._generations if horizon is None or step < horizon]
+        return (sum(kept), len(kept)) if kept else None
 
 
 class CampaignDir:

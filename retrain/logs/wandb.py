@@ -58,6 +58,8 @@ REWARD_KEYS = frozenset(
     {
         "mean_reward",
         "correct_rate",
+        "num_correct",
+        "num_completions",
         "running_correct_rate",
         "no_answer_rate",
         "reward_errors",
