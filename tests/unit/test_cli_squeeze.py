@@ -114,9 +114,8 @@ def test_usage_errors(adapter, argv, match):
 def test_missing_adapter_is_a_clean_error(tmp_path):
     with pytest.raises(RetrainError, match="not found"):
         squeeze_main([str(tmp_path / "nope")])
-    assert (
-        cli_main(["squeeze", str(tmp_path / "nope")]) == 2
-    )  # a problem with what was asked, like a config error
+    # a problem with what was asked: exit 2, like a config error
+    assert cli_main(["squeeze", str(tmp_path / "nope")]) == 2
 
 
 def test_standalone_toml_analyses_and_compresses(adapter, tmp_path, capsys):
