@@ -49,11 +49,17 @@ Controller
   when the ladder is shorter than the warmup. Action ``hold``, regime ``warmup``.
   ``initial_batch_size`` (clamped into range) is the first step's batch size when
   ``warmup_steps`` is 0; with no warmup there is nothing to fit, so the controller holds it.
-* Afterwards, each step refits. A fit is *trusted* when it is valid and its ``p_star_rel_se``
+  (With back pressure enabled, the config refuses warmup_steps < 2 and ladders of fewer
+  than 3 rungs, which never fit: retrain/config/validate.py.)
+* Afterwards, each step refits. A fit is *trusted* when it is valid, its ``p_star_rel_se``
   is at most ``max_p_star_rel_se`` (0.15; an exact fit with no spare degrees of freedom is
-  trusted too). The controller decides with the most recent trusted fit, so once it has
-  settled and the exploration points leave the window (the curve's shape is then
-  undetermined), it keeps the last good model instead of chasing noise.
+  trusted too) and, once a model has been adopted, its window holds at least as many
+  observations at every concurrency as the model's own fit had. The controller decides
+  with the most recent trusted fit (the model). While the window fills, each fit only adds
+  data and may refine the model; once the window slides and drops the warmup's
+  exploration points (which pin the curve's shape) no later fit qualifies, and the model
+  is kept for the rest of the run instead of chasing noise: the controller does not
+  explore again (`_holds_model_data` says why).
 * Invalid or untrusted fit after warmup: while no model has been adopted the ladder walk
   continues for at most ``warmup_steps`` more steps (regime ``warmup``, action ``hold``).
   If there is still no trusted fit at step ``2 * warmup_steps``, a valid but untrusted fit
@@ -105,6 +111,7 @@ __all__ = [
     "Decision",
     "USLEstimator",
     "USLFit",
+    "batch_ladder",
     "fit_usl",
     "usl_throughput",
 ]
@@ -122,6 +129,18 @@ _OPTIMAL_LOW, _OPTIMAL_HIGH = 0.8, 1.1
 def usl_throughput(p: float, lam: float, sigma: float, kappa: float) -> float:
     """X(p) = lam * p / (1 + sigma (p - 1) + kappa p (p - 1))."""
     return lam * p / (1.0 + sigma * (p - 1.0) + kappa * p * (p - 1.0))
+
+
+def batch_ladder(min_batch_size: int, max_batch_size: int) -> list[int]:
+    """The warmup's batch sizes: min, 2 min, 4 min, ... below max, then max itself.
+    The fit needs three distinct sizes, so a ladder of fewer than 3 rungs (max <= 2 min)
+    never gives the controller a model (config/validate.py refuses it)."""
+    rungs, b = [], min_batch_size
+    while b < max_batch_size:
+        rungs.append(b)
+        b *= 2
+    rungs.append(max_batch_size)
+    return rungs
 
 
 def _finite(x: float | None) -> float | None:
@@ -301,6 +320,11 @@ class USLEstimator:
     def observations(self) -> list[tuple[float, float]]:
         return list(self._obs)
 
+    @property
+    def counts(self) -> dict[float, int]:
+        """How many observations the window holds at each concurrency."""
+        return dict(self._counts)
+
     def add(self, concurrency: float, throughput: float) -> bool:
         """Add one observation; returns False (and changes nothing) when it is unusable."""
         p, x = float(concurrency), float(throughput)
@@ -468,23 +492,17 @@ class BackPressureController:
             "max_p_star_rel_se", max_p_star_rel_se, 0.0, None, open_low=True
         )
         self.estimator = USLEstimator(window)
-        self._ladder = self._make_ladder()
+        self._ladder = batch_ladder(self.min_batch_size, self.max_batch_size)
         self._step = 0
         self._ema: float | None = None
         self._ema_p: float | None = None
         self._model: dict[str, float] | None = None  # last trusted fit
+        # observations per concurrency in the window the model was fitted on
+        self._model_counts: dict[float, int] | None = None
         self._batch_size = self._first_batch_size()
         self._last: Decision | None = None
 
     # -- schedule ---------------------------------------------------------------------------
-    def _make_ladder(self) -> list[int]:
-        rungs, b = [], self.min_batch_size
-        while b < self.max_batch_size:
-            rungs.append(b)
-            b *= 2
-        rungs.append(self.max_batch_size)
-        return rungs
-
     def _first_batch_size(self) -> int:
         if self.warmup_steps > 0:
             return self._ladder[0]
@@ -553,8 +571,11 @@ class BackPressureController:
             decision = self._decision(self.warmup_batch_size(self._step), "hold", "warmup", p, hint)
         else:
             fit = self.estimator.fit()
-            trusted = fit.valid and (
-                fit.p_star_rel_se is None or fit.p_star_rel_se <= self.max_p_star_rel_se
+            counts = self.estimator.counts
+            trusted = (
+                fit.valid
+                and (fit.p_star_rel_se is None or fit.p_star_rel_se <= self.max_p_star_rel_se)
+                and self._holds_model_data(counts)  # never trade the model's data away
             )
             explore_end = 2 * self.warmup_steps
             if trusted or (fit.valid and self._model is None and self._step >= explore_end):
@@ -564,6 +585,7 @@ class BackPressureController:
                     "lam": fit.lam,
                     "p_star": fit.p_star,
                 }
+                self._model_counts = counts
             if self._model is None and self._step < explore_end:
                 # No trustworthy curve yet: keep walking the ladder (at most warmup_steps more).
                 nxt = self.warmup_batch_size(self._step)
@@ -576,6 +598,30 @@ class BackPressureController:
         self._batch_size = decision.batch_size
         self._last = decision
         return decision
+
+    def _holds_model_data(self, counts: dict[float, int]) -> bool:
+        """Whether a window with these counts per concurrency has at least as many
+        observations at every concurrency as the adopted model's fit had (True while no
+        model is adopted).
+
+        Only such a fit may replace the model, so a new model only ever adds information.
+        Once the window slides past the warmup's ladder, each fit trades exploration
+        points for more at the settled size; what remains (a few low rungs beside ~97
+        points at one size) barely determines the curvature c, and with it
+        p* = sqrt(a / c). Such a fit passes the p_star_rel_se test mostly when noise made
+        the curve look too sharp (p* far too small), and the fits after it have fewer
+        than 3 sizes, so nothing would correct it. A run that follows the controller thus
+        keeps the model fitted just before its window began to drop exploration points;
+        the controller does not explore again.
+
+        Rejected: requiring only that the window still reach the model's smallest and
+        largest concurrency (fits over the full span with one point per rung still moved
+        9 of 200 simulated runs at 10% noise by 2 or 3 batch sizes), and keeping the sums
+        of evicted observations (that fits throughput measured long ago together with
+        today's, which drifts as training changes the completions)."""
+        if self._model is None or self._model_counts is None:
+            return True
+        return all(counts.get(p, 0) >= n for p, n in self._model_counts.items())
 
     def _best_observed(self, current: int) -> int:
         """The batch size whose observations in the window have the highest mean throughput."""
@@ -660,6 +706,11 @@ class BackPressureController:
             "ema": self._ema,
             "ema_p": self._ema_p,
             "model": dict(self._model) if self._model else None,
+            "model_counts": (
+                [[p, n] for p, n in sorted(self._model_counts.items())]
+                if self._model_counts is not None
+                else None
+            ),
             "last": asdict(self._last) if self._last else None,
             "estimator": self.estimator.state_dict(),
         }
@@ -675,3 +726,8 @@ class BackPressureController:
         self._model = {k: float(v) for k, v in model.items()} if model else None
         self._last = Decision(**state["last"]) if state["last"] else None
         self.estimator.load_state_dict(state["estimator"])
+        counts = state.get("model_counts")
+        if counts is not None:
+            self._model_counts = {float(p): int(n) for p, n in counts}
+        else:  # a state saved before the counts were kept: the window's own, as the best guess
+            self._model_counts = self.estimator.counts if self._model else None

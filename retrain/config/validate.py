@@ -13,8 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from retrain import registry
+from retrain.backpressure import batch_ladder
 from retrain.config import hints
-from retrain.config.schema import Config, away_from_defaults
+from retrain.config.schema import MAX_PROMPTS, Config, away_from_defaults
 from retrain.hardware import HIDDEN_FIX, TorchBuild, compiler_missing, torch_without_gpu
 from retrain.types import USER_OBJECTIVE, BackendCapabilities, EngineTraits, check_option
 
@@ -171,15 +172,44 @@ def _builtin_flow(config: Config) -> Problems:
 
 
 def _backpressure(config: Config) -> Problems:
+    """min_batch_size <= max_batch_size; and, when enabled, no setting under which the
+    USL is never fitted (it needs 3 distinct batch sizes), so the batch size would never
+    adapt: a warmup shorter than 2 steps (the ladder walk lasts 2 x warmup_steps steps at
+    most), or a ladder of fewer than 3 rungs (retrain.backpressure.batch_ladder)."""
     bp = config.backpressure
-    if bp.min_batch_size <= bp.max_batch_size:
+    lo, hi = bp.min_batch_size, bp.max_batch_size
+    if lo > hi:
+        return [("[backpressure] min_batch_size", f"must be <= max_batch_size ({hi}), got {lo}")]
+    if not bp.enabled:
         return []
-    return [
-        (
-            "[backpressure] min_batch_size",
-            f"must be <= max_batch_size ({bp.max_batch_size}), got {bp.min_batch_size}",
+    problems: Problems = []
+    never = "the USL fit needs 3, so the batch size would never adapt"
+    if bp.warmup_steps < 2:
+        seen = "the warmup sees 2 batch sizes"
+        if bp.warmup_steps == 0:
+            seen = "with no warmup only 1 batch size is run"
+        problems.append(
+            (
+                "[backpressure] warmup_steps",
+                f"must be >= 2 with enabled = true, got {bp.warmup_steps}: {seen} and "
+                f"{never}. Fix: warmup_steps = 10 (the default), or enabled = false",
+            )
         )
-    ]
+    ladder = batch_ladder(lo, hi)
+    if len(ladder) < 3:
+        fix = f"max_batch_size = {4 * lo}" if 4 * lo <= MAX_PROMPTS else ""
+        if hi >= 4:
+            fix += f"{' or ' if fix else ''}min_batch_size = {hi // 4}"
+        sizes = f"{len(ladder)} batch size{'s' if len(ladder) > 1 else ''}"
+        problems.append(
+            (
+                "[backpressure] max_batch_size",
+                f"must be > 2 x min_batch_size ({lo}) with enabled = true, got {hi}: the "
+                f"warmup ladder {ladder} has {sizes} and {never}. Fix: {fix}, or "
+                "enabled = false",
+            )
+        )
+    return problems
 
 
 def _objective(config: Config) -> Problems:

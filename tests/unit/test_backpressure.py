@@ -15,6 +15,7 @@ from retrain.backpressure import (
     REGIMES,
     BackPressureController,
     USLEstimator,
+    batch_ladder,
     fit_usl,
     usl_throughput,
 )
@@ -218,6 +219,9 @@ def test_warmup_walks_the_geometric_ladder():
     assert seen == [1, 2, 4, 8, 16, 32, 64, 1, 2, 4]
     ladder = BackPressureController(min_batch_size=3, max_batch_size=20)
     assert [ladder.warmup_batch_size(i) for i in range(6)] == [3, 6, 12, 20, 3, 6]
+    assert batch_ladder(3, 20) == [3, 6, 12, 20]
+    assert batch_ladder(1, 64) == [1, 2, 4, 8, 16, 32, 64]
+    assert batch_ladder(5, 7) == [5, 7] and batch_ladder(4, 4) == [4]  # < 3 rungs: no fit
 
 
 @pytest.mark.parametrize(
@@ -426,6 +430,100 @@ def test_state_dict_round_trip_continues_identically():
     for x, bs in zip(xs, sizes):
         assert a.observe(bs, x) == b.observe(bs, x)
     assert a.state_dict() == b.state_dict()
+
+
+# The audit's case (/tmp/audit_math/b5.py): lam 10, sigma 0.05, kappa 0.002 (p* 21.8),
+# 5% lognormal noise from seed 3, warmup 10 on the ladder 1..64.
+B5 = (10.0, 0.05, 0.002)
+
+
+def lognormal_run(ctrl, steps, rng, noise=0.05, truth=B5, batch_size=None, check=None):
+    """Run against a USL system with multiplicative lognormal noise (one draw per step);
+    returns the decisions. `check(t, ctrl)` runs after observation t."""
+    b, out = ctrl.batch_size if batch_size is None else batch_size, []
+    for t in range(steps):
+        x = usl_throughput(b * ctrl.group_size, *truth) * math.exp(rng.normal(0.0, noise))
+        d = ctrl.observe(b, x)
+        if check is not None:
+            check(t, ctrl)
+        out.append(d)
+        b = d.batch_size
+    return out
+
+
+def test_a_settled_model_is_kept_when_the_exploration_leaves_the_window():
+    # Settled at 16 (p* 19.9) from step 10. At step 106 the window is {1, 2, 4, 16 x 97}:
+    # its fit passes the uncertainty test (rel se 0.145) with p* 12.1, 45% low; adopting
+    # it throttled to 10 for good, as later windows have < 3 sizes. It must not replace
+    # the model fitted over the whole exploration.
+    def check(t, ctrl):
+        if t == 106:
+            assert ctrl.estimator.counts == {1.0: 1, 2.0: 1, 4.0: 1, 16.0: 97}
+            fit = ctrl.estimator.fit()
+            assert fit.valid and fit.p_star_rel_se <= 0.15 and fit.p_star < 13
+
+    ctrl = BackPressureController(warmup_steps=10)
+    ds = lognormal_run(ctrl, 300, np.random.default_rng(3), check=check)
+    assert [d.batch_size for d in ds[9:]] == [16] * 291
+    assert all(d.p_star == ds[99].p_star for d in ds[99:])  # the window slides from step 100
+    assert abs(ds[-1].p_star / math.sqrt(0.95 / 0.002) - 1) < 0.1
+
+
+@pytest.mark.parametrize("noise", [0.02, 0.05])
+def test_settled_sizes_stay_put_across_seeds(noise):
+    lam, sigma, kappa = B5
+    p_star = math.sqrt((1 - sigma) / kappa)
+    best = math.floor(0.85 * p_star)  # 18
+    for seed in range(20):
+        ds = lognormal_run(BackPressureController(), 250, np.random.default_rng(seed), noise)
+        sizes = [d.batch_size for d in ds]
+        settled = sizes[60]
+        assert all(abs(b - settled) <= 1 for b in sizes[60:]), (seed, sizes)
+        assert set(sizes[100:]) == {sizes[100]}, (seed, sizes)  # the model is kept for good
+        kept = usl_throughput(sizes[-1], lam, sigma, kappa) / usl_throughput(best, *B5)
+        assert kept >= 0.95, (seed, sizes[-1])
+
+
+@pytest.mark.parametrize("at", [50, 103])  # window still filling / sliding, model kept
+def test_state_round_trip_keeps_the_model_rule(at):
+    rng = np.random.default_rng(3)
+    a = BackPressureController(warmup_steps=10)
+    b_size = lognormal_run(a, at, rng)[-1].batch_size
+    state = json.loads(json.dumps(a.state_dict(), allow_nan=False))
+    window = [[p, n] for p, n in sorted(a.estimator.counts.items())]
+    assert (state["model_counts"] == window) == (at == 50)  # at 103: the step-99 model's
+    b = BackPressureController(warmup_steps=10)
+    b.load_state_dict(state)
+    assert b.state_dict() == a.state_dict()
+    # both continue on the same noise and decide alike (the step-106 fit is refused by both)
+    tail = np.random.default_rng(99).normal(0.0, 0.05, 250).tolist()
+    for e in tail:
+        x = usl_throughput(b_size, *B5) * math.exp(e)
+        da, db = a.observe(b_size, x), b.observe(b_size, x)
+        assert da == db
+        b_size = da.batch_size
+    assert a.state_dict() == b.state_dict()
+
+
+def test_a_state_without_model_counts_still_loads():
+    # Saved before the counts were kept: the window's counts stand in for the model's,
+    # which is exact while the window is still filling (the model was fitted on all of it).
+    rng = np.random.default_rng(3)
+    a = BackPressureController(warmup_steps=10)
+    b_size = lognormal_run(a, 50, rng)[-1].batch_size
+    old = a.state_dict()
+    del old["model_counts"]
+    b = BackPressureController(warmup_steps=10)
+    b.load_state_dict(old)
+    assert b.state_dict() == a.state_dict()
+    fresh = BackPressureController()
+    fresh.load_state_dict({**fresh.state_dict(), "model_counts": None})
+    assert fresh.state_dict()["model_counts"] is None
+    for _ in range(200):
+        x = usl_throughput(b_size, *B5) * math.exp(rng.normal(0.0, 0.05))
+        da = a.observe(b_size, x)
+        assert da == b.observe(b_size, x)
+        b_size = da.batch_size
 
 
 def test_load_state_dict_rejects_other_versions():
