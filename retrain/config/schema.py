@@ -743,7 +743,12 @@ class EvalConfig:
 @dataclass
 class BackpressureConfig:
     enabled: bool = opt(False, "Enable USL adaptive batch sizing")
-    warmup_steps: int = opt(10, "Steps exploring batch sizes before fitting the USL model", ge=0)
+    warmup_steps: int = opt(
+        10,
+        "Steps exploring batch sizes before fitting the USL model (at least 2 when enabled: "
+        "the fit needs three sizes)",
+        ge=0,
+    )
     ema_decay: float = opt(0.9, "EMA decay for throughput tracking", ge=0.0, check=_decay)
     throttle_margin: float = opt(
         0.85, "Target fraction of the optimal concurrency p*", gt=0.0, le=1.0
