@@ -87,6 +87,16 @@ def run_workdir(
     return here.parents[len(rel.parts) - 1]
 
 
+def workdir_elsewhere(log_dir: str | Path) -> Path | None:
+    """The directory the run in `log_dir` was started in, when that is not the one retrain
+    runs in now (the run's relative paths then name other places from here); None when it
+    is, or when nothing records it."""
+    workdir = run_workdir(log_dir)
+    if workdir is None or workdir.resolve() == Path.cwd().resolve():
+        return None
+    return workdir
+
+
 def _read_from(path: str, workdir: Path) -> str:
     """A local relative `path` of the run as seen from here (remote ones stay)."""
     if not path or "://" in path or Path(path).expanduser().is_absolute():

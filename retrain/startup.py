@@ -279,15 +279,15 @@ def _dirs_elsewhere(config: Config) -> Problems:
     resumed run writes into its own directories: it is run from where the run started."""
     from pathlib import Path
 
-    from retrain.checkpoint import load_state, run_workdir
+    from retrain.checkpoint import load_state, workdir_elsewhere
     from retrain.logs.rundir import RunDir
     from retrain.logs.status import resume_command
 
     start = Path(config.resume.from_).expanduser()
-    workdir = run_workdir(start)
-    here = Path.cwd().resolve()
-    if workdir is None or workdir.resolve() == here:
+    workdir = workdir_elsewhere(start)
+    if workdir is None:
         return []
+    here = Path.cwd().resolve()
     saved = load_state(start).checkpoint
     own = {
         ("logging", "log_dir"): lambda there: there == start.resolve(),

@@ -82,7 +82,7 @@ def started_elsewhere(flags: list[str]) -> str | None:
     """For a config that failed to load with `--resume DIR`: when that run was started in
     another directory, the relative paths of its config (a data file, a reward module)
     were read from there; the command that resumes it from there."""
-    from retrain.checkpoint import run_workdir
+    from retrain.checkpoint import workdir_elsewhere
     from retrain.config.load import parse_overrides
     from retrain.logs.rundir import RunDir
     from retrain.logs.status import resume_command
@@ -90,8 +90,8 @@ def started_elsewhere(flags: list[str]) -> str | None:
     resume = parse_overrides(flags)[0].get("resume", {}).get("from")
     if not isinstance(resume, str) or not Path(resume).expanduser().is_dir():
         return None
-    workdir = run_workdir(Path(resume).expanduser())
-    if workdir is None or workdir.resolve() == Path.cwd().resolve():
+    workdir = workdir_elsewhere(Path(resume).expanduser())
+    if workdir is None:
         return None
     return (
         f"[resume] from: the run in {resume} was started in {workdir}, and a config's "
