@@ -79,7 +79,7 @@ class RunData:
         source, listed = self.source, self.listed_status
         if listed == FINISHED or not (source.run_info or source.trainer_state or listed):
             return None
-        st = read_run(self.path)
+        st = read_run(source)  # the files compare has read already
         state = st.state
         if listed in ("failed", "interrupted") and state in ("running", "stale", "dead", "unknown"):
             state = listed  # the campaign saw the process end without it updating run.json

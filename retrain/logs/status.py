@@ -222,14 +222,14 @@ def _state(run: RunDir, st: RunStatus, stale_after: float | None) -> str:
 
 
 def read_run(
-    run_dir: str | Path,
+    run_dir: str | Path | RunDir,
     *,
     now: float | None = None,
     stale_after: float | None = None,
     name: str | None = None,
 ) -> RunStatus:
-    """The status of one run directory."""
-    run = RunDir(run_dir)
+    """The status of one run directory (a RunDir already read is not read again)."""
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     now = time.time() if now is None else now
     st = RunStatus(path=str(run.path), name=name or run.path.name, warnings=run.warnings)
     if run.corrupt_lines:
