@@ -76,8 +76,10 @@ Controller
   r < 0.8 -> ``compute_bound``. When a roofline hint is available (below) it names the
   regime instead whenever r is outside the optimal band.
   The target batch size is ``floor(target / group_size)`` (so the new concurrency never
-  exceeds the target), clamped to [min_batch_size, max_batch_size] and at least 1. The
-  action reported is the direction the batch size actually moves (``hold`` when a clamp
+  exceeds the target), clamped to [min_batch_size, max_batch_size] and at least 1, and
+  rounded down to a multiple of ``multiple`` (the ranks under torchrun, which take whole
+  prompts each; min and max must be multiples, so every ladder rung is one). The action
+  reported is the direction the batch size actually moves (``hold`` when a clamp
   keeps it where it is).
 * EMA: ``ema = ema_decay * ema + (1 - ema_decay) * throughput``, restarted from the raw
   value whenever the concurrency changes, so it always describes the current batch size.
@@ -463,6 +465,7 @@ class BackPressureController:
         group_size: int = 1,
         initial_batch_size: int | None = None,
         *,
+        multiple: int = 1,
         window: int = WINDOW,
         max_p_star_rel_se: float = 0.15,
     ):
@@ -480,6 +483,12 @@ class BackPressureController:
             raise ValueError(
                 f"max_batch_size ({max_batch_size}) must be >= min_batch_size ({min_batch_size})"
             )
+        # Under torchrun every rank samples whole prompts of the same number, so every batch
+        # size is a multiple of the ranks; with min and max multiples, so is every ladder rung.
+        self.multiple = _check_int("multiple", multiple, 1)
+        for name, value in (("min_batch_size", min_batch_size), ("max_batch_size", max_batch_size)):
+            if value % self.multiple:
+                raise ValueError(f"{name} ({value}) must be a multiple of {self.multiple}")
         self.peak_gflops = _check_float("peak_gflops", peak_gflops, 0.0, None)
         self.peak_bw_gb_s = _check_float("peak_bw_gb_s", peak_bw_gb_s, 0.0, None)
         self.group_size = _check_int("group_size", group_size, 1)
@@ -515,7 +524,10 @@ class BackPressureController:
         return self._ladder[step % len(self._ladder)]
 
     def _clamp(self, b: int) -> int:
-        return max(self.min_batch_size, min(self.max_batch_size, max(1, int(b))))
+        """Into [min_batch_size, max_batch_size], rounded down to a multiple of `multiple`
+        (never below min_batch_size, itself a multiple)."""
+        b = min(self.max_batch_size, max(1, int(b)))
+        return max(self.min_batch_size, b - b % self.multiple)
 
     @property
     def batch_size(self) -> int:

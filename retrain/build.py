@@ -190,6 +190,7 @@ def build_backpressure(config: Config) -> BackPressureController | None:
         peak_bw_gb_s=bp.peak_bw_gb_s,
         group_size=t.group_size,
         initial_batch_size=t.batch_size,
+        multiple=world_of(config).size,  # each rank samples whole prompts
     )
 
 

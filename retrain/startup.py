@@ -410,15 +410,21 @@ def startup_problems(
 
 
 def gym_problems(config: Config) -> Problems:
-    """A reasoning-gym task this install does not have (its names are cached: no import),
-    or `[data.args]` it refuses (checked only when given: the task's defaults need no
-    import of reasoning-gym, ~2 s). A missing reasoning-gym is a module problem."""
+    """A reasoning-gym task this install does not have, or whose defaults generate
+    nothing (both cached: no import), or `[data.args]` it refuses (checked only when
+    given, as importing reasoning-gym takes ~2 s). A missing reasoning-gym is a module
+    problem."""
     d = config.data
     if config.environment.provider or d.source != "reasoning_gym":
         return []
     if importlib.util.find_spec("reasoning_gym") is None:
         return []
-    from retrain.data.reasoning_gym import args_problems, task_names, unknown_task
+    from retrain.data.reasoning_gym import (
+        args_problems,
+        defaults_problem,
+        task_names,
+        unknown_task,
+    )
     from retrain.errors import DataError
 
     try:
@@ -427,7 +433,18 @@ def gym_problems(config: Config) -> Problems:
         return [("[data] source", str(exc))]
     if d.task not in names:
         return [("[data] task", unknown_task(d.task, list(names)))]
-    return args_problems(d.task, dict(d.args), d.seed) if d.args else []
+    if d.args:
+        return args_problems(d.task, dict(d.args), d.seed)
+    why = defaults_problem(d.task)
+    if why:
+        return [
+            (
+                "[data] args",
+                f"reasoning-gym task {d.task!r} generates nothing with its default options: "
+                f"{why}. Fix: set the options it needs in [data.args], or another [data] task",
+            )
+        ]
+    return []
 
 
 def condition_problems(
@@ -601,13 +618,24 @@ def world_problems(config: Config, world: World) -> Problems:
         return []
     n, t, found = world.size, config.training, []
     if t.batch_size % n:
-        down, up = max(n, t.batch_size - t.batch_size % n), t.batch_size + n - t.batch_size % n
         found.append(
             (
                 "[training] batch_size",
-                f"{t.batch_size} prompts do not divide over {n} ranks (WORLD_SIZE={n}): every rank samples whole groups of the same number of prompts. Fix: batch_size = {down} or {up}, or --nproc-per-node a divisor of {t.batch_size}",
+                f"{t.batch_size} prompts do not divide over {n} ranks (WORLD_SIZE={n}): every rank samples whole groups of the same number of prompts. Fix: {_multiples('batch_size', t.batch_size, n)}, or --nproc-per-node a divisor of {t.batch_size}",
             )
         )
+    bp = config.backpressure
+    for key, value in (
+        ("min_batch_size", bp.min_batch_size),
+        ("max_batch_size", bp.max_batch_size),
+    ):
+        if bp.enabled and value % n:
+            found.append(
+                (
+                    f"[backpressure] {key}",
+                    f"{value} prompt{' does' if value == 1 else 's do'} not divide over {n} ranks (WORLD_SIZE={n}): every batch size back pressure picks must, so its bounds are multiples of the ranks. Fix: {_multiples(key, value, n)}",
+                )
+            )
     if t.seed < 0:
         found.append(
             (
@@ -617,6 +645,12 @@ def world_problems(config: Config, world: World) -> Problems:
         )
     found += _world_backend_problems(config, n)
     return found
+
+
+def _multiples(key: str, value: int, n: int) -> str:
+    """`key = ` the multiples of n nearest `value` (one when value < n)."""
+    down, up = value - value % n, value + n - value % n
+    return f"{key} = {down} or {up}" if down else f"{key} = {up}"
 
 
 _SHARD_ALONE = "true needs several ranks (it shards the frozen base over them), but this is one process (WORLD_SIZE unset). Fix: start with torchrun --nproc-per-node N, or shard = false"

@@ -300,7 +300,7 @@ class Trainer:
                 bytes_moved=work.bytes_moved if work else None,
             )
             row.update(decision.as_metrics())
-            self.batch_size = self._whole_ranks(decision.batch_size)
+            self.batch_size = decision.batch_size  # a multiple of the ranks
         for g in result.groups[: self.config.logging.group_lines]:
             self.say(group_line(g.num_correct, len(g), g.example.reference))
         if result.shaping.warning:
@@ -324,11 +324,6 @@ class Trainer:
         rates = distributed.gather(self.world, self.throughput(result), "back pressure")
         slowest = min(rates)  # every rank's rate counts the whole batch's completions
         return slowest
-
-    def _whole_ranks(self, batch_size: int) -> int:
-        """A batch size every rank can take whole prompts of (rounded up to a multiple)."""
-        n = self.world.size
-        return -(-batch_size // n) * n
 
     @staticmethod
     def throughput(result: StepResult) -> float:

@@ -23,7 +23,7 @@ import numpy as np
 from retrain.errors import UsageError
 from retrain.logs.metrics import read_eval_rows
 from retrain.logs.rundir import MANIFEST, METRICS, CampaignDir, RunDir, as_int, as_number
-from retrain.logs.status import read_run
+from retrain.logs.status import read_run, with_manifest
 
 MAX_SEARCH_DEPTH = 5
 EVAL_PREFIX = "eval_"
@@ -80,9 +80,7 @@ class RunData:
         if listed == FINISHED or not (source.run_info or source.trainer_state or listed):
             return None
         st = read_run(source)  # the files compare has read already
-        state = st.state
-        if listed in ("failed", "interrupted") and state in ("running", "stale", "dead", "unknown"):
-            state = listed  # the campaign saw the process end without it updating run.json
+        state = with_manifest(st.state, listed)
         if state == FINISHED:
             return None
         steps = f"{st.steps_done} of {st.max_steps}" if st.max_steps else str(st.steps_done)

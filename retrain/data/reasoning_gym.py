@@ -40,29 +40,50 @@ def _import_reasoning_gym():
 
 
 def task_names() -> list[str]:
-    """reasoning-gym's task names. Importing reasoning-gym imports every task (about 1 s:
-    sympy, matplotlib), which `explain` and `doctor` would pay on every call just to check
-    `[data] task`, so the names are kept in the retrain cache, per installed copy (its
-    version and the time its package was written), and read from there after the first
-    call. DataError when reasoning-gym is not installed."""
+    """reasoning-gym's task names (DataError when reasoning-gym is not installed)."""
+    return list(_catalog()["tasks"])
+
+
+def defaults_problem(task: str) -> str | None:
+    """Why `task` generates nothing with its default options (e.g. 'composite', which
+    needs its datasets named), or None."""
+    return _catalog()["need_args"].get(task)
+
+
+def _catalog() -> dict[str, Any]:
+    """The task names, and why a task's defaults generate nothing where they do.
+    Importing reasoning-gym imports every task (about 1 s: sympy, matplotlib), which
+    `explain` and `doctor` would pay on every call just to check `[data] task`, so the
+    catalog is kept in the retrain cache, per installed copy (its version and the time
+    its package was written), and read from there after the first call."""
     path = _names_file()
     if path is not None:
         try:
-            names = json.loads(path.read_text())
-            if isinstance(names, list) and all(isinstance(n, str) for n in names):
-                return names
+            catalog = json.loads(path.read_text())
+            if _is_catalog(catalog):
+                return catalog
         except (OSError, ValueError):
             pass
-    names = _registered()
+    catalog = _build_catalog()
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(names))
+            tmp.write_text(json.dumps(catalog))
             tmp.replace(path)  # atomic: a concurrent reader sees the old file or this one
         except OSError:
-            pass  # a read-only cache: the names are read from reasoning-gym each time
-    return names
+            pass  # a read-only cache: the catalog is read from reasoning-gym each time
+    return catalog
+
+
+def _is_catalog(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("tasks"), list)
+        and all(isinstance(n, str) for n in value["tasks"])
+        and isinstance(value.get("need_args"), dict)
+        and all(isinstance(v, str) for v in value["need_args"].values())
+    )
 
 
 def _registered() -> list[str]:
@@ -71,6 +92,18 @@ def _registered() -> list[str]:
     from reasoning_gym.factory import DATASETS
 
     return sorted(DATASETS)
+
+
+def _build_catalog() -> dict[str, Any]:
+    """The catalog from the imported package: every registered task, and each one whose
+    one-item dataset with the default options fails (all 106 of 0.1.x take ~2.5 s)."""
+    rg, names, need_args = _import_reasoning_gym(), _registered(), {}
+    for name in names:
+        try:
+            _create(rg, name, {}, 1, 0)[0]
+        except Exception as exc:  # the task's own check of its defaults
+            need_args[name] = str(exc).removeprefix("[data.args] ")
+    return {"tasks": names, "need_args": need_args}
 
 
 def _names_file() -> Path | None:
@@ -88,7 +121,7 @@ def _names_file() -> Path | None:
         version = metadata.version("reasoning-gym")
     except (ImportError, ValueError, OSError, metadata.PackageNotFoundError):
         return None
-    return cache_dir() / "reasoning_gym" / f"tasks-{version}-{stamp}.json"
+    return cache_dir() / "reasoning_gym" / f"catalog-{version}-{stamp}.json"
 
 
 def _create(rg: Any, task: str, args: dict[str, Any], size: int, seed: int) -> Any:

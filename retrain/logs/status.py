@@ -284,6 +284,15 @@ def _summarise(runs: list[RunStatus]) -> list[ConditionSummary]:
     return out
 
 
+def with_manifest(state: str, listed: Any) -> str:
+    """A run's state from its own files, corrected by its campaign manifest's `listed`
+    status: a run the campaign saw end (failed or interrupted) whose run.json still says
+    running died without updating it, so it is what the manifest says."""
+    if listed in ("failed", "interrupted") and state in ("running", "stale", "dead", "unknown"):
+        return listed
+    return state
+
+
 def _listed_run(
     campaign: CampaignDir, entry: dict[str, Any], now: float | None, stale_after: float | None
 ) -> RunStatus:
@@ -292,8 +301,7 @@ def _listed_run(
     run_dir = campaign.run_dir(entry)
     if run_dir is not None and is_run_dir(run_dir):
         st = read_run(run_dir, now=now, stale_after=stale_after, name=name)
-        if entry.get("status") == "failed" and st.state in ("running", "stale", "dead", "unknown"):
-            st.state = "failed"  # the process died without updating run.json
+        st.state = with_manifest(st.state, entry.get("status"))
         st.resume_command = None  # a campaign resumes its runs itself
     else:
         st = RunStatus(path=str(run_dir or campaign.path / "runs" / name), name=name)

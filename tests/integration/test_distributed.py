@@ -305,10 +305,11 @@ def test_a_rank_that_dies_in_native_code_leaves_its_python_stack(straight, tmp_p
 
 def test_a_batch_that_does_not_divide_over_the_ranks_is_a_config_error(straight, tmp_path):
     """`retrain explain` (WORLD_SIZE from torchrun's environment, or --world-size) and the
-    run's own start refuse batch_size 3 on 2 ranks: exit 2, the key, file:line, the fix;
-    explain shows the ranks and each one's share."""
+    run's own start refuse batch_size 3 on 2 ranks (and back pressure's bounds 1 and 7):
+    exit 2, the key, file:line, the fix; explain shows the ranks and each one's share."""
     raw = copy.deepcopy(straight[0])
     raw["training"]["batch_size"] = 3
+    raw["backpressure"] = {"enabled": True, "min_batch_size": 1, "max_batch_size": 7}
     raw["logging"]["log_dir"] = str(tmp_path / "logs")
     path = tmp_path / "run.toml"
     path.write_text(config_to_toml(config_from_dict(raw)))
@@ -333,6 +334,11 @@ def test_a_batch_that_does_not_divide_over_the_ranks_is_a_config_error(straight,
         in explain.stdout
     )
     assert "Fix: batch_size = 2 or 4" in explain.stdout
+    # back pressure's bounds too: each batch size it picks must divide over the ranks
+    assert "[backpressure] min_batch_size (run.toml:" in explain.stdout
+    assert "1 prompt does not divide over 2 ranks" in explain.stdout
+    assert "Fix: min_batch_size = 2\n" in explain.stdout
+    assert "Fix: max_batch_size = 6 or 8" in explain.stdout
     assert "Ranks:       2 processes (torchrun), 1.5 prompts" in explain.stdout
     start = subprocess.run(
         [*cli, "run.toml"],

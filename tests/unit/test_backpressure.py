@@ -324,6 +324,22 @@ def test_targets_are_clamped():
     assert ds[-1].regime == "retrograde" and ds[-1].action == "hold"  # already at the floor
 
 
+@pytest.mark.parametrize(("ranks", "settled"), [(1, 36), (3, 36), (8, 32)])
+def test_the_target_rounds_down_to_whole_ranks(ranks, settled):
+    """0.85 p* = 0.85 sqrt(0.9 / 0.0005) = 36.06 prompts: floor 36 on 1 or 3 ranks, 32 on 8
+    (36 would give 4.5 prompts a rank). Before, the trainer rounded the controller's pick
+    up instead, so on 8 ranks it ran 40, beyond the throttle target."""
+    ctrl = BackPressureController(
+        warmup_steps=5,
+        min_batch_size=ranks * (2 if ranks == 3 else 1),
+        max_batch_size=96,
+        multiple=ranks,
+    )
+    ds = simulate(ctrl, 100.0, 0.1, 0.0005, 30)
+    assert ds[-1].batch_size == settled and ds[-1].action == "hold"
+    assert all(d.batch_size % ranks == 0 for d in ds)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_noisy_fit_extends_the_warmup_then_is_adopted(seed):
     # 40% noise: the 10-point fit is too uncertain to trust, so the ladder walk goes on
@@ -395,6 +411,9 @@ def test_metrics_keys_and_values():
         ({"peak_bw_gb_s": math.nan}, "peak_bw_gb_s"),
         ({"group_size": 0}, "group_size"),
         ({"initial_batch_size": 0}, "initial_batch_size"),
+        ({"multiple": 0}, "multiple"),
+        ({"multiple": 2, "min_batch_size": 3, "max_batch_size": 12}, "min_batch_size"),
+        ({"multiple": 4, "min_batch_size": 4, "max_batch_size": 10}, "max_batch_size"),
     ],
 )
 def test_constructor_validation(kwargs, match):
@@ -554,9 +573,12 @@ throughputs = st.one_of(
     warmup=st.integers(0, 12),
     follow=st.booleans(),
     roof=st.booleans(),
+    ranks=st.integers(1, 4),
 )
-def test_decisions_always_in_bounds(xs, min_b, span, group, warmup, follow, roof):
-    max_b = min_b + span
+def test_decisions_always_in_bounds(xs, min_b, span, group, warmup, follow, roof, ranks):
+    """Every decision lies in [min, max] and, with `multiple` = the ranks under torchrun,
+    divides over them (min and max being multiples)."""
+    min_b, max_b = min_b * ranks, (min_b + span) * ranks
     ctrl = BackPressureController(
         warmup_steps=warmup,
         min_batch_size=min_b,
@@ -564,13 +586,17 @@ def test_decisions_always_in_bounds(xs, min_b, span, group, warmup, follow, roof
         group_size=group,
         peak_gflops=100.0 if roof else 0.0,
         peak_bw_gb_s=10.0 if roof else 0.0,
+        initial_batch_size=max_b - 1 if max_b > 1 else None,
+        multiple=ranks,
     )
     b = ctrl.batch_size
+    assert b % ranks == 0
     for i, x in enumerate(xs):
         if not follow:  # the trainer may run any batch size it likes
-            b = min_b + (i * 7) % (span + 1)
+            b = min_b + ranks * ((i * 7) % (span + 1))
         d = ctrl.observe(b, x, flops=x, bytes_moved=1.0)
         assert min_b <= d.batch_size <= max_b
+        assert d.batch_size % ranks == 0
         assert d.action in ACTIONS and d.regime in REGIMES
         m = d.as_metrics()
         # the roofline's side of the ridge point, where peaks are given and FLOPs usable

@@ -225,18 +225,24 @@ def test_reasoning_gym_task_names_are_cached_per_installed_copy(tmp_path, monkey
     monkeypatch.setenv("RETRAIN_CACHE", str(tmp_path / "cache"))
     names = rg.task_names()
     assert "basic_arithmetic" in names and names == sorted(names)
-    (cached,) = (tmp_path / "cache" / "reasoning_gym").glob("tasks-*.json")
-    assert json.loads(cached.read_text()) == names
+    (cached,) = (tmp_path / "cache" / "reasoning_gym").glob("catalog-*.json")
+    catalog = json.loads(cached.read_text())
+    assert catalog["tasks"] == names
+    # 'composite' mixes the tasks its [data.args] datasets name: with none it refuses
+    assert catalog["need_args"] == {
+        "composite": "rejected by reasoning-gym task 'composite': Must specify at least one dataset"
+    }
+    assert rg.defaults_problem("composite") and rg.defaults_problem("chain_sum") is None
 
     def no_import():
         raise AssertionError("imported reasoning-gym again")
 
-    monkeypatch.setattr(rg, "_registered", no_import)
+    monkeypatch.setattr(rg, "_build_catalog", no_import)
     assert rg.task_names() == names  # read from the cache
     cached.write_text("{not json")
     monkeypatch.undo()
     monkeypatch.setenv("RETRAIN_CACHE", str(tmp_path / "cache"))
-    assert rg.task_names() == names and json.loads(cached.read_text()) == names  # rewritten
+    assert rg.task_names() == names and json.loads(cached.read_text()) == catalog  # rewritten
     blocked = tmp_path / "file"
     blocked.write_text("")
     monkeypatch.setenv("RETRAIN_CACHE", str(blocked))  # no directory can be made under it

@@ -208,6 +208,19 @@ def test_reasoning_gym_args_are_checked_as_the_data_source_uses_them(project, ca
         check_startup(load_config(path))
 
 
+def test_a_task_whose_defaults_generate_nothing_is_refused_without_args(project, capsys):
+    """reasoning-gym's 'composite' refuses its defaults (no datasets named): found from the
+    cached catalog, so explain and the run's start say so before any model loads."""
+    pytest.importorskip("reasoning_gym")
+    path = write(project, GYM.replace("chain_sum", "composite").replace("[data.args]\n", ""))
+    code, errors = explain(capsys, path)
+    assert code == 2
+    says = "reasoning-gym task 'composite' generates nothing with its default options: "
+    assert any(e.startswith("[data] args") and says in e for e in errors), errors
+    with pytest.raises(ConfigError, match="Must specify at least one dataset"):
+        check_startup(load_config(path))
+
+
 def test_good_reasoning_gym_args_pass(project, capsys):
     pytest.importorskip("reasoning_gym")
     code, errors = explain(capsys, write(project, GYM + "min_terms = 3\n"))

@@ -321,6 +321,21 @@ def test_a_killed_run_on_this_host_is_dead_with_its_resume_command(tmp_path):
     assert read_run(run, now=NOW).state == "dead"
 
 
+@pytest.mark.parametrize("listed", ["failed", "interrupted"])
+def test_a_campaign_run_its_manifest_saw_end_is_what_the_manifest_says(tmp_path, listed):
+    """The campaign recorded how its run ended, but the run's own run.json still says
+    running (the process was killed before updating it): status says what the
+    manifest saw (compare's unfinished-run warning reads the same rule)."""
+    camp = tmp_path / "campaign_20250101_000000"
+    run = camp / "runs" / "grpo+none_s1"
+    write_run(run, rates=[0.5, 0.25], status="running", pid=dead_pid(), host=socket.gethostname())
+    entry = {"name": run.name, "condition": "grpo+none", "seed": 1, "status": listed}
+    (camp / "manifest.json").write_text(json.dumps({"status": listed, "runs": [entry]}))
+    (st,) = read_campaign(camp, now=NOW).runs
+    assert st.state == listed and st.resume_command is None
+    assert read_run(run, now=NOW).state == "dead"  # the run's own files alone
+
+
 def test_pid_is_only_checked_on_the_host_that_wrote_it(tmp_path):
     run = tmp_path / "remote"
     gone = dead_pid()
