@@ -13,6 +13,7 @@ from typing import Any
 from retrain import registry
 from retrain.backends.base import BackendInfo, backend_options
 from retrain.config import Config
+from retrain.config.schema import FALLBACK_MAX_TURNS
 from retrain.config.validate import device_kind, training_device
 from retrain.errors import BackendError
 from retrain.hardware import MEASURED_GPU, device_memory, gpu_name, gpu_peaks, matmul_dtype
@@ -318,6 +319,25 @@ def _named_memory(params: int, plan: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def conversation_turns(config: Config) -> str | None:
+    """With a multi-turn environment, what the estimates leave out: they count one model
+    turn of max_tokens per completion, where a conversation takes up to max_turns of
+    them, plus the environment's replies, into its one trained row. None otherwise."""
+    e = config.environment
+    if not e.provider or e.max_turns == 1:
+        return None
+    turns = (
+        f"up to {e.max_turns} turns"
+        if e.max_turns > 0
+        else f"as many turns as the environment allows ({FALLBACK_MAX_TURNS} where it sets no cap)"
+    )
+    return (
+        f"one model turn per completion: an environment's conversation takes {turns}, "
+        "each up to max_tokens, plus its replies, so its steps and rows can be that many "
+        "times longer"
+    )
+
+
 def memory_estimate(config: Config, world: World | None = None) -> dict[str, Any]:
     """The local step's peak memory on its training device (retrain/memory.py), that
     device's free and total memory (retrain/hardware.py, no torch), `checkpointing` as
@@ -383,6 +403,9 @@ def memory_estimate(config: Config, world: World | None = None) -> dict[str, Any
     else:
         out["peak_memory_gib"] = None
         out["memory_note"] = "unknown model size (no config.json on disk, no size in the name)"
+    turns = conversation_turns(config)
+    if turns and out.get("memory_note"):
+        out["memory_note"] += f"; {turns}"
     if plan["errors"]:
         out["memory_problem"] = FitProblem("error", plan["errors"][0])
     problem = out["memory_problem"]
@@ -437,8 +460,9 @@ def estimates(config: Config, info: BackendInfo, world: World | None = None) -> 
             f"{' (a third more: activation checkpointing)' if recompute else ''}, scaled by "
             f"parameters x tokens from what retrain measured on {_MEASURED_ON[device]}"
             f"{scaled[2]}{least}; "
-            "every completion at max_tokens. Run a few steps for a measured median"
-            f"{_other_setup(recent)}"
+            "every completion at max_tokens"
+            + (f" ({turns})" if (turns := conversation_turns(config)) else "")
+            + f". Run a few steps for a measured median{_other_setup(recent)}"
         )
     else:
         why = "remote service" if remote else "unknown model size"

@@ -45,18 +45,28 @@ def task_names() -> list[str]:
 
 
 def defaults_problem(task: str) -> str | None:
-    """Why `task` generates nothing with its default options (e.g. 'composite', which
-    needs its datasets named), or None."""
-    return _catalog()["need_args"].get(task)
+    """Why registered `task` generates nothing with its default options (e.g.
+    'composite', which needs its datasets named), or None: a one-item dataset built
+    once per task and install (importing reasoning-gym is the cost), then cached."""
+    catalog = _catalog()
+    checked = catalog["defaults"]
+    if task not in checked:
+        try:
+            _create(_import_reasoning_gym(), task, {}, 1, 0)[0]
+            checked[task] = ""
+        except Exception as exc:  # the task's own check of its defaults
+            checked[task] = str(exc).removeprefix("[data.args] ")
+        _keep(catalog)
+    return checked[task] or None
 
 
 def _catalog() -> dict[str, Any]:
-    """The task names, and why a task's defaults generate nothing where they do.
-    Importing reasoning-gym imports every task (about 1 s: sympy, matplotlib), which
-    `explain` and `doctor` would pay on every call just to check `[data] task`, so the
-    catalog is kept in the retrain cache, per installed copy (its version and the time
-    its package was written), and read from there after the first call."""
-    path = _names_file()
+    """The task names, and what `defaults_problem` found per task so far. Importing
+    reasoning-gym imports every task (about 1 s: sympy, matplotlib), which `explain`
+    and `doctor` would pay on every call just to check `[data] task`, so the catalog is
+    kept in the retrain cache, per installed copy (its version and the time its package
+    was written), and read from there after the first call."""
+    path = _catalog_file()
     if path is not None:
         try:
             catalog = json.loads(path.read_text())
@@ -64,16 +74,22 @@ def _catalog() -> dict[str, Any]:
                 return catalog
         except (OSError, ValueError):
             pass
-    catalog = _build_catalog()
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(catalog))
-            tmp.replace(path)  # atomic: a concurrent reader sees the old file or this one
-        except OSError:
-            pass  # a read-only cache: the catalog is read from reasoning-gym each time
+    catalog = {"tasks": _registered(), "defaults": {}}
+    _keep(catalog)
     return catalog
+
+
+def _keep(catalog: dict[str, Any]) -> None:
+    path = _catalog_file()
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(catalog))
+        tmp.replace(path)  # atomic: a concurrent reader sees the old file or this one
+    except OSError:
+        pass  # a read-only cache: the catalog is read from reasoning-gym each time
 
 
 def _is_catalog(value: Any) -> bool:
@@ -81,8 +97,8 @@ def _is_catalog(value: Any) -> bool:
         isinstance(value, dict)
         and isinstance(value.get("tasks"), list)
         and all(isinstance(n, str) for n in value["tasks"])
-        and isinstance(value.get("need_args"), dict)
-        and all(isinstance(v, str) for v in value["need_args"].values())
+        and isinstance(value.get("defaults"), dict)
+        and all(isinstance(v, str) for v in value["defaults"].values())
     )
 
 
@@ -94,19 +110,7 @@ def _registered() -> list[str]:
     return sorted(DATASETS)
 
 
-def _build_catalog() -> dict[str, Any]:
-    """The catalog from the imported package: every registered task, and each one whose
-    one-item dataset with the default options fails (all 106 of 0.1.x take ~2.5 s)."""
-    rg, names, need_args = _import_reasoning_gym(), _registered(), {}
-    for name in names:
-        try:
-            _create(rg, name, {}, 1, 0)[0]
-        except Exception as exc:  # the task's own check of its defaults
-            need_args[name] = str(exc).removeprefix("[data.args] ")
-    return {"tasks": names, "need_args": need_args}
-
-
-def _names_file() -> Path | None:
+def _catalog_file() -> Path | None:
     """Where the installed reasoning-gym's task names are cached; None when it is not
     installed (or cannot be placed)."""
     from importlib import metadata, util

@@ -153,6 +153,7 @@ def test_compiled_blocks_under_activation_checkpointing(gpu_layout, tiny_raw, ti
     assert _relative(got, want) < 0.02
 
 
+@pytest.mark.slow  # a long CLI-process test; the bf16 layout's compiled step runs by default
 def test_compiled_float32_blocks_are_the_eager_ones(compile_here, tiny_raw, tiny_model_dir):
     # dtype = "fp32" on a GPU: no bf16 layout, PEFT's LoRA linears with the lean forward
     tiny_raw["backend"]["options"]["compile"] = False
@@ -192,6 +193,7 @@ def test_flexattention_inside_a_compiled_block_gives_the_eager_logprobs(
     assert got.abs().max() > 0
 
 
+@pytest.mark.slow  # a long CLI-process test; the compiled step without KL runs by default
 def test_a_kl_step_through_compiled_blocks_is_the_eager_step(gpu_layout, tiny_raw, tiny_model_dir):
     # the KL term's reference logprobs: the blocks without gradients and with the adapter
     # off (PEFT's own forward), a second graph beside training's

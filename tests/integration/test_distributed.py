@@ -293,6 +293,7 @@ def test_a_rank_that_raises_stops_every_rank_with_its_message(straight, tmp_path
     assert (tmp_path / "adapter" / "checkpoint_step_2" / "adapter_model.safetensors").exists()
 
 
+@pytest.mark.slow  # a long CLI-process test; a rank that raises runs by default
 def test_a_rank_that_dies_in_native_code_leaves_its_python_stack(straight, tmp_path):
     """Rank 1 aborts (SIGABRT, as gloo or a CUDA library would) while scoring step 1:
     its stderr holds the Python stack it died in."""

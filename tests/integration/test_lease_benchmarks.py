@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from benchmark_module import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +40,7 @@ def run(*scripts: list[str], tmp: Path) -> None:
         assert proc.returncode == 0, f"{script}: {err[-3000:]}"
 
 
+@pytest.mark.slow  # a long CLI-process test; the GPU lease's plumbing: run before a lease
 def test_the_lease_scripts_write_what_its_report_reads(tmp_path):
     out, scratch = tmp_path / "lease", tmp_path / "scratch"
     scratch.mkdir()

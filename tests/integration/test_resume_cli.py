@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from cli_run import REPO, run_retrain
 from test_run_dirs_cli import ABORTING_REWARD, CONFIG, steps_in
 
@@ -80,6 +81,7 @@ def test_a_finished_run_goes_on_by_the_command_its_refusal_prints(tmp_path, tiny
     assert not (tmp_path / "r2" / "training_state.pt").exists()
 
 
+@pytest.mark.slow  # a long CLI-process test; the refusal's resume command runs by default
 def test_the_resume_command_of_status_works_from_any_directory(tmp_path, tiny_model_dir):
     work = project(tmp_path / "p", tiny_model_dir, steps=3)
     # a double Ctrl-C in step 1, after the checkpoint of step 1

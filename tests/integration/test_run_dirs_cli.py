@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from retrain.logs.jsonl import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -177,6 +179,7 @@ def test_a_second_run_is_refused_before_loading_and_overwrite_moves_the_first_as
     assert done.startswith("Done: 2 steps") and "held-out" not in done
 
 
+@pytest.mark.slow  # a long CLI-process test; the double Ctrl-C after a checkpoint runs by default
 def test_double_ctrl_c_before_the_first_checkpoint_says_nothing_was_saved(tmp_path, tiny_model_dir):
     write_config(tmp_path, tiny_model_dir)
     # no periodic checkpoint; the 9th reward call is in step 1, after step 0 was logged

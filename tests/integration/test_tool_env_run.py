@@ -26,6 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import tomlkit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
@@ -88,11 +89,14 @@ def taught_model(directory: Path, env_args: dict) -> Path:
     return directory
 
 
+@pytest.mark.slow  # a long CLI-process test; in process: tests/unit/test_multiturn_tools.py
 def test_a_run_against_a_tool_env_calls_the_tool(tiny_raw, tmp_path):
     if SITE not in os.environ:  # where torch is: the project's site-packages, or its base's
         torch_init = importlib.util.find_spec("torch").origin  # in an overlay venv
         os.environ[SITE] = str(Path(torch_init).parents[1])
-    if not classic_verifiers.runs_here(__file__, "test_a_run_against_a_tool_env", "ToolEnv"):
+    if not classic_verifiers.runs_here(
+        __file__, "test_a_run_against_a_tool_env", "ToolEnv", marker="slow"
+    ):
         return  # it ran, and passed, under the classic interpreter
     log = tmp_path / "calls.jsonl"
     env_args = {"log": str(log), "n": 1}

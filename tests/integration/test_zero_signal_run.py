@@ -70,6 +70,7 @@ def test_equal_rewards_stop_the_run_naming_rewards_all_equal(tiny_raw, tmp_path)
     assert "Done:" not in out
 
 
+@pytest.mark.slow  # a long CLI-process test; the guard firing runs by default
 def test_zero_turns_the_guard_off(tiny_raw, tmp_path):
     raw = guarded(tiny_raw, 0)
     raw["training"]["max_steps"] = 2

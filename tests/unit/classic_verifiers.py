@@ -36,13 +36,18 @@ def available(*classes: str) -> bool:
     return all(hasattr(vf, name) for name in classes)
 
 
-def run_pytest(test_file: str, selector: str) -> subprocess.CompletedProcess:
+def run_pytest(test_file: str, selector: str, marker: str = "") -> subprocess.CompletedProcess:
     """`pytest -k selector test_file` under the classic interpreter, with this checkout
-    of retrain on its path."""
+    of retrain on its path; `marker`: its -m where not the default one (which deselects
+    a slow test)."""
     python = Path(PYTHON)
     python = python if python.is_absolute() else Path.cwd() / python
     return subprocess.run(
-        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", selector, test_file],
+        [
+            *(str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"),
+            *(("-m", marker) if marker else ()),
+            *("-k", selector, test_file),
+        ],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
@@ -51,7 +56,7 @@ def run_pytest(test_file: str, selector: str) -> subprocess.CompletedProcess:
     )
 
 
-def runs_here(test_file: str, test_name: str, *classes: str) -> bool:
+def runs_here(test_file: str, test_name: str, *classes: str, marker: str = "") -> bool:
     """True when the classic `classes` import here: the caller runs its body. Otherwise
     the test runs under the classic interpreter, which must pass it (not skip it), and
     False is returned; with no such interpreter the test is skipped, saying how to get
@@ -63,7 +68,7 @@ def runs_here(test_file: str, test_name: str, *classes: str) -> bool:
             "needs verifiers 0.3 (the classic API): run scripts/verifiers03_venv.sh once "
             "(or set RETRAIN_CLASSIC_VERIFIERS_PYTHON to a Python that has it)"
         )
-    proc = run_pytest(test_file, test_name)
+    proc = run_pytest(test_file, test_name, marker)
     lines = proc.stdout.strip().splitlines()
     last = lines[-1] if lines else ""
     assert proc.returncode == 0 and "1 passed" in last and "skipped" not in last, (

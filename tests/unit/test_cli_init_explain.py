@@ -421,6 +421,37 @@ def test_explain_estimates_memory_and_step_time(tmp_path, capsys):
     )
 
 
+@pytest.mark.parametrize(
+    ("environment", "says"),
+    [
+        ("", None),
+        ('provider = "openenv"\nid = "g.Game"\nmax_turns = 1\n', None),
+        ('provider = "openenv"\nid = "g.Game"\nmax_turns = 3\n', "takes up to 3 turns"),
+        (
+            'provider = "openenv"\nid = "g.Game"\n',
+            "takes as many turns as the environment allows (8 where",
+        ),
+    ],
+)
+def test_estimates_say_a_conversation_is_longer_than_one_turn(tmp_path, environment, says):
+    """The estimates count one model turn of max_tokens per completion; with a multi-turn
+    environment the memory and step-time notes say a conversation can take more."""
+    from retrain.backends.base import backend_info
+    from retrain.cli.estimates import estimates
+
+    text = f'[model]\nmodel = "{_tiny_model(tmp_path)}"\n[backend]\ndevices = "cpu"\n'
+    config = load_config(_write(tmp_path / "r.toml", text + f"[environment]\n{environment}"))
+    est = estimates(config, backend_info("local"))
+    notes = est["memory_note"], est["step_time_source"]
+    if says is None:
+        assert not any("model turn" in note for note in notes), notes
+    else:
+        assert all(
+            f"one model turn per completion: an environment's conversation {says}" in note
+            for note in notes
+        ), notes
+
+
 def test_explain_step_time_reproduces_the_measured_gpu_steps(tmp_path, capsys, monkeypatch):
     """Without a logged run, explain's GPU estimate gives back what was measured on an
     H100: the headline shape's 3.39 s sampling + 2.78 s training (one group a

@@ -216,9 +216,9 @@ def test_reasoning_gym_errors():
 
 
 def test_reasoning_gym_task_names_are_cached_per_installed_copy(tmp_path, monkeypatch):
-    """explain's task check reads the names from the retrain cache after the first call
-    (importing reasoning-gym takes about 1 s); a damaged file is read past, a cache that
-    cannot be written is only slower."""
+    """explain's task check reads the names, and what a task's defaults give, from the
+    retrain cache after the first call (importing reasoning-gym takes about 1 s); a
+    damaged file is read past, a cache that cannot be written is only slower."""
     pytest.importorskip("reasoning_gym")
     import retrain.data.reasoning_gym as rg
 
@@ -226,27 +226,29 @@ def test_reasoning_gym_task_names_are_cached_per_installed_copy(tmp_path, monkey
     names = rg.task_names()
     assert "basic_arithmetic" in names and names == sorted(names)
     (cached,) = (tmp_path / "cache" / "reasoning_gym").glob("catalog-*.json")
-    catalog = json.loads(cached.read_text())
-    assert catalog["tasks"] == names
+    assert json.loads(cached.read_text()) == {"tasks": names, "defaults": {}}
     # 'composite' mixes the tasks its [data.args] datasets name: with none it refuses
-    assert catalog["need_args"] == {
-        "composite": "rejected by reasoning-gym task 'composite': Must specify at least one dataset"
-    }
-    assert rg.defaults_problem("composite") and rg.defaults_problem("chain_sum") is None
+    refused = "rejected by reasoning-gym task 'composite': Must specify at least one dataset"
+    assert rg.defaults_problem("composite") == refused
+    assert rg.defaults_problem("chain_sum") is None
+    catalog = {"tasks": names, "defaults": {"composite": refused, "chain_sum": ""}}
+    assert json.loads(cached.read_text()) == catalog
 
     def no_import():
         raise AssertionError("imported reasoning-gym again")
 
-    monkeypatch.setattr(rg, "_build_catalog", no_import)
+    monkeypatch.setattr(rg, "_import_reasoning_gym", no_import)
     assert rg.task_names() == names  # read from the cache
+    assert rg.defaults_problem("composite") == refused
     cached.write_text("{not json")
     monkeypatch.undo()
     monkeypatch.setenv("RETRAIN_CACHE", str(tmp_path / "cache"))
-    assert rg.task_names() == names and json.loads(cached.read_text()) == catalog  # rewritten
+    assert rg.task_names() == names  # rewritten, the defaults to be found again
+    assert json.loads(cached.read_text()) == {"tasks": names, "defaults": {}}
     blocked = tmp_path / "file"
     blocked.write_text("")
     monkeypatch.setenv("RETRAIN_CACHE", str(blocked))  # no directory can be made under it
-    assert rg.task_names() == names
+    assert rg.task_names() == names and rg.defaults_problem("composite") == refused
 
 
 # -- build_data_source ----------------------------------------------------------------
