@@ -15,6 +15,7 @@ import json
 import random
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -237,3 +238,27 @@ def resume_problems(
             )
         ]
     return []
+
+
+def read_checkpoint_file(path: Path, read: Callable[[], Any]) -> Any:
+    """`read()` of a checkpoint's file; a file that does not load (cut short by a full
+    disk, a copy or an edit outside retrain's atomic writes) is a CheckpointError that
+    names it, not the loader's own exception."""
+    import pickle
+
+    from safetensors import SafetensorError
+
+    try:
+        return read()
+    except (
+        OSError,
+        RuntimeError,
+        ValueError,
+        EOFError,
+        pickle.UnpicklingError,
+        SafetensorError,
+    ) as exc:
+        raise CheckpointError(
+            f"{path} does not load ({type(exc).__name__}: {exc}): the checkpoint is damaged. "
+            "Fix: put back an undamaged copy of it, or start the run again (--overwrite)"
+        ) from exc

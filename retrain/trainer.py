@@ -485,6 +485,8 @@ class Trainer:
                 self.log.close(status, self.last_saved_step)
             else:
                 self.log.release()
+            if self.parts is not None:  # e.g. a checkpoint that does not load: the model
+                self.parts.close(self.say)  # goes, in a notebook that calls train() again
             raise
         self.context = replace(self.context, started=self.log.started)
         stop = _StopRequest()

@@ -39,7 +39,7 @@ from torch.autograd.graph import increment_version
 from retrain import distributed
 from retrain.backends.device_fit import CudaMemory, back_off, fit_to_device
 from retrain.backends.peak_memory import PeakMemory
-from retrain.checkpoint import TRAINING_STATE
+from retrain.checkpoint import TRAINING_STATE, read_checkpoint_file
 from retrain.engines.base import Engine, ServerEngine, UnboundEngine
 from retrain.errors import (
     BackendError,
@@ -1013,16 +1013,20 @@ class LocalBackend:
         weights = path / "adapter_model.safetensors"
         if not weights.exists():
             raise CheckpointError(f"checkpoint {path} has no adapter_model.safetensors")
-        result = set_peft_model_state_dict(
-            self.model, load_file(str(weights), device=str(self.train_device))
+        tensors = read_checkpoint_file(
+            weights, lambda: load_file(str(weights), device=str(self.train_device))
         )
+        result = set_peft_model_state_dict(self.model, tensors)
         if getattr(result, "unexpected_keys", None):
             raise CheckpointError(
                 f"checkpoint {path} does not match this model's LoRA layers: unexpected {result.unexpected_keys[:3]}"
             )
         state_file = path / TRAINING_STATE
         if state_file.exists():
-            state = torch.load(state_file, map_location=self.train_device, weights_only=False)
+            state = read_checkpoint_file(
+                state_file,
+                lambda: torch.load(state_file, map_location=self.train_device, weights_only=False),
+            )
             self.optimizer.load_state_dict(state["optimizer"])
             torch.set_rng_state(state["torch_rng"].cpu())
             auto_off = self._auto_checkpointing and not self.options.checkpointing

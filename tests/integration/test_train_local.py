@@ -21,7 +21,7 @@ from retrain.backends.local import LocalBackend
 from retrain.build import build_backend
 from retrain.cli.main import main as cli_main
 from retrain.config import config_from_dict
-from retrain.errors import ConfigError, TrainingError
+from retrain.errors import CheckpointError, ConfigError, TrainingError
 from retrain.logs.jsonl import read_jsonl
 from retrain.trainer import train
 from retrain.types import Datum, SamplingParams, TrainHyper
@@ -174,6 +174,30 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_raw, tmp_path):
     tb = lora_tensors(Path(part["backend"]["adapter_path"]) / "final")
     for k in ta:
         assert torch.allclose(ta[k], tb[k], atol=1e-6), k
+
+
+def test_a_checkpoint_that_does_not_load_lets_the_model_go(tiny_raw, tmp_path, monkeypatch):
+    """A resume whose checkpoint is damaged fails after the model loaded, naming the file
+    (not safetensors' own error): the run's parts are closed (a notebook that calls train() again must not keep the first model on its
+    GPU), and the damaged checkpoint and the run's rows are left as they were."""
+    assert run(tiny_raw)[0] == 0
+    logs = Path(tiny_raw["logging"]["log_dir"])
+    state = json.loads((logs / "trainer_state.json").read_text())
+    weights = Path(state["checkpoint"]["adapter"]) / "adapter_model.safetensors"
+    weights.write_bytes(b"not safetensors")
+    rows = (logs / "metrics.jsonl").read_bytes()
+    closed = []
+    real_close = LocalBackend.close
+    monkeypatch.setattr(LocalBackend, "close", lambda self: closed.append(1) or real_close(self))
+    resumed = copy.deepcopy(tiny_raw)
+    resumed["training"]["max_steps"] = 5
+    resumed["resume"] = {"from": str(logs)}
+    with pytest.raises(CheckpointError, match="adapter_model.safetensors does not load") as e:
+        run(resumed)
+    assert "SafetensorError" in str(e.value) and "Fix: put back an undamaged copy" in str(e.value)
+    assert closed == [1]
+    assert weights.read_bytes() == b"not safetensors"
+    assert (logs / "metrics.jsonl").read_bytes() == rows
 
 
 def test_resume_refuses_a_different_rank_and_names_it(tiny_raw, tmp_path):
