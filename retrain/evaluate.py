@@ -153,7 +153,9 @@ class Evaluator:
         extracts_answers = False
         for start in range(0, len(self.examples), self.chunk):
             part = self.examples[start : start + self.chunk]
-            got, counters = self.rollout(part, self.samples, self.params, PhaseTimer(on_phase))
+            # each chunk's rows draw their own random numbers, as if sampled in one call
+            params = replace(self.params, prompt_offset=self.params.prompt_offset + start)
+            got, counters = self.rollout(part, self.samples, params, PhaseTimer(on_phase))
             groups += got
             errors += counters.get("reward_errors", 0.0)
             timeouts += counters.get("reward_timeouts", 0.0)

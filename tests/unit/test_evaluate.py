@@ -148,9 +148,11 @@ class FakeRollout:
 
     def __init__(self):
         self.calls: list[int] = []
+        self.offsets: list[int] = []
 
     def __call__(self, examples, group_size, params, timer):
         self.calls.append(len(examples))
+        self.offsets.append(params.prompt_offset)
         groups = [
             _group(e, [j < int(e.reference) % (group_size + 1) for j in range(group_size)])
             for e in examples
@@ -165,6 +167,10 @@ def test_evaluator_chunks_and_summarises():
     params = SamplingParams(max_tokens=4, temperature=0.0)
     result = Evaluator(rollout, examples, params, 3, chunk=3)(step=5)
     assert rollout.calls == [3, 3, 1]
+    # each chunk's rows draw on from where the previous chunk's stopped (the engines
+    # skip prompt_offset prompts' random numbers), so problem i of every chunk does not
+    # get the same draws
+    assert rollout.offsets == [0, 3, 6]
     correct = [i % 4 for i in range(7)]  # 0,1,2,3,0,1,2
     assert result.step == 5 and result.num_problems == 7 and result.samples == 3
     assert result.num_correct == sum(correct)
