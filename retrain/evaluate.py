@@ -229,6 +229,21 @@ def describe(config: Config) -> str:
     )
 
 
+def _overlap_cause(config: Config) -> str:
+    """Why held-out problems may repeat training ones, by where they come from."""
+    d = config.data
+    if config.environment.provider:
+        return "the environment's eval dataset repeats its training one"
+    if d.source == "reasoning_gym":
+        return "a small problem space"
+    if d.source == "math" and d.path:  # the local copy's file names decide the splits
+        return (
+            "check [eval] split: a local copy whose file names name no split gives every "
+            "split all its files"
+        )
+    return "check [eval] path" if d.source == "jsonl" else "check [eval] split"
+
+
 def prepare_held_out(
     config: Config, train_data: Any, renderer: Any, say: Callable[[str], None]
 ) -> list[Example]:
@@ -239,7 +254,7 @@ def prepare_held_out(
         renderer.encode(example)
     overlap = training_overlap(examples, train_data.examples)
     note = (
-        f"; {overlap} share a question text with a training problem (a small problem space)"
+        f"; {overlap} share a question text with a training problem ({_overlap_cause(config)})"
         if overlap
         else "; none shares a question text with a training problem"
     )

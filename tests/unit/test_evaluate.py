@@ -124,6 +124,28 @@ def test_other_sources_use_their_split_or_file(tmp_path):
         held_out_data(replace(config_from_dict(no_path), eval=EvalConfig(every=1)))
 
 
+def test_a_local_math_copy_without_split_names_is_said_to_be_the_cause(tmp_path):
+    """A folder whose file names name no split gives the held-out split the training
+    problems: the start says every held-out problem is a training one, and why."""
+    from retrain.data import build_data_source
+    from retrain.evaluate import prepare_held_out
+
+    rows = [{"problem": f"p{i}", "solution": f"\\boxed{{{i}}}"} for i in range(6)]
+    (tmp_path / "algebra.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = config_from_dict(
+        {"data": {"source": "math", "path": str(tmp_path)}, "eval": {"every": 1, "size": 4}}
+    )
+    train = build_data_source(cfg.data, max_examples=0, shuffle_seed=None)
+    said = []
+    renderer = type("Renderer", (), {"encode": lambda self, example: None})()
+    prepare_held_out(cfg, train, renderer, said.append)
+    assert said == [
+        "Held-out set: 4 problems; 4 share a question text with a training problem (check "
+        "[eval] split: a local copy whose file names name no split gives every split all "
+        "its files)"
+    ]
+
+
 def test_eval_config_is_checked():
     with pytest.raises(ConfigError):
         config_from_dict({"eval": {"every": -1}})
