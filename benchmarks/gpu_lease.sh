@@ -94,6 +94,12 @@ setup() {
     "${pip[@]}" --no-build-isolation . >>"$log" 2>&1 || return 1
     python3 -W ignore -c "import torch, retrain, trl, reasoning_gym; print('ok', torch.__version__, \
 torch.cuda.get_device_name())" 2>&1 | tee -a "$log"
+    # every adapted linear of the whole-bf16 model adds its LoRA product into its float32
+    # sum this way (retrain/kernels/precision.py addmm_f32_), unrun on a GPU until now:
+    # say at once whether this torch takes it, before the tests show it less directly
+    python3 -W ignore -c "import torch; a = torch.ones(4, 4, device='cuda', dtype=torch.bfloat16); \
+c = torch.zeros(4, 4, device='cuda'); torch.addmm(c, a, a, alpha=2.0, out_dtype=torch.float32, out=c); \
+print('addmm bf16 into float32 out=c:', 'ok' if c[0, 0].item() == 8 else c)" 2>&1 | tee -a "$log"
   fi
   item gpu-tests 170 60 python3 -m pytest -m gpu $TESTS -k "not quickstart and not headline" \
     -p no:cacheprovider -q -rA

@@ -274,6 +274,7 @@ def build_evaluator(config: Config, rollout: RolloutFn, examples: Sequence[Examp
         temperature=e.temperature,
         seed=SAMPLING_SEED,
         top_p=t.top_p,
+        held_out=True,
     )
     chunk = max(1, (t.batch_size * t.group_size) // e.samples)
     return Evaluator(rollout, examples, params, e.samples, chunk=chunk)

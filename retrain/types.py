@@ -50,6 +50,9 @@ class SamplingParams:
     # engine draws as if the earlier ranks' prompts came first in one call, so N ranks
     # sample what one process sampling the whole batch would (retrain/world.py).
     prompt_offset: int = 0
+    # A held-out evaluation's sampling, between training steps: not part of any step's
+    # measurements (a step's gpu_peak_memory_gb).
+    held_out: bool = False
 
 
 def _ids(x: Any) -> np.ndarray:

@@ -55,7 +55,7 @@ from retrain.hardware import (
     whole_model_bf16,
 )
 from retrain.kernels import flex
-from retrain.kernels.compiled_blocks import compile_blocks, compile_errors
+from retrain.kernels.compiled_blocks import compile_blocks, compile_errors, device_error
 from retrain.kernels.logprobs import linear_head
 from retrain.kernels.lora_layers import (
     adapter_in_input_dtype,
@@ -441,7 +441,8 @@ class LocalBackend:
         self, prompts_B: list[list[int]], n: int, params: SamplingParams
     ) -> list[list[Sample]]:
         with self._lock:
-            self.peaks.sampling_starts()
+            if not params.held_out:  # an evaluation between steps is in no step's window
+                self.peaks.sampling_starts()
             if not self._full:  # the first sampling call since the last training step
                 distributed.full_weights(self.world, self.model)
                 self._full = True
@@ -747,7 +748,9 @@ class LocalBackend:
             failed = 0
             try:
                 *sums, chunk_stats = self._backward(chunk, hyper, loss_fn, denominator, seq_w)
-            except torch.OutOfMemoryError:
+            except Exception as exc:  # as raised, or inside a compile's failure
+                if not _out_of_memory(exc):
+                    raise
                 failed = len(chunk)
             if failed:  # out of the except block: the error's frames and tensors are freed
                 self.optimizer.zero_grad(set_to_none=True)
@@ -948,7 +951,9 @@ class LocalBackend:
             try:
                 with torch.no_grad():
                     rows = self._logprobs(_prompt_groups(chunk), temperature).float().cpu()
-            except torch.OutOfMemoryError:
+            except Exception as exc:  # as raised, or inside a compile's failure
+                if not _out_of_memory(exc):
+                    raise
                 failed = len(chunk)
             if failed:  # out of the except block: the error's frames and tensors are freed
                 return failed
@@ -1132,3 +1137,9 @@ def _fsync_dir(path: Path) -> None:
         if f.is_file():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """A micro-batch ran out of device memory: raised as it is, or inside torch.compile's
+    failure (retrain.kernels.compiled_blocks.device_error)."""
+    return isinstance(device_error(error), torch.OutOfMemoryError)

@@ -30,9 +30,15 @@ class PeakMemory:
 
     def __init__(self, infer: torch.device, train: torch.device, overlap: bool):
         self.at_sampling, self.at_training = peak_windows(infer, train, overlap)
+        self._sampling = False  # the step's sampling window is open
 
     def sampling_starts(self) -> None:
-        _reset(self.at_sampling)
+        """A sampling call of a step: its first opens the step's window. A step may sample
+        several times (each turn of a multi-turn rollout, each round of dynamic
+        sampling), and a reset at each would drop the earlier rounds' peaks."""
+        if not self._sampling:
+            _reset(self.at_sampling)
+            self._sampling = True
 
     def training_starts(self) -> None:
         _reset(self.at_training)
@@ -40,7 +46,9 @@ class PeakMemory:
     def sampled(self) -> dict[str, float]:
         """The sampler's device's peak since the step sampled, where its training is
         counted apart: read as the training starts, since with `overlap` the next step's
-        sampling resets it meanwhile."""
+        sampling resets it meanwhile. The step's sampling is over: the next sampling call
+        opens the next step's window."""
+        self._sampling = False
         if not (self.at_sampling and self.at_training):
             return {}
         return {"gpu_peak_memory_gb": max(_peaks_gb(self.at_sampling))}

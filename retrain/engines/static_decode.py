@@ -66,6 +66,7 @@ import torch
 from retrain.engines.draw import draw
 from retrain.errors import BackendError
 from retrain.kernels.cache_arg import cache_kwargs
+from retrain.kernels.compiled_blocks import device_error
 from retrain.kernels.packing import additive
 from retrain.kernels.static_cache import Writes, WrittenAt, full_length_cache
 from retrain.kernels.windows import NO_WINDOW, Windows, within
@@ -550,6 +551,9 @@ class StaticDecoder:
                 self._compiled_step(model, cache, step, params, span)
                 return
             except torch._dynamo.exc.TorchDynamoException as exc:
+                inner = device_error(exc)
+                if inner is not None:  # memory ran out while compiling: the engine's
+                    raise inner from exc  # back-off takes fewer rows, then compiles again
                 self._compiled_step = None
                 self.compile_failures += 1
                 self.say(

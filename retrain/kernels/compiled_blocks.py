@@ -56,6 +56,24 @@ def compiled(module: torch.nn.Module) -> bool:
     return getattr(module, "_compiled_call_impl", None) is not None
 
 
+def device_error(error: BaseException | None) -> BaseException | None:
+    """The out-of-memory (or other device) error in `error` or what it wraps, if any.
+    Dynamo re-raises whatever the compiler raised as BackendCompilerFailed "from None",
+    keeping the cause only in its `inner_exception`, and inductor can run out of device
+    memory too (benchmarking kernels): no compile failure, but the caller's
+    out-of-memory back-off's to handle."""
+    kinds = tuple(
+        k for k in (torch.OutOfMemoryError, getattr(torch, "AcceleratorError", None)) if k
+    )
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, kinds):
+            return error
+        error = getattr(error, "inner_exception", None) or error.__cause__
+    return None
+
+
 @contextlib.contextmanager
 def compile_errors(compiling: bool) -> Iterator[None]:
     """A failure of torch.compile in the block (dynamo's trace, or the compiler it calls)
@@ -70,6 +88,9 @@ def compile_errors(compiling: bool) -> Iterator[None]:
 
         if not isinstance(error, TorchDynamoException):
             raise
+        inner = device_error(error)
+        if inner is not None:  # memory ran out while compiling: the back-off's to handle
+            raise inner from error
         raise BackendError(
             "[backend.options] compile = true: torch.compile failed on the trained model's "
             f"blocks ({summary(error)}); the weights were not updated. Fix: compile = false"

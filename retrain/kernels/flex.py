@@ -221,6 +221,10 @@ def build_failed(error: BaseException) -> bool:
     device-side error or running out of device memory is not one."""
     from torch._dynamo.exc import TorchDynamoException
 
+    from retrain.kernels.compiled_blocks import device_error
+
+    if device_error(error) is not None:  # dynamo wraps those too
+        return False
     seen: set[int] = set()
     while error is not None and id(error) not in seen:  # the error, then what it wraps
         seen.add(id(error))

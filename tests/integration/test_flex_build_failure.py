@@ -16,6 +16,7 @@ import pytest
 import torch
 from grad_recorder import step_gradients
 from test_memory_sizing import HYPER, datums_of, make_backend, trained_adapter
+from torch._dynamo.exc import BackendCompilerFailed
 from torch._inductor.exc import InductorError
 
 from retrain.errors import BackendError
@@ -147,12 +148,31 @@ class OutOfResources(Exception):  # triton's, by name (triton is not installed h
         (OutOfResources("out of resource: shared memory"), True),
         (BackendError("x"), False),
         (torch.OutOfMemoryError("CUDA out of memory"), False),  # the back-off's
+        # dynamo wraps whatever the compiler raised, memory running out too ("from None":
+        # only its inner_exception holds it)
+        (BackendCompilerFailed(print, torch.OutOfMemoryError("CUDA out of memory"), None), False),
+        (BackendCompilerFailed(print, RuntimeError(SHARED_MEMORY), None), True),
         (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
         (ValueError("No valid triton configs"), False),
     ],
 )
 def test_build_failed(error, failed):
     assert flex.build_failed(error) is failed
+
+
+def test_memory_running_out_while_compiling_goes_to_the_back_off():
+    """compile = true's error names the option for a compile failure, but lets a device
+    out-of-memory error inside one out as itself, for the micro-batch back-off."""
+    from retrain.kernels.compiled_blocks import compile_errors, device_error
+
+    oom = torch.OutOfMemoryError("CUDA out of memory")
+    wrapped = BackendCompilerFailed(print, oom, None)
+    assert device_error(wrapped) is oom and device_error(RuntimeError("x")) is None
+    with pytest.raises(torch.OutOfMemoryError) as caught, compile_errors(True):
+        raise wrapped from None
+    assert caught.value is oom
+    with pytest.raises(BackendError, match="compile = true"), compile_errors(True):
+        raise BackendCompilerFailed(print, RuntimeError("no kernel"), None) from None
 
 
 def test_build_failed_looks_through_what_wraps_it():

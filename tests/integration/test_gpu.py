@@ -73,7 +73,7 @@ def test_the_cuda_graph_decoder_draws_what_the_eager_one_draws():
     )  # fmt: skip
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda().eval()
-    device = torch.device("cuda")
+    device = torch.device("cuda", 0)
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]] * 3
     params = SamplingParams(max_tokens=40, temperature=1.0, top_p=0.9, seed=3)
     u = uniforms(len(prompts), 40, torch.Generator(device=device).manual_seed(3))
@@ -95,25 +95,25 @@ def test_the_cuda_graph_decoder_draws_what_the_eager_one_draws():
 def test_a_captured_step_reads_the_adapter_refreshed_after_an_update():
     from decode_cases import adapter_update_case
 
-    adapter_update_case(torch.device("cuda"), graphs=True)
+    adapter_update_case(torch.device("cuda", 0), graphs=True)
 
 
 def test_a_compiled_captured_step_reads_the_adapter_refreshed_after_an_update():
     from decode_cases import adapter_update_case
 
-    adapter_update_case(torch.device("cuda"), graphs=True, compiled=True)
+    adapter_update_case(torch.device("cuda", 0), graphs=True, compiled=True)
 
 
 def test_the_whole_bf16_sampler_replays_its_captured_step_exactly():
     from decode_cases import whole_bf16_capture_case
 
-    whole_bf16_capture_case(torch.device("cuda"))
+    whole_bf16_capture_case(torch.device("cuda", 0))
 
 
 def test_the_whole_bf16_sampler_replays_its_compiled_captured_step_exactly():
     from decode_cases import whole_bf16_capture_case
 
-    whole_bf16_capture_case(torch.device("cuda"), compiled=True)
+    whole_bf16_capture_case(torch.device("cuda", 0), compiled=True)
 
 
 def test_after_a_spoilt_capture_the_cache_is_given_back():
@@ -256,7 +256,7 @@ def _packed_styles(styles, dtype):
     out = {}
     for style in styles:
         model.zero_grad()
-        logp = completion_logprobs(model, groups, 1.0, style, torch.device("cuda"), None)
+        logp = completion_logprobs(model, groups, 1.0, style, torch.device("cuda", 0), None)
         (logp * weights[:, : logp.shape[1]]).sum().backward()
         out[style] = (logp.detach(), [p.grad.clone() for p in model.parameters()])
     return out
@@ -277,7 +277,7 @@ def test_varlen_attention_gives_the_dense_masks_logprobs_and_gradients():
     from retrain.kernels import varlen
 
     for heads, kv_heads, dim in ((9, 3, 64), (32, 8, 128)):  # SmolLM2-135M, Qwen3-4B
-        varlen.check(torch.device("cuda"), heads, kv_heads, dim, torch.bfloat16)
+        varlen.check(torch.device("cuda", 0), heads, kv_heads, dim, torch.bfloat16)
     results = _packed_styles(("varlen", "bool"), torch.bfloat16)
     (a, ga), (b, gb) = results["varlen"], results["bool"]
     ga, gb = (torch.cat([g.float().flatten() for g in grads]) for grads in (ga, gb))

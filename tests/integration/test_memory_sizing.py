@@ -101,14 +101,21 @@ def micro_batch_areas(datums: list[Datum], budget: int) -> list[int]:
     return out
 
 
-def run_out_of_memory_above(backend, monkeypatch, limit: int) -> list[int]:
+def run_out_of_memory_above(backend, monkeypatch, limit: int, compiling=False) -> list[int]:
     """Make the trainer's logprob forward raise torch.OutOfMemoryError for a micro-batch
-    over `limit` positions, as a GPU would; returns the areas of the forwards that ran."""
+    over `limit` positions, as a GPU would (`compiling`: inside torch.compile's failure,
+    as dynamo raises memory running out while inductor compiles); returns the areas of
+    the forwards that ran."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
     inner, ran = backend._logprobs, []
 
     def forward(groups, temperature):
         if area(groups) > limit:
-            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+            oom = torch.OutOfMemoryError("CUDA out of memory (injected)")
+            if compiling:
+                raise BackendCompilerFailed(print, oom, None) from None
+            raise oom
         ran.append(area(groups))
         return inner(groups, temperature)
 
@@ -157,6 +164,19 @@ def test_out_of_memory_halves_the_budget_and_keeps_the_gradient(backend, monkeyp
         backend.optimizer = optimizer
     assert again.extra["oom_retries"] == 0 and again.extra["micro_batch_tokens"] == budget
     assert len(said) == 1
+
+
+def test_out_of_memory_while_compiling_halves_the_budget_too(backend, monkeypatch):
+    """Inductor can run out of memory compiling a micro-batch's kernels; dynamo raises it
+    inside its own BackendCompilerFailed, which once stopped the run as a compile failure
+    (Fix: compile = false) instead of halving the budget."""
+    datums = datums_of(backend)
+    clean, _ = step_gradients(backend, datums, HYPER, 10_000)
+    backend._say = lambda line: None
+    ran = run_out_of_memory_above(backend, monkeypatch, limit=40, compiling=True)
+    result, _ = step_gradients(backend, datums, HYPER, 10_000)
+    assert result.extra["oom_retries"] >= 3 and max(ran) <= 40
+    assert result.loss == pytest.approx(clean.loss, abs=1e-6)
 
 
 def test_out_of_memory_in_the_selection_pre_pass_halves_the_budget(backend, monkeypatch):

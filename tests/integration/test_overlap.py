@@ -222,6 +222,46 @@ def test_with_overlap_each_steps_peak_memory_is_its_own(tiny_raw, tmp_path, monk
     assert [r["gpu_peak_memory_gb"] for r in rows] == [3.0, 4.0, 5.0, 6.0]
 
 
+def test_a_steps_peak_memory_spans_all_its_sampling_rounds(monkeypatch):
+    """A step that samples several times (each turn of a multi-turn rollout, each round
+    of dynamic sampling) counts its largest round: each call once reset the counters,
+    keeping only the last round's peak (1 GB here, not 3)."""
+    from retrain.backends.peak_memory import PeakMemory
+
+    gpu = torch.device("cuda", 0)
+    peaks, memory = Peaks(monkeypatch), PeakMemory(gpu, gpu, False)
+    for rounds, want in (([3e9, 1e9], 3.0), ([2e9], 2.0), ([1e9, 4e9, 2e9], 4.0)):
+        for size in rounds:
+            memory.sampling_starts()
+            peaks.allocate(gpu, size)
+        assert memory.sampled() == {}  # one device: the step's peak is read at its end
+        assert memory.step(None) == {"gpu_peak_memory_gb": want}
+
+
+def test_a_held_out_evaluation_is_in_no_steps_peak_memory(tiny_raw, tmp_path, monkeypatch):
+    """One device, an evaluation after every step: its sampling (9 GB here) counted in
+    the next step's window, which its first sampling call once opened, until the
+    evaluation's sampling said it is held out."""
+    import retrain.backends.local as local
+    import retrain.backends.peak_memory as peak_memory
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(peak_memory, "peak_windows", lambda *a: ([gpu], []))
+    peaks = Peaks(monkeypatch)
+    sample = local.LocalBackend.sample
+
+    def sampling(self, prompts, n, params):
+        out = sample(self, prompts, n, params)
+        peaks.allocate(gpu, 9e9 if params.held_out else 2e9)
+        return out
+
+    monkeypatch.setattr(local.LocalBackend, "sample", sampling)
+    raw = copy.deepcopy(tiny_raw)
+    raw["eval"] = {"every": 1, "size": 2}
+    assert run(raw)[0] == 0
+    assert [r["gpu_peak_memory_gb"] for r in rows_of(raw)] == [2.0, 2.0, 2.0]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_gpu_devices_without_cuda_are_refused_before_anything_loads(tiny_raw, tmp_path):
     """Without CUDA `gpu:0,gpu:1` once fell back to one CPU device (where overlap's

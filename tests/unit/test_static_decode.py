@@ -590,6 +590,27 @@ def test_a_step_that_cannot_compile_runs_uncompiled_and_says_so():
     assert torch.equal(got.tokens, want.tokens) and torch.equal(got.logprobs, want.logprobs)
 
 
+def test_a_compile_that_runs_out_of_memory_raises_it_and_compiles_again():
+    """Memory running out while the step compiles (inductor benchmarks its kernels) is no
+    compile failure: dynamo's wrapped error is raised as the out-of-memory error itself,
+    for the engine's back-off to take fewer rows, and the compiled step is kept."""
+    model = tiny_model(seed=6)
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=2)
+    u = uniforms(len(PROMPTS), 6, torch.Generator().manual_seed(2))
+    decoder = StaticDecoder(
+        eos_ids=[EOS], pad_id=0, device=torch.device("cpu"), compiled=True, say=lambda _: None
+    )
+
+    def out_of_memory(graph, inputs):
+        raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+
+    step = torch.compile(decoder._step, fullgraph=True, backend=out_of_memory)
+    decoder._compiled_step = step
+    with torch.inference_mode(), pytest.raises(torch.OutOfMemoryError, match="injected"):
+        decoder.decode(model, PROMPTS, params, u)
+    assert decoder.compile_failures == 0 and decoder._compiled_step is step
+
+
 def _rows_over(model, limit: int, seen: list[int]):
     """The model's forward raises CUDA's out-of-memory error for more than `limit` rows
     (an injected OOM: no CUDA here; what torch raises there), recording the rows asked."""
