@@ -258,6 +258,8 @@ def read_checkpoint_file(path: Path, read: Callable[[], Any]) -> Any:
         pickle.UnpicklingError,
         SafetensorError,
     ) as exc:
+        if type(exc).__name__ == "OutOfMemoryError":  # torch's is a RuntimeError: memory,
+            raise  # not the file
         raise CheckpointError(
             f"{path} does not load ({type(exc).__name__}: {exc}): the checkpoint is damaged. "
             "Fix: put back an undamaged copy of it, or start the run again (--overwrite)"

@@ -47,19 +47,22 @@ SYSTEM_PROMPT = (
 )
 
 _WORDS = re.compile(r"[a-z]+")
+_LABELS = {"answer", "final", "verdict", "judgement", "judgment"}  # may precede the verdict
 # a reasoning model's thinking, where the server leaves it in the content
 _THINKING = re.compile(r"<think>.*?(</think>|$)", re.DOTALL | re.IGNORECASE)
 
 
 def parse_verdict(text: Any) -> float | None:
     """1.0 for yes, 0.0 for no; None for a reply that is not one clear verdict. After any
-    <think> block, the reply must be the word yes or no alone (markdown and punctuation
-    aside), or begin with it and name no other ("No, the response says 5"): a verdict
-    read from anywhere in the text would score "The answer is not yes." or "yes or no:
-    no" as yes."""
+    <think> block, the reply must be the word yes or no alone (markdown, punctuation and a
+    label such as "Answer:" aside), or begin with it and name no other ("No, the
+    response says 5"): a verdict read from anywhere in the text would score "The answer
+    is not yes." or "yes or no: no" as yes."""
     if not isinstance(text, str):
         return None
     words = _WORDS.findall(_THINKING.sub(" ", text).lower())
+    while words and words[0] in _LABELS:  # "Answer: yes", "Final verdict: no"
+        words = words[1:]
     verdicts = {w for w in words if w in ("yes", "no")}
     if not words or words[0] not in ("yes", "no") or len(verdicts) > 1:
         return None

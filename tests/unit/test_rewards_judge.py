@@ -177,6 +177,7 @@ def test_parse_verdict():
     assert parse_verdict("**No**") == 0.0
     assert parse_verdict("  YES, they match") == 1.0
     assert parse_verdict("No. The response says 5, the reference 7.") == 0.0
+    assert parse_verdict("Answer: yes") == 1.0 and parse_verdict("**Final verdict:** no") == 0.0
     assert parse_verdict("<think>they match, so yes? No.</think>\nno") == 0.0
     assert parse_verdict("<think>\nyes") is None  # thinking that never ended
     assert parse_verdict("maybe") is None
