@@ -527,6 +527,7 @@ class MultiTurnRollout:
                     answers,
                     [r > self.correct_above for r in rs],
                     transcripts=[t.transcript for t, _ in members],
+                    failed=[t.error is not None for t, _ in members],
                 )
             )
         return groups

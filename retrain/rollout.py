@@ -4,7 +4,7 @@ advantage pipeline and the backend consume (TokenGroup, Datum)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -127,23 +127,75 @@ def planning_masks(detector, vocab: VocabTable, samples: Sequence[Sample]) -> li
     return detector.detect_many(texts, offsets)
 
 
+def scored_members(group: GroupRollout) -> list[int]:
+    """The completions that enter the group's advantage statistics: all but the failed
+    conversations (their reward 0 says nothing of the policy, and in the baseline it
+    would turn a group whose conversations all scored 1.0 into an update)."""
+    failed = group.failed or [False] * len(group)
+    return [i for i, f in enumerate(failed) if not f]
+
+
 def token_groups(
     groups: Sequence[GroupRollout], planning: Sequence[list[np.ndarray]], with_entropies: bool
 ) -> list[TokenGroup]:
-    """The advantage pipeline's view of each group: the model's tokens only (a
-    multi-turn trajectory's environment tokens are gathered out, so GTPO/HICRA/SEPA and
-    the planning masks never see them; build_datums scatters the advantages back)."""
-    return [
-        TokenGroup(
-            rewards_G=np.asarray(g.rewards, dtype=np.float64),
-            logprobs_G_T=[s.model_tokens(s.logprobs) for s in g.samples],
-            planning_G_T=plan,
-            entropies_G_T=[s.model_tokens(s.entropies) for s in g.samples]
-            if with_entropies
-            else None,
+    """The advantage pipeline's view of each group (every group with a scored member:
+    `advantage_groups`): its scored members' model tokens only (a multi-turn
+    trajectory's environment tokens are gathered out, so GTPO/HICRA/SEPA and the
+    planning masks never see them; build_datums scatters the advantages back)."""
+    out = []
+    for g, plan in zip(groups, planning, strict=True):
+        keep = scored_members(g)
+        samples = [g.samples[i] for i in keep]
+        out.append(
+            TokenGroup(
+                rewards_G=np.asarray([g.rewards[i] for i in keep], dtype=np.float64),
+                logprobs_G_T=[s.model_tokens(s.logprobs) for s in samples],
+                planning_G_T=None if plan is None else [plan[i] for i in keep],
+                entropies_G_T=[s.model_tokens(s.entropies) for s in samples]
+                if with_entropies
+                else None,
+            )
         )
-        for g, plan in zip(groups, planning, strict=True)
-    ]
+    return out
+
+
+def advantage_groups(groups: Sequence[GroupRollout]) -> list[int]:
+    """The groups the advantage pipeline sees: those with a scored member (a group whose
+    every conversation failed has nothing to compare)."""
+    return [i for i, g in enumerate(groups) if scored_members(g)]
+
+
+def pipeline_advantages(
+    pipeline: Any, groups: Sequence[GroupRollout], planning: Sequence[Any], **kwargs: Any
+) -> Any:
+    """`pipeline`'s BatchAdvantages for `groups`, computed over their scored members
+    (`scored_members`) and given back per group and completion; a group whose every
+    conversation failed is skipped as "all_failed". `kwargs`: the pipeline call's."""
+    seen = advantage_groups(groups)
+    adv = pipeline(
+        token_groups(
+            [groups[i] for i in seen], [planning[i] for i in seen], pipeline.needs_entropies
+        ),
+        **kwargs,
+    )
+    skipped: list[str | None] = ["all_failed"] * len(groups)
+    for i, why in zip(seen, adv.skipped, strict=True):
+        skipped[i] = why
+    return replace(adv, advantages=every_member(groups, seen, adv.advantages), skipped=skipped)
+
+
+def every_member(
+    groups: Sequence[GroupRollout], seen: Sequence[int], advantages: Sequence[list | None]
+) -> list[list[np.ndarray] | None]:
+    """The pipeline's advantages (of the groups `seen`, of their scored members) per
+    group and completion again: None for a group it did not see, an empty array for a
+    failed conversation (which build_datums skips: its loss mask is cleared)."""
+    out: list[list[np.ndarray] | None] = [None] * len(groups)
+    for gi, adv in zip(seen, advantages, strict=True):
+        if adv is not None:
+            it, failed = iter(adv), groups[gi].failed or [False] * len(groups[gi])
+            out[gi] = [np.zeros(0) if f else next(it) for f in failed]
+    return out
 
 
 def build_datums(

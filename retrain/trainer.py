@@ -34,7 +34,7 @@ from retrain.logs.metrics import RunContext, RunCounters, eval_fields, metrics_r
 from retrain.logs.ownership import Launch, claim, launch_for, occupied_dirs
 from retrain.logs.runlog import RunLog
 from retrain.logs.timer import PhaseTimer
-from retrain.rollout import build_datums, correct_rate, planning_masks, token_groups
+from retrain.rollout import build_datums, correct_rate, pipeline_advantages, planning_masks
 from retrain.roofline import StepWork
 from retrain.schedule import lr_at
 from retrain.shaping import merge_counters, sample_step
@@ -247,8 +247,10 @@ class Trainer:
         call, with this step's execution-token variance) and the datums of kept groups."""
         c = self.parts
         planning = [planning_masks(c.detector, c.vocab, g.samples) for g in groups]
-        adv = c.pipeline(
-            token_groups(groups, planning, c.pipeline.needs_entropies),
+        adv = pipeline_advantages(
+            c.pipeline,
+            groups,
+            planning,
             sepa_lambda=lambda stats: c.sepa.update(step, correct_rate(groups), stats.exec_var),
             step=step,
         )

@@ -120,6 +120,10 @@ class GroupRollout:
     # Multi-turn rollouts: per completion, the transcript as messages
     # {"role", "content", "turn"} (emergence/generations.jsonl); None for single-turn.
     transcripts: list[list[dict[str, Any]]] | None = None
+    # Multi-turn rollouts: per completion, whether its conversation failed (an
+    # environment error or timeout): reward 0, no datum, and left out of the group's
+    # advantage statistics, which it would otherwise bias. None: none failed.
+    failed: list[bool] | None = None
 
     @property
     def num_correct(self) -> int:

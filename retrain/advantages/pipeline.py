@@ -165,7 +165,9 @@ class BatchAdvantages:
 
     advantages: list[list[np.ndarray] | None]
     stats: AdvantageStats
-    skipped: list[str | None]  # None (kept), "all_correct" or "all_wrong"
+    # None (kept), "all_correct" or "all_wrong"; the trainer adds "all_failed" for a
+    # group whose every conversation failed, which the pipeline never sees
+    skipped: list[str | None]
 
     @property
     def kept(self) -> list[bool]:

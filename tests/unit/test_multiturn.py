@@ -164,6 +164,42 @@ def test_pipeline_sees_model_tokens_and_datums_get_zeros_at_env_tokens():
     assert d2.trained_mask.tolist() == [True, True]
 
 
+def _group(rewards, failed):
+    """A group of one-token completions, `failed` conversations with their mask cleared."""
+    samples = [Sample([5], [-0.5], "eos", np.array([0.3]), np.array([not f])) for f in failed]
+    n = len(rewards)
+    correct = [r > 0.5 for r in rewards]
+    return GroupRollout(
+        Example("q", ""), [1], samples, ["a"] * n, rewards, [None] * n, correct, failed=failed
+    )
+
+
+@pytest.mark.parametrize(("advantage", "transform"), [("grpo", "none"), ("maxrl", "gtpo")])
+def test_a_failed_conversation_is_in_no_groups_baseline(advantage, transform):
+    """A conversation the environment failed scores 0 and gives no datum; its 0 also
+    stays out of its group's statistics. Three conversations scoring 1.0 beside a failed
+    one once made an update of +0.25 (GRPO) each; now the group is all correct and
+    skipped. A group with a failed member gets the advantages its scored members get
+    alone; a group whose every conversation failed is skipped as "all_failed"."""
+    from retrain.advantages import AdvantagePipeline
+    from retrain.rollout import pipeline_advantages
+
+    pipeline = AdvantagePipeline(advantage_mode=advantage, transform_mode=transform)
+    all_ok = _group([1.0, 1.0, 1.0, 0.0], [False, False, False, True])
+    mixed = _group([1.0, 0.0, 1.0, 0.0], [False, False, False, True])
+    dead = _group([0.0, 0.0], [True, True])
+    groups = [all_ok, mixed, dead]
+    adv = pipeline_advantages(pipeline, groups, [[np.zeros(1, bool)] * len(g) for g in groups])
+    assert adv.skipped == ["all_correct", None, "all_failed"]
+    assert adv.advantages[0] is None and adv.advantages[2] is None
+    alone = _group([1.0, 0.0, 1.0], [False, False, False])  # the reference: no failure
+    (want,) = pipeline_advantages(pipeline, [alone], [[np.zeros(1, bool)] * 3]).advantages
+    got = adv.advantages[1]
+    assert [x.tolist() for x in got[:3]] == [x.tolist() for x in want] and got[3].size == 0
+    assert got[0][0] > 0 > got[1][0]
+    assert len(build_datums(groups, adv.advantages)) == 3  # the mixed group's scored three
+
+
 def test_planning_masks_cover_model_tokens_only():
     from retrain.advantages import make_detector
     from retrain.rollout import VocabTable, planning_masks
