@@ -236,7 +236,11 @@ class ChatTokens:
         close = (
             [self.eos_id] if self.eos_id is not None and (not ids or ids[-1] != self.eos_id) else []
         )
-        return close + self.encode(full[len(closed) :])
+        # and what the template writes after its end-of-turn token (e.g. a newline), which
+        # the context would otherwise lack from this turn on
+        eos_text = self.tokenizer.decode([self.eos_id]) if self.eos_id is not None else ""
+        after = closed[closed.rfind(eos_text) + len(eos_text) :] if eos_text in closed else ""
+        return close + self.encode(after + full[len(closed) :])
 
 
 # ---------------------------------------------------------------- one step

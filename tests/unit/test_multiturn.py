@@ -97,6 +97,32 @@ def test_env_delta_closes_a_turn_cut_by_length(tok):
     ]
 
 
+def test_env_delta_of_a_turn_that_does_not_render_back_keeps_the_templates_text(tok):
+    """The model's text is not what the template renders (its reply is stripped of the
+    trailing space it sampled): the turn is closed with the end-of-turn token and the
+    newline the template writes after it, as the rendered conversation has it."""
+    chat = ChatTokens(tok)
+    start, end = tok.convert_tokens_to_ids("<|im_start|>"), tok.convert_tokens_to_ids("<|im_end|>")
+    history = [{"role": "user", "content": "Q"}]
+    prompt = chat.encode(chat.render(history, generation_prompt=True))
+    delta = chat.env_delta(
+        prompt,
+        ids(tok, "ab "),
+        history + [{"role": "assistant", "content": "ab"}],
+        [{"role": "user", "content": "no"}],
+    )
+    assert delta == [
+        end,
+        *ids(tok, "\n"),
+        start,
+        *ids(tok, "user\nno"),
+        end,
+        *ids(tok, "\n"),
+        start,
+        *ids(tok, "assistant\n"),
+    ]
+
+
 REWRITING_TEMPLATE = (
     # drops the content of every assistant turn but the last (as reasoning templates do)
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
