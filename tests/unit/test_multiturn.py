@@ -73,54 +73,38 @@ def test_env_delta_after_an_eos_ended_turn(tok):
     ]
 
 
-def test_env_delta_closes_a_turn_cut_by_length(tok):
+def answered_no(tok, sampled: str, content: str) -> list[int]:
+    """env_delta after a model turn that sampled `sampled` (rendered as `content`) to the
+    question "Q", when the user answers "no"."""
     chat = ChatTokens(tok)
-    start, end = tok.convert_tokens_to_ids("<|im_start|>"), tok.convert_tokens_to_ids("<|im_end|>")
     history = [{"role": "user", "content": "Q"}]
     prompt = chat.encode(chat.render(history, generation_prompt=True))
-    model = ids(tok, "abc")  # no end-of-turn token: max_tokens cut it
-    delta = chat.env_delta(
-        prompt,
-        model,
-        history + [{"role": "assistant", "content": "abc"}],
-        [{"role": "user", "content": "no"}],
+    turn = [{"role": "assistant", "content": content}]
+    return chat.env_delta(
+        prompt, ids(tok, sampled), history + turn, [{"role": "user", "content": "no"}]
     )
-    assert delta == [
-        end,
-        *ids(tok, "\n"),
-        start,
-        *ids(tok, "user\nno"),
-        end,
-        *ids(tok, "\n"),
+
+
+def closed_then_no(tok) -> list[int]:
+    """What follows a model turn without its end-of-turn token when the user answers
+    "no": the end-of-turn token, the template's newline, the message, the next prompt."""
+    start, end = tok.convert_tokens_to_ids("<|im_start|>"), tok.convert_tokens_to_ids("<|im_end|>")
+    return [end, *ids(tok, "\n"), start, *ids(tok, "user\nno"), end, *ids(tok, "\n")] + [
         start,
         *ids(tok, "assistant\n"),
     ]
+
+
+def test_env_delta_closes_a_turn_cut_by_length(tok):
+    # no end-of-turn token: max_tokens cut it
+    assert answered_no(tok, "abc", "abc") == closed_then_no(tok)
 
 
 def test_env_delta_of_a_turn_that_does_not_render_back_keeps_the_templates_text(tok):
     """The model's text is not what the template renders (its reply is stripped of the
     trailing space it sampled): the turn is closed with the end-of-turn token and the
     newline the template writes after it, as the rendered conversation has it."""
-    chat = ChatTokens(tok)
-    start, end = tok.convert_tokens_to_ids("<|im_start|>"), tok.convert_tokens_to_ids("<|im_end|>")
-    history = [{"role": "user", "content": "Q"}]
-    prompt = chat.encode(chat.render(history, generation_prompt=True))
-    delta = chat.env_delta(
-        prompt,
-        ids(tok, "ab "),
-        history + [{"role": "assistant", "content": "ab"}],
-        [{"role": "user", "content": "no"}],
-    )
-    assert delta == [
-        end,
-        *ids(tok, "\n"),
-        start,
-        *ids(tok, "user\nno"),
-        end,
-        *ids(tok, "\n"),
-        start,
-        *ids(tok, "assistant\n"),
-    ]
+    assert answered_no(tok, "ab ", "ab") == closed_then_no(tok)
 
 
 REWRITING_TEMPLATE = (
