@@ -51,6 +51,7 @@ class Reply:
 
     text: str
     tool_calls: list[ToolCall] = field(default_factory=list)
+    malformed_calls: int = 0  # calls begun in the tool-call format but not readable
 
 
 # The model's next turn: called with the conversation so far (the environment's newest
@@ -126,6 +127,7 @@ class Trajectory:
     replies: list[str] = field(default_factory=list)
     tools: list[dict[str, Any]] | None = None  # offered at the first turn, kept throughout
     tool_calls: int = 0
+    malformed_calls: int = 0
 
     def add_model_turn(self, sample: Sample, reply: Reply) -> None:
         n = len(sample)
@@ -141,6 +143,7 @@ class Trajectory:
         if reply.tool_calls:
             message["tool_calls"] = [c.openai() for c in reply.tool_calls]
             self.tool_calls += len(reply.tool_calls)
+        self.malformed_calls += reply.malformed_calls
         self.transcript.append(message)
 
     def add_env_tokens(self, ids: Sequence[int], messages: Messages) -> None:
@@ -457,7 +460,10 @@ class MultiTurnRollout:
         tok = self.renderer.tokenizer
         if not t.tools or self.tool_format is None:
             return Reply(tok.decode(sample.token_ids, skip_special_tokens=True))
-        raw = tok.decode(sample.token_ids, skip_special_tokens=False)
+        ids = list(sample.token_ids)
+        if ids and ids[-1] in (tok.eos_token_id, self.chat.eos_id):  # the stop token, which
+            ids = ids[:-1]  # would otherwise end the last call's arguments ("{...}</s>")
+        raw = tok.decode(ids, skip_special_tokens=False)
         parsed = self.tool_format.parse(raw)
         content = parsed.content
         for special in getattr(tok, "all_special_tokens", []):
@@ -466,7 +472,7 @@ class MultiTurnRollout:
             ToolCall(c.name, c.arguments, c.id or f"call_{t.turns + 1}_{i}")
             for i, c in enumerate(parsed.calls)
         ]
-        return Reply(content.strip(), calls)
+        return Reply(content.strip(), calls, parsed.malformed)
 
     async def _score(self, trajectories: list[Trajectory]) -> list[float]:
         """Each group's finished conversations scored together (group rubrics need that);
@@ -556,6 +562,7 @@ class MultiTurnRollout:
             "env_malformed": float(errors.count("malformed")),
             "sampler_calls": float(stats.sampler_calls),
             "tool_calls": float(sum(t.tool_calls for t in trajectories)),
+            "tool_calls_malformed": float(sum(t.malformed_calls for t in trajectories)),
         }
 
     def close(self) -> None:

@@ -38,8 +38,11 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ParsedReply:
-    content: str  # the reply's text without the tool calls
+    content: str  # the reply's text without the tool calls it parsed
     calls: list[ToolCall] = field(default_factory=list)
+    # calls the model began in the format but wrote wrong (bad JSON, no name): left in
+    # the content, so the environment sees the attempt, and counted (tool_calls_malformed)
+    malformed: int = 0
 
 
 def _call_of(obj: Any) -> ToolCall | None:
@@ -64,12 +67,26 @@ def _json(text: str) -> Any:
         return None
 
 
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+# A call's JSON object between the tags: a bare mention of "<tool_call>" in prose (no
+# object after it) starts no match, so it cannot swallow the real call that follows.
+_HERMES = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
 
 def _parse_hermes(text: str) -> ParsedReply:
-    calls = [c for c in (_call_of(_json(m)) for m in _HERMES.findall(text)) if c]
-    return ParsedReply(_HERMES.sub("", text).strip(), calls)
+    calls: list[ToolCall] = []
+    malformed = 0
+
+    def take(m: re.Match) -> str:
+        nonlocal malformed
+        call = _call_of(_json(m.group(1)))
+        if call is None:
+            malformed += 1
+            return m.group(0)  # left as written
+        calls.append(call)
+        return ""
+
+    content = _HERMES.sub(take, text)
+    return ParsedReply(content.strip(), calls, malformed)
 
 
 def _parse_mistral(text: str) -> ParsedReply:
@@ -80,17 +97,22 @@ def _parse_mistral(text: str) -> ParsedReply:
         return ParsedReply(text.strip())
     rest = rest.strip()
     if rest.startswith("["):
-        decoded, _end = _raw_json(rest)
+        decoded, end = _raw_json(rest)
         items = decoded if isinstance(decoded, list) else []
         calls = [c for c in map(_call_of, items) if c]
-        return ParsedReply(head.strip(), calls)
-    calls = []
+        if not isinstance(decoded, list):  # cut short or not JSON: the text as written
+            return ParsedReply(text.strip(), [], 1)
+        after = rest[end:].strip()
+        return ParsedReply(f"{head.strip()} {after}".strip(), calls, len(items) - len(calls))
+    calls, malformed = [], 0
     for chunk in rest.split("[TOOL_CALLS]"):
         name, sep, args = chunk.partition("[ARGS]")
-        call = _call_of({"name": name.strip(), "arguments": _json(args.strip())}) if sep else None
-        if call:
+        call = _call_of({"name": name.strip(), "arguments": _raw_json(args.strip())[0]})
+        if call and sep:
             calls.append(call)
-    return ParsedReply(head.strip(), calls)
+        else:
+            malformed += 1
+    return ParsedReply(head.strip(), calls, malformed)
 
 
 def _raw_json(text: str) -> tuple[Any, int]:

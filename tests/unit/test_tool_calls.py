@@ -59,8 +59,26 @@ TEMPLATES = {"hermes": TOOL_CHAT_TEMPLATE, "llama3": LLAMA3_TEMPLATE, "mistral":
             ParsedReply("Let me add.", [ToolCall("add", {"a": 2, "b": 3}), ToolCall("now", {})]),
         ),
         ("hermes", "The answer is 5.", ParsedReply("The answer is 5.")),
-        # a call that is not JSON is no call (the environment sees a plain reply)
-        ("hermes", "<tool_call>{add(2, 3)}</tool_call>", ParsedReply("")),
+        # a call that is not JSON is no call: left in the text (the environment sees the
+        # attempt) and counted
+        (
+            "hermes",
+            "Adding. <tool_call>{add(2, 3)}</tool_call>",
+            ParsedReply("Adding. <tool_call>{add(2, 3)}</tool_call>", [], 1),
+        ),
+        # a mention of the tag in prose starts no call, and takes none away
+        (
+            "hermes",
+            'I will emit a <tool_call> block.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}'
+            "\n</tool_call>",
+            ParsedReply("I will emit a <tool_call> block.", [ToolCall("f", {"a": 1})]),
+        ),
+        # the closing tag inside an argument does not end the call
+        (
+            "hermes",
+            '<tool_call>{"name": "f", "arguments": {"s": "</tool_call>"}}</tool_call>',
+            ParsedReply("", [ToolCall("f", {"s": "</tool_call>"})]),
+        ),
         (
             "llama3",
             '<|python_tag|>{"name": "add", "parameters": {"a": 2}}; {"name": "now", "parameters": {}}',
@@ -81,6 +99,25 @@ TEMPLATES = {"hermes": TOOL_CHAT_TEMPLATE, "llama3": LLAMA3_TEMPLATE, "mistral":
             "mistral",
             '[TOOL_CALLS]add[ARGS]{"a": 2}[TOOL_CALLS]now[ARGS]{}',
             ParsedReply("", [ToolCall("add", {"a": 2}), ToolCall("now", {})]),
+        ),
+        # the stop token decoded after the last call's arguments (v11+): read past
+        (
+            "mistral",
+            '[TOOL_CALLS]add[ARGS]{"a": 2}</s>',
+            ParsedReply("", [ToolCall("add", {"a": 2})]),
+        ),
+        (
+            "mistral",
+            "[TOOL_CALLS]add[ARGS]{a: 2}",
+            ParsedReply("", [], 1),
+        ),
+        # an array cut short by max_tokens: the text as written, counted
+        (
+            "mistral",
+            'Sure. [TOOL_CALLS] [{"name": "add", "arguments": {"a": 2}}, {"name": "no',
+            ParsedReply(
+                'Sure. [TOOL_CALLS] [{"name": "add", "arguments": {"a": 2}}, {"name": "no', [], 1
+            ),
         ),
         # arguments written as a JSON string (some models do) are decoded
         (
