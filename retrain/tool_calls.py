@@ -107,7 +107,10 @@ def _parse_mistral(text: str) -> ParsedReply:
     calls, malformed = [], 0
     for chunk in rest.split("[TOOL_CALLS]"):
         name, sep, args = chunk.partition("[ARGS]")
-        call = _call_of({"name": name.strip(), "arguments": _raw_json(args.strip())[0]})
+        name, _, call_id = name.partition("[CALL_ID]")  # name[CALL_ID]id[ARGS]{...}
+        call = _call_of(
+            {"name": name.strip(), "arguments": _raw_json(args.strip())[0], "id": call_id.strip()}
+        )
         if call and sep:
             calls.append(call)
         else:
@@ -125,7 +128,10 @@ def _raw_json(text: str) -> tuple[Any, int]:
 def _parse_llama3(text: str) -> ParsedReply:
     # The whole reply is the call: {"name": ..., "parameters": {...}}, optionally after
     # <|python_tag|>, several separated by ";"
-    body = text.split("<|python_tag|>", 1)[-1].strip()
+    before, tag, body = text.partition("<|python_tag|>")
+    if not tag:
+        before, body = "", text
+    body = body.strip()
     for end in ("<|eot_id|>", "<|eom_id|>"):  # the turn's end token, when decoded with it
         body = body.removesuffix(end).rstrip()
     calls: list[ToolCall] = []
@@ -138,7 +144,7 @@ def _parse_llama3(text: str) -> ParsedReply:
         body = body[end:].lstrip().removeprefix(";").lstrip()
     if not calls or body:  # plain text, or text after the calls: not a tool-call reply
         return ParsedReply(text.strip())
-    return ParsedReply("", calls)
+    return ParsedReply(before.strip(), calls)  # any text before <|python_tag|> kept
 
 
 @dataclass(frozen=True)
@@ -184,6 +190,8 @@ def detect(template: str | None) -> ToolFormat | None:
     """The tool-call format a chat template writes, or None when it has no tool support
     (it never reads `tools`, or writes calls in a format not in FORMATS)."""
     if not template or "tools" not in template:
+        return None
+    if "<function=" in template:  # Qwen3-Coder's XML calls inside <tool_call>: not hermes
         return None
     return next((f for f in FORMATS if any(m in template for m in f.markers)), None)
 

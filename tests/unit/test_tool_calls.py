@@ -91,6 +91,16 @@ TEMPLATES = {"hermes": TOOL_CHAT_TEMPLATE, "llama3": LLAMA3_TEMPLATE, "mistral":
         ),
         ("llama3", "The answer is 5.", ParsedReply("The answer is 5.")),
         (
+            "llama3",
+            'I think <|python_tag|>{"name": "add", "parameters": {"a": 2}}',
+            ParsedReply("I think", [ToolCall("add", {"a": 2})]),
+        ),
+        (
+            "mistral",
+            '[TOOL_CALLS]add[CALL_ID]abc123XYZ[ARGS]{"a": 2}',
+            ParsedReply("", [ToolCall("add", {"a": 2}, "abc123XYZ")]),
+        ),
+        (
             "mistral",
             'Sure. [TOOL_CALLS] [{"name": "add", "arguments": {"a": 2}, "id": "abc123xyz"}]',
             ParsedReply("Sure.", [ToolCall("add", {"a": 2}, "abc123xyz")]),
@@ -140,6 +150,10 @@ def test_the_format_is_detected_from_the_template():
     }
     assert detect(CHAT_TEMPLATE) is None  # never reads `tools`
     assert detect("{{ tools | tojson }}{% for m in messages %}{{ m.content }}{% endfor %}") is None
+    # Qwen3-Coder writes XML inside <tool_call>, which the hermes parser cannot read:
+    # refused as unsupported, rather than every call silently lost
+    coder = "{{ tools }}<tool_call>\n<function={{ name }}>\n<parameter=a>1</parameter></tool_call>"
+    assert detect(coder) is None
 
 
 def test_a_template_without_tools_names_the_model_and_the_formats():
