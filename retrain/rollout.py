@@ -139,7 +139,7 @@ def token_groups(
     groups: Sequence[GroupRollout], planning: Sequence[list[np.ndarray]], with_entropies: bool
 ) -> list[TokenGroup]:
     """The advantage pipeline's view of each group (every group with a scored member:
-    `advantage_groups`): its scored members' model tokens only (a multi-turn
+    `pipeline_advantages`): its scored members' model tokens only (a multi-turn
     trajectory's environment tokens are gathered out, so GTPO/HICRA/SEPA and the
     planning masks never see them; build_datums scatters the advantages back)."""
     out = []
@@ -159,19 +159,13 @@ def token_groups(
     return out
 
 
-def advantage_groups(groups: Sequence[GroupRollout]) -> list[int]:
-    """The groups the advantage pipeline sees: those with a scored member (a group whose
-    every conversation failed has nothing to compare)."""
-    return [i for i, g in enumerate(groups) if scored_members(g)]
-
-
 def pipeline_advantages(
     pipeline: Any, groups: Sequence[GroupRollout], planning: Sequence[Any], **kwargs: Any
 ) -> Any:
     """`pipeline`'s BatchAdvantages for `groups`, computed over their scored members
     (`scored_members`) and given back per group and completion; a group whose every
     conversation failed is skipped as "all_failed". `kwargs`: the pipeline call's."""
-    seen = advantage_groups(groups)
+    seen = [i for i, g in enumerate(groups) if scored_members(g)]  # some to compare
     adv = pipeline(
         token_groups(
             [groups[i] for i in seen], [planning[i] for i in seen], pipeline.needs_entropies
@@ -193,8 +187,10 @@ def every_member(
     out: list[list[np.ndarray] | None] = [None] * len(groups)
     for gi, adv in zip(seen, advantages, strict=True):
         if adv is not None:
-            it, failed = iter(adv), groups[gi].failed or [False] * len(groups[gi])
-            out[gi] = [np.zeros(0) if f else next(it) for f in failed]
+            row = [np.zeros(0)] * len(groups[gi])
+            for i, a in zip(scored_members(groups[gi]), adv, strict=True):
+                row[i] = a
+            out[gi] = row
     return out
 
 

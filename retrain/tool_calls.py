@@ -108,10 +108,18 @@ def _parse_mistral(text: str) -> ParsedReply:
     for chunk in rest.split("[TOOL_CALLS]"):
         name, sep, args = chunk.partition("[ARGS]")
         name, _, call_id = name.partition("[CALL_ID]")  # name[CALL_ID]id[ARGS]{...}
-        call = _call_of(
-            {"name": name.strip(), "arguments": _raw_json(args.strip())[0], "id": call_id.strip()}
+        call = (
+            _call_of(
+                {
+                    "name": name.strip(),
+                    "arguments": _raw_json(args.strip())[0],
+                    "id": call_id.strip(),
+                }
+            )
+            if sep
+            else None
         )
-        if call and sep:
+        if call:
             calls.append(call)
         else:
             malformed += 1
