@@ -461,7 +461,7 @@ class MultiTurnRollout:
         if not t.tools or self.tool_format is None:
             return Reply(tok.decode(sample.token_ids, skip_special_tokens=True))
         ids = list(sample.token_ids)
-        if ids and ids[-1] in (tok.eos_token_id, self.chat.eos_id):  # the stop token, which
+        if ids and ids[-1] == self.chat.eos_id:  # the stop token, which
             ids = ids[:-1]  # would otherwise end the last call's arguments ("{...}</s>")
         raw = tok.decode(ids, skip_special_tokens=False)
         parsed = self.tool_format.parse(raw)

@@ -50,6 +50,8 @@ def _call_of(obj: Any) -> ToolCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
+    if args is None:  # a tool without parameters, written `"arguments": null`
+        args = {}
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
             args = json.loads(args)
@@ -108,15 +110,10 @@ def _parse_mistral(text: str) -> ParsedReply:
     for chunk in rest.split("[TOOL_CALLS]"):
         name, sep, args = chunk.partition("[ARGS]")
         name, _, call_id = name.partition("[CALL_ID]")  # name[CALL_ID]id[ARGS]{...}
+        decoded, end = _raw_json(args.strip())
         call = (
-            _call_of(
-                {
-                    "name": name.strip(),
-                    "arguments": _raw_json(args.strip())[0],
-                    "id": call_id.strip(),
-                }
-            )
-            if sep
+            _call_of({"name": name.strip(), "arguments": decoded, "id": call_id.strip()})
+            if sep and end  # end 0: the arguments are not JSON
             else None
         )
         if call:

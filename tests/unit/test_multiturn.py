@@ -251,3 +251,35 @@ def test_check_messages():
     for bad in ([], "hello", [{"speaker": "env", "text": 42}], [{"role": "user", "content": 3}]):
         with pytest.raises(MalformedMessages):
             check_messages(bad)
+
+
+# A Llama-3-style tool template (the whole reply is the call) over the tests' tokenizer,
+# whose stop token <|im_end|> is none of Llama's own end tokens the parser knows.
+LLAMA_TOOLS = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if tools %}<|python_tag|> \"parameters\": dictionary{% endif %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_tool_reply_is_parsed_without_its_stop_token():
+    """The sampled stop token would otherwise end the call's JSON ("{...}<|im_end|>"), and
+    a Llama-3 reply with text after its calls is plain text, not a call."""
+    from retrain.data.prompts import PromptRenderer
+    from retrain.multiturn import MultiTurnRollout
+
+    tok = build_tokenizer(LLAMA_TOOLS)
+    rollout = MultiTurnRollout(None, None, PromptRenderer(tok), correct_above=0.5)
+    assert rollout.tool_format.name == "llama3"
+    t = Trajectory(Example("q", "a"), 0, [], tools=[{"name": "add"}])
+    call = '{"name": "add", "parameters": {"a": 0, "b": 3}}'
+    body = ids(tok, call)
+    for stop in ([tok.eos_token_id], []):
+        ids_ = body + stop
+        reply = rollout._reply(Sample(ids_, [-0.5] * len(ids_), "eos"), t)
+        assert [(c.name, c.arguments) for c in reply.tool_calls] == [("add", {"a": 0, "b": 3})]
+        assert reply.text == "" and reply.malformed_calls == 0
+    # the stop token is taken off the end only: one inside the reply leaves it plain text
+    text = body + [tok.eos_token_id] + ids(tok, " and more")
+    reply = rollout._reply(Sample(text, [-0.5] * len(text), "length"), t)
+    assert reply.tool_calls == [] and reply.text == call + " and more"

@@ -79,6 +79,12 @@ TEMPLATES = {"hermes": TOOL_CHAT_TEMPLATE, "llama3": LLAMA3_TEMPLATE, "mistral":
             '<tool_call>{"name": "f", "arguments": {"s": "</tool_call>"}}</tool_call>',
             ParsedReply("", [ToolCall("f", {"s": "</tool_call>"})]),
         ),
+        # a tool without parameters, its arguments written null: a call with none
+        (
+            "hermes",
+            '<tool_call>{"name": "now", "arguments": null}</tool_call>',
+            ParsedReply("", [ToolCall("now", {})]),
+        ),
         (
             "llama3",
             '<|python_tag|>{"name": "add", "parameters": {"a": 2}}; {"name": "now", "parameters": {}}',
