@@ -257,7 +257,7 @@ def test_check_messages():
 # whose stop token <|im_end|> is none of Llama's own end tokens the parser knows.
 LLAMA_TOOLS = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if tools %}<|python_tag|> \"parameters\": dictionary{% endif %}"
+    '{% endfor %}{% if tools %}<|python_tag|> "parameters": dictionary{% endif %}'
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
