@@ -645,7 +645,7 @@ class PrimeRLBackend:
         self.batches_sent += 1
         return TrainResult(
             loss=0.0,
-            num_tokens=sum(int(d.completion_ids.size) for d in datums),
+            num_tokens=sum(d.num_trained_tokens for d in datums),  # not env tokens
             extra={
                 "prime_rl_batch_step": float(step),
                 "prime_rl_loaded_step": float(self.loaded_step),

@@ -407,11 +407,13 @@ def summarize_forward_backward(
             if len(mine) != len(d.sampler_logprobs):
                 count = 0
                 break
-            for a, b in zip(mine, d.sampler_logprobs):
-                r = float(a) - float(b)
-                ratio_sum += r
-                ratio_max = max(ratio_max, abs(r))
-                count += 1
+            # the model's tokens only: an environment's tokens (multi-turn) have no
+            # sampler logprob (0 there), so their "ratio" would be the trainer's logprob
+            gap = (np.asarray(mine, dtype=float) - d.sampler_logprobs)[d.trained_mask]
+            if gap.size:
+                ratio_sum += float(gap.sum())
+                ratio_max = max(ratio_max, float(np.abs(gap).max()))
+                count += int(gap.size)
     extra = {f"tinker_{_NAME_OK.sub('_', k)}": v for k, v in metrics.items()}
     if count:
         return float(loss), ratio_sum / count, ratio_max, extra
@@ -480,8 +482,8 @@ def clip_fraction(output: Any, datums: Sequence[Datum], hyper: TrainHyper) -> fl
             cut = cispo_clipped(log_ratio, hyper.clip_eps, hyper.clip_eps_high)
         else:
             cut = ppo_clipped(log_ratio, d.advantages, hyper.clip_eps, hyper.clip_eps_high)
-        clipped += int(cut.sum())
-        tokens += mine.size
+        clipped += int(cut[d.trained_mask].sum())  # the model's tokens only, as above
+        tokens += d.num_trained_tokens
     return clipped / tokens if tokens else 0.0
 
 

@@ -372,6 +372,10 @@ def test_sample_train_sync_save_and_resume(tmp_path):
     assert server2.updates == [str(step1)]  # the inference server is pointed again
     again.train_step([datum()], HYPER)
     assert prl.rollout_path(out, 1).exists()  # batch steps continue, contiguous
+    # a multi-turn datum: the environment's token (mask False) is not a trained token
+    mask = [True, False, True, True]
+    turns = Datum([5, 6], [10, 90, 11, 2], [-0.1, 0.0, -0.2, -0.3], [0.5, 0, 0.5, 0.5], mask)
+    assert again.train_step([turns], HYPER).num_tokens == 3
     again.close()
 
 

@@ -232,6 +232,30 @@ def test_summarize_forward_backward_prefers_the_service_loss_metric():
         tb.summarize_forward_backward(fb_output([{}]), datums)
 
 
+def test_ratio_and_clip_metrics_count_the_models_tokens_only():
+    """A multi-turn datum: completion = model [10, 11], environment [90, 91], model [12].
+    The environment's tokens carry no sampler logprob (0), so a trainer logprob there is
+    no off-policy gap: on-policy model tokens give ratio 0 and nothing clipped."""
+    mask = [True, True, False, False, True]
+    multi = Datum([1, 2], [10, 11, 90, 91, 12], [-0.1, -0.2, 0, 0, -0.3], [0.5] * 5, mask)
+    single = Datum([1, 2], [20, EOS], [-1.0, -2.0], [-0.5, -0.5])
+    # the trainer's logprobs (position 0 predicts the prompt's 2nd token): equal to the
+    # sampler's on the model's tokens, -3 on the environment's
+    on_policy = [-9.0, -0.1, -0.2, -3.0, -3.0, -0.3]
+    outputs = [{"logprobs": tensor(on_policy)}, {"logprobs": tensor([-9.0, -1.0, -2.0])}]
+    out = fb_output(outputs, {"loss:sum": 0.0})
+    _, mean, max_abs, _ = tb.summarize_forward_backward(out, [multi, single])
+    assert mean == pytest.approx(0.0, abs=1e-6) and max_abs == pytest.approx(0.0, abs=1e-6)
+    hyper = TrainHyper(1e-5, 0.0, 0.9, 0.999, 1e-8, policy_loss="cispo")
+    assert tb.clip_fraction(out, [multi, single], hyper) == 0.0
+    # one model token 0.5 nats off: the mean over the 5 model tokens, 1 of 5 clipped
+    outputs[0] = {"logprobs": tensor([-9.0, -0.6, -0.2, -3.0, -3.0, -0.3])}
+    out = fb_output(outputs, {"loss:sum": 0.0})
+    _, mean, max_abs, _ = tb.summarize_forward_backward(out, [multi, single])
+    assert mean == pytest.approx(-0.1, abs=1e-6) and max_abs == pytest.approx(0.5, abs=1e-6)
+    assert tb.clip_fraction(out, [multi, single], hyper) == pytest.approx(1 / 5)
+
+
 # ---------------------------------------------------------------- retries
 
 
