@@ -66,7 +66,7 @@ def add_working_directory() -> bool:
     return True
 
 
-def _import_module(name: str) -> Any:
+def import_module(name: str) -> Any:
     """importlib.import_module, retried once from the working directory when the module
     is not found on sys.path (the working directory is added only then)."""
     try:
@@ -88,7 +88,7 @@ def import_object(path: str, search_paths: Iterable[str] = ()) -> Any:
     if not mod_name:
         raise PluginError(f"{path!r} is not a dotted path (expected pkg.module.attr)")
     try:
-        module = _import_module(mod_name)
+        module = import_module(mod_name)
     except ImportError as exc:
         raise PluginError(f"cannot import module {mod_name!r} for plugin {path!r}: {exc}") from exc
     except Exception as exc:  # the plugin's own code failed as it ran: its error, not a bug here

@@ -178,11 +178,13 @@ def _backpressure(config: Config) -> Problems:
     most), or a ladder of fewer than 3 rungs (retrain.backpressure.batch_ladder)."""
     bp = config.backpressure
     lo, hi = bp.min_batch_size, bp.max_batch_size
-    if lo > hi:
-        return [("[backpressure] min_batch_size", f"must be <= max_batch_size ({hi}), got {lo}")]
-    if not bp.enabled:
-        return []
     problems: Problems = []
+    if lo > hi:
+        problems.append(
+            ("[backpressure] min_batch_size", f"must be <= max_batch_size ({hi}), got {lo}")
+        )
+    if not bp.enabled:
+        return problems
     never = "the USL fit needs 3, so the batch size would never adapt"
     if bp.warmup_steps < 2:
         seen = "the warmup sees 2 batch sizes"
@@ -195,8 +197,8 @@ def _backpressure(config: Config) -> Problems:
                 f"{never}. Fix: warmup_steps = 10 (the default), or enabled = false",
             )
         )
-    ladder = batch_ladder(lo, hi)
-    if len(ladder) < 3:
+    ladder = batch_ladder(lo, hi) if lo <= hi else []
+    if lo <= hi and len(ladder) < 3:  # (no ladder at all when min > max: said above)
         fix = f"max_batch_size = {4 * lo}" if 4 * lo <= MAX_PROMPTS else ""
         if hi >= 4:
             fix += f"{' or ' if fix else ''}min_batch_size = {hi // 4}"

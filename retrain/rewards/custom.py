@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain.errors import RewardError
-from retrain.registry import add_search_paths
+from retrain.registry import add_search_paths, import_module
 from retrain.rewards.base import BatchScore, LoopThread, Reward
 from retrain.rewards.boxed import extract_boxed
 from retrain.types import Example
@@ -80,11 +80,12 @@ def load_custom_function(
     else:
         add_search_paths(search_paths)
         try:
-            mod = importlib.import_module(module)
+            mod = import_module(module)  # the working directory last, as for plugins
         except ImportError as exc:
-            extra = f" (also searched {list(search_paths)})" if search_paths else ""
+            extra = f", {list(search_paths)}" if search_paths else ""
             raise RewardError(
-                f"[reward] custom_module: cannot import {module!r}{extra}: {exc}; "
+                f"[reward] custom_module: cannot import {module!r} (searched sys.path{extra} and "
+                f"the working directory {os.getcwd()}): {exc}; "
                 "set [plugins] search_paths or give a path to a .py file"
             ) from exc
         except Exception as exc:  # the module's own code raised as it ran, as for a file

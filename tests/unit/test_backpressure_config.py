@@ -90,6 +90,12 @@ def test_disabled_back_pressure_is_not_checked():
     assert len(found) == 1 and found[0].startswith("[backpressure] min_batch_size")
     found = problems(enabled=True, min_batch_size=8, max_batch_size=4)
     assert len(found) == 1 and found[0].startswith("[backpressure] min_batch_size")
+    # reported with the others, not instead of them (no ladder check: there is no ladder)
+    found = problems(enabled=True, warmup_steps=1, min_batch_size=10, max_batch_size=4)
+    assert [p.split(" (")[0].split(":")[0] for p in found] == [
+        "[backpressure] min_batch_size",
+        "[backpressure] warmup_steps",
+    ]
 
 
 def test_the_error_names_the_file_and_line(tmp_path):

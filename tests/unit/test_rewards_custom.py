@@ -83,6 +83,20 @@ def test_module_name_on_search_paths(plugin_dir):
     r.close()
 
 
+def test_module_name_in_the_working_directory(tmp_path, monkeypatch):
+    """As for every plugin: a module beside the TOML, run from there, is found by name even
+    under the `retrain` script (neither '' nor the working directory on sys.path)."""
+    (tmp_path / "cwd_rewards_mod.py").write_text(MODULE)
+    monkeypatch.chdir(tmp_path)
+    cwd = str(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", cwd, ".")])
+    r = reward("custom", custom_module="cwd_rewards_mod")
+    assert r.score("the answer is 42", "42") == 1.0 and sys.path[-1] == cwd
+    r.close()
+    with pytest.raises(RewardError, match=r"searched sys.path and the working directory"):
+        reward("custom", custom_module="no_such_rewards_mod")
+
+
 def test_file_path_relative_to_search_path_and_absolute(plugin_dir):
     r = reward("custom", custom_module="my_rewards_mod.py", search_paths=[str(plugin_dir)])
     assert r.score("x 7", "7") == 1.0
