@@ -52,6 +52,7 @@ class Reply:
     text: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     malformed_calls: int = 0  # calls begun in the tool-call format but not readable
+    cut_short: bool = False  # the turn ended at [training] max_tokens, not at a stop token
 
 
 # The model's next turn: called with the conversation so far (the environment's newest
@@ -458,8 +459,11 @@ class MultiTurnRollout:
         are parsed from the tokens in the template's own format (special tokens kept:
         some formats open with one) and given ids the results can name."""
         tok = self.renderer.tokenizer
+        cut_short = sample.stop_reason == "length"
         if not t.tools or self.tool_format is None:
-            return Reply(tok.decode(sample.token_ids, skip_special_tokens=True))
+            return Reply(
+                tok.decode(sample.token_ids, skip_special_tokens=True), cut_short=cut_short
+            )
         ids = list(sample.token_ids)
         if ids and ids[-1] == self.chat.eos_id:  # the stop token, which
             ids = ids[:-1]  # would otherwise end the last call's arguments ("{...}</s>")
@@ -472,7 +476,7 @@ class MultiTurnRollout:
             ToolCall(c.name, c.arguments, c.id or f"call_{t.turns + 1}_{i}")
             for i, c in enumerate(parsed.calls)
         ]
-        return Reply(content.strip(), calls, parsed.malformed)
+        return Reply(content.strip(), calls, parsed.malformed, cut_short)
 
     async def _score(self, trajectories: list[Trajectory]) -> list[float]:
         """Each group's finished conversations scored together (group rubrics need that);

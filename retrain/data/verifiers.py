@@ -22,16 +22,21 @@ Supported verifiers versions (both were probed; see the tests):
   whose async `score_group(states)` / `score_rollout(state)` score a completion. We call
   the package's `load_environment` directly (what `vf.load_environment` does). These are
   the Prime Hub environments.
-- the v1 API, verifiers 0.3.1+ (`verifiers.v1`; 0.4.0 ships only this): the package
-  exports a `Taskset` subclass; `args` validate into its `TasksetConfig`; each `Task`
-  becomes an example and `task.score(trace)` (its `@vf.reward` functions and judges,
-  without a runtime) scores a one-turn trace holding the completion. An infinite taskset
-  is cut at `[data] size` tasks.
+- the v1 API (`verifiers.v1`; 0.4.0 ships only this): the package exports a `Taskset`
+  subclass; `args` validate into its `TasksetConfig`; each `Task` becomes an example and
+  `task.score(trace)` (its `@vf.reward` functions and judges, without a runtime) scores a
+  one-turn trace holding the completion. An infinite taskset is cut at `[data] size`
+  tasks. Single-turn tasksets work on verifiers 0.3.1+; a multi-turn v1 `Env` needs 0.4+
+  (on 0.3.x it is refused with a DataError naming the installed version).
 
 Multi-turn (both APIs, retrain plays the model's seat):
 - classic: the environment's own `rollout()` loop runs unchanged (env_response, its
   `@vf.stop` conditions, cleanup) with a retrain client whose responses are the sampled
-  turns; its rubric scores each group.
+  turns; its rubric scores each group, then its cleanup runs. A single-turn environment
+  on verifiers 0.3 is scored the same way: its rollout runs on the whole dataset row
+  with the sampled completion as the reply, so reward functions get what verifiers gives
+  them (every column by name, message objects). A reward function that raises (which
+  verifiers' Rubric would score 0) fails its group and counts in `reward_errors`.
 - v1: the package's `Env` subclass (one agent seat) runs its `run(task, agents)`; the
   seat's `interaction(task).turn(...)` returns the sampled turn as a `vf.Segment`. The
   task's rewards, what `run` recorded on the trace, and the Env's `finalize` score it.
@@ -45,9 +50,13 @@ taskset that yields nothing) fails fast with a DataError saying what to do inste
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
+import functools
 import importlib
 import importlib.util
+import inspect
 import json
 import logging
 import shutil
@@ -100,20 +109,24 @@ API_GENERATIONS = (
     "interim (verifiers dev builds before 0.4, e.g. the `tasksets` package): "
     "load_environment(config: vf.EnvConfig) or load_taskset(config) with vf.Taskset at the "
     "top level of verifiers; "
-    "v1 (verifiers.v1, 0.3.1+, the only API of 0.4): the module exports a Taskset subclass "
-    "(and, multi-turn, an Env) in __all__"
+    "v1 (verifiers.v1, the only API of 0.4; single-turn tasksets also on 0.3.1): the module "
+    "exports a Taskset subclass (and, multi-turn, an Env, which needs 0.4+) in __all__"
 )
+
+
+def _installed_verifiers() -> str:
+    import importlib.metadata as md
+
+    try:
+        return md.version("verifiers")
+    except md.PackageNotFoundError:
+        return "not installed"
 
 
 def interim_api_error(env_id: str, target: str, why: str) -> DataError:
     """The interim API (config-object loaders) is not driven: say which generation the
     module is, what the three are, and what to use instead."""
-    import importlib.metadata as md
-
-    try:
-        have = md.version("verifiers")
-    except md.PackageNotFoundError:
-        have = "not installed"
+    have = _installed_verifiers()
     return DataError(
         f"verifiers environment {env_id!r} (module {target!r}) is written for the interim "
         f"verifiers API ({why}), which retrain does not drive and verifiers {have} does not "
@@ -309,7 +322,50 @@ def _classic_examples(env: Any, env_id: str) -> list[Example]:
     return examples
 
 
-def _classic_state(row: dict[str, Any], response: str, message_type: str) -> Any:
+def _rollout_input(example: Example) -> dict[str, Any]:
+    """The example's dataset row as verifiers' own rollouts get it (`inputs.to_list()`):
+    every column, since `init_state` keeps them all in `state["task"]` and the rubric
+    passes the extra ones to reward functions by name (a `question` or `difficulty`
+    parameter). A string prompt becomes the user message retrain renders it as."""
+    row = dict(example.meta["row"])
+    row.setdefault("example_id", example.meta.get("row_index", 0))
+    if isinstance(row.get("prompt"), str):
+        row["prompt"] = [{"role": "user", "content": row["prompt"]}]
+    return row
+
+
+def _runs_rollouts(env: Any) -> bool:
+    """Whether the environment has verifiers 0.3's `rollout(input, client, model, ...)`
+    and the client class it takes, so retrain can run its own rollout around a sampled
+    completion (older classic APIs get a hand-built state: `_classic_state`)."""
+    try:
+        from verifiers.clients import Client  # noqa: F401
+
+        params = list(inspect.signature(env.rollout).parameters)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return False
+    return params[:1] == ["input"]
+
+
+async def _classic_rollout(env: Any, example: Example, response: str) -> Any:
+    """The state verifiers itself would score for this completion: the environment's
+    own rollout (init_state, the response as its message objects, render_completion,
+    its cleanup) with a client that answers with the completion retrain sampled."""
+    from retrain.multiturn import Reply
+
+    async def ask(messages: Any, tools: Any = None) -> Reply:
+        return Reply(response)
+
+    state = await env.rollout(_rollout_input(example), _classic_client(ask), "retrain", {})
+    if state.get("error") is not None:
+        raise state["error"]
+    return state
+
+
+def _classic_state(example: Example, response: str, message_type: str) -> Any:
+    """A scoring state built by hand for classic verifiers without 0.3's rollout API:
+    the whole row (what those versions' rollouts carried too), with verifiers' message
+    objects where it has them (reward functions may read `m.content`)."""
     try:
         from verifiers.types import State  # classic verifiers
     except ImportError:
@@ -318,7 +374,12 @@ def _classic_state(row: dict[str, Any], response: str, message_type: str) -> Any
         from verifiers.types import flatten_task_input
     except ImportError:
         flatten_task_input = None
-    inp = {k: row[k] for k in ("prompt", "answer", "info", "example_id", "task") if k in row}
+    try:
+        from verifiers.types import AssistantMessage
+        from verifiers.utils.message_utils import normalize_messages
+    except ImportError:
+        AssistantMessage = normalize_messages = None  # noqa: N806
+    inp = _rollout_input(example)
     if isinstance(inp.get("info"), str):
         with contextlib.suppress(json.JSONDecodeError):
             inp["info"] = json.loads(inp["info"])
@@ -330,10 +391,13 @@ def _classic_state(row: dict[str, Any], response: str, message_type: str) -> Any
         try:
             state["task"] = flatten_task_input(inp)
         except Exception:
-            state["task"] = row.get("task")
-    completion: Any = (
-        response if message_type == "completion" else [{"role": "assistant", "content": response}]
-    )
+            state["task"] = inp.get("task")
+    completion: Any = response
+    if message_type != "completion":
+        completion = [{"role": "assistant", "content": response}]
+        if normalize_messages is not None:
+            state["prompt"] = normalize_messages(inp["prompt"], field_name="input.prompt")
+            completion = [AssistantMessage(content=response)]
     state["completion"] = completion
     state["responses"] = []
     state["trajectory"] = []
@@ -342,6 +406,71 @@ def _classic_state(row: dict[str, Any], response: str, message_type: str) -> Any
     state["is_truncated"] = False
     state["timing"] = {}
     return state
+
+
+# The reward-function failures of the group being scored (see _recording).
+_FAILURES: contextvars.ContextVar[list[tuple[str, BaseException]] | None] = contextvars.ContextVar(
+    "retrain_rubric_failures", default=None
+)
+
+
+def _recording(func: Any) -> Any:
+    """`func`, noting an exception it raises before raising it on. verifiers 0.3's Rubric
+    catches a reward function's exception, logs it and scores it 0, which would keep it
+    out of `reward_errors`. functools.wraps keeps the name and, through `__wrapped__`,
+    the signature verifiers reads to pick the function's arguments."""
+    if getattr(func, "_retrain_recording", False):
+        return func
+
+    @functools.wraps(func)
+    async def recording(*args: Any, **kwargs: Any) -> Any:
+        try:
+            result = func(*args, **kwargs)
+            return await result if inspect.isawaitable(result) else result
+        except Exception as exc:
+            failures = _FAILURES.get()
+            if failures is not None:
+                failures.append((getattr(func, "__name__", repr(func)), exc))
+            raise
+
+    recording._retrain_recording = True  # type: ignore[attr-defined]
+    return recording
+
+
+def _watch_rubric(rubric: Any) -> None:
+    """Wrap the reward functions of a rubric (and of a RubricGroup's rubrics) with
+    _recording, in place."""
+    funcs = getattr(rubric, "funcs", None)
+    if isinstance(funcs, list):
+        funcs[:] = [_recording(f) for f in funcs]
+    for inner in getattr(rubric, "rubrics", None) or []:
+        _watch_rubric(inner)
+
+
+async def _score_classic(rubric: Any, states: list[Any], env_id: str) -> list[float]:
+    """One group's states scored as verifiers scores them (`score_group`, else
+    `score_rollout` each), then the rubric's cleanup for each (what verifiers does after
+    scoring). A reward function that raised fails the group: the caller counts it."""
+    failures: list[tuple[str, BaseException]] = []
+    token = _FAILURES.set(failures)
+    try:
+        if hasattr(rubric, "score_group"):
+            await rubric.score_group(states)
+        else:
+            for state in states:
+                await rubric.score_rollout(state)
+    finally:
+        _FAILURES.reset(token)
+        if hasattr(rubric, "cleanup"):
+            for state in states:
+                await rubric.cleanup(state)
+    if failures:
+        name, exc = failures[0]
+        raise DataError(
+            f"verifiers environment {env_id!r}: reward function {name!r} raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    return [float(state["reward"]) for state in states]
 
 
 class ClassicRubricReward(Reward):
@@ -357,8 +486,6 @@ class ClassicRubricReward(Reward):
         if self.rubric is None:
             raise DataError(f"verifiers environment {env_id!r} has no rubric to score with")
         self.message_type = getattr(env, "message_type", "chat") or "chat"
-        import inspect
-
         rollout = getattr(self.rubric, "score_rollout", None)
         if rollout is None and not hasattr(self.rubric, "score_group"):
             raise DataError(
@@ -366,35 +493,42 @@ class ClassicRubricReward(Reward):
                 "score_rollout"
             )
         self._rollout_params = set(inspect.signature(rollout).parameters) if rollout else set()
+        self._runs_rollouts = _runs_rollouts(env)
+        _watch_rubric(self.rubric)
         self._loop = LoopThread("retrain-verifiers")
 
-    async def _score_group(self, states: list[Any]) -> list[float]:
+    async def _score_group(self, examples: list[Example], responses: list[str]) -> list[float]:
         """All completions of one example together (group reward functions need that)."""
-        await self.rubric.score_group(states)
-        return [float(s["reward"]) for s in states]
-
-    async def _score_one(self, state: Any) -> list[float]:
-        rubric = self.rubric
-        if "completion" in self._rollout_params:  # verifiers <= 0.1: keywords, returns a score
-            result = await rubric.score_rollout(
-                prompt=state.get("prompt"),
-                completion=state["completion"],
-                answer=state.get("answer", ""),
-                state=state,
-                task=state.get("task", "default"),
-                info=state.get("info", {}),
+        if self._runs_rollouts:
+            states = list(
+                await asyncio.gather(
+                    *(_classic_rollout(self.env, e, r) for e, r in zip(examples, responses))
+                )
             )
-            reward = result["reward"] if isinstance(result, dict) else result.reward
         else:
-            await rubric.score_rollout(state)
-            reward = state["reward"]
-        return [float(reward)]
+            states = [_classic_state(e, r, self.message_type) for e, r in zip(examples, responses)]
+        return await _score_classic(self.rubric, states, self.env_id)
+
+    async def _score_one(self, example: Example, response: str) -> list[float]:
+        """A rubric without score_group scores one completion at a time; verifiers <= 0.1's
+        score_rollout takes keywords and returns the score."""
+        if "completion" not in self._rollout_params:
+            return await self._score_group([example], [response])
+        state = _classic_state(example, response, self.message_type)
+        result = await self.rubric.score_rollout(
+            prompt=state.get("prompt"),
+            completion=state["completion"],
+            answer=state.get("answer", ""),
+            state=state,
+            task=state.get("task", "default"),
+            info=state.get("info", {}),
+        )
+        return [float(result["reward"] if isinstance(result, dict) else result.reward)]
 
     def score_batch(self, responses: Sequence[str], examples: Sequence[Example]) -> BatchScore:
         self._check_lengths(responses, examples)
         out = BatchScore(rewards=[0.0] * len(responses), extracts_answers=False)
         groups: dict[Any, list[int]] = {}
-        states = []
         for i, (response, example) in enumerate(zip(responses, examples)):
             meta = example.meta or {}
             if meta.get("source") != "verifiers" or meta.get("api") != "classic":
@@ -402,15 +536,17 @@ class ClassicRubricReward(Reward):
                     f"the {self.env_id!r} rubric scores examples from that environment only"
                 )
             out.answers.append(extract_boxed(response))  # logged; the scorer reads its own
-            states.append(_classic_state(meta["row"], response, self.message_type))
             groups.setdefault(meta.get("row_index", id(example)), []).append(i)
         if hasattr(self.rubric, "score_group"):
             # One call per example's group; a failure fails that group only.
             order = list(groups.values())
-            coros = [self._score_group([states[i] for i in g]) for g in order]
+            coros = [
+                self._score_group([examples[i] for i in g], [responses[i] for i in g])
+                for g in order
+            ]
         else:
-            order = [[i] for i in range(len(states))]
-            coros = [self._score_one(states[i]) for i in range(len(states))]
+            order = [[i] for i in range(len(responses))]
+            coros = [self._score_one(examples[i], responses[i]) for i in range(len(responses))]
         for idx, result in zip(order, self._loop.gather(coros)):
             if isinstance(result, BaseException):
                 out.errors += len(idx)
@@ -455,8 +591,7 @@ def _v1_examples(
         raise DataError(f"[environment] args for verifiers taskset {env_id!r}: {exc}") from exc
     try:
         taskset = vf.load_taskset(config)
-        view = taskset if taskset.bounded else taskset.take(max(1, int(size)))
-        tasks = list(view)
+        tasks = list(_v1_bounded(taskset, max(1, int(size))))
     except Exception as exc:
         raise DataError(f"loading verifiers taskset {env_id!r} failed: {exc}") from exc
     if not tasks:
@@ -485,6 +620,17 @@ def _v1_examples(
             Example(prompt=prompt, reference="" if answer is None else str(answer), meta=meta)
         )
     return examples, taskset
+
+
+def _v1_bounded(taskset: Any, size: int) -> Any:
+    """The taskset, or its first `size` tasks when it is infinite. verifiers 0.4 says
+    so with `bounded` and cuts with `take`; 0.3.1 with `INFINITE` and `head`."""
+    bounded = getattr(taskset, "bounded", None)
+    if bounded is None:
+        bounded = not getattr(taskset, "INFINITE", False)
+    if bounded:
+        return taskset
+    return taskset.take(size) if hasattr(taskset, "take") else taskset.head(size)
 
 
 class TaskScoreReward(Reward):
@@ -748,10 +894,13 @@ def _classic_client(ask: Any) -> Any:
             reply = await ask(list(prompt), _classic_tool_schemas(tools))
             over = reply is None
             calls = [] if over else reply.tool_calls
+            # a turn cut by max_tokens is "length" and truncated, as verifiers' own clients
+            # report it (its state's is_truncated)
+            cut = over or reply.cut_short
             message = vf.types.ResponseMessage(
                 content="" if over else reply.text,
-                finish_reason="length" if over else ("tool_calls" if calls else "stop"),
-                is_truncated=over,
+                finish_reason="length" if cut else ("tool_calls" if calls else "stop"),
+                is_truncated=cut,
                 tool_calls=[
                     vf.types.ToolCall(id=c.id, name=c.name, arguments=json.dumps(c.arguments))
                     for c in calls
@@ -770,6 +919,9 @@ class ClassicTurnEnvironment:
     stop conditions, cleanup) with retrain's sampler as the client; scored by its
     rubric, a group at a time."""
 
+    # Set on a state by `play`: the conversation was cut by max_turns (see `truncated`).
+    CUT = "retrain_cut_by_max_turns"
+
     def __init__(self, env: Any, env_id: str, max_turns: int) -> None:
         env_turns = int(getattr(env, "max_turns", -1) or -1)
         self.max_turns = (
@@ -777,29 +929,39 @@ class ClassicTurnEnvironment:
         )
         env.max_turns = self.max_turns  # the environment's own stop condition agrees
         self.env, self.env_id = env, env_id
+        _watch_rubric(env.rubric)
 
     async def play(self, example: Example, ask: Any) -> Any:
-        row = example.meta["row"]
-        inp = {k: row[k] for k in ("prompt", "answer", "info", "example_id", "task") if k in row}
-        inp.setdefault("example_id", example.meta.get("row_index", 0))
-        if isinstance(inp.get("prompt"), str):
-            inp["prompt"] = [{"role": "user", "content": inp["prompt"]}]
-        state = await self.env.rollout(inp, _classic_client(ask), "retrain", {})
+        client = _classic_client(ask)
+        state = await self.env.rollout(_rollout_input(example), client, "retrain", {})
         if state.get("error") is not None:
             raise state["error"]
+        state[self.CUT] = state.get("stop_condition") == "max_turns_reached" and not (
+            await self._ended_anyway(state)
+        )
         return state
 
+    async def _ended_anyway(self, state: Any) -> bool:
+        """Whether another stop condition fires too. verifiers checks them by priority,
+        then name, so `max_turns_reached` is the one recorded when the last allowed turn
+        also ended the conversation (a ToolEnv's `no_tools_called`: the model answered
+        without a call); that conversation was not cut short."""
+        try:
+            from verifiers.utils.async_utils import maybe_call_with_named_args
+        except ImportError:  # a classic verifiers without it: max_turns decides, as before
+            return False
+        for condition in getattr(self.env, "_stop_conditions", None) or []:
+            if getattr(condition, "__name__", "") == "max_turns_reached":
+                continue
+            if await maybe_call_with_named_args(condition, state=state, env=self.env):
+                return True
+        return False
+
     def truncated(self, state: Any) -> bool:
-        return state is not None and state.get("stop_condition") == "max_turns_reached"
+        return state is not None and bool(state.get(self.CUT))
 
     async def score(self, example: Example, states: Sequence[Any]) -> list[float]:
-        rubric = self.env.rubric
-        if hasattr(rubric, "score_group"):
-            await rubric.score_group(list(states))
-        else:
-            for state in states:
-                await rubric.score_rollout(state)
-        return [float(state["reward"]) for state in states]
+        return await _score_classic(self.env.rubric, list(states), self.env_id)
 
 
 def is_classic_multi_turn(env: Any) -> bool:
@@ -809,7 +971,16 @@ def is_classic_multi_turn(env: Any) -> bool:
 
 
 def _v1_turn_environment(env_cls: Any, env_id: str, args: dict[str, Any], max_turns: int) -> Any:
+    import verifiers.v1 as vf
     from verifiers.v1.utils import loaders
+
+    # retrain plays a v1 Env's seat through 0.4's Trace (root_reply); 0.3.1's lacks it
+    if "root_reply" not in getattr(vf.Trace, "model_fields", {}):
+        raise DataError(
+            f"verifiers environment {env_id!r} is a multi-turn v1 Env, which retrain drives "
+            f"with verifiers 0.4 or later; verifiers {_installed_verifiers()} is installed. "
+            "Fix: pip install 'verifiers>=0.4' (single-turn v1 tasksets also work on 0.3.1)"
+        )
 
     try:
         config = loaders.resolve_env_config({"taskset": {**args, "id": env_id}})

@@ -6,6 +6,7 @@ classic classes import, else re-runs itself under an interpreter that has them: 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import subprocess
@@ -36,17 +37,18 @@ def available(*classes: str) -> bool:
     return all(hasattr(vf, name) for name in classes)
 
 
-def run_pytest(test_file: str, selector: str, marker: str = "") -> subprocess.CompletedProcess:
-    """`pytest -k selector test_file` under the classic interpreter, with this checkout
-    of retrain on its path; `marker`: its -m where not the default one (which deselects
-    a slow test)."""
+def run_pytest(test_file: str, selector: str = "", marker: str = "") -> subprocess.CompletedProcess:
+    """`pytest -rA [-k selector] test_file` under the classic interpreter, with this
+    checkout of retrain on its path; `marker`: its -m where not the default one (which
+    deselects a slow test)."""
     python = Path(PYTHON)
     python = python if python.is_absolute() else Path.cwd() / python
     return subprocess.run(
         [
-            *(str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"),
+            *(str(python), "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider"),
             *(("-m", marker) if marker else ()),
-            *("-k", selector, test_file),
+            *(("-k", selector) if selector else ()),
+            test_file,
         ],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -68,10 +70,25 @@ def runs_here(test_file: str, test_name: str, *classes: str, marker: str = "") -
             "needs verifiers 0.3 (the classic API): run scripts/verifiers03_venv.sh once "
             "(or set RETRAIN_CLASSIC_VERIFIERS_PYTHON to a Python that has it)"
         )
-    proc = run_pytest(test_file, test_name, marker)
-    lines = proc.stdout.strip().splitlines()
-    last = lines[-1] if lines else ""
-    assert proc.returncode == 0 and "1 passed" in last and "skipped" not in last, (
-        f"{test_name} under {PYTHON}:\n" + proc.stdout[-3000:] + proc.stderr[-2000:]
+    outcomes, output = _file_outcomes(str(test_file), marker)
+    mine = {node: status for node, status in outcomes.items() if test_name in node.split("::")[-1]}
+    assert mine and set(mine.values()) == {"PASSED"}, (
+        f"{test_name} under {PYTHON} ({mine or 'not run: skipped or not collected'}):\n{output}"
     )
     return False
+
+
+@functools.cache
+def _file_outcomes(test_file: str, marker: str) -> tuple[dict[str, str], str]:
+    """Every test of `test_file` run once under the classic interpreter (one process per
+    file, not one per test: each start imports verifiers for seconds): node id -> PASSED
+    / FAILED / ERROR from pytest's -rA summary (a skipped test is not listed), and the
+    output's tail for a failure message. Tests of the file that need this interpreter's
+    packages fail there; only the outcomes of the classic ones are read."""
+    proc = run_pytest(test_file, marker=marker)
+    outcomes = {}
+    for line in proc.stdout.splitlines():
+        status, _, rest = line.partition(" ")
+        if status in ("PASSED", "FAILED", "ERROR") and "::" in rest:
+            outcomes[rest.split(" - ")[0].strip()] = status
+    return outcomes, proc.stdout[-3000:] + proc.stderr[-2000:]

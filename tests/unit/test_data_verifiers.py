@@ -94,6 +94,17 @@ V1_ENV = textwrap.dedent(
             return iter(())
 
 
+    class EndlessTaskset(vf.Taskset[SumTask, SumConfig]):
+        INFINITE = True
+
+        def load(self):
+            i = 0
+            while True:
+                yield SumTask(SumData(prompt=f"What is {i} + 1?", answer=str(i + 1)),
+                              self.config.task)
+                i += 1
+
+
     __all__ = ["SumTaskset"]
     """
 )
@@ -165,6 +176,44 @@ def test_v1_empty_taskset_is_eval_only(env_dir):
             "math",
             environment={"provider": "verifiers", "id": name},
             search_paths=[str(env_dir)],
+        )
+
+
+def _check_infinite_taskset_is_cut_at_data_size(env_dir):
+    name = _unique("endless_env")
+    (env_dir / f"{name}.py").write_text(V1_ENV.replace('["SumTaskset"]', '["EndlessTaskset"]'))
+    src = data_source(
+        "math",
+        environment={"provider": "verifiers", "id": name},
+        search_paths=[str(env_dir)],
+        size=3,
+        shuffle=False,
+    )
+    assert [e.reference for e in src.examples] == ["1", "2", "3"]
+
+
+def test_v1_single_turn_tasksets_on_verifiers_0_3(v1_env, env_dir):
+    """verifiers 0.3.1 ships the v1 API too, but says `INFINITE`/`head` where 0.4 says
+    `bounded`/`take`: single-turn tasksets, infinite ones too, load and score on it."""
+    test = "test_v1_single_turn_tasksets_on_verifiers_0_3"
+    if not classic_verifiers.runs_here(__file__, test, "SingleTurnEnv"):
+        return  # it ran, and passed, under verifiers 0.3
+    test_v1_taskset_gives_examples_and_reward(v1_env)
+    _check_infinite_taskset_is_cut_at_data_size(env_dir)
+
+
+def test_v1_multi_turn_env_on_verifiers_0_3_is_refused_by_version():
+    """retrain plays a v1 Env's seat with 0.4's Trace; 0.3.1's lacks its fields, so a
+    multi-turn v1 Env is refused up front, naming the installed version."""
+    test = "test_v1_multi_turn_env_on_verifiers_0_3_is_refused"
+    if not classic_verifiers.runs_here(__file__, test, "SingleTurnEnv"):
+        return  # it ran, and passed, under verifiers 0.3
+    envs = Path(__file__).resolve().parents[1] / "fixtures" / "multiturn_envs"
+    with pytest.raises(DataError, match=r"'opening_env'.*verifiers 0\.4 or later.*0\.3"):
+        data_source(
+            "math",
+            environment={"provider": "verifiers", "id": "opening_env"},
+            search_paths=[str(envs)],
         )
 
 
