@@ -707,9 +707,11 @@ BACKENDS = Registry(
         Entry(
             "prime_rl",
             "retrain.backends.prime_rl:PrimeRLBackend",
-            "an external PRIME-RL trainer + inference server; retrain orchestrates (prime-rl "
-            "formats of commit a6a8eda5c5cc). Tested here against the test receiver in "
-            "scripts/prime_rl_receiver, not against a real prime-rl (docs/prime_rl.md)",
+            "an external PRIME-RL trainer + inference server; retrain orchestrates the run "
+            "in adapter_path, a run_* directory under the trainer's output_dir (prime-rl "
+            "formats of commit 9104df43c627). Tested here against the test receiver in "
+            "scripts/prime_rl_receiver and prime-rl's own config and batch classes, not "
+            "against a running prime-rl (docs/prime_rl.md)",
             requires=("msgspec", "zmq", "httpx"),
             install="pip install 'retrain[prime_rl]'  (msgspec, pyzmq, httpx; prime-rl itself "
             "runs separately, installed from source)",

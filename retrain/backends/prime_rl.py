@@ -5,13 +5,22 @@ retrain keeps its data, rewards, advantages, logging and checkpoints; a prime-rl
 with prime-rl's extra routes) does the sampling. This module speaks prime-rl's own formats
 as they are at the pinned commit below; nothing of prime-rl is imported (it is not on PyPI).
 
+The run is `[backend] adapter_path`, a `run_*` directory under the prime-rl trainer's
+output_dir: before the first sample or batch the backend writes the run's orchestrator
+config there (`control/orch.toml`, by which the trainer finds the run; on resume it names
+the next batch step) and removes it at close; what the trainer writes back when it evicts
+the run or refuses that config (`control/evicted.txt`, `control/config_validation_error.txt`)
+stops the run with its reason.
+
 One step, as the trainer drives it:
 
 1. `sample`: first, once per batch step, the weight sync: after `k` batches were sent, the
    prime-rl trainer publishes the weights trained on them as `{adapter_path}/broadcasts/
    step_k/` and marks them complete with an empty `STABLE` file. The backend polls for that
    marker (`sync_poll_s`, at most `sync_wait_s` seconds), then points the inference server
-   at the directory (`POST {url}/update_weights {"weight_dir": ...}`). When step_k does not
+   at the directory (`POST {url}/update_weights {"weight_dir": ...}`; a LoRA trainer's
+   adapter: `POST {url}/load_lora_adapter` under the run's name, which sampling then asks
+   for as its model). When step_k does not
    appear in time, the newest newer stable step is loaded instead (or none), and the
    console says the step samples with older weights. Then one
    `POST {url}/v1/chat/completions/tokens` per prompt (token ids in `tokens`, `n`
@@ -60,13 +69,15 @@ from retrain.registry import BACKENDS
 from retrain.settings import PrimeRLSettings
 from retrain.types import CheckpointInfo, Datum, Sample, SamplingParams, TrainHyper, TrainResult
 
-# The prime-rl commit whose transport this module implements (file names, atomic rename,
-# ZMQ socket type and framing: src/prime_rl/transport/{filesystem,zmq}.py; the broadcast
-# layout and STABLE marker: src/prime_rl/trainer/rl/broadcast/filesystem.py and
-# src/prime_rl/utils/pathing.py). The TrainingSample/TrainingBatch layout below is the one
-# of src/prime_rl/transport/types.py in the same (multi-run) generation of prime-rl, the
-# generation retrain's original PRIME-RL backend was written against. See docs/prime_rl.md.
-PRIME_RL_COMMIT = "a6a8eda5c5ccb858ad05628d08a327b8a905c9ec"
+# The prime-rl commit (on its main branch, 2026-03-03) whose formats this module writes and
+# reads, every one of them read at that commit: the TrainingSample/TrainingBatch layout
+# (src/prime_rl/transport/types.py); file names, atomic rename, ZMQ socket type and framing
+# (src/prime_rl/transport/{filesystem,zmq}.py); how the trainer finds a run
+# (src/prime_rl/trainer/runs.py: `run_*` directories with control/orch.toml, evicted.txt);
+# the broadcast layout and STABLE marker (src/prime_rl/trainer/rl/broadcast/filesystem.py,
+# src/prime_rl/utils/pathing.py); the inference server's routes
+# (src/prime_rl/inference/vllm/server.py). See docs/prime_rl.md.
+PRIME_RL_COMMIT = "9104df43c627db01c8ed974ddb71c664992ac54a"
 
 ROLLOUTS_DIR = "rollouts"
 BROADCASTS_DIR = "broadcasts"
@@ -74,6 +85,13 @@ CHECKPOINTS_DIR = "checkpoints"
 BATCH_FILE_NAME = "rollouts.bin"
 BATCH_TMP_NAME = "rollouts.bin.tmp"
 STABLE_MARKER = "STABLE"
+# The trainer trains only the `run_*` directories under its output_dir that hold the run's
+# orchestrator config; it writes why it refused one beside it.
+RUN_DIR_PREFIX = "run_"
+CONTROL_DIR = "control"
+RUN_CONFIG_FILE = "orch.toml"
+EVICTED_FILE = "evicted.txt"  # the trainer stopped training the run (a bad sample)
+CONFIG_ERROR_FILE = "config_validation_error.txt"  # it could not use orch.toml
 STATE_FILE = "prime_rl_backend_state.json"
 STATE_VERSION = 1
 ADVANTAGE_TOLERANCE = 1e-6  # how far a completion's token advantages may spread
@@ -309,6 +327,63 @@ def weight_dir(output_dir: Path, step: int) -> Path | None:
     return None
 
 
+def is_adapter(where: Path) -> bool:
+    """A LoRA trainer broadcasts an adapter (adapter_config.json beside its weights),
+    which the inference server loads as a named LoRA, not as the model's weights."""
+    return (Path(where) / "adapter_config.json").is_file()
+
+
+# ---------------------------------------------------------------- the run directory
+
+
+def run_dir_problem(output_dir: str | Path) -> str | None:
+    """Why prime-rl's trainer would never train from `output_dir`, or None: it reads only
+    the `run_*` directories directly under its own output_dir."""
+    name = Path(output_dir).expanduser().name
+    if name.startswith(RUN_DIR_PREFIX):
+        return None
+    return (
+        f"{str(output_dir)!r} is not a prime-rl run directory: the prime-rl trainer trains only "
+        f"`{RUN_DIR_PREFIX}*` directories directly under its output_dir. Fix: adapter_path = "
+        f'"<the trainer\'s output_dir>/{RUN_DIR_PREFIX}<name>" (one per retrain run)'
+    )
+
+
+def lora_name(output_dir: Path) -> str:
+    """The name the inference server serves this run's LoRA under: the run's directory."""
+    return Path(output_dir).name
+
+
+def run_config_toml(output_dir: Path, model: str, resume_step: int = 0) -> str:
+    """The run's orchestrator config (`control/orch.toml`), by which prime-rl's trainer
+    finds the run: where it is, the model, the LoRA's name (a LoRA trainer needs the table;
+    rank and alpha left out are the trainer's own) and, on resume, the batch step to read
+    next. Every other key keeps prime-rl's default, as an orchestrator writing it would."""
+    import tomlkit
+
+    config: dict[str, Any] = {
+        "output_dir": str(output_dir),
+        "model": {"name": model, "lora": {"name": lora_name(output_dir)}},
+    }
+    if resume_step > 0:
+        config["ckpt"] = {"resume_step": int(resume_step)}
+    return tomlkit.dumps(config)
+
+
+def trainer_refusal(output_dir: Path) -> str | None:
+    """What the trainer wrote when it stopped or refused training this run, or None."""
+    control = Path(output_dir) / CONTROL_DIR
+    for name, what in (
+        (EVICTED_FILE, "evicted this run"),
+        (CONFIG_ERROR_FILE, f"refused this run's {CONTROL_DIR}/{RUN_CONFIG_FILE}"),
+    ):
+        path = control / name
+        if path.is_file():
+            reason = path.read_text(errors="replace").strip() or "(no reason given)"
+            return f"the prime-rl trainer {what} ({path}): {reason}"
+    return None
+
+
 # ---------------------------------------------------------------- inference responses
 
 
@@ -496,6 +571,9 @@ class PrimeRLBackend:
         self.strict = True
         self.model = settings.model
         self.output_dir = Path(settings.output_dir).expanduser()
+        why = run_dir_problem(self.output_dir)
+        if why:
+            raise BackendError(f"[backend] adapter_path {why}")
         url = settings.url.strip().rstrip("/")
         if not url:
             raise BackendError(
@@ -504,6 +582,8 @@ class PrimeRLBackend:
         self.base_url = url[:-3] if url.endswith("/v1") else url
         self.sample_url = f"{self.base_url}/v1/chat/completions/tokens"
         self.update_url = f"{self.base_url}/update_weights"
+        self.lora_url = f"{self.base_url}/load_lora_adapter"
+        self.served_model = self.model  # the LoRA's name once the server loaded one
         self.sync_wait_s = max(0, int(options.sync_wait_s))
         self.sync_poll_s = max(0.01, float(options.sync_poll_s))
         self.timeout_s = float(options.timeout_s)
@@ -521,6 +601,15 @@ class PrimeRLBackend:
                 "trainer owns the optimiser and the LoRA layout; its inference server samples)"
             )
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        refused = trainer_refusal(self.output_dir)
+        if refused and (self.output_dir / CONTROL_DIR / EVICTED_FILE).is_file():
+            raise BackendError(
+                f"{refused}. It does not train an evicted run again. Fix: a new "
+                f"{RUN_DIR_PREFIX}* directory as adapter_path (or remove {EVICTED_FILE} once "
+                "the cause is fixed)"
+            )
+        self._resumed = False
+        self._started = False  # the run config written (at the first sample or batch)
         if options.transport == "zmq":
             self.sender: Any = ZMQSender(
                 self.output_dir,
@@ -542,6 +631,46 @@ class PrimeRLBackend:
         )
 
     # ------------------------------------------------------------ plumbing
+
+    def _start(self) -> None:
+        """Once, before the first sample or batch (after a checkpoint was loaded, if one
+        is): write control/orch.toml, by which the trainer finds this run, with the batch
+        step to read next, so a trainer started afresh does not read earlier batches
+        again. An error the trainer wrote about an earlier orch.toml goes with it. It is
+        removed at close: a trainer restarted meanwhile waits for the run to be driven again."""
+        if self._started:
+            return
+        if not self._resumed:
+            self._refuse_earlier_run()
+        control = self.output_dir / CONTROL_DIR
+        control.mkdir(parents=True, exist_ok=True)
+        tmp = control / f".{RUN_CONFIG_FILE}.tmp"
+        tmp.write_text(run_config_toml(self.output_dir, self.model, self.batches_sent))
+        os.replace(tmp, control / RUN_CONFIG_FILE)
+        (control / CONFIG_ERROR_FILE).unlink(missing_ok=True)
+        self._started = True
+
+    def _check_trainer(self) -> None:
+        """Stop with the trainer's own words once it evicted or refused this run: batches
+        sent after that would never be trained, and no broadcast would come."""
+        refused = trainer_refusal(self.output_dir)
+        if refused:
+            raise BackendError(f"{refused}. Nothing sent from now on would be trained")
+
+    def _refuse_earlier_run(self) -> None:
+        """A fresh run (no checkpoint loaded) must not start in a run directory that holds
+        another run's batches or broadcasts: the trainer's step there is not 0, and a stale
+        broadcast would be loaded as this run's weights."""
+        found = [
+            d for d in (ROLLOUTS_DIR, BROADCASTS_DIR) if any((self.output_dir / d).glob("step_*"))
+        ]
+        if found:
+            raise BackendError(
+                f"[backend] adapter_path {self.output_dir} holds an earlier run's "
+                f"{' and '.join(found)} (step_* directories): a fresh run would be mixed with "
+                f"it. Fix: a new {RUN_DIR_PREFIX}* directory under the trainer's output_dir, or "
+                "--resume the run that wrote them"
+            )
 
     def _post(self, url: str, payload: dict[str, Any], what: str) -> Any:
         from retrain.http import HTTPRequestError, RetryPolicy, request
@@ -566,7 +695,13 @@ class PrimeRLBackend:
                 f"{BROADCASTS_DIR}/step_{step}/{STABLE_MARKER}): is [backend] adapter_path the "
                 "directory the prime-rl trainer broadcasts into?"
             )
-        self._post(self.update_url, {"weight_dir": str(where)}, f"weight update to step {step}")
+        what = f"weight update to step {step}"
+        if is_adapter(where):  # a LoRA trainer's broadcast: loaded (in place) by name
+            name = lora_name(self.output_dir)
+            self._post(self.lora_url, {"lora_name": name, "lora_path": str(where)}, what)
+            self.served_model = name
+        else:
+            self._post(self.update_url, {"weight_dir": str(where)}, what)
         self.loaded_step = step
 
     def sync_weights(self) -> None:
@@ -578,6 +713,7 @@ class PrimeRLBackend:
         self._synced_for = target
         deadline = time.monotonic() + self.sync_wait_s
         while True:
+            self._check_trainer()
             newer = [s for s in stable_steps(self.output_dir) if self.loaded_step < s <= target]
             if newer and newer[-1] == target:
                 self._load_weights(target)
@@ -600,11 +736,13 @@ class PrimeRLBackend:
     ) -> list[list[Sample]]:
         if not prompts_B:
             return []
+        self._start()
+        self._check_trainer()
         self.sync_weights()
 
         def payload(i: int, prompt: list[int]) -> dict[str, Any]:
             body: dict[str, Any] = {
-                "model": self.model,
+                "model": self.served_model,
                 "messages": [{"role": "user", "content": ""}],
                 "tokens": [int(t) for t in prompt],
                 "n": int(n),
@@ -640,6 +778,8 @@ class PrimeRLBackend:
             return TrainResult(loss=0.0, num_tokens=0)
         # the temperature the step sampled at: prime-rl's trainer scores tokens at it
         samples = [training_sample(d, hyper.temperature, strict=self.strict) for d in datums]
+        self._start()
+        self._check_trainer()
         step = self.batches_sent
         self.sender.send(step, encode_batch(samples, step))
         self.batches_sent += 1
@@ -699,6 +839,7 @@ class PrimeRLBackend:
                 f"cannot resume: {path} is missing (the prime_rl backend's counters are kept there)"
             )
         self.batches_sent = int(state["batches_sent"])
+        self._resumed = True  # (the run config, written next, names this step)
         self.loaded_step = -1
         self._synced_for = -1  # the next sample() syncs to the newest broadcast again
         saved_dir = str(state.get("output_dir") or "")
@@ -720,6 +861,8 @@ class PrimeRLBackend:
         if self._closed:
             return
         self._closed = True
+        if self._started:
+            (self.output_dir / CONTROL_DIR / RUN_CONFIG_FILE).unlink(missing_ok=True)
         try:
             self.sender.close()
         finally:

@@ -546,6 +546,27 @@ def _backend_options(config: Config) -> Problems:
     return backend_option_problems(config.backend.options, entry.options, entry.name)
 
 
+def _prime_rl_run_dir(config: Config) -> Problems:
+    """prime-rl's trainer trains only `run_*` directories under its output_dir: any other
+    adapter_path (a campaign's runs/<name>/adapter too) would send batches no one reads."""
+    if config.backend.backend != "prime_rl":
+        return []
+    if config.campaign is not None:
+        return [
+            (
+                "[campaign]",
+                "with backend = 'prime_rl' is not supported: a campaign gives each run its own "
+                "adapter_path (runs/<name>/adapter), where no prime-rl trainer reads. Fix: run "
+                "each condition as its own retrain run, with adapter_path = "
+                '"<the trainer\'s output_dir>/run_<name>"',
+            )
+        ]
+    from retrain.backends.prime_rl import run_dir_problem
+
+    why = run_dir_problem(config.backend.adapter_path)
+    return [("[backend] adapter_path", why)] if why else []
+
+
 def backend_option_problems(options: dict, schema: dict, backend: str) -> Problems:
     """Each of `options` against `schema` (name -> OptionSpec) of the backend `backend`."""
     problems: Problems = []
@@ -820,6 +841,7 @@ CROSS_CHECKS: tuple[Callable[[Config], Problems], ...] = (
     _reward_file,
     _builtin_flow,
     _backend_options,
+    _prime_rl_run_dir,
     _overlap,
     _decode,
     _attention,

@@ -3,25 +3,31 @@
 It exists so the prime_rl backend can be run end to end on a machine without GPUs or
 prime-rl: a real process that
 
-- reads TrainingBatches from the real transport, the way prime-rl's trainer does at the
-  pinned commit (retrain/backends/prime_rl.py, PRIME_RL_COMMIT): the filesystem transport
+- finds the run the way prime-rl's trainer does at the pinned commit
+  (retrain/backends/prime_rl.py, PRIME_RL_COMMIT): only a `run_*` directory holding
+  `control/orch.toml` (its `ckpt.resume_step`, when set, is the first batch step to read;
+  a config it cannot read is refused in `control/config_validation_error.txt`), and it
+  evicts the run (`control/evicted.txt`) for a sample longer than `--seq-len`;
+- reads TrainingBatches from the real transport, as that trainer does: the filesystem transport
   (`{output_dir}/rollouts/step_N/rollouts.bin`, step after step) or the ZMQ transport (a
   PULL socket bound on host:port, two-part messages `[sender_id, payload]`);
 - decodes each batch with its own msgpack reader (written from the msgpack specification,
   no msgspec) and checks it against prime-rl's TrainingSample/TrainingBatch layout, then
   records it as one JSON line in `{output_dir}/receiver/batches.jsonl`;
 - "trains" (does nothing) and publishes weights the way prime-rl's filesystem broadcaster
-  does: `{output_dir}/broadcasts/step_{N+1}/` with a weights file, then the empty `STABLE`
-  marker last;
+  does: `{output_dir}/broadcasts/step_{N+1}/` with a weights file (and, with `--lora`, an
+  `adapter_config.json`: a LoRA trainer's adapter), then the empty `STABLE` marker last;
 - serves, on 127.0.0.1, `POST /v1/chat/completions/tokens` (deterministic completions: token
-  ids and logprobs drawn from a seeded generator, vLLM's response shape) and
-  `POST /update_weights` (`{"weight_dir": ...}`, recorded in `receiver/updates.jsonl`),
+  ids and logprobs drawn from a seeded generator, vLLM's response shape),
+  `POST /update_weights` (`{"weight_dir": ...}`) and `POST /load_lora_adapter`
+  (`{"lora_name": ..., "lora_path": ...}`), both recorded in `receiver/updates.jsonl`,
   plus `GET /health`.
 
 Usage (the tests start it as a subprocess):
 
     python scripts/prime_rl_receiver/receiver.py --output-dir DIR --vocab-size 100 \
-        --eos-id 2 --ready-file ready.json [--transport zmq --zmq-port 5555] [--no-http]
+        --eos-id 2 --ready-file ready.json [--transport zmq --zmq-port 5555] [--no-http] \
+        [--lora] [--seq-len 4096]
 
 Only the Python standard library is needed, plus pyzmq for --transport zmq.
 """
@@ -36,6 +42,7 @@ import struct
 import sys
 import threading
 import time
+import tomllib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -225,10 +232,44 @@ class Receiver:
         self.output_dir = Path(args.output_dir)
         self.record_dir = self.output_dir / "receiver"
         self.record_dir.mkdir(parents=True, exist_ok=True)
-        self.step = args.start_step
+        self.step = 0
         self.loaded_step = 0
+        self.lora_name: str | None = None
         self.lock = threading.Lock()
         self.stop = threading.Event()
+        self.control = self.output_dir / "control"
+        self.evicted = False
+
+    def discover(self) -> bool:
+        """Whether the run is found, as prime-rl's trainer finds runs: a `run_*` directory
+        with a readable control/orch.toml; its resume step is the first batch step to read."""
+        config_path = self.control / "orch.toml"
+        if not self.output_dir.name.startswith("run_") or not config_path.is_file():
+            return False
+        try:
+            config = tomllib.loads(config_path.read_text())
+            assert isinstance(config["model"]["name"], str), "model.name is not a string"
+            assert config["output_dir"] == str(self.output_dir), "output_dir is another run's"
+            resume = (config.get("ckpt") or {}).get("resume_step")
+        except (ValueError, KeyError, TypeError, AssertionError) as exc:
+            (self.control / "config_validation_error.txt").write_text(f"{exc!r}\n")
+            return False
+        self.step = int(resume or 0)
+        self.record("discovered.jsonl", {"step": self.step, "config": config})
+        return True
+
+    def evict(self, batch: dict[str, Any]) -> bool:
+        """Evict the run for a sample the trainer cannot pack (prime-rl's packer checks)."""
+        for e in batch["examples"]:
+            n = len(e["prompt_ids"]) + len(e["completion_ids"])
+            if n > self.args.seq_len:
+                (self.control / "evicted.txt").write_text(
+                    f"Run wrote a sample with invalid data: Run wrote a sample with length {n} "
+                    f"which exceeds max sequence length {self.args.seq_len}\n"
+                )
+                self.evicted = True
+                return True
+        return False
 
     def record(self, name: str, row: dict[str, Any]) -> None:
         with self.lock, open(self.record_dir / name, "a") as fh:
@@ -250,6 +291,8 @@ class Receiver:
                 **batch,
             },
         )
+        if self.evict(batch):
+            return
         self.step = batch["step"] + 1
         time.sleep(self.args.train_s)  # the "training"
         if not self.args.no_broadcast:
@@ -260,10 +303,17 @@ class Receiver:
         where = self.output_dir / "broadcasts" / f"step_{step}"
         where.mkdir(parents=True, exist_ok=True)
         (where / "weights.json").write_text(json.dumps({"step": step, "test_receiver": True}))
+        if self.args.lora:
+            (where / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
         (where / "STABLE").touch()
 
+    def wait_for_the_run(self) -> None:
+        while not self.stop.is_set() and not self.discover():
+            time.sleep(0.05)
+
     def run_filesystem(self) -> None:
-        while not self.stop.is_set():
+        self.wait_for_the_run()
+        while not self.stop.is_set() and not self.evicted:
             path = self.output_dir / "rollouts" / f"step_{self.step}" / "rollouts.bin"
             if path.exists():
                 self.handle_batch(path.read_bytes(), None)
@@ -280,12 +330,16 @@ class Receiver:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         self.zmq_ready.set()
-        while not self.stop.is_set():
+        self.wait_for_the_run()  # meanwhile batches queue in the socket, as in prime-rl
+        while not self.stop.is_set() and not self.evicted:
             if not dict(poller.poll(100)):
                 continue
             frames = sock.recv_multipart()
             if len(frames) != 2:
                 self.record("errors.jsonl", {"error": f"{len(frames)} frames, expected 2"})
+                continue
+            if frames[0].decode("utf-8") != self.output_dir.name:  # another run's batches
+                self.record("errors.jsonl", {"error": f"sender {frames[0]!r} is no known run"})
                 continue
             self.handle_batch(frames[1], frames[0].decode("utf-8"))
         sock.close(linger=0)
@@ -324,7 +378,13 @@ class Receiver:
             )
         self.record(
             "requests.jsonl",
-            {"n": n, "prompt_tokens": len(tokens), "seed": seed, "loaded_step": self.loaded_step},
+            {
+                "n": n,
+                "prompt_tokens": len(tokens),
+                "seed": seed,
+                "loaded_step": self.loaded_step,
+                "model": body.get("model"),
+            },
         )
         return {
             "id": f"chatcmpl-test-{rng.randrange(1 << 30)}",
@@ -339,9 +399,22 @@ class Receiver:
         where = Path(str(body.get("weight_dir", "")))
         if not (where / "STABLE").exists():
             return 400, {"error": f"{where} holds no STABLE weights"}
+        if (where / "adapter_config.json").exists():  # vLLM cannot load an adapter as weights
+            return 400, {"error": f"{where} holds a LoRA adapter: load it with /load_lora_adapter"}
         step = int(json.loads((where / "weights.json").read_text())["step"])
         self.loaded_step = step
         self.record("updates.jsonl", {"weight_dir": str(where), "step": step})
+        return 200, {"status": "ok"}
+
+    def load_lora_adapter(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        where = Path(str(body.get("lora_path", "")))
+        if not (where / "adapter_config.json").exists():
+            return 400, {"error": f"{where} holds no LoRA adapter"}
+        step = int(json.loads((where / "weights.json").read_text())["step"])
+        self.loaded_step, self.lora_name = step, str(body.get("lora_name"))
+        self.record(
+            "updates.jsonl", {"lora_path": str(where), "step": step, "lora_name": self.lora_name}
+        )
         return 200, {"status": "ok"}
 
     def http_handler(self) -> type[BaseHTTPRequestHandler]:
@@ -376,6 +449,8 @@ class Receiver:
                     self._reply(200, receiver.complete(body))
                 elif self.path == "/update_weights":
                     self._reply(*receiver.update_weights(body))
+                elif self.path == "/load_lora_adapter":
+                    self._reply(*receiver.load_lora_adapter(body))
                 else:
                     self._reply(404, {"error": self.path})
 
@@ -398,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab-size", type=int, default=100)
     p.add_argument("--first-token", type=int, default=3, help="lowest token id to sample")
     p.add_argument("--eos-id", type=int, default=2)
-    p.add_argument("--start-step", type=int, default=0)
+    p.add_argument("--lora", action="store_true", help="broadcast LoRA adapters")
+    p.add_argument("--seq-len", type=int, default=4096, help="evict a run's longer samples")
     p.add_argument("--train-s", type=float, default=0.05)
     args = p.parse_args(argv)
 

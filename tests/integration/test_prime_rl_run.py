@@ -30,6 +30,7 @@ pytest.importorskip("msgspec")
 from run_helpers import QuietConsole  # noqa: E402
 
 from retrain.config import config_from_dict  # noqa: E402
+from retrain.errors import BackendError  # noqa: E402
 from retrain.logs.jsonl import read_jsonl  # noqa: E402
 from retrain.trainer import train  # noqa: E402
 
@@ -73,7 +74,7 @@ def receiver(tmp_path, tiny_model_dir):
         while not ready.exists():
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
             time.sleep(0.05)
-        return json.loads(ready.read_text())
+        return {**json.loads(ready.read_text()), "proc": proc}
 
     yield start
     for proc in procs:
@@ -144,7 +145,14 @@ def test_two_steps_then_resume_through_the_filesystem_transport(tiny_raw, tmp_pa
     assert updates[0]["weight_dir"] == str(out / "broadcasts" / "step_1")
     assert saved["loaded_step"] == sent
 
+    # The trainer restarts too: it finds the run again by its control/orch.toml, which now
+    # says to read on from the next batch step (the receiver's own step starts at 0).
+    assert [r["step"] for r in rows(out / "receiver" / "discovered.jsonl")] == [0]
+    ready["proc"].terminate()
+    ready["proc"].wait(10)
+    ready = receiver(out)
     resumed = copy.deepcopy(raw)
+    resumed["inference"]["url"] = ready["url"]
     resumed["training"]["max_steps"] = 4
     resumed["resume"] = {"from": str(log_dir)}
     code, lines = run(resumed)
@@ -162,6 +170,38 @@ def test_two_steps_then_resume_through_the_filesystem_transport(tiny_raw, tmp_pa
     # On resume the inference server is pointed at the saved weights again, then on.
     updates = [u["step"] for u in rows(out / "receiver" / "updates.jsonl")]
     assert updates == [*range(1, sent + 1), sent, *range(sent + 1, total + 1)]
+    assert [r["step"] for r in rows(out / "receiver" / "discovered.jsonl")] == [0, sent]
+
+
+def test_a_lora_trainer_is_loaded_by_name_and_an_eviction_stops_the_run(
+    tiny_raw, tmp_path, receiver
+):
+    """A LoRA trainer broadcasts adapters: the server loads each as the run's named LoRA
+    and sampling asks for it. Then the trainer evicts the run (a sample longer than its
+    sequence length): the run stops with the trainer's reason, its checkpoint kept."""
+    out = tmp_path / "prime_out" / "run_lora"
+    ready = receiver(out, "--lora")
+    raw = prime_raw(tiny_raw, out, ready["url"])
+    raw["training"].update(max_steps=3)
+    code, lines = run(raw)
+    assert code == 0, lines
+    sent = len(rows(out / "receiver" / "batches.jsonl"))
+    assert sent >= 1
+    updates = rows(out / "receiver" / "updates.jsonl")
+    assert {u["lora_name"] for u in updates} == {"run_lora"}
+    assert updates[0]["lora_path"] == str(out / "broadcasts" / "step_1")
+    models = [r["model"] for r in rows(out / "receiver" / "requests.jsonl")]
+    assert models[0] == raw["model"]["model"] and models[-1] == "run_lora"
+
+    evicting = tmp_path / "prime_out" / "run_long"
+    ready = receiver(evicting, "--seq-len", "3")
+    raw = prime_raw(tiny_raw, evicting, ready["url"])
+    raw["logging"]["log_dir"] = str(tmp_path / "logs_long")
+    raw["training"].update(max_steps=4)
+    with pytest.raises(BackendError, match=r"evicted this run .*exceeds max sequence length 3"):
+        run(raw)
+    metrics, _ = read_jsonl(Path(raw["logging"]["log_dir"]) / "metrics.jsonl")
+    assert 1 <= len(metrics) < 4  # it stopped at the step after the eviction
 
 
 def test_one_step_through_the_zmq_transport(tiny_raw, tmp_path, receiver):
@@ -191,7 +231,7 @@ HAS_PRIME_RL = importlib.util.find_spec("prime_rl") is not None
 def test_prime_rl_decodes_what_retrain_sends():
     """prime-rl's own TrainingBatch type reads retrain's bytes (whatever prime-rl is installed)."""
     import msgspec
-    from prime_rl.transport import TrainingBatch
+    from prime_rl.transport.types import TrainingBatch
 
     from retrain.backends import prime_rl as prl
     from retrain.types import Datum
@@ -207,13 +247,34 @@ def test_prime_rl_decodes_what_retrain_sends():
 
 @pytest.mark.prime_rl
 @pytest.mark.skipif(not HAS_PRIME_RL, reason="prime-rl is not importable (install it from source)")
+def test_prime_rl_reads_the_run_config_retrain_writes(tmp_path):
+    """The run's control/orch.toml, loaded as prime-rl's trainer loads it (tomli, then
+    OrchestratorConfig), fresh and on resume."""
+    import tomli
+    from prime_rl.configs.orchestrator import OrchestratorConfig
+
+    from retrain.backends import prime_rl as prl
+
+    run = tmp_path / "outputs" / "run_retrain"
+    for step in (0, 3):
+        config = OrchestratorConfig(
+            **tomli.loads(prl.run_config_toml(run, "Qwen/Qwen3-0.6B", step))
+        )
+        assert config.output_dir == run and config.model.name == "Qwen/Qwen3-0.6B"
+        assert config.model.lora.name == "run_retrain" and config.model.lora.rank is None
+        assert (config.ckpt.resume_step if step else config.ckpt) == (step or None)
+
+
+@pytest.mark.prime_rl
+@pytest.mark.skipif(not HAS_PRIME_RL, reason="prime-rl is not importable (install it from source)")
 @pytest.mark.skipif(
     not (os.environ.get("PRIME_RL_INFERENCE_URL") and os.environ.get("PRIME_RL_OUTPUT_DIR")),
     reason="set PRIME_RL_INFERENCE_URL and PRIME_RL_OUTPUT_DIR to a running prime-rl stack",
 )
 def test_two_steps_against_a_running_prime_rl(tmp_path):
     """2 steps + resume against a live prime-rl trainer and inference server
-    (PRIME_RL_MODEL: the model both serve, default Qwen/Qwen3-0.6B)."""
+    (PRIME_RL_OUTPUT_DIR: the run directory, <the trainer's output_dir>/run_<name>, new;
+    PRIME_RL_MODEL: the model both serve, default Qwen/Qwen3-0.6B)."""
     raw = {
         "backend": {
             "backend": "prime_rl",

@@ -89,7 +89,10 @@ def test_max_steps_flag_sets_a_campaigns_runs(capsys, one_gpu):
 def test_lora_shows_what_the_backend_takes(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("TINKER_API_KEY", "tml-test")
     path = tmp_path / "t.toml"
-    path.write_text('[backend]\nbackend = "tinker"\n[model]\nlora_rank = 8\n[training]\nseed = 1\n')
+    path.write_text(
+        '[backend]\nbackend = "tinker"\nadapter_path = "out/run_t"\n[model]\nlora_rank = 8\n'
+        "[training]\nseed = 1\n"
+    )
     code, out = explain(capsys, str(path))
     assert line(out, "LoRA:") == (
         "LoRA:        rank 8; alpha, dropout, target_modules: the tinker backend's own"

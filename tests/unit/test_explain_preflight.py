@@ -95,13 +95,15 @@ def test_a_token_varying_plugin_transform_on_a_backend_that_aggregates(project, 
     (project / "plugins").mkdir()
     (project / "plugins" / "mytx.py").write_text(PLUGINS)
     path = project / "c.toml"
-    path.write_text(BASE + '[algorithm]\ntransform_mode = "mytx.varying"\n')
+    # prime_rl's trainer reads run_* directories only
+    base = BASE.replace("[backend]\n", '[backend]\nadapter_path = "out/run_p"\n')
+    path.write_text(base + '[algorithm]\ntransform_mode = "mytx.varying"\n')
     flags = ["--backend", "prime_rl"]
     assert "does not preserve token-level advantages" in refused_by_the_run_with(path, flags)
     code, report = explain(capsys, str(path), *flags)
     assert code == 2
     (error,) = report["errors"]
-    assert error.startswith(f"[algorithm] transform_mode ({path}:8): backend 'prime_rl' does not")
+    assert error.startswith(f"[algorithm] transform_mode ({path}:9): backend 'prime_rl' does not")
     # one advantage per completion: the same backend takes it
     code, report = explain(capsys, str(path), *flags, "--transform-mode", "mytx.flat")
     assert code == 0 and report["errors"] == []

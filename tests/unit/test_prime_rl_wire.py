@@ -81,7 +81,7 @@ def prime_config(tmp_path: Path, **options):
         {
             "backend": {
                 "backend": "prime_rl",
-                "adapter_path": str(tmp_path / "prime_out"),
+                "adapter_path": str(tmp_path / "prime_out" / "run_test"),
                 "options": options,
             },
             "algorithm": {"advantage_mode": "grpo", "transform_mode": "none"},
@@ -198,9 +198,17 @@ def wait_for_lines(path: Path, n: int, timeout: float = 20.0) -> list[dict]:
     raise AssertionError(f"{path}: fewer than {n} rows after {timeout}s")
 
 
+def announce(out: Path) -> None:
+    """The run's control/orch.toml, as the backend writes it: the receiver (as prime-rl's
+    trainer) reads no batch of a run it has not found."""
+    (out / "control").mkdir(parents=True)
+    (out / "control" / "orch.toml").write_text(prl.run_config_toml(out, "m"))
+
+
 def test_filesystem_round_trip_through_a_receiver_process(tmp_path):
     out = tmp_path / "run_fs"
     proc, _ = start_receiver(tmp_path, "--output-dir", str(out), "--no-http")
+    announce(out)
     try:
         sender = prl.FileSystemSender(out)
         payloads = [
@@ -230,6 +238,7 @@ def test_zmq_round_trip_through_a_receiver_process(tmp_path):
         "--zmq-port", str(port),
     )  # fmt: skip
     assert ready["zmq"] == f"tcp://127.0.0.1:{port}"
+    announce(out)
     try:
         sender = prl.ZMQSender(out, "127.0.0.1", port, hwm=10, timeout_s=10)
         payloads = [
@@ -307,6 +316,9 @@ class FakeServer:
         body = json.loads(request.content)
         if request.url.path == "/update_weights":
             self.updates.append(body["weight_dir"])
+            return httpx.Response(200, json={"status": "ok"})
+        if request.url.path == "/load_lora_adapter":
+            self.updates.append(f"{body['lora_name']}@{body['lora_path']}")
             return httpx.Response(200, json={"status": "ok"})
         assert request.url.path == "/v1/chat/completions/tokens"
         self.samples.append(body)
@@ -403,6 +415,99 @@ def test_load_checkpoint_refuses_another_backend(tmp_path):
     b.close()
 
 
+# ---------------------------------------------------------------- the run directory
+
+
+def test_the_run_config_the_trainer_finds_the_run_by(tmp_path):
+    import tomllib
+
+    run = tmp_path / "out" / "run_a"
+    fresh = tomllib.loads(prl.run_config_toml(run, 'Qwen/Qwen3-0.6B "x"'))
+    assert fresh == {
+        "output_dir": str(run),
+        "model": {"name": 'Qwen/Qwen3-0.6B "x"', "lora": {"name": "run_a"}},
+    }
+    resumed = tomllib.loads(prl.run_config_toml(run, "m", resume_step=3))
+    assert resumed["ckpt"] == {"resume_step": 3}
+    assert prl.run_dir_problem(run) is None
+    assert "run_<name>" in prl.run_dir_problem(tmp_path / "out" / "adapter")
+
+
+def test_the_backend_writes_the_run_config_and_clears_a_stale_refusal(tmp_path):
+    control = tmp_path / "prime_out" / "run_test" / "control"
+    control.mkdir(parents=True)
+    (control / prl.CONFIG_ERROR_FILE).write_text("about an earlier orch.toml")
+    b = make_backend(tmp_path, FakeServer())
+    assert not (control / prl.RUN_CONFIG_FILE).exists()  # a checkpoint may still be loaded
+    b.train_step([datum()], HYPER)
+    text = (control / prl.RUN_CONFIG_FILE).read_text()
+    assert text == prl.run_config_toml(b.output_dir, b.model)
+    assert not (control / prl.CONFIG_ERROR_FILE).exists()
+    b.close()  # a trainer restarted from now on waits for the run to be driven again
+    assert not (control / prl.RUN_CONFIG_FILE).exists()
+
+
+def test_an_evicted_run_is_refused_at_start_and_mid_run(tmp_path):
+    b = make_backend(tmp_path, FakeServer())
+    b.train_step([datum()], HYPER)
+    evicted = b.output_dir / "control" / prl.EVICTED_FILE
+    evicted.write_text("Run wrote a sample with length 9000 which exceeds max sequence length")
+    params = SamplingParams(max_tokens=4, temperature=1.0)
+    for call in (lambda: b.sample([[1]], 1, params), lambda: b.train_step([datum()], HYPER)):
+        with pytest.raises(BackendError, match="evicted this run .*exceeds max sequence length"):
+            call()
+    assert b.batches_sent == 1  # nothing more was sent
+    b.close()
+    with pytest.raises(BackendError, match="does not train an evicted run again"):
+        make_backend(tmp_path, FakeServer())
+
+
+def test_a_refused_run_config_stops_the_wait_for_weights(tmp_path):
+    b = make_backend(tmp_path, FakeServer(), sync_wait_s=60)
+    b.train_step([datum()], HYPER)
+    (b.output_dir / "control" / prl.CONFIG_ERROR_FILE).write_text("model.lora.rank (64) exceeds")
+    with pytest.raises(BackendError, match=r"refused this run's control/orch.toml .*rank \(64\)"):
+        b.sample([[1]], 1, SamplingParams(max_tokens=4, temperature=1.0))
+    b.close()
+
+
+def test_a_fresh_run_refuses_an_earlier_runs_directory_and_a_resumed_one_continues(tmp_path):
+    b = make_backend(tmp_path, FakeServer())
+    b.train_step([datum()], HYPER)
+    broadcast(b.output_dir, 1)
+    params = SamplingParams(max_tokens=4, temperature=1.0)
+    b.sample([[1]], 1, params)
+    info = b.save_checkpoint(tmp_path / "ckpt")
+    b.close()
+    fresh = make_backend(tmp_path, FakeServer())
+    with pytest.raises(BackendError, match=r"earlier run's rollouts and broadcasts .*--resume"):
+        fresh.sample([[1]], 1, params)
+    fresh.close()
+    server = FakeServer()
+    resumed = make_backend(tmp_path, server)
+    resumed.load_checkpoint(info)
+    assert [len(g) for g in resumed.sample([[1]], 1, params)] == [1]
+    # a trainer started afresh reads on from the next batch step, not from step 0
+    control = resumed.output_dir / "control" / prl.RUN_CONFIG_FILE
+    assert control.read_text() == prl.run_config_toml(resumed.output_dir, resumed.model, 1)
+    resumed.close()
+
+
+def test_a_lora_broadcast_is_loaded_by_name_and_sampled_under_it(tmp_path):
+    server = FakeServer()
+    b = make_backend(tmp_path, server)
+    params = SamplingParams(max_tokens=4, temperature=1.0)
+    b.sample([[1]], 1, params)
+    assert server.samples[-1]["model"] == b.model  # the base model before any broadcast
+    b.train_step([datum()], HYPER)
+    step1 = broadcast(b.output_dir, 1)
+    (step1 / "adapter_config.json").write_text("{}")
+    b.sample([[1]], 1, params)
+    assert server.updates == [f"run_test@{step1}"]
+    assert server.samples[-1]["model"] == "run_test"
+    b.close()
+
+
 # ---------------------------------------------------------------- config, probe, CLI
 
 
@@ -419,6 +524,19 @@ def test_config_refuses_token_varying_flows_and_non_strict_advantages(tmp_path):
         )
     cfg = prime_config(tmp_path, transport="zmq", sync_wait_s=5)
     assert cfg.backend.options == {"transport": "zmq", "sync_wait_s": 5}
+
+
+def test_config_refuses_what_no_prime_rl_trainer_would_read(tmp_path):
+    raw = {
+        "backend": {"backend": "prime_rl", "adapter_path": str(tmp_path / "adapter")},
+        "algorithm": {"transform_mode": "none"},
+    }
+    with pytest.raises(ConfigError, match=r"\[backend\] adapter_path: .* is not a prime-rl run"):
+        config_from_dict(raw)
+    raw["backend"]["adapter_path"] = str(tmp_path / "run_a")
+    raw["campaign"] = {"seeds": [1, 2], "conditions": [{"advantage_mode": "grpo"}]}
+    with pytest.raises(ConfigError, match=r"\[campaign\]: with backend = 'prime_rl' is not"):
+        config_from_dict(raw)
 
 
 def test_probe_names_the_url_and_the_zmq_socket(tmp_path):

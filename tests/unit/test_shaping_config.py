@@ -83,6 +83,8 @@ def test_every_backend_retrain_samples_for_accepts_all_three(tmp_path):
         # prime_rl trains on one scalar advantage per completion: a flow without a transform
         flow = '[algorithm]\ntransform_mode = "none"\n'
         text = flow + HEAD.replace('devices = "cpu"', f'backend = "{backend}"') + body
+        if backend == "prime_rl":  # its trainer reads run_* directories only
+            text = text.replace("[backend]\n", '[backend]\nadapter_path = "out/run_a"\n')
         (tmp_path / "retrain.toml").write_text(text)
         t = load_config(tmp_path / "retrain.toml").training
         assert (t.dynamic_sampling, t.mask_truncated, t.overlong_buffer) == (True, True, 16)
