@@ -457,12 +457,15 @@ def _render_settings(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _backend_entry(info) -> dict[str, Any]:
+def _backend_entry(info, config: Config) -> dict[str, Any]:
+    from retrain.build import ignored_settings
+
     return {
         "name": info.name,
         "source": info.source,
         "capabilities": info.capabilities.as_dict(),
-        "ignored_sections": list(info.ignores),
+        "ignored_sections": list(info.ignores),  # what the backend never reads
+        "ignored_set": list(ignored_settings(config, info.ignores)),  # ... that this sets
     }
 
 
@@ -499,7 +502,7 @@ def build_report(
         "config": path,
         "kind": "campaign" if config.campaign is not None else "run",
         "condition": config.condition,
-        "backend": _backend_entry(info),
+        "backend": _backend_entry(info, config),
         "model": {
             "model": config.model.model,
             "lora_rank": lora.get("rank"),
@@ -666,9 +669,10 @@ def render(report: dict[str, Any]) -> str:
         f"Condition:   {report['condition'] or _campaign_conditions(report['campaign'])}",
         f"Backend:     {b['name']} ({b['source']}): {caps}",
     ]
-    if b["ignored_sections"]:
+    if b["ignored_set"]:  # (a backend's never-read settings left at their defaults: silent)
         lines.append(
-            f"Ignored:     {', '.join(b['ignored_sections'])} (not used by the {b['name']} backend)"
+            f"Ignored:     {'; '.join(b['ignored_set'])} (set, but not used by the "
+            f"{b['name']} backend)"
         )
     lines += [
         f"Model:       {report['model']['model']} ({_model_lora(report['model'], b['name'])})",
