@@ -11,6 +11,7 @@ exactly the schema's keys. Importing this module is cheap (no torch).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -155,6 +156,24 @@ class PrimeRLOptions(_BackendOptions):
     strict_advantages: bool
 
     BACKEND: ClassVar[str] = "prime_rl"
+
+
+# prime-rl's trainer trains only the `run_*` directories directly under its output_dir.
+RUN_DIR_PREFIX = "run_"
+
+
+def prime_rl_run_dir_problem(output_dir: str) -> str | None:
+    """Why prime-rl's trainer would never train from `output_dir` ([backend] adapter_path),
+    or None (a rule of the settings, so config validation can say it before anything
+    loads)."""
+    name = os.path.basename(os.path.normpath(os.path.expanduser(str(output_dir))))
+    if name.startswith(RUN_DIR_PREFIX):
+        return None
+    return (
+        f"{str(output_dir)!r} is not a prime-rl run directory: the prime-rl trainer trains only "
+        f"`{RUN_DIR_PREFIX}*` directories directly under its output_dir. Fix: adapter_path = "
+        f'"<the trainer\'s output_dir>/{RUN_DIR_PREFIX}<name>" (one per retrain run)'
+    )
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ import numpy as np
 
 from retrain.errors import BackendError, CheckpointError
 from retrain.registry import BACKENDS
-from retrain.settings import PrimeRLSettings
+from retrain.settings import RUN_DIR_PREFIX, PrimeRLSettings, prime_rl_run_dir_problem
 from retrain.types import CheckpointInfo, Datum, Sample, SamplingParams, TrainHyper, TrainResult
 
 # The prime-rl commit (on its main branch, 2026-03-03) whose formats this module writes and
@@ -85,9 +85,8 @@ CHECKPOINTS_DIR = "checkpoints"
 BATCH_FILE_NAME = "rollouts.bin"
 BATCH_TMP_NAME = "rollouts.bin.tmp"
 STABLE_MARKER = "STABLE"
-# The trainer trains only the `run_*` directories under its output_dir that hold the run's
-# orchestrator config; it writes why it refused one beside it.
-RUN_DIR_PREFIX = "run_"
+# The trainer trains only the `run_*` directories under its output_dir (RUN_DIR_PREFIX)
+# that hold the run's orchestrator config; it writes why it refused one beside it.
 CONTROL_DIR = "control"
 RUN_CONFIG_FILE = "orch.toml"
 EVICTED_FILE = "evicted.txt"  # the trainer stopped training the run (a bad sample)
@@ -336,19 +335,6 @@ def is_adapter(where: Path) -> bool:
 # ---------------------------------------------------------------- the run directory
 
 
-def run_dir_problem(output_dir: str | Path) -> str | None:
-    """Why prime-rl's trainer would never train from `output_dir`, or None: it reads only
-    the `run_*` directories directly under its own output_dir."""
-    name = Path(output_dir).expanduser().name
-    if name.startswith(RUN_DIR_PREFIX):
-        return None
-    return (
-        f"{str(output_dir)!r} is not a prime-rl run directory: the prime-rl trainer trains only "
-        f"`{RUN_DIR_PREFIX}*` directories directly under its output_dir. Fix: adapter_path = "
-        f'"<the trainer\'s output_dir>/{RUN_DIR_PREFIX}<name>" (one per retrain run)'
-    )
-
-
 def lora_name(output_dir: Path) -> str:
     """The name the inference server serves this run's LoRA under: the run's directory."""
     return Path(output_dir).name
@@ -571,7 +557,7 @@ class PrimeRLBackend:
         self.strict = True
         self.model = settings.model
         self.output_dir = Path(settings.output_dir).expanduser()
-        why = run_dir_problem(self.output_dir)
+        why = prime_rl_run_dir_problem(self.output_dir)
         if why:
             raise BackendError(f"[backend] adapter_path {why}")
         url = settings.url.strip().rstrip("/")

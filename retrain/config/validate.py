@@ -17,6 +17,7 @@ from retrain.backpressure import batch_ladder
 from retrain.config import hints
 from retrain.config.schema import MAX_PROMPTS, Config, away_from_defaults
 from retrain.hardware import HIDDEN_FIX, TorchBuild, compiler_missing, torch_without_gpu
+from retrain.settings import prime_rl_run_dir_problem
 from retrain.types import USER_OBJECTIVE, BackendCapabilities, EngineTraits, check_option
 
 Problems = list[tuple[str, str]]
@@ -561,9 +562,7 @@ def _prime_rl_run_dir(config: Config) -> Problems:
                 '"<the trainer\'s output_dir>/run_<name>"',
             )
         ]
-    from retrain.backends.prime_rl import run_dir_problem
-
-    why = run_dir_problem(config.backend.adapter_path)
+    why = prime_rl_run_dir_problem(config.backend.adapter_path)
     return [("[backend] adapter_path", why)] if why else []
 
 

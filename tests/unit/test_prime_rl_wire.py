@@ -29,6 +29,7 @@ from retrain.build import prime_rl_settings  # noqa: E402
 from retrain.config import config_from_dict  # noqa: E402
 from retrain.errors import BackendError, CheckpointError, ConfigError  # noqa: E402
 from retrain.http import sync_client  # noqa: E402
+from retrain.settings import prime_rl_run_dir_problem  # noqa: E402
 from retrain.types import CheckpointInfo, Datum, SamplingParams, TrainHyper  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -429,8 +430,9 @@ def test_the_run_config_the_trainer_finds_the_run_by(tmp_path):
     }
     resumed = tomllib.loads(prl.run_config_toml(run, "m", resume_step=3))
     assert resumed["ckpt"] == {"resume_step": 3}
-    assert prl.run_dir_problem(run) is None
-    assert "run_<name>" in prl.run_dir_problem(tmp_path / "out" / "adapter")
+    assert prime_rl_run_dir_problem(str(run)) is None
+    assert prime_rl_run_dir_problem(str(run) + "/") is None
+    assert "run_<name>" in prime_rl_run_dir_problem(str(tmp_path / "out" / "adapter"))
 
 
 def test_the_backend_writes_the_run_config_and_clears_a_stale_refusal(tmp_path):
