@@ -52,6 +52,12 @@ class DataError(RetrainError):
     """A data source could not be loaded (missing file, malformed line, offline hub)."""
 
 
+class EnvironmentUnusable(DataError):
+    """An environment cannot serve the step at all (its setup, not one conversation: a
+    server at its session limit): the run stops with the fix, rather than training on
+    the conversations that happened to get through."""
+
+
 class RewardError(RetrainError):
     """A reward function is misconfigured or returned an invalid value."""
 

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from retrain.errors import DataError
+from retrain.errors import DataError, EnvironmentUnusable
 from retrain.logs.timer import PhaseTimer
 from retrain.rewards.base import LoopThread
 from retrain.rewards.boxed import extract_boxed
@@ -264,6 +264,7 @@ class StepStats:
     scoring_s: float = 0.0
     sampler_calls: int = 0
     template_fallbacks: int = 0
+    unusable: EnvironmentUnusable | None = None  # the first: it stops the run
 
 
 @dataclass
@@ -300,6 +301,8 @@ class MultiTurnRollout:
         (result,) = self.loop.gather([self._run(trajectories, params, stats)])
         if isinstance(result, BaseException):
             raise result
+        if stats.unusable is not None:
+            raise stats.unusable
         rewards = result
         for phase, seconds in (
             ("sampling", stats.sampling_s),
@@ -431,6 +434,9 @@ class MultiTurnRollout:
                 raise
         except MalformedMessages as exc:
             self._fail(t, "malformed", exc)
+        except EnvironmentUnusable as exc:
+            self._fail(t, "error", exc)
+            stats.unusable = stats.unusable or exc
         except Exception as exc:
             self._fail(t, "error", exc)
         finally:

@@ -75,6 +75,7 @@ def build_data_source(
                 "base_url": environment.base_url,
                 "args": environment.args,
                 "max_turns": environment.max_turns,
+                "turn_timeout_s": environment.turn_timeout_s,
             },
             size=data.size,
             seed=data.seed,

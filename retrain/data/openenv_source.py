@@ -12,23 +12,38 @@ field when the action has one (besides `metadata`), else the reply parsed as a J
 object of its fields. The step's observation is the next user turn; the episode ends
 when `done`, or after `[environment] max_turns` model turns. The trajectory's reward is
 the sum of the steps' rewards (correct above `[reward] correct_threshold`). A reply that
-is not a valid action ends the episode with the rewards so far: the model's mistake,
-trained on. Example i of `[data] size` resets with seed i; one session (a WebSocket to
-the server, or a fresh instance) per trajectory.
+is not a valid action (missing fields, or values of the wrong type) ends the episode
+with the rewards so far: the model's mistake, trained on. Example i of `[data] size`
+resets with seed `[data] seed + i`; one session per trajectory, all of a step's at once.
+
+A server (`base_url`) must accept that many sessions (openenv's `max_concurrent_envs` >=
+batch_size x group_size); one at its limit stops the run with that fix. In-process, each
+session is a fresh instance of the class, built, stepped and closed on its own thread
+(one thread shared by all for a class that sets REQUIRES_SINGLE_THREAD_EXECUTOR), its
+async reset/step when it overrides them, as openenv's own server runs it; a class not
+marked SUPPORTS_CONCURRENT_SESSIONS is refused, as openenv's server refuses it more than
+one session.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
+import inspect
+import itertools
 import json
+import logging
 import typing
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any
 
 from retrain.config.schema import FALLBACK_MAX_TURNS
 from retrain.data.base import DataSource
-from retrain.errors import DataError
+from retrain.errors import DataError, EnvironmentUnusable
 from retrain.types import Example
+
+logger = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'retrain[openenv]' (openenv 0.4.1)"
 _OBS_SKIP = {"done", "reward", "metadata"}
@@ -66,43 +81,137 @@ def action_of(text: str, fields: list[str], required: list[str]) -> dict[str, An
     return {k: v for k, v in value.items() if k in fields}
 
 
+class InvalidAction(ValueError):
+    """The model's reply is not a valid action (the environment refused its values)."""
+
+
 class _ServerSession:
     """One WebSocket session on a running OpenEnv server (openenv's own client)."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, turn_timeout_s: float) -> None:
         from openenv.core.generic_client import GenericEnvClient
 
-        self.client = GenericEnvClient(base_url=base_url)
+        # A step may take up to [environment] turn_timeout_s, which the rollout enforces
+        # (counted as a timeout); the client's own limit (60 s by default) comes after it.
+        self.base_url = base_url
+        self.client = GenericEnvClient(base_url=base_url, message_timeout_s=turn_timeout_s + 30)
 
     async def reset(self, **kwargs: Any) -> tuple[Any, float, bool]:
-        await self.client.__aenter__()
-        r = await self.client.reset(**kwargs)
+        try:
+            await self.client.__aenter__()
+            r = await self.client.reset(**kwargs)
+        except Exception as exc:
+            refusal = await self._refusal(exc)
+            if refusal is None or "CAPACITY_REACHED" not in refusal:
+                raise
+            raise EnvironmentUnusable(
+                f"[environment] base_url = {self.base_url!r}: the OpenEnv server refused a "
+                f"session ({refusal}). A step opens one session per conversation, all at once "
+                "([training] batch_size x group_size). Fix: serve the environment with "
+                "max_concurrent_envs >= batch_size x group_size (create_app(..., "
+                "max_concurrent_envs=N), its class marked SUPPORTS_CONCURRENT_SESSIONS = True)"
+            ) from exc
         return r.observation, float(r.reward or 0.0), bool(r.done)
 
+    async def _refusal(self, exc: BaseException) -> str | None:
+        """The server's error for a session it refused at once: openenv's client raises
+        it ("Server error: ... (code: X)"), or, when the server had closed the socket
+        before the reset was sent, fails the send; the error is then still unread."""
+        if isinstance(exc, RuntimeError):
+            return str(exc)
+        ws = getattr(self.client, "_ws", None)  # (openenv's client keeps its socket there)
+        if ws is None or "ConnectionClosed" not in type(exc).__name__:
+            return None
+        try:
+            data = json.loads(await asyncio.wait_for(ws.recv(), 1.0))["data"]
+            return f"{data['message']} (code: {data['code']})"
+        except Exception:
+            return None
+
     async def step(self, action: dict[str, Any]) -> tuple[Any, float, bool]:
-        r = await self.client.step(action)
+        try:
+            r = await self.client.step(action)
+        except RuntimeError as exc:  # the action's values failed the server's validation
+            if "VALIDATION_ERROR" in str(exc):
+                raise InvalidAction(str(exc)) from exc
+            raise
         return r.observation, float(r.reward or 0.0), bool(r.done)
 
     async def close(self) -> None:
         await self.client.close()
 
 
-class _InProcessSession:
-    """A fresh instance of an OpenEnv `Environment` class, stepped off the event loop."""
+def _overrides(env: Any, name: str) -> bool:
+    """Whether the environment's class overrides the base Environment's `name` (openenv's
+    server then awaits the async method instead of running the sync one)."""
+    from openenv.core.env_server.interfaces import Environment
 
-    def __init__(self, cls: type, action_cls: type, args: dict[str, Any]) -> None:
-        self.env, self.action_cls = cls(**args), action_cls
+    return getattr(type(env), name, None) is not getattr(Environment, name, None)
+
+
+def _accepted(method: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The kwargs `method` accepts (all with **kwargs), as openenv's server passes them."""
+    params = inspect.signature(method).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return dict(kwargs)
+    names = {p.name for p in params}
+    return {k: v for k, v in kwargs.items() if k in names}
+
+
+_SESSION_NUMBERS = itertools.count()  # names each session's thread
+
+
+def _closed(future: Future) -> None:
+    exc = future.exception()
+    if exc is not None:  # best effort, as openenv's server closes: the episode stands
+        logger.warning("closing an OpenEnv environment failed: %s: %s", type(exc).__name__, exc)
+
+
+class _InProcessSession:
+    """A fresh instance of an OpenEnv `Environment` class on a thread of its own (or the
+    class's one shared thread), built, stepped and closed there, as openenv's server runs
+    a session; async reset/step on the event loop when the class overrides them."""
+
+    def __init__(self, cls: type, action_cls: type, args: dict[str, Any], shared: Executor | None):
+        self.cls, self.action_cls, self.args = cls, action_cls, args
+        self.shared = shared is not None
+        self.executor = shared or ThreadPoolExecutor(
+            1, thread_name_prefix=f"retrain-openenv-{next(_SESSION_NUMBERS)}"
+        )
+        self.env: Any = None
+
+    async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
 
     async def reset(self, **kwargs: Any) -> tuple[Any, float, bool]:
-        obs = await asyncio.to_thread(self.env.reset, **kwargs)
+        self.env = await self._run(self.cls, **self.args)
+        if _overrides(self.env, "reset_async"):
+            obs = await self.env.reset_async(**_accepted(self.env.reset_async, kwargs))
+        else:
+            obs = await self._run(self.env.reset, **_accepted(self.env.reset, kwargs))
         return obs, float(obs.reward or 0.0), bool(obs.done)
 
     async def step(self, action: dict[str, Any]) -> tuple[Any, float, bool]:
-        obs = await asyncio.to_thread(self.env.step, self.action_cls(**action))
+        from pydantic import ValidationError
+
+        try:
+            act = self.action_cls(**action)
+        except ValidationError as exc:  # e.g. text where the action wants an int
+            raise InvalidAction(str(exc)) from exc
+        if _overrides(self.env, "step_async"):
+            obs = await self.env.step_async(act)
+        else:
+            obs = await self._run(self.env.step, act)
         return obs, float(obs.reward or 0.0), bool(obs.done)
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.env.close)
+        """Queued on the session's thread behind a step still running (one the rollout
+        timed out), not awaited: a step that never returns cannot hold up the rollout."""
+        if self.env is not None:
+            self.executor.submit(self.env.close).add_done_callback(_closed)
+        if not self.shared:
+            self.executor.shutdown(wait=False)
 
 
 def _action_class(cls: type) -> type | None:
@@ -134,6 +243,30 @@ def load_environment_class(path: str) -> tuple[type, type]:
     return cls, action
 
 
+def _check_in_process(cls: type, path: str, args: dict[str, Any]) -> None:
+    """What would fail every conversation, said before the run: a class whose instances
+    may share state (not SUPPORTS_CONCURRENT_SESSIONS: openenv's own server gives it one
+    session at most), and constructor args it does not take (one instance is built and
+    closed here, so `explain` and `doctor` say it)."""
+    if not getattr(cls, "SUPPORTS_CONCURRENT_SESSIONS", False):
+        raise DataError(
+            f"[environment] id = {path!r}: a step runs one instance per conversation at once, "
+            "but the class is not marked SUPPORTS_CONCURRENT_SESSIONS (its instances may share "
+            "state; openenv's own server refuses it more than one session). Fix: set "
+            "SUPPORTS_CONCURRENT_SESSIONS = True on the class if its instances share nothing"
+        )
+    try:
+        env = cls(**args)
+    except Exception as exc:
+        raise DataError(
+            f"[environment] args = {args!r}: building {path} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        env.close()
+    except Exception as exc:
+        logger.warning("closing a probe instance of %s failed: %s", path, exc)
+
+
 def _server_schema(base_url: str) -> dict[str, Any]:
     """The action's JSON schema from the server's GET /schema."""
     import urllib.request
@@ -152,14 +285,15 @@ class OpenEnvTurns:
     """The TurnEnvironment (retrain.multiturn) of an OpenEnv environment."""
 
     def __init__(self, env_id: str, session: Any, schema: dict, args: dict, max_turns: int):
-        self.env_id, self.new_session, self.args = env_id, session, args
+        self.env_id, self.new_session, self.args = env_id, session, args  # args: reset's
         self.fields, self.required = action_fields(schema)
         self.max_turns = max_turns if max_turns > 0 else FALLBACK_MAX_TURNS
 
     async def play(self, example: Example, ask: Any) -> float:
         session = self.new_session()
         try:
-            obs, total, done = await session.reset(seed=example.meta["seed"], **self.args)
+            # args given for reset (a server's) win over the example's seed
+            obs, total, done = await session.reset(**{"seed": example.meta["seed"], **self.args})
             messages = [{"role": "user", "content": render_observation(obs)}]
             while not done:
                 turn = await ask(list(messages))
@@ -169,7 +303,10 @@ class OpenEnvTurns:
                 action = action_of(reply, self.fields, self.required)
                 if action is None:  # not an action: the episode ends on the model's mistake
                     break
-                obs, reward, done = await session.step(action)
+                try:
+                    obs, reward, done = await session.step(action)
+                except InvalidAction:  # fields right, values refused: the model's mistake too
+                    break
                 total += reward
                 messages += [
                     {"role": "assistant", "content": reply},
@@ -177,7 +314,10 @@ class OpenEnvTurns:
                 ]
             return total
         finally:
-            await session.close()
+            try:
+                await session.close()
+            except Exception as exc:  # best effort, as openenv closes: the episode stands
+                logger.warning("closing an OpenEnv session failed: %s: %s", type(exc).__name__, exc)
 
     async def score(self, example: Example, states: Any) -> list[float]:
         return [float(s) for s in states]
@@ -195,19 +335,26 @@ class OpenEnvSource(DataSource):
             raise DataError(f"provider 'openenv' needs openenv: {INSTALL_HINT}") from exc
         args = dict(environment.get("args") or {})
         max_turns = int(environment.get("max_turns", -1) or -1)
+        timeout = float(environment.get("turn_timeout_s") or 60.0)
         base_url, path = environment.get("base_url") or "", environment.get("id") or ""
         if base_url:  # args are reset() kwargs
             self.api, env_id = "openenv-server", base_url
             schema = _server_schema(base_url)
             self.turn_environment = OpenEnvTurns(
-                env_id, lambda: _ServerSession(base_url), schema, args, max_turns
+                env_id, lambda: _ServerSession(base_url, timeout), schema, args, max_turns
             )
         else:  # args are the constructor's kwargs
             self.api, env_id = "openenv-in-process", path
             cls, action = load_environment_class(path)
+            _check_in_process(cls, path, args)
+            shared = (
+                ThreadPoolExecutor(1, thread_name_prefix="retrain-openenv")
+                if getattr(cls, "REQUIRES_SINGLE_THREAD_EXECUTOR", False)
+                else None
+            )
             self.turn_environment = OpenEnvTurns(
                 env_id,
-                lambda: _InProcessSession(cls, action, args),
+                lambda: _InProcessSession(cls, action, args, shared),
                 action.model_json_schema(),
                 {},
                 max_turns,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -20,16 +19,17 @@ from pathlib import Path
 import pytest
 import tomlkit
 from cli_run import run_config
+from rerun import assert_passed_under
 
 REPO = Path(__file__).resolve().parents[2]
 GAMES = REPO / "tests" / "fixtures" / "openenv_envs"
 VENV_PYTHON = REPO / ".venv-openenv" / "bin" / "python"
 
 
-def runs_here(test_name: str, marker: str = "not slow") -> bool:
+def runs_here(test_name: str, marker: str = "") -> bool:
     """True when openenv imports here; else the test runs under .venv-openenv, which
     must pass it (skipped, saying how, when that interpreter is missing). `marker`: the
-    re-run's -m (a slow test is deselected by the default one)."""
+    re-run's -m where not the default one (which deselects a slow test)."""
     try:
         import openenv.core  # noqa: F401
 
@@ -38,28 +38,7 @@ def runs_here(test_name: str, marker: str = "not slow") -> bool:
         pass
     if not VENV_PYTHON.is_file():
         pytest.skip("needs openenv 0.4.1: run scripts/openenv_venv.sh once")
-    proc = subprocess.run(
-        [
-            str(VENV_PYTHON),
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-m",
-            marker,
-            "-k",
-            test_name,
-            __file__,
-        ],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=3000,
-    )
-    last = (proc.stdout.strip().splitlines() or [""])[-1]
-    assert proc.returncode == 0 and "1 passed" in last, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert_passed_under(str(VENV_PYTHON), __file__, test_name, marker)
     return False
 
 
