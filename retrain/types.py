@@ -388,6 +388,26 @@ class OptionSpec:
         }
 
 
+class BackendOptionSpec(OptionSpec):
+    """The original retrain's name for an option schema entry of a plugin backend
+    (`retrain_backend_option_schema`), kept so its plugins run unchanged: an OptionSpec,
+    built the original's way, `BackendOptionSpec(value_type=int, default=0, choices=None,
+    validator=None)`. A plain alias would refuse those fields (OptionSpec names its type
+    by string: `type="int"`)."""
+
+    def __init__(
+        self,
+        value_type: Any,
+        default: Any,
+        choices: tuple[Any, ...] | None = None,
+        validator: Callable[[Any], str | None] | None = None,
+        *,
+        help: str = "",
+    ) -> None:
+        name = str(getattr(value_type, "__name__", value_type))  # int -> "int"
+        super().__init__(name, default, help, tuple(choices) if choices else None, validator)
+
+
 _OPTION_TYPES = {"int": int, "float": (int, float), "bool": bool, "str": str}
 
 

@@ -313,6 +313,11 @@ def resolved_settings(config: Config, info: BackendInfo) -> dict[str, Any]:
             "engine": f"the {info.name} backend's own sampler",
             "url": config.model.base_url or None,
         }
+    elif "[inference] engine" in ignored:  # prime_rl: its own server, at [inference] url
+        out["inference"] = {
+            "engine": f"the {info.name} backend's inference server",
+            "url": config.inference.url or None,
+        }
     else:
         out["inference"] = {
             "engine": config.inference.engine,
@@ -527,7 +532,8 @@ def build_report(
         "resume_from": config.resume.from_ or None,
         "wandb": config.logging.wandb_project or None,
     }
-    startup = startup_problems(config, ask, world)
+    # a module the run's start checks itself (it has no module check) is said twice
+    startup = list(dict.fromkeys(startup_problems(config, ask, world)))
     if config.campaign is not None:
         check = partial(startup_problems, ask=ask, world=world)
         errors += _add_campaign(report, config, launch, check, startup)
@@ -781,7 +787,10 @@ def _render_conditions(camp: dict[str, Any]) -> list[str]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="retrain explain",
-        description="Dry run: validate a config and say what it would do.",
+        # CONFIG and the config flags are not argparse's (config_path reads them)
+        usage="retrain explain [CONFIG] [--flag value ...] [--json] [--world-size N] [--overwrite]",
+        description="Dry run: validate a config and say what it would do. CONFIG (default "
+        "./retrain.toml if present) and config flags are taken as the run takes them.",
         add_help=True,
         allow_abbrev=False,  # a prefix of --json must stay a config flag's problem
     )

@@ -194,11 +194,15 @@ def discover(
     Returns (plugins, problems); a problem is {"module", "file", "error"}."""
     found: list[dict[str, Any]] = []
     problems: list[dict[str, str]] = []
+    seen: set[str] = set()
     for raw in search_paths:
         directory = Path(raw)
         if not raw or not directory.is_dir():
             continue
         absolute = str(directory.resolve())
+        if absolute in seen:  # "plugins" and its absolute path: one directory, listed once
+            continue
+        seen.add(absolute)
         if absolute not in sys.path:
             sys.path.insert(0, absolute)
         importlib.invalidate_caches()  # files may have appeared since the last import
@@ -323,13 +327,17 @@ def _load_config(path: str | None) -> tuple[Any | None, list[str]]:
         return None, [f"{p}: not used ({exc.problems[0]})"]
 
 
+def _resolved(path: str) -> Path:
+    return Path(path).expanduser().resolve()
+
+
 def collect(config_path: str | None = None, extra_paths: Iterable[str] = ()) -> dict[str, Any]:
     """The JSON payload of `retrain plugins`."""
     config, warnings = _load_config(config_path)
     search_paths = list(config.plugins.search_paths) if config is not None else ["plugins"]
     strict = config.plugins.strict if config is not None else True
     configured_paths = [p for p in search_paths if p != "plugins"]  # "plugins": the default
-    search_paths += [p for p in extra_paths if p not in search_paths]
+    search_paths += [p for p in extra_paths if _resolved(p) not in map(_resolved, search_paths)]
     # a path that names no directory finds nothing: say so, or a typo passes as "no plugins"
     for raw, flag in [(p, "[plugins] search_paths") for p in configured_paths] + [
         (p, "--search-path") for p in extra_paths if p not in configured_paths

@@ -42,8 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from retrain.engines.dialects import DIALECTS, LORA_NAME, AdapterRef, recognised, server_url
-from retrain.engines.probe import api_key, server_problems
-from retrain.engines.wire import build_request, parse_reply, top_logprobs
+from retrain.engines.probe import (
+    MEASURE_PROMPT,
+    api_key,
+    needs_processed_logprobs,
+    raw_logprobs,
+    server_problems,
+    temperature_refusal,
+)
+from retrain.engines.wire import build_request, parse_reply
 from retrain.errors import BackendError
 from retrain.registry import ENGINES
 from retrain.settings import EngineSettings
@@ -157,26 +164,17 @@ class HTTPEngine:
         """Whether the server's logprobs follow the sampling temperature: the same
         next-token logprobs at T = 1 and 0.5 mean they do not (vLLM's default
         `--logprobs-mode raw_logprobs`, and MAX 26.7 always). A dialect with a fix (vLLM's
-        flag) is refused; on others sampling at T != 1 is refused (`sample`)."""
+        flag) is refused; on others sampling at T != 1 is refused: by the startup checks
+        before anything loads (retrain/engines/probe.py `temperature_problems`, which
+        measures the same way), and by `sample` on a server retrain started itself."""
         if not self.dialect.checks_logprob_temperature:
             return
-        prompt = list(self.tokenizer.encode("Once upon a time, there was a"))
-        tops = []
-        for temperature in (1.0, 0.5):
-            body = {
-                "model": self.model,
-                "prompt": prompt,
-                "max_tokens": 1,
-                "temperature": temperature,
-                "logprobs": 5,
-                "seed": 0,
-            }
-            body.update(self.dialect.extra)
-            reply = self._post("/v1/completions", body, retry=True)
-            tops.append(top_logprobs(reply["choices"][0]["logprobs"]))
-        shared = [t for t in tops[0] if t in tops[1] and tops[0][t] < -0.05]
-        self.raw_logprobs = bool(shared) and all(
-            abs(tops[0][t] - tops[1][t]) < 1e-4 for t in shared
+        prompt = list(self.tokenizer.encode(MEASURE_PROMPT))
+        self.raw_logprobs = raw_logprobs(
+            lambda body: self._post("/v1/completions", body, retry=True),
+            self.model,
+            prompt,
+            self.dialect.extra,
         )
         if self.raw_logprobs and self.dialect.raw_logprobs_fix:
             raise BackendError(
@@ -190,12 +188,11 @@ class HTTPEngine:
     def sample(
         self, prompts_B: list[list[int]], n: int, params: SamplingParams
     ) -> list[list[Sample]]:
-        if self.raw_logprobs and params.temperature > 0 and abs(params.temperature - 1) > 1e-6:
-            raise BackendError(
-                f"the {self.name} server at {self.url} returns logprobs at temperature 1 "
-                f"whatever the sampling temperature; sampling at T = {params.temperature:g} "
-                "would make the importance ratio wrong. Fix: [training] temperature = 1.0"
+        if self.raw_logprobs and needs_processed_logprobs(params.temperature):
+            why = temperature_refusal(
+                self.name, self.url, params.temperature, "[training] temperature"
             )
+            raise BackendError(why)
         self._ensure_adapter()
         self.counters.sampled_version = self.adapter.version
         return asyncio.run(self._sample_all(prompts_B, n, params))

@@ -1,16 +1,20 @@
 """Probing a server engine's server before anything loads (`retrain explain`, `retrain
 doctor`, and the engine's own `connect`): it answers, serves a model, and can hot-swap
-LoRA adapters when the weights must be synced. Loads nothing; every request goes through
-retrain/http.py's one client helper, without retries (a probe reports, it does not wait).
+LoRA adapters when the weights must be synced; and (`temperature_problems`, run by the
+startup checks) whether its logprobs follow a sampling temperature the config asks for.
+Loads nothing; every request goes through retrain/http.py's one client helper, without
+retries (a probe reports, it does not wait).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 from retrain.engines.dialects import DIALECTS, Dialect, recognised, server_url
+from retrain.engines.wire import top_logprobs
 from retrain.settings import EngineSettings
 
 Problems = list[tuple[str, str]]
@@ -160,3 +164,89 @@ def probe(settings: EngineSettings) -> Problems:
         dialect, settings.url, needs_lora=True, api_key=api_key(dialect, settings.api_key)
     )
     return problems
+
+
+# ---------------------------------------------------------------- logprobs at temperature T
+
+MEASURE_PROMPT = "Once upon a time, there was a"
+
+
+def raw_logprobs(
+    complete: Callable[[dict[str, Any]], Any],
+    model: str,
+    prompt: list[int] | str,
+    extra: Mapping[str, Any],
+) -> bool:
+    """Whether a server's logprobs ignore the sampling temperature: the same next-token
+    logprobs at T = 1 and 0.5 (vLLM's default `--logprobs-mode raw_logprobs`, and MAX 26.7
+    always). Two one-token completions; `complete` posts a /v1/completions body and
+    returns its JSON."""
+    tops = []
+    for temperature in (1.0, 0.5):
+        body = {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": 1,
+            "temperature": temperature,
+            "logprobs": 5,
+            "seed": 0,
+        }
+        body.update(extra)
+        tops.append(top_logprobs(complete(body)["choices"][0]["logprobs"]))
+    shared = [t for t in tops[0] if t in tops[1] and tops[0][t] < -0.05]
+    return bool(shared) and all(abs(tops[0][t] - tops[1][t]) < 1e-4 for t in shared)
+
+
+def needs_processed_logprobs(temperature: float) -> bool:
+    """Sampling at `temperature` needs logprobs at that temperature: T = 1 is what a raw
+    server returns anyway, and T = 0 (greedy) is never an importance ratio's behaviour."""
+    return temperature > 0 and abs(temperature - 1) > 1e-6
+
+
+def temperature_refusal(name: str, url: str, temperature: float, key: str) -> str:
+    """Why a server with temperature-1 logprobs is not sampled at `temperature` (`key`)."""
+    return (
+        f"the {name} server at {url} returns logprobs at temperature 1 whatever the "
+        f"sampling temperature; sampling at T = {temperature:g} would make the importance "
+        f"ratio wrong. Fix: {key} = 1.0"
+    )
+
+
+def temperature_problems(
+    settings: EngineSettings, temperatures: Mapping[str, float], timeout: float = 5.0
+) -> Problems:
+    """The engine's `sample` refuses a temperature (key -> T) other than 1 on a server
+    whose logprobs are at temperature 1 (MAX, llama.cpp); measured here as `connect`
+    measures it, with a text prompt (no tokenizer is loaded yet), so that the run stops
+    before any model loads. Asks only a server whose dialect may need it, for a T that
+    needs it; a server that does not answer is the probe's (and `connect`'s) to report,
+    and one started by retrain itself (MAX, no url) is measured only once it runs."""
+    from retrain.http import NO_RETRY, HTTPRequestError, request, sync_client
+
+    dialect = DIALECTS[settings.engine]
+    asked = {k: t for k, t in temperatures.items() if needs_processed_logprobs(t)}
+    # vLLM's raw mode is refused at connect whatever T (it has a fix): only the others
+    maybe = (dialect.checks_logprob_temperature and not dialect.raw_logprobs_fix) or bool(
+        dialect.variants
+    )
+    base = server_url(dialect, settings.url)
+    if not asked or not maybe or not base or _address_problems(dialect, base):
+        return []
+    key = api_key(dialect, settings.api_key)
+    try:
+        with sync_client(timeout=timeout, max_connections=1, api_key=key) as client:
+            models = request(client, "GET", f"{base}/v1/models", retry=NO_RETRY)
+            speaks = recognised(dialect, models)  # the openai engine may be llama.cpp
+            if not speaks.checks_logprob_temperature or speaks.raw_logprobs_fix:
+                return []  # follows T, or refused at connect whatever T (vLLM)
+
+            def complete(body: dict[str, Any]) -> Any:
+                url = f"{base}/v1/completions"
+                return request(client, "POST", url, json=body, retry=NO_RETRY)
+
+            raw = raw_logprobs(complete, base_model(models), MEASURE_PROMPT, speaks.extra)
+    except (HTTPRequestError, KeyError, IndexError, TypeError, ValueError):
+        return []
+    if not raw:
+        return []
+    return [(k, temperature_refusal(speaks.name, base, t, k)) for k, t in asked.items()]

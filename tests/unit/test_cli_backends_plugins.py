@@ -341,6 +341,17 @@ def test_search_path_flag(project, capsys, tmp_path):
     )
 
 
+def test_the_default_plugins_directory_named_again_is_searched_once(project, capsys):
+    """`--search-path` given the absolute path of ./plugins (the default search path):
+    one directory, so each of its plugins is listed once."""
+    mod = unique("twice")
+    (project / "plugins" / f"{mod}.py").write_text("def adv(rewards):\n    return rewards\n")
+    code, out, _ = run(["plugins", "--json", "--search-path", str(project / "plugins")], capsys)
+    data = json.loads(out)
+    assert code == 0 and data["search_paths"] == ["plugins"]
+    assert [p["name"] for p in data["discovered"]] == [f"{mod}.adv"]
+
+
 def test_classify_ignores_non_plugins():
     def two(a, b):
         return a

@@ -181,3 +181,32 @@ def test_a_campaign_says_its_wall_time(capsys, one_gpu, tmp_path):
     camp = report(capsys, str(CAMPAIGN), "--campaign-max-steps", "10")["campaign"]
     assert camp["wall_time"]["at_once"] == 1
     assert camp["wall_time"]["seconds"] == pytest.approx(400 * step)
+
+
+def test_the_usage_line_names_the_config_and_its_flags(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["explain", "--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0
+    assert out.startswith(
+        "usage: retrain explain [CONFIG] [--flag value ...] [--json] [--world-size N] "
+        "[--overwrite]\n"
+    )
+
+
+def test_prime_rl_samples_on_its_own_inference_server(tmp_path, capsys):
+    """prime_rl ignores [inference] engine: its inference server samples, at the url."""
+    path = tmp_path / "p.toml"
+    path.write_text(
+        f'[backend]\nbackend = "prime_rl"\nadapter_path = "{tmp_path / "run_1"}"\n'
+        '[inference]\nurl = "http://127.0.0.1:8000"\n[algorithm]\ntransform_mode = "none"\n'
+        "[training]\nseed = 1\n"
+    )
+    assert report(capsys, str(path))["settings"]["inference"] == {
+        "engine": "the prime_rl backend's inference server",
+        "url": "http://127.0.0.1:8000",
+    }
+    text = explain(capsys, str(path))[1]
+    assert line(text, "Sampling:") == (
+        "Sampling:    the prime_rl backend's inference server at http://127.0.0.1:8000"
+    )
