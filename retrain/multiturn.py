@@ -317,6 +317,7 @@ class MultiTurnRollout:
         queue: list[_Waiting] = []
         changed = asyncio.Event()
         tasks = [asyncio.ensure_future(self._play(t, queue, changed, stats)) for t in trajectories]
+        order = {id(t): i for i, t in enumerate(trajectories)}
         turn = 0
         while True:
             start = time.perf_counter()
@@ -324,7 +325,9 @@ class MultiTurnRollout:
             stats.environment_s += time.perf_counter() - start
             if not queue:
                 break
-            batch, queue[:] = list(queue), []
+            # in the trajectories' order, not the order their environments answered in (a
+            # thread's timing): a row's random stream depends on its place in the batch
+            batch, queue[:] = sorted(queue, key=lambda w: order[id(w.trajectory)]), []
             await self._sample(batch, replace(params, seed=_turn_seed(params.seed, turn)), stats)
             turn += 1
         start = time.perf_counter()

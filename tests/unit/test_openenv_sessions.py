@@ -335,3 +335,48 @@ def test_an_unusable_environment_stops_the_multi_turn_step():
     rollout = MultiTurnRollout(NoModel(), Env(unusable), PromptRenderer(tok), 0.5)
     with pytest.raises(EnvironmentUnusable, match="session limit"):
         rollout(examples, 3, params, PhaseTimer())
+
+
+def test_a_turns_batch_is_in_the_trajectories_order_whatever_order_they_answer_in():
+    """Environments that answer out of order (threads, servers) do not reorder the
+    batch: a row's random stream depends on its place in it, so the run would not
+    repeat."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from tiny_model import build_tokenizer
+
+    from retrain.data.prompts import PromptRenderer
+    from retrain.logs.timer import PhaseTimer
+    from retrain.multiturn import MultiTurnRollout
+    from retrain.types import Example, Sample, SamplingParams
+
+    class SlowFirst:
+        env_id, max_turns, opens = "slow-first", 1, False
+
+        def __init__(self):
+            self.started = 0
+
+        async def play(self, example, ask):
+            k, self.started = self.started, self.started + 1
+            await asyncio.sleep(0.05 * (4 - k))  # the last one started answers first
+            await ask([{"role": "user", "content": f"conversation {k}"}])
+            return float(k)
+
+        async def score(self, example, states):
+            return [float(s) for s in states]
+
+    tok = build_tokenizer()
+
+    class Recorder:
+        def __init__(self):
+            self.batches = []
+
+        def sample(self, prompts, n, params):
+            self.batches.append([tok.decode(p) for p in prompts])
+            return [[Sample([tok.eos_token_id], [-0.5], "eos")] for _ in prompts]
+
+    backend = Recorder()
+    rollout = MultiTurnRollout(backend, SlowFirst(), PromptRenderer(tok), 0.5)
+    params = SamplingParams(max_tokens=4, temperature=1.0, seed=0)
+    rollout([Example("q", "a")], 4, params, PhaseTimer())
+    (batch,) = backend.batches
+    assert [int(text.split("conversation ")[1][0]) for text in batch] == [0, 1, 2, 3]
