@@ -48,6 +48,9 @@ class TrainerState:
     checkpoint: CheckpointInfo  # what the backend needs to restore, and where the adapter is
     backpressure: dict[str, Any] | None = None
     rng: dict[str, Any] = field(default_factory=dict)
+    # the zero-signal guard's run of steps without a datum (None in older state files:
+    # counted from 0), so a resumed run stops where the straight run would
+    zero_signal: dict[str, Any] | None = None
     finished: bool = False
     saved_at: float = field(default_factory=time.time)
     version: int = STATE_VERSION

@@ -175,6 +175,8 @@ class Trainer:
         c.sepa.load_state_dict(state.sepa)
         if c.backpressure is not None and state.backpressure:
             c.backpressure.load_state_dict(state.backpressure)
+        if state.zero_signal:
+            self.guard.load_state_dict(state.zero_signal)
         restore_rng(state.rng)
         self._restore_rank_rng(state.rng, resume_from)
         self.counters = RunCounters.from_dict(state.counters)
@@ -402,6 +404,7 @@ class Trainer:
             checkpoint=info,
             backpressure=c.backpressure.state_dict() if c.backpressure is not None else None,
             rng=rng,
+            zero_signal=self.guard.state_dict(),
             finished=final,
             workdir=os.getcwd(),  # the checkpoint's and the config's paths are relative to it
             launch=list(self.launch.command),

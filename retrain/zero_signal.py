@@ -11,6 +11,7 @@ checkpoint is kept and the run exits non-zero instead of printing "Done" on noth
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from retrain.errors import TrainingError
 from retrain.types import StepResult
@@ -78,6 +79,12 @@ class ZeroSignalGuard:
         else:
             self.run, self.causes = 0, []
         return cause
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"run": self.run, "causes": list(self.causes)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.run, self.causes = int(state["run"]), [str(c) for c in state["causes"]]
 
     @staticmethod
     def flag(cause: str) -> str:

@@ -80,3 +80,28 @@ def test_zero_turns_the_guard_off(tiny_raw, tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert out.count("| NO SIGNAL: rewards all equal") == 2 and "Done:" in out
+
+
+def test_a_resumed_run_stops_where_the_straight_run_would(tiny_raw, tmp_path):
+    """The guard's count of steps without a datum is part of the checkpoint: 2 such steps,
+    a finished run resumed for 2 more stops at the 3rd, as one run of 4 steps would."""
+    from run_helpers import QuietConsole
+
+    from retrain.config import config_from_dict
+    from retrain.errors import TrainingError
+    from retrain.trainer import train
+
+    raw = guarded(tiny_raw, 3)
+    raw["training"]["max_steps"] = 2
+    (tmp_path / "constant.py").write_text(CONSTANT_REWARD)
+    raw["reward"] = {"type": "custom", "custom_module": str(tmp_path / "constant.py")}
+    assert train(config_from_dict(raw), console=QuietConsole()) == 0
+    state = json.loads((Path(raw["logging"]["log_dir"]) / "trainer_state.json").read_text())
+    assert state["zero_signal"] == {"run": 2, "causes": ["rewards all equal"] * 2}
+    resumed = copy.deepcopy(raw)
+    resumed["training"]["max_steps"] = 4
+    resumed["resume"] = {"from": raw["logging"]["log_dir"]}
+    with pytest.raises(TrainingError, match="no trainable datums for 3 consecutive steps"):
+        train(config_from_dict(resumed), console=QuietConsole())
+    rows = (Path(raw["logging"]["log_dir"]) / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [0, 1, 2]
