@@ -187,6 +187,16 @@ def _same_file(module: Any, path: Path) -> bool:
         return False
 
 
+def _directories(search_paths: Iterable[str]) -> list[Path]:
+    """Each search path that is a directory, once ("plugins" and its absolute path are
+    one directory, listed once)."""
+    out: dict[Path, Path] = {}
+    for raw in search_paths:
+        if raw and Path(raw).is_dir():
+            out.setdefault(Path(raw).resolve(), Path(raw))
+    return list(out.values())
+
+
 def discover(
     search_paths: Iterable[str], kinds: set[str] | None = None
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
@@ -194,15 +204,8 @@ def discover(
     Returns (plugins, problems); a problem is {"module", "file", "error"}."""
     found: list[dict[str, Any]] = []
     problems: list[dict[str, str]] = []
-    seen: set[str] = set()
-    for raw in search_paths:
-        directory = Path(raw)
-        if not raw or not directory.is_dir():
-            continue
+    for directory in _directories(search_paths):
         absolute = str(directory.resolve())
-        if absolute in seen:  # "plugins" and its absolute path: one directory, listed once
-            continue
-        seen.add(absolute)
         if absolute not in sys.path:
             sys.path.insert(0, absolute)
         importlib.invalidate_caches()  # files may have appeared since the last import

@@ -116,6 +116,8 @@ def campaign_config(tmp_path, **campaign):
         {
             "backend": {"devices": "cpu"},
             "model": {"model": BASE_MODEL},
+            # procedural data: the runs' start checks would refuse MATH with no hub here
+            "data": {"source": "reasoning_gym", "task": "basic_arithmetic"},
             "logging": {"log_dir": str(tmp_path / "logs" / "train")},
             "campaign": camp,
         }
