@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import copy
 import json
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import tomlkit
 from cli_run import run_config
+from openenv_server import serving
 from rerun import assert_passed_under
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,41 +39,11 @@ def runs_here(test_name: str, marker: str = "") -> bool:
     return False
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def server():
     """openenv's own server (uvicorn) for pick_game on a free port of 127.0.0.1."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "pick_game:app",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        cwd=GAMES,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1).read()
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    with serving("pick_game:app", GAMES) as url:
+        yield url
 
 
 def openenv_raw(tiny_raw: dict, **environment) -> dict:

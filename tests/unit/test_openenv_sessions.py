@@ -12,17 +12,15 @@ here (the last test)."""
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
 import sys
 import textwrap
 import threading
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
+from openenv_server import serving
 from rerun import assert_passed_under
 
 REPO = Path(__file__).resolve().parents[2]
@@ -232,33 +230,12 @@ def test_what_fails_every_conversation_is_said_before_the_run(request):
         source({"id": f"{name}.GuessGame", "args": {"tries": 2}})
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def one_session_server(games, tmp_path):
     """openenv's own server for GuessGame, one session at a time (its template's default)."""
     name, _ = games
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", f"{name}:one_session", "--port", str(port)],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1).read()
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    with serving(f"{name}:one_session", tmp_path) as url:
+        yield url
 
 
 def test_a_server_refusing_the_steps_sessions_stops_the_run_and_refused_values_do_not(
