@@ -12,31 +12,18 @@ import json
 import subprocess
 from pathlib import Path
 
+import openenv_server
 import pytest
 import tomlkit
 from cli_run import run_config
 from openenv_server import serving
-from rerun import assert_passed_under
 
 REPO = Path(__file__).resolve().parents[2]
 GAMES = REPO / "tests" / "fixtures" / "openenv_envs"
-VENV_PYTHON = REPO / ".venv-openenv" / "bin" / "python"
 
 
 def runs_here(test_name: str, marker: str = "") -> bool:
-    """True when openenv imports here; else the test runs under .venv-openenv, which
-    must pass it (skipped, saying how, when that interpreter is missing). `marker`: the
-    re-run's -m where not the default one (which deselects a slow test)."""
-    try:
-        import openenv.core  # noqa: F401
-
-        return True
-    except ImportError:
-        pass
-    if not VENV_PYTHON.is_file():
-        pytest.skip("needs openenv 0.4.1: run scripts/openenv_venv.sh once")
-    assert_passed_under(str(VENV_PYTHON), __file__, test_name, marker)
-    return False
+    return openenv_server.runs_here(__file__, test_name, marker)
 
 
 @pytest.fixture

@@ -19,27 +19,15 @@ import time
 import uuid
 from pathlib import Path
 
+import openenv_server
 import pytest
 from openenv_server import serving
-from rerun import assert_passed_under
 
 REPO = Path(__file__).resolve().parents[2]
-VENV_PYTHON = REPO / ".venv-openenv" / "bin" / "python"
 
 
 def runs_here(test_name: str) -> bool:
-    """True when openenv imports here: the caller runs its body; else the body runs (and
-    must pass) under .venv-openenv."""
-    try:
-        import openenv.core  # noqa: F401
-
-        return True
-    except ImportError:
-        pass
-    if not VENV_PYTHON.is_file():
-        pytest.skip("needs openenv 0.4.1: run scripts/openenv_venv.sh once")
-    assert_passed_under(str(VENV_PYTHON), __file__, test_name)
-    return False
+    return openenv_server.runs_here(__file__, test_name)
 
 
 GAMES = textwrap.dedent(
